@@ -1,0 +1,22 @@
+/* error.c - rlai_strerror: names for the engine's negative error codes. */
+#include "rlai/engine.h"
+
+const char *rlai_strerror(int code)
+{
+    switch (code) {
+    case RLAI_OK: return "success";
+    case RLAI_ERR_NOMEM: return "out of memory";
+    case RLAI_ERR_IO: return "I/O error (file could not be opened, read or mapped)";
+    case RLAI_ERR_FORMAT: return "malformed input (file or data is corrupt or hostile)";
+    case RLAI_ERR_UNSUPPORTED: return "unsupported feature, type or architecture";
+    case RLAI_ERR_INVALID_ARG: return "invalid argument";
+    case RLAI_ERR_CONTEXT_FULL: return "context length exceeded";
+    case RLAI_ERR_KV_FULL: return "KV cache has no free blocks";
+    case RLAI_ERR_CANCELLED: return "cancelled";
+    case RLAI_ERR_NOT_FOUND: return "not found";
+    case RLAI_ERR_NOT_IMPLEMENTED: return "not implemented in this build";
+    case RLAI_ERR_TOKENIZER: return "text could not be tokenized";
+    case RLAI_ERR_TOO_LARGE: return "input exceeds a configured limit";
+    default: return "unknown error";
+    }
+}

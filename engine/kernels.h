@@ -1,0 +1,56 @@
+/* kernels.h - CPU compute kernels with run-time ISA dispatch.
+ *
+ * Weights are rows of any supported dtype (ne[0] = cols contiguous).
+ * Scalar code is the reference; AVX2(+FMA+F16C) and AVX-512 (VNNI where
+ * present) variants are selected at run time by rlai_kernels_select().
+ */
+#ifndef RLAI_KERNELS_H
+#define RLAI_KERNELS_H
+
+#include <stdint.h>
+#include <stddef.h>
+#include <stdbool.h>
+#include "rlai/engine.h"
+#include "threadpool.h"
+
+typedef struct rlai_weight {
+    uint32_t type;        /* rlai_dtype */
+    int64_t rows;         /* output features (ne[1]) */
+    int64_t cols;         /* input features (ne[0]) */
+    const void *data;     /* rows * row_bytes(type, cols) bytes, not owned */
+} rlai_weight;
+
+/* ISA levels actually usable on this CPU (bitmask of 1<<rlai_isa). */
+unsigned rlai_kernels_available(void);
+/* Resolves AUTO to the best available level; returns RLAI_ERR_UNSUPPORTED
+ * if a forced level is not available. */
+int rlai_kernels_resolve(rlai_isa want, rlai_isa *got);
+const char *rlai_isa_name(rlai_isa isa);
+
+typedef struct rlai_kernels rlai_kernels;  /* opaque per-engine kernel context (scratch buffers) */
+
+/* Creates a kernel context for `isa` (already resolved) and the precision
+ * mode. precise = true: activations stay f32 and weights are dequantized
+ * to f32 (matches a float reference to ~1e-6 relative); false: activations
+ * are quantized per 32-block to Q8_0 (or Q8_1 for Q4_1/Q5_1 weights) and
+ * integer dot products are used. *out owned by caller. */
+int rlai_kernels_create(rlai_isa isa, bool precise, rlai_kernels **out);
+void rlai_kernels_destroy(rlai_kernels *k);
+
+/* y[t*ldy + r] = sum_c W[r][c] * x[t*ldx + c]  for t < T, r < rows.
+ * x: T x cols f32 (caller-owned), y: T x rows (caller-owned, ldy >= rows).
+ * Work is split over the pool's threads. T may be 1 (decode) or large
+ * (prefill); weights are streamed once per call for all T. */
+void rlai_matmul(rlai_kernels *k, rlai_threadpool *tp, const rlai_weight *w,
+                 const float *x, int64_t ldx, int T, float *y, int64_t ldy);
+
+/* Copies row `r` of w, dequantized, into dst (cols floats). */
+void rlai_weight_get_row(const rlai_weight *w, int64_t r, float *dst);
+
+/* Small vector helpers used by attention (dispatch on the same ISA). */
+float rlai_vec_dot_f16_f32(rlai_kernels *k, int n, const uint16_t *a, const float *b);
+/* y[i] += s * x[i] */
+void rlai_vec_mad_f16(rlai_kernels *k, int n, float *y, const uint16_t *x, float s);
+void rlai_f32_to_f16_row(rlai_kernels *k, const float *src, uint16_t *dst, int n);
+
+#endif

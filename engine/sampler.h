@@ -1,0 +1,21 @@
+/* sampler.h - token sampling: penalties, temperature, top-k, top-p, min-p,
+ * seeded RNG, greedy. Deterministic for a given seed. */
+#ifndef RLAI_SAMPLER_H
+#define RLAI_SAMPLER_H
+
+#include <stdint.h>
+#include "rlai/engine.h"
+
+typedef struct rlai_sampler rlai_sampler;
+
+/* params is copied. *out owned by caller. */
+int rlai_sampler_create(const rlai_sampler_params *params, int n_vocab, rlai_sampler **out);
+void rlai_sampler_free(rlai_sampler *s);
+/* Resets history and re-seeds the RNG. */
+void rlai_sampler_reset(rlai_sampler *s);
+/* Records a token as part of the history (prompt or generated) for penalties. */
+void rlai_sampler_accept(rlai_sampler *s, int32_t tok);
+/* Picks a token from logits[n_vocab]. The logits array may be modified. */
+int32_t rlai_sampler_sample(rlai_sampler *s, float *logits);
+
+#endif

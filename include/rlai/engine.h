@@ -1,0 +1,189 @@
+/* rlai/engine.h - embed API of the RTX-LocalAI inference engine.
+ *
+ * The engine loads a GGUF model (memory-mapped), tokenizes, formats chat
+ * prompts and generates tokens, streaming UTF-8 text through a callback.
+ * It knows nothing about IPC or plugins and can be linked into any program.
+ *
+ * Conventions: every function that can fail returns 0 or a negative
+ * rlai_error code; rlai_strerror() names it. Where a richer message helps
+ * (loading a file), an optional caller-provided buffer receives it.
+ * Ownership is stated on each function. Objects are not thread-safe unless
+ * stated: one thread uses one rlai_engine at a time.
+ */
+#ifndef RLAI_ENGINE_H
+#define RLAI_ENGINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdbool.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Error codes: always negative. */
+enum rlai_error {
+    RLAI_OK = 0,
+    RLAI_ERR_NOMEM = -1,           /* allocation failed */
+    RLAI_ERR_IO = -2,              /* file could not be opened/read/mapped */
+    RLAI_ERR_FORMAT = -3,          /* malformed or hostile file contents */
+    RLAI_ERR_UNSUPPORTED = -4,     /* valid file, feature/type not supported */
+    RLAI_ERR_INVALID_ARG = -5,     /* bad argument from the caller */
+    RLAI_ERR_CONTEXT_FULL = -6,    /* prompt + generation exceed the context */
+    RLAI_ERR_KV_FULL = -7,         /* no free KV cache blocks */
+    RLAI_ERR_CANCELLED = -8,       /* stopped by the caller's callback */
+    RLAI_ERR_NOT_FOUND = -9,       /* key/tensor/token not present */
+    RLAI_ERR_NOT_IMPLEMENTED = -10,/* feature exists in the API but not built */
+    RLAI_ERR_TOKENIZER = -11,      /* text could not be tokenized */
+    RLAI_ERR_TOO_LARGE = -12,      /* input exceeds a configured limit */
+};
+
+/* Static English description of an error code; never NULL. */
+const char *rlai_strerror(int code);
+
+typedef int32_t rlai_token;
+typedef struct rlai_engine rlai_engine;
+
+/* Instruction-set selection for CPU kernels. AUTO picks the best available
+ * at run time; the others force a path (SCALAR always works, a forced SIMD
+ * level the CPU lacks makes rlai_engine_open fail with RLAI_ERR_UNSUPPORTED). */
+typedef enum rlai_isa {
+    RLAI_ISA_AUTO = 0,
+    RLAI_ISA_SCALAR = 1,
+    RLAI_ISA_AVX2 = 2,
+    RLAI_ISA_AVX512 = 3,
+} rlai_isa;
+
+typedef struct rlai_engine_params {
+    int n_threads;        /* 0 = number of online CPUs */
+    int n_ctx;            /* max tokens per sequence; 0 = model's context length (capped at 8192) */
+    int kv_blocks;        /* KV pool size in 16-token blocks; 0 = enough for one full n_ctx sequence */
+    rlai_isa isa;         /* kernel selection */
+    bool precise;         /* true: f32 activations with weights dequantized to f32
+                             (reference-exact, slower); false: activations quantized to 8 bits */
+} rlai_engine_params;
+
+/* Fills defaults (all zero/auto, precise=false). */
+void rlai_engine_params_init(rlai_engine_params *p);
+
+/* Opens the GGUF model at `path`. On success *out owns a new engine that the
+ * caller frees with rlai_engine_close(). On failure returns a negative code,
+ * sets *out = NULL and writes a message naming the problem into errbuf
+ * (if errbuf_len > 0). `params` may be NULL for defaults; it is copied. */
+int rlai_engine_open(const char *path, const rlai_engine_params *params,
+                     rlai_engine **out, char *errbuf, size_t errbuf_len);
+
+/* Frees the engine and unmaps the model. Accepts NULL. */
+void rlai_engine_close(rlai_engine *e);
+
+typedef struct rlai_model_info {
+    const char *arch;      /* "llama", "qwen2", ... (owned by the engine) */
+    const char *name;      /* general.name or "" (owned by the engine) */
+    int n_vocab, n_embd, n_layer, n_head, n_head_kv, n_ff, n_ctx_train, head_dim;
+    uint64_t n_params;
+    uint64_t weight_bytes;
+    const char *isa;       /* kernel path in use: "scalar", "avx2", "avx512" */
+    int n_threads;
+    int n_ctx;
+} rlai_model_info;
+
+/* Fills *info; string pointers stay valid until rlai_engine_close(). */
+void rlai_engine_info(const rlai_engine *e, rlai_model_info *info);
+
+/* Tokenizes `text` (len bytes, need not be NUL-terminated). add_special adds
+ * BOS/EOS where the model asks for them; parse_special turns special-token
+ * text such as "<|im_start|>" into its id. Writes at most `cap` ids to
+ * `out` (caller-owned) and returns the total count needed (which may exceed
+ * cap: call again with a bigger buffer), or a negative error. */
+int rlai_engine_tokenize(const rlai_engine *e, const char *text, size_t len,
+                         bool add_special, bool parse_special,
+                         rlai_token *out, int cap);
+
+/* Writes the text of `n` tokens into buf (caller-owned, NUL-terminated when
+ * cap > 0). Returns the byte length needed excluding the NUL (may exceed
+ * cap - 1), or a negative error. Special tokens are rendered as their text
+ * when render_special is true, else omitted. */
+int rlai_engine_detokenize(const rlai_engine *e, const rlai_token *toks, int n,
+                           bool render_special, char *buf, size_t cap);
+
+typedef struct rlai_chat_message {
+    const char *role;      /* "system", "user", "assistant" */
+    const char *content;
+} rlai_chat_message;
+
+/* Formats a conversation with the model's chat template (ChatML, Llama-3,
+ * Gemma recognised; ChatML otherwise). add_generation_prompt appends the
+ * assistant header. On success *out is a malloc'd NUL-terminated string the
+ * caller frees with free(). */
+int rlai_engine_apply_chat(const rlai_engine *e, const rlai_chat_message *msgs,
+                           int n_msgs, bool add_generation_prompt, char **out);
+
+typedef struct rlai_sampler_params {
+    float temperature;     /* 0 = greedy */
+    int top_k;             /* 0 = off */
+    float top_p;           /* 1 = off */
+    float min_p;           /* 0 = off */
+    float repeat_penalty;  /* 1 = off; divides positive / multiplies negative logits of seen tokens */
+    float presence_penalty;/* 0 = off; subtracted once from every seen token */
+    float frequency_penalty;/* 0 = off; subtracted per occurrence */
+    int repeat_last_n;     /* window for penalties; 0 = whole history, default 64 */
+    uint64_t seed;         /* RNG seed */
+} rlai_sampler_params;
+
+typedef struct rlai_gen_params {
+    rlai_sampler_params sampling;
+    int max_tokens;                 /* 0 = until context end */
+    const char *const *stop;        /* NULL-terminated list of stop strings, or NULL */
+    bool ignore_eos;                /* keep going past end-of-generation tokens */
+} rlai_gen_params;
+
+/* Defaults: greedy, penalties off, max_tokens 256, no stop strings. */
+void rlai_gen_params_init(rlai_gen_params *p);
+
+typedef enum rlai_stop_reason {
+    RLAI_STOP_NONE = 0,
+    RLAI_STOP_EOG = 1,         /* end-of-generation token */
+    RLAI_STOP_MAX_TOKENS = 2,
+    RLAI_STOP_STRING = 3,      /* a stop string matched (not emitted) */
+    RLAI_STOP_CONTEXT = 4,     /* context length reached */
+    RLAI_STOP_CANCELLED = 5,   /* callback returned non-zero */
+} rlai_stop_reason;
+
+typedef struct rlai_gen_metrics {
+    int prompt_tokens;
+    int gen_tokens;
+    double ttft_ms;            /* from call start to first token sampled */
+    double prefill_ms;
+    double decode_ms;
+    double prefill_tps;        /* prompt tokens / prefill seconds */
+    double decode_tps;         /* (gen_tokens-1) / decode seconds */
+    rlai_stop_reason stop;
+} rlai_gen_metrics;
+
+/* Stream callback: `text` holds `len` bytes of whole UTF-8 characters (a
+ * multi-byte character is never split across calls; len may be 0 when a
+ * token ends mid-character). `tok` is the sampled id. Return 0 to continue,
+ * non-zero to stop (the call then returns 0 with stop = RLAI_STOP_CANCELLED). */
+typedef int (*rlai_token_cb)(void *user, rlai_token tok, const char *text, size_t len);
+
+/* Generates a continuation of `prompt` (raw text; special-token text is
+ * parsed, BOS added if the model wants it). Streams pieces through cb (may
+ * be NULL). metrics may be NULL. Returns 0 or a negative error. */
+int rlai_engine_generate(rlai_engine *e, const char *prompt,
+                         const rlai_gen_params *gp, rlai_token_cb cb, void *user,
+                         rlai_gen_metrics *metrics);
+
+/* As rlai_engine_generate, but from token ids (caller-owned, copied). */
+int rlai_engine_generate_tokens(rlai_engine *e, const rlai_token *prompt, int n_prompt,
+                                const rlai_gen_params *gp, rlai_token_cb cb, void *user,
+                                rlai_gen_metrics *metrics);
+
+/* Evaluates `n` tokens as one fresh sequence and writes the logits of every
+ * position into `logits` (caller-owned, n * n_vocab floats, row-major).
+ * For testing against a reference implementation. */
+int rlai_engine_eval_logits(rlai_engine *e, const rlai_token *toks, int n, float *logits);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
