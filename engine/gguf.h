@@ -44,8 +44,10 @@ typedef struct rlai_gguf_tensor {
  * with rlai_gguf_close). On error returns RLAI_ERR_IO / RLAI_ERR_FORMAT /
  * RLAI_ERR_UNSUPPORTED / RLAI_ERR_NOMEM and writes a message naming the
  * problem (e.g. "tensor 'blk.3.attn_q.weight': data [..] beyond end of file
- * (size N)") into err (if errlen > 0). Unknown tensor types are accepted
- * here (the model loader rejects what it cannot compute). */
+ * (size N)") into err (if errlen > 0). A tensor type whose size is not
+ * known is rejected (its data range could not be checked); known types the
+ * engine cannot compute (K-quants, IQ*) are accepted here and refused by
+ * the model loader with the tensor's name. */
 int rlai_gguf_open_file(const char *path, rlai_gguf **out, char *err, size_t errlen);
 
 /* Same over a caller-owned buffer, which must outlive the returned object
