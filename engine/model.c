@@ -1,1 +1,586 @@
-/* placeholder: being written */
+/* model.c - llama-family weights and forward pass (see model.h). */
+#include "model.h"
+#include "dtype.h"
+#include "rlai/engine.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct rlai_layer {
+    float *attn_norm, *ffn_norm;            /* owned, n_embd */
+    float *bq, *bk, *bv;                    /* owned or NULL */
+    rlai_weight wq, wk, wv, wo, w_gate, w_up, w_down;
+} rlai_layer;
+
+struct rlai_model {
+    rlai_hparams hp;
+    rlai_weight tok_embd;
+    rlai_weight output;                     /* == tok_embd when tied */
+    float *output_norm;                     /* owned */
+    float *inv_freq;                        /* owned, n_rot/2 */
+    rlai_layer *layers;
+    uint64_t n_params;
+    uint64_t weight_bytes;
+};
+
+struct rlai_model_ctx {
+    const rlai_model *m;
+    rlai_kernels *k;
+    rlai_threadpool *tp;
+    int max_batch, max_ctx;
+    float *x, *xn, *q, *kk, *vv, *att, *o, *gate, *up, *out_rows;
+    float *scores;                          /* n_threads * max_ctx */
+    int n_threads;
+};
+
+/* ------------------------------------------------------------------ load */
+
+static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
+{
+    if (err && errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return code;
+}
+
+static int get_u32_key(const rlai_gguf *g, const char *arch, const char *suffix, bool required,
+                       uint32_t dflt, uint32_t *out, char *err, size_t errlen)
+{
+    char key[128];
+    snprintf(key, sizeof(key), "%s.%s", arch, suffix);
+    int rc = rlai_gguf_get_u32(g, key, out);
+    if (rc == RLAI_ERR_NOT_FOUND && !required) {
+        *out = dflt;
+        return 0;
+    }
+    if (rc == RLAI_ERR_NOT_FOUND)
+        return fail(err, errlen, RLAI_ERR_FORMAT, "model: required key '%s' missing", key);
+    if (rc < 0)
+        return fail(err, errlen, RLAI_ERR_FORMAT, "model: key '%s' has a wrong type or value", key);
+    return 0;
+}
+
+static int get_f32_key(const rlai_gguf *g, const char *arch, const char *suffix, bool required,
+                       float dflt, float *out, char *err, size_t errlen)
+{
+    char key[128];
+    snprintf(key, sizeof(key), "%s.%s", arch, suffix);
+    int rc = rlai_gguf_get_f32(g, key, out);
+    if (rc == RLAI_ERR_NOT_FOUND && !required) {
+        *out = dflt;
+        return 0;
+    }
+    if (rc == RLAI_ERR_NOT_FOUND)
+        return fail(err, errlen, RLAI_ERR_FORMAT, "model: required key '%s' missing", key);
+    if (rc < 0 || !isfinite(*out))
+        return fail(err, errlen, RLAI_ERR_FORMAT, "model: key '%s' has a wrong type or value", key);
+    return 0;
+}
+
+/* Finds a tensor and checks its shape {ne0, ne1} (ne1 = 1 for vectors). */
+static int find_tensor(const rlai_gguf *g, const char *name, int64_t ne0, int64_t ne1, bool required,
+                       const rlai_gguf_tensor **out, char *err, size_t errlen)
+{
+    const rlai_gguf_tensor *t = rlai_gguf_find_tensor(g, name);
+    *out = t;
+    if (!t) {
+        if (!required)
+            return 0;
+        return fail(err, errlen, RLAI_ERR_FORMAT, "model: tensor '%s' missing", name);
+    }
+    bool ok = (int64_t)t->ne[0] == ne0 && (int64_t)t->ne[1] == ne1 && t->ne[2] == 1 && t->ne[3] == 1;
+    if (!ok)
+        return fail(err, errlen, RLAI_ERR_FORMAT,
+                    "model: tensor '%s' has shape [%llu, %llu, %llu, %llu], expected [%lld, %lld]",
+                    name, (unsigned long long)t->ne[0], (unsigned long long)t->ne[1],
+                    (unsigned long long)t->ne[2], (unsigned long long)t->ne[3],
+                    (long long)ne0, (long long)ne1);
+    if (!rlai_dtype_supported(t->type))
+        return fail(err, errlen, RLAI_ERR_UNSUPPORTED,
+                    "model: tensor '%s' has type %s (id %u), which this engine cannot compute "
+                    "(supported: f32 f16 bf16 q4_0 q4_1 q5_0 q5_1 q8_0)",
+                    name, rlai_dtype_name(t->type), t->type);
+    return 0;
+}
+
+static int bind_matrix(rlai_model *m, const rlai_gguf *g, const char *name, int64_t cols, int64_t rows,
+                       rlai_weight *w, char *err, size_t errlen)
+{
+    const rlai_gguf_tensor *t;
+    int rc = find_tensor(g, name, cols, rows, true, &t, err, errlen);
+    if (rc < 0)
+        return rc;
+    if (t->type == RLAI_DT_Q8_1)
+        return fail(err, errlen, RLAI_ERR_UNSUPPORTED, "model: tensor '%s': q8_1 weights unsupported", name);
+    w->type = t->type;
+    w->rows = rows;
+    w->cols = cols;
+    w->data = t->data;
+    m->n_params += (uint64_t)(rows * cols);
+    m->weight_bytes += t->nbytes;
+    return 0;
+}
+
+/* Copies a vector tensor (any supported type) to a new f32 array. */
+static int load_vector(rlai_model *m, const rlai_gguf *g, const char *name, int64_t n, bool required,
+                       float **out, char *err, size_t errlen)
+{
+    const rlai_gguf_tensor *t;
+    *out = NULL;
+    int rc = find_tensor(g, name, n, 1, required, &t, err, errlen);
+    if (rc < 0 || !t)
+        return rc;
+    if (n % (int64_t)rlai_dtype_block_elems(t->type) != 0)
+        return fail(err, errlen, RLAI_ERR_FORMAT, "model: tensor '%s' length not a block multiple", name);
+    float *v = malloc(sizeof(float) * (size_t)n);
+    if (!v)
+        return RLAI_ERR_NOMEM;
+    rlai_dequantize_row(t->type, t->data, v, n);
+    *out = v;
+    m->n_params += (uint64_t)n;
+    m->weight_bytes += t->nbytes;
+    return 0;
+}
+
+int rlai_model_load(const rlai_gguf *g, rlai_model **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    rlai_gguf_str archs;
+    if (rlai_gguf_get_str(g, "general.architecture", &archs) < 0)
+        return fail(err, errlen, RLAI_ERR_FORMAT, "model: 'general.architecture' missing or not a string");
+    char arch[32];
+    if (archs.len == 0 || archs.len >= sizeof(arch))
+        return fail(err, errlen, RLAI_ERR_UNSUPPORTED, "model: architecture name of %zu bytes", archs.len);
+    memcpy(arch, archs.ptr, archs.len);
+    arch[archs.len] = 0;
+    bool is_llama = strcmp(arch, "llama") == 0;
+    bool is_qwen2 = strcmp(arch, "qwen2") == 0;
+    if (!is_llama && !is_qwen2)
+        return fail(err, errlen, RLAI_ERR_UNSUPPORTED,
+                    "model: architecture '%s' is not supported (supported: llama, qwen2)", arch);
+
+    rlai_model *m = calloc(1, sizeof(*m));
+    if (!m)
+        return RLAI_ERR_NOMEM;
+    rlai_hparams *hp = &m->hp;
+    memcpy(hp->arch, arch, archs.len + 1);
+    uint32_t n_embd, n_layer, n_ff, n_head, n_head_kv, head_dim, n_rot, n_ctx;
+    int rc;
+    if ((rc = get_u32_key(g, arch, "embedding_length", true, 0, &n_embd, err, errlen)) < 0 ||
+        (rc = get_u32_key(g, arch, "block_count", true, 0, &n_layer, err, errlen)) < 0 ||
+        (rc = get_u32_key(g, arch, "feed_forward_length", true, 0, &n_ff, err, errlen)) < 0 ||
+        (rc = get_u32_key(g, arch, "attention.head_count", true, 0, &n_head, err, errlen)) < 0 ||
+        (rc = get_u32_key(g, arch, "attention.head_count_kv", false, n_head, &n_head_kv, err, errlen)) < 0 ||
+        (rc = get_u32_key(g, arch, "context_length", false, 2048, &n_ctx, err, errlen)) < 0 ||
+        (rc = get_f32_key(g, arch, "attention.layer_norm_rms_epsilon", true, 0, &hp->norm_eps, err, errlen)) < 0 ||
+        (rc = get_f32_key(g, arch, "rope.freq_base", false, 10000.0f, &hp->rope_base, err, errlen)) < 0)
+        goto fail;
+    rc = RLAI_ERR_FORMAT;
+    if (n_embd == 0 || n_embd > 65536 || n_layer == 0 || n_layer > 1024 || n_ff == 0 || n_ff > 262144 ||
+        n_head == 0 || n_head > 1024 || n_head_kv == 0 || n_head_kv > n_head || n_head % n_head_kv != 0) {
+        fail(err, errlen, rc, "model: inconsistent hyperparameters (n_embd %u, n_layer %u, n_ff %u, "
+             "n_head %u, n_head_kv %u)", n_embd, n_layer, n_ff, n_head, n_head_kv);
+        goto fail;
+    }
+    if ((rc = get_u32_key(g, arch, "attention.key_length", false, n_embd / n_head, &head_dim, err, errlen)) < 0)
+        goto fail;
+    uint32_t v_len;
+    if ((rc = get_u32_key(g, arch, "attention.value_length", false, head_dim, &v_len, err, errlen)) < 0)
+        goto fail;
+    if ((rc = get_u32_key(g, arch, "rope.dimension_count", false, head_dim, &n_rot, err, errlen)) < 0)
+        goto fail;
+    rc = RLAI_ERR_FORMAT;
+    if (head_dim == 0 || head_dim > 1024 || head_dim % 2 || v_len != head_dim || n_rot > head_dim || n_rot % 2 ||
+        hp->norm_eps <= 0 || hp->rope_base <= 0 || n_ctx == 0) {
+        fail(err, errlen, rc, "model: inconsistent attention parameters (head_dim %u, value_length %u, "
+             "n_rot %u, eps %g, rope base %g, context %u)", head_dim, v_len, n_rot,
+             (double)hp->norm_eps, (double)hp->rope_base, n_ctx);
+        goto fail;
+    }
+    hp->n_embd = (int)n_embd;
+    hp->n_layer = (int)n_layer;
+    hp->n_ff = (int)n_ff;
+    hp->n_head = (int)n_head;
+    hp->n_head_kv = (int)n_head_kv;
+    hp->head_dim = (int)head_dim;
+    hp->n_rot = (int)n_rot;
+    hp->n_ctx_train = (int)n_ctx;
+    hp->rope_mode = is_qwen2 ? RLAI_ROPE_NEOX : RLAI_ROPE_NORM;
+    hp->rope_freq_scale = 1.0f;
+
+    /* RoPE scaling: linear is supported; others are refused, never ignored. */
+    char key[128];
+    snprintf(key, sizeof(key), "%s.rope.scaling.type", arch);
+    rlai_gguf_str st;
+    if (rlai_gguf_get_str(g, key, &st) == 0 && !(st.len == 4 && memcmp(st.ptr, "none", 4) == 0)) {
+        if (st.len == 6 && memcmp(st.ptr, "linear", 6) == 0) {
+            float factor;
+            if ((rc = get_f32_key(g, arch, "rope.scaling.factor", true, 1, &factor, err, errlen)) < 0)
+                goto fail;
+            if (factor <= 0) {
+                rc = fail(err, errlen, RLAI_ERR_FORMAT, "model: rope.scaling.factor must be > 0");
+                goto fail;
+            }
+            hp->rope_freq_scale = 1.0f / factor;
+        } else {
+            rc = fail(err, errlen, RLAI_ERR_UNSUPPORTED, "model: rope scaling type '%.*s' not supported",
+                      (int)st.len, st.ptr);
+            goto fail;
+        }
+    }
+
+    const rlai_gguf_tensor *te = rlai_gguf_find_tensor(g, "token_embd.weight");
+    if (!te) {
+        rc = fail(err, errlen, RLAI_ERR_FORMAT, "model: tensor 'token_embd.weight' missing");
+        goto fail;
+    }
+    if (te->ne[1] == 0 || te->ne[1] > (1u << 24)) {
+        rc = fail(err, errlen, RLAI_ERR_FORMAT, "model: token_embd.weight vocabulary size %llu out of range",
+                  (unsigned long long)te->ne[1]);
+        goto fail;
+    }
+    hp->n_vocab = (int)te->ne[1];
+    int64_t E = hp->n_embd, Q = (int64_t)hp->n_head * hp->head_dim,
+            KV = (int64_t)hp->n_head_kv * hp->head_dim, F = hp->n_ff, V = hp->n_vocab;
+    if ((rc = bind_matrix(m, g, "token_embd.weight", E, V, &m->tok_embd, err, errlen)) < 0)
+        goto fail;
+    if ((rc = load_vector(m, g, "output_norm.weight", E, true, &m->output_norm, err, errlen)) < 0)
+        goto fail;
+    if (rlai_gguf_find_tensor(g, "output.weight")) {
+        if ((rc = bind_matrix(m, g, "output.weight", E, V, &m->output, err, errlen)) < 0)
+            goto fail;
+    } else {
+        m->output = m->tok_embd;
+        hp->tied_output = true;
+    }
+
+    m->layers = calloc((size_t)hp->n_layer, sizeof(rlai_layer));
+    if (!m->layers) {
+        rc = RLAI_ERR_NOMEM;
+        goto fail;
+    }
+    for (int l = 0; l < hp->n_layer; l++) {
+        rlai_layer *L = &m->layers[l];
+        char n[96];
+#define NAME(s) (snprintf(n, sizeof(n), "blk.%d." s, l), n)
+        if ((rc = load_vector(m, g, NAME("attn_norm.weight"), E, true, &L->attn_norm, err, errlen)) < 0 ||
+            (rc = load_vector(m, g, NAME("ffn_norm.weight"), E, true, &L->ffn_norm, err, errlen)) < 0 ||
+            (rc = bind_matrix(m, g, NAME("attn_q.weight"), E, Q, &L->wq, err, errlen)) < 0 ||
+            (rc = bind_matrix(m, g, NAME("attn_k.weight"), E, KV, &L->wk, err, errlen)) < 0 ||
+            (rc = bind_matrix(m, g, NAME("attn_v.weight"), E, KV, &L->wv, err, errlen)) < 0 ||
+            (rc = bind_matrix(m, g, NAME("attn_output.weight"), Q, E, &L->wo, err, errlen)) < 0 ||
+            (rc = bind_matrix(m, g, NAME("ffn_gate.weight"), E, F, &L->w_gate, err, errlen)) < 0 ||
+            (rc = bind_matrix(m, g, NAME("ffn_up.weight"), E, F, &L->w_up, err, errlen)) < 0 ||
+            (rc = bind_matrix(m, g, NAME("ffn_down.weight"), F, E, &L->w_down, err, errlen)) < 0 ||
+            (rc = load_vector(m, g, NAME("attn_q.bias"), Q, is_qwen2, &L->bq, err, errlen)) < 0 ||
+            (rc = load_vector(m, g, NAME("attn_k.bias"), KV, is_qwen2, &L->bk, err, errlen)) < 0 ||
+            (rc = load_vector(m, g, NAME("attn_v.bias"), KV, is_qwen2, &L->bv, err, errlen)) < 0)
+            goto fail;
+#undef NAME
+        if (L->bq || L->bk || L->bv)
+            hp->has_qkv_bias = true;
+    }
+
+    /* Rotary frequencies, optionally divided by per-dimension factors
+     * (rope_freqs.weight, Llama 3.1 style). */
+    int half = hp->n_rot / 2;
+    m->inv_freq = malloc(sizeof(float) * (size_t)(half > 0 ? half : 1));
+    if (!m->inv_freq) {
+        rc = RLAI_ERR_NOMEM;
+        goto fail;
+    }
+    float *factors = NULL;
+    if ((rc = load_vector(m, g, "rope_freqs.weight", half, false, &factors, err, errlen)) < 0)
+        goto fail;
+    for (int i = 0; i < half; i++) {
+        double f = pow((double)hp->rope_base, -2.0 * i / hp->n_rot) * hp->rope_freq_scale;
+        if (factors)
+            f /= factors[i];
+        m->inv_freq[i] = (float)f;
+    }
+    free(factors);
+    *out = m;
+    return 0;
+fail:
+    rlai_model_free(m);
+    return rc;
+}
+
+void rlai_model_free(rlai_model *m)
+{
+    if (!m)
+        return;
+    if (m->layers) {
+        for (int l = 0; l < m->hp.n_layer; l++) {
+            rlai_layer *L = &m->layers[l];
+            free(L->attn_norm);
+            free(L->ffn_norm);
+            free(L->bq);
+            free(L->bk);
+            free(L->bv);
+        }
+    }
+    free(m->layers);
+    free(m->output_norm);
+    free(m->inv_freq);
+    free(m);
+}
+
+const rlai_hparams *rlai_model_hparams(const rlai_model *m) { return &m->hp; }
+uint64_t rlai_model_n_params(const rlai_model *m) { return m->n_params; }
+uint64_t rlai_model_weight_bytes(const rlai_model *m) { return m->weight_bytes; }
+
+/* ------------------------------------------------------------------ ctx */
+
+int rlai_model_ctx_create(const rlai_model *m, rlai_kernels *k, rlai_threadpool *tp,
+                          int max_batch, int max_ctx, rlai_model_ctx **out)
+{
+    *out = NULL;
+    if (max_batch <= 0 || max_ctx <= 0)
+        return RLAI_ERR_INVALID_ARG;
+    rlai_model_ctx *c = calloc(1, sizeof(*c));
+    if (!c)
+        return RLAI_ERR_NOMEM;
+    const rlai_hparams *hp = &m->hp;
+    size_t B = (size_t)max_batch;
+    size_t Q = (size_t)hp->n_head * hp->head_dim, KV = (size_t)hp->n_head_kv * hp->head_dim;
+    c->m = m;
+    c->k = k;
+    c->tp = tp;
+    c->max_batch = max_batch;
+    c->max_ctx = max_ctx;
+    c->n_threads = tp ? rlai_threadpool_size(tp) : 1;
+    c->x = malloc(sizeof(float) * B * hp->n_embd);
+    c->xn = malloc(sizeof(float) * B * (hp->n_embd > hp->n_ff ? hp->n_embd : hp->n_ff));
+    c->q = malloc(sizeof(float) * B * Q);
+    c->kk = malloc(sizeof(float) * B * KV);
+    c->vv = malloc(sizeof(float) * B * KV);
+    c->att = malloc(sizeof(float) * B * Q);
+    c->o = malloc(sizeof(float) * B * hp->n_embd);
+    c->gate = malloc(sizeof(float) * B * hp->n_ff);
+    c->up = malloc(sizeof(float) * B * hp->n_ff);
+    c->out_rows = malloc(sizeof(float) * B * hp->n_embd);
+    c->scores = malloc(sizeof(float) * (size_t)c->n_threads * (size_t)max_ctx);
+    if (!c->x || !c->xn || !c->q || !c->kk || !c->vv || !c->att || !c->o || !c->gate || !c->up ||
+        !c->out_rows || !c->scores) {
+        rlai_model_ctx_free(c);
+        return RLAI_ERR_NOMEM;
+    }
+    *out = c;
+    return 0;
+}
+
+void rlai_model_ctx_free(rlai_model_ctx *c)
+{
+    if (!c)
+        return;
+    free(c->x);
+    free(c->xn);
+    free(c->q);
+    free(c->kk);
+    free(c->vv);
+    free(c->att);
+    free(c->o);
+    free(c->gate);
+    free(c->up);
+    free(c->out_rows);
+    free(c->scores);
+    free(c);
+}
+
+/* -------------------------------------------------------------- forward */
+
+static void rmsnorm(float *dst, const float *x, const float *w, int n, float eps)
+{
+    double ss = 0.0;
+    for (int i = 0; i < n; i++)
+        ss += (double)x[i] * x[i];
+    float scale = (float)(1.0 / sqrt(ss / n + eps));
+    for (int i = 0; i < n; i++)
+        dst[i] = x[i] * scale * w[i];
+}
+
+static void rope(float *v, int n_heads, int head_dim, int n_rot, rlai_rope_mode mode,
+                 const float *inv_freq, int pos)
+{
+    int half = n_rot / 2;
+    for (int i = 0; i < half; i++) {
+        double ang = (double)pos * inv_freq[i];
+        float c = (float)cos(ang), s = (float)sin(ang);
+        for (int h = 0; h < n_heads; h++) {
+            float *x = v + (size_t)h * head_dim;
+            int i0 = mode == RLAI_ROPE_NEOX ? i : 2 * i;
+            int i1 = mode == RLAI_ROPE_NEOX ? i + half : 2 * i + 1;
+            float x0 = x[i0], x1 = x[i1];
+            x[i0] = x0 * c - x1 * s;
+            x[i1] = x0 * s + x1 * c;
+        }
+    }
+}
+
+typedef struct attn_task {
+    rlai_model_ctx *c;
+    rlai_kv_cache *kv;
+    rlai_kv_seq *const *seqs;
+    const rlai_batch *b;
+    int start, n;      /* batch slice of this chunk */
+    int layer;
+} attn_task;
+
+static void attn_worker(void *arg, int ith, int nth)
+{
+    attn_task *t = arg;
+    rlai_model_ctx *c = t->c;
+    const rlai_hparams *hp = &c->m->hp;
+    int H = hp->n_head, D = hp->head_dim, group = hp->n_head / hp->n_head_kv;
+    float scale = 1.0f / sqrtf((float)D);
+    float *sc = c->scores + (size_t)ith * c->max_ctx;
+    bool f16 = rlai_kv_cache_dtype(t->kv) == RLAI_DT_F16;
+    int total = t->n * H;
+    for (int job = ith; job < total; job += nth) {
+        int i = job / H, h = job % H;
+        int bi = t->start + i;
+        const rlai_kv_seq *seq = t->seqs[t->b->seq ? t->b->seq[bi] : 0];
+        int pos = t->b->pos[bi];
+        const float *q = c->q + ((size_t)i * H + h) * D;
+        float *out = c->att + ((size_t)i * H + h) * D;
+        int kvh = h / group;
+        float mx = -INFINITY;
+        for (int j = 0; j <= pos; j++) {
+            const void *kr = rlai_kv_k_at(t->kv, seq, t->layer, j);
+            float s;
+            if (f16) {
+                s = rlai_vec_dot_f16_f32(c->k, D, (const uint16_t *)kr + (size_t)kvh * D, q);
+            } else {
+                const float *kf = (const float *)kr + (size_t)kvh * D;
+                s = 0;
+                for (int d = 0; d < D; d++)
+                    s += kf[d] * q[d];
+            }
+            s *= scale;
+            sc[j] = s;
+            if (s > mx)
+                mx = s;
+        }
+        float sum = 0;
+        for (int j = 0; j <= pos; j++) {
+            sc[j] = expf(sc[j] - mx);
+            sum += sc[j];
+        }
+        float inv = 1.0f / sum;
+        memset(out, 0, sizeof(float) * (size_t)D);
+        for (int j = 0; j <= pos; j++) {
+            const void *vr = rlai_kv_v_at(t->kv, seq, t->layer, j);
+            float p = sc[j] * inv;
+            if (f16) {
+                rlai_vec_mad_f16(c->k, D, out, (const uint16_t *)vr + (size_t)kvh * D, p);
+            } else {
+                const float *vf = (const float *)vr + (size_t)kvh * D;
+                for (int d = 0; d < D; d++)
+                    out[d] += p * vf[d];
+            }
+        }
+    }
+}
+
+static inline float silu(float x) { return x / (1.0f + expf(-x)); }
+
+static int forward_chunk(rlai_model_ctx *c, rlai_kv_cache *kv, rlai_kv_seq *const *seqs,
+                         const rlai_batch *b, int start, int n, float **logits)
+{
+    const rlai_model *m = c->m;
+    const rlai_hparams *hp = &m->hp;
+    int E = hp->n_embd, H = hp->n_head, HKV = hp->n_head_kv, D = hp->head_dim, F = hp->n_ff;
+    int Q = H * D, KVD = HKV * D;
+    bool f16 = rlai_kv_cache_dtype(kv) == RLAI_DT_F16;
+
+    for (int i = 0; i < n; i++)
+        rlai_weight_get_row(&m->tok_embd, b->tokens[start + i], c->x + (size_t)i * E);
+
+    for (int l = 0; l < hp->n_layer; l++) {
+        const rlai_layer *L = &m->layers[l];
+        for (int i = 0; i < n; i++)
+            rmsnorm(c->xn + (size_t)i * E, c->x + (size_t)i * E, L->attn_norm, E, hp->norm_eps);
+        rlai_matmul(c->k, c->tp, &L->wq, c->xn, E, n, c->q, Q);
+        rlai_matmul(c->k, c->tp, &L->wk, c->xn, E, n, c->kk, KVD);
+        rlai_matmul(c->k, c->tp, &L->wv, c->xn, E, n, c->vv, KVD);
+        for (int i = 0; i < n; i++) {
+            float *q = c->q + (size_t)i * Q, *k = c->kk + (size_t)i * KVD, *v = c->vv + (size_t)i * KVD;
+            if (L->bq)
+                for (int j = 0; j < Q; j++) q[j] += L->bq[j];
+            if (L->bk)
+                for (int j = 0; j < KVD; j++) k[j] += L->bk[j];
+            if (L->bv)
+                for (int j = 0; j < KVD; j++) v[j] += L->bv[j];
+            int pos = b->pos[start + i];
+            rope(q, H, D, hp->n_rot, hp->rope_mode, m->inv_freq, pos);
+            rope(k, HKV, D, hp->n_rot, hp->rope_mode, m->inv_freq, pos);
+            const rlai_kv_seq *seq = seqs[b->seq ? b->seq[start + i] : 0];
+            void *kd = rlai_kv_k_at(kv, seq, l, pos), *vd = rlai_kv_v_at(kv, seq, l, pos);
+            if (f16) {
+                rlai_f32_to_f16_row(c->k, k, kd, KVD);
+                rlai_f32_to_f16_row(c->k, v, vd, KVD);
+            } else {
+                memcpy(kd, k, sizeof(float) * (size_t)KVD);
+                memcpy(vd, v, sizeof(float) * (size_t)KVD);
+            }
+        }
+        attn_task at = { c, kv, seqs, b, start, n, l };
+        rlai_threadpool_run(c->tp, attn_worker, &at);
+        rlai_matmul(c->k, c->tp, &L->wo, c->att, Q, n, c->o, E);
+        for (size_t j = 0; j < (size_t)n * E; j++)
+            c->x[j] += c->o[j];
+
+        for (int i = 0; i < n; i++)
+            rmsnorm(c->xn + (size_t)i * E, c->x + (size_t)i * E, L->ffn_norm, E, hp->norm_eps);
+        rlai_matmul(c->k, c->tp, &L->w_gate, c->xn, E, n, c->gate, F);
+        rlai_matmul(c->k, c->tp, &L->w_up, c->xn, E, n, c->up, F);
+        for (size_t j = 0; j < (size_t)n * F; j++)
+            c->gate[j] = silu(c->gate[j]) * c->up[j];
+        rlai_matmul(c->k, c->tp, &L->w_down, c->gate, F, n, c->o, E);
+        for (size_t j = 0; j < (size_t)n * E; j++)
+            c->x[j] += c->o[j];
+    }
+
+    /* Final norm and LM head for the rows that want logits. */
+    int n_out = 0;
+    for (int i = 0; i < n; i++) {
+        int bi = start + i;
+        bool want = b->want ? b->want[bi] : bi == b->n - 1;
+        if (!want)
+            continue;
+        rmsnorm(c->out_rows + (size_t)n_out * E, c->x + (size_t)i * E, m->output_norm, E, hp->norm_eps);
+        n_out++;
+    }
+    if (n_out > 0) {
+        rlai_matmul(c->k, c->tp, &m->output, c->out_rows, E, n_out, *logits, hp->n_vocab);
+        *logits += (size_t)n_out * hp->n_vocab;
+    }
+    return 0;
+}
+
+int rlai_model_forward(rlai_model_ctx *c, rlai_kv_cache *kv, rlai_kv_seq *const *seqs,
+                       const rlai_batch *b, float *logits)
+{
+    const rlai_hparams *hp = &c->m->hp;
+    for (int i = 0; i < b->n; i++) {
+        const rlai_kv_seq *seq = seqs[b->seq ? b->seq[i] : 0];
+        if (b->tokens[i] < 0 || b->tokens[i] >= hp->n_vocab)
+            return RLAI_ERR_INVALID_ARG;
+        if (b->pos[i] < 0 || b->pos[i] >= c->max_ctx || b->pos[i] >= seq->n_blocks * RLAI_KV_BLOCK)
+            return RLAI_ERR_INVALID_ARG;
+    }
+    for (int start = 0; start < b->n; start += c->max_batch) {
+        int n = b->n - start < c->max_batch ? b->n - start : c->max_batch;
+        int rc = forward_chunk(c, kv, seqs, b, start, n, &logits);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}

@@ -19,7 +19,7 @@ int rlai_textstream_create(const char *const *stops, rlai_textstream **out);
 void rlai_textstream_free(rlai_textstream *ts);
 void rlai_textstream_reset(rlai_textstream *ts);
 
-/* Feeds bytes. Sets *out/*out_len to text that may be emitted now (valid
+/* Feeds bytes. Sets *out and *out_len to text that may be emitted now (valid
  * until the next call; owned by ts). Returns true if a stop string matched
  * (generation should end; *out holds the text before it). */
 bool rlai_textstream_push(rlai_textstream *ts, const char *bytes, size_t len,

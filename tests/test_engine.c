@@ -1,0 +1,314 @@
+/* test_engine.c - the public embed API end to end on the real default
+ * model (models/SmolLM2-135M-Instruct.Q4_1.gguf, fetched by
+ * scripts/setup.sh): loading errors, chat + greedy answer, streaming,
+ * stop conditions, cancel, context limits, determinism. */
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rlai/engine.h"
+
+#define MODEL RLAI_MODELS_DIR "/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+static rlai_engine *E;   /* shared: loading once keeps the suite fast */
+
+static rlai_engine *open_model(bool precise, rlai_isa isa, int n_ctx)
+{
+    rlai_engine_params p;
+    rlai_engine_params_init(&p);
+    p.precise = precise;
+    p.isa = isa;
+    p.n_ctx = n_ctx;
+    p.n_threads = 2;
+    rlai_engine *e = NULL;
+    char err[512];
+    int rc = rlai_engine_open(MODEL, &p, &e, err, sizeof(err));
+    ck_assert_msg(rc == 0, "open %s: %s", MODEL, err);
+    return e;
+}
+
+static void setup(void) { E = open_model(false, RLAI_ISA_AUTO, 0); }
+static void teardown(void) { rlai_engine_close(E); E = NULL; }
+
+/* Collects streamed output. */
+typedef struct sink {
+    char text[8192];
+    size_t len;
+    rlai_token toks[1024];
+    int n_toks;
+    int calls;
+    int cancel_after;      /* 0 = never */
+    bool bad_utf8;
+} sink;
+
+static bool valid_utf8(const char *s, size_t n)
+{
+    size_t i = 0;
+    while (i < n) {
+        unsigned char c = (unsigned char)s[i];
+        int k = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+        if (!k || i + (size_t)k > n)
+            return false;
+        for (int j = 1; j < k; j++)
+            if (((unsigned char)s[i + j] >> 6) != 2)
+                return false;
+        i += (size_t)k;
+    }
+    return true;
+}
+
+static int sink_cb(void *user, rlai_token tok, const char *text, size_t len)
+{
+    sink *s = user;
+    s->calls++;
+    if (!valid_utf8(text, len))
+        s->bad_utf8 = true;
+    if (s->len + len < sizeof(s->text)) {
+        memcpy(s->text + s->len, text, len);
+        s->len += len;
+        s->text[s->len] = 0;
+    }
+    if (tok >= 0 && s->n_toks < 1024)
+        s->toks[s->n_toks++] = tok;
+    return s->cancel_after && s->calls >= s->cancel_after;
+}
+
+static char *chat_prompt(rlai_engine *e, const char *user)
+{
+    rlai_chat_message m = { "user", user };
+    char *out = NULL;
+    ck_assert_int_eq(rlai_engine_apply_chat(e, &m, 1, true, &out), 0);
+    return out;
+}
+
+START_TEST(open_errors_are_clear)
+{
+    rlai_engine *e = (rlai_engine *)1;
+    char err[512] = "";
+    ck_assert_int_eq(rlai_engine_open("/nonexistent/model.gguf", NULL, &e, err, sizeof(err)), RLAI_ERR_IO);
+    ck_assert_ptr_null(e);
+    ck_assert_ptr_nonnull(strstr(err, "/nonexistent/model.gguf"));
+    /* A vocabulary-only file has no weights: a clear model error. */
+    err[0] = 0;
+    int rc = rlai_engine_open(RLAI_TESTDATA "/tokenizer/ggml-vocab-gpt-2.gguf", NULL, &e, err, sizeof(err));
+    ck_assert_int_lt(rc, 0);
+    ck_assert_ptr_null(e);
+    ck_assert_msg(strlen(err) > 10, "message: '%s'", err);
+    ck_assert_str_ne(rlai_strerror(rc), "unknown error");
+}
+END_TEST
+
+START_TEST(info_matches_model)
+{
+    rlai_model_info mi;
+    rlai_engine_info(E, &mi);
+    ck_assert_str_eq(mi.arch, "llama");
+    ck_assert_int_eq(mi.n_layer, 30);
+    ck_assert_int_eq(mi.n_vocab, 49152);
+    ck_assert_int_eq(mi.n_embd, 576);
+    ck_assert_int_eq(mi.n_head, 9);
+    ck_assert_int_eq(mi.n_head_kv, 3);
+    ck_assert_int_eq(mi.head_dim, 64);
+    ck_assert_int_eq(mi.n_ctx_train, 8192);
+    ck_assert_uint_eq(mi.n_params, 134515008u);   /* published SmolLM2-135M count */
+}
+END_TEST
+
+START_TEST(chat_template_is_chatml_with_default_system)
+{
+    char *p = chat_prompt(E, "Hi");
+    ck_assert_str_eq(p, "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+                        "Face<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+    free(p);
+}
+END_TEST
+
+START_TEST(greedy_answer_streams_valid_utf8)
+{
+    char *p = chat_prompt(E, "What is the capital of France?");
+    rlai_gen_params gp;
+    rlai_gen_params_init(&gp);
+    gp.max_tokens = 48;
+    sink s = { 0 };
+    rlai_gen_metrics m;
+    ck_assert_int_eq(rlai_engine_generate(E, p, &gp, sink_cb, &s, &m), 0);
+    free(p);
+    ck_assert_msg(strstr(s.text, "Paris") != NULL, "answer: %s", s.text);
+    ck_assert(!s.bad_utf8);
+    ck_assert_int_gt(m.prompt_tokens, 20);
+    ck_assert_int_gt(m.gen_tokens, 0);
+    ck_assert_int_eq(m.gen_tokens, s.n_toks);
+    ck_assert(m.stop == RLAI_STOP_EOG || m.stop == RLAI_STOP_MAX_TOKENS);
+    ck_assert(m.ttft_ms > 0 && m.prefill_tps > 0);
+    /* The streamed text is exactly the detokenized tokens. */
+    char buf[8192];
+    int n = rlai_engine_detokenize(E, s.toks, s.n_toks, false, buf, sizeof(buf));
+    ck_assert_int_eq(n, (int)s.len);
+    ck_assert_str_eq(buf, s.text);
+}
+END_TEST
+
+START_TEST(max_tokens_stop_string_and_cancel)
+{
+    char *p = chat_prompt(E, "Count from one to twenty in words, separated by commas.");
+    rlai_gen_params gp;
+    rlai_gen_params_init(&gp);
+    gp.max_tokens = 5;
+    gp.ignore_eos = true;
+    sink s = { 0 };
+    rlai_gen_metrics m;
+    ck_assert_int_eq(rlai_engine_generate(E, p, &gp, sink_cb, &s, &m), 0);
+    ck_assert_int_eq(m.gen_tokens, 5);
+    ck_assert_int_eq(m.stop, RLAI_STOP_MAX_TOKENS);
+
+    /* Full answer, then stop on its third character onwards: the stop text
+     * is not emitted and the reason is reported. */
+    gp.max_tokens = 40;
+    sink full = { 0 };
+    ck_assert_int_eq(rlai_engine_generate(E, p, &gp, sink_cb, &full, &m), 0);
+    ck_assert_int_gt((int)full.len, 8);
+    char stop[5];
+    memcpy(stop, full.text + 4, 4);
+    stop[4] = 0;
+    const char *stops[] = { stop, NULL };
+    gp.stop = stops;
+    sink st = { 0 };
+    ck_assert_int_eq(rlai_engine_generate(E, p, &gp, sink_cb, &st, &m), 0);
+    ck_assert_int_eq(m.stop, RLAI_STOP_STRING);
+    ck_assert_ptr_null(strstr(st.text, stop));
+    ck_assert_int_eq(strncmp(st.text, full.text, st.len), 0);
+    ck_assert_uint_le(st.len, 4);
+
+    gp.stop = NULL;
+    sink c = { .cancel_after = 3 };
+    ck_assert_int_eq(rlai_engine_generate(E, p, &gp, sink_cb, &c, &m), 0);
+    ck_assert_int_eq(m.stop, RLAI_STOP_CANCELLED);
+    ck_assert_int_eq(m.gen_tokens, 3);
+    free(p);
+}
+END_TEST
+
+START_TEST(sampling_is_seeded)
+{
+    char *p = chat_prompt(E, "Tell me about dragons.");
+    rlai_gen_params gp;
+    rlai_gen_params_init(&gp);
+    gp.max_tokens = 24;
+    gp.ignore_eos = true;
+    gp.sampling.temperature = 1.0f;
+    gp.sampling.top_p = 0.95f;
+    gp.sampling.seed = 42;
+    sink a = { 0 }, b = { 0 }, c = { 0 };
+    ck_assert_int_eq(rlai_engine_generate(E, p, &gp, sink_cb, &a, NULL), 0);
+    ck_assert_int_eq(rlai_engine_generate(E, p, &gp, sink_cb, &b, NULL), 0);
+    gp.sampling.seed = 43;
+    ck_assert_int_eq(rlai_engine_generate(E, p, &gp, sink_cb, &c, NULL), 0);
+    free(p);
+    ck_assert_int_eq(a.n_toks, b.n_toks);
+    ck_assert_mem_eq(a.toks, b.toks, sizeof(rlai_token) * (size_t)a.n_toks);
+    ck_assert_msg(a.n_toks != c.n_toks || memcmp(a.toks, c.toks, sizeof(rlai_token) * (size_t)a.n_toks) != 0,
+                  "different seeds gave identical samples");
+}
+END_TEST
+
+START_TEST(eval_logits_agrees_with_generation)
+{
+    rlai_token toks[64];
+    const char *text = "The capital of France is";
+    int n = rlai_engine_tokenize(E, text, strlen(text), true, true, toks, 64);
+    ck_assert_int_gt(n, 3);
+    float *logits = malloc(sizeof(float) * 49152 * (size_t)n);
+    ck_assert_int_eq(rlai_engine_eval_logits(E, toks, n, logits), 0);
+    const float *last = logits + (size_t)(n - 1) * 49152;
+    int best = 0;
+    for (int i = 1; i < 49152; i++)
+        if (last[i] > last[best])
+            best = i;
+    rlai_gen_params gp;
+    rlai_gen_params_init(&gp);
+    gp.max_tokens = 1;
+    gp.ignore_eos = true;
+    sink s = { 0 };
+    ck_assert_int_eq(rlai_engine_generate_tokens(E, toks, n, &gp, sink_cb, &s, NULL), 0);
+    ck_assert_int_eq(s.n_toks, 1);
+    ck_assert_int_eq(s.toks[0], best);
+    free(logits);
+}
+END_TEST
+
+START_TEST(bad_arguments_and_context_limits)
+{
+    rlai_token bad[2] = { 5, 49152 };
+    ck_assert_int_eq(rlai_engine_generate_tokens(E, bad, 2, NULL, NULL, NULL, NULL), RLAI_ERR_INVALID_ARG);
+    bad[1] = -1;
+    ck_assert_int_eq(rlai_engine_generate_tokens(E, bad, 2, NULL, NULL, NULL, NULL), RLAI_ERR_INVALID_ARG);
+    ck_assert_int_eq(rlai_engine_generate_tokens(E, bad, 0, NULL, NULL, NULL, NULL), RLAI_ERR_INVALID_ARG);
+    ck_assert_int_eq(rlai_engine_generate(E, NULL, NULL, NULL, NULL, NULL), RLAI_ERR_INVALID_ARG);
+
+    rlai_engine *small = open_model(false, RLAI_ISA_AUTO, 64);
+    rlai_token toks[80];
+    for (int i = 0; i < 80; i++)
+        toks[i] = 100 + i;
+    ck_assert_int_eq(rlai_engine_generate_tokens(small, toks, 70, NULL, NULL, NULL, NULL), RLAI_ERR_CONTEXT_FULL);
+    rlai_gen_params gp;
+    rlai_gen_params_init(&gp);
+    gp.max_tokens = 100;
+    gp.ignore_eos = true;
+    rlai_gen_metrics m;
+    ck_assert_int_eq(rlai_engine_generate_tokens(small, toks, 50, &gp, NULL, NULL, &m), 0);
+    ck_assert_int_eq(m.stop, RLAI_STOP_CONTEXT);
+    ck_assert_int_le(50 + m.gen_tokens, 64);
+    /* The engine still works after hitting the limit (KV blocks returned). */
+    ck_assert_int_eq(rlai_engine_generate_tokens(small, toks, 50, &gp, NULL, NULL, &m), 0);
+    ck_assert_int_eq(m.stop, RLAI_STOP_CONTEXT);
+    rlai_engine_close(small);
+}
+END_TEST
+
+START_TEST(scalar_and_simd_paths_agree)
+{
+    /* In precise mode both paths compute the same f32 math up to summation
+     * order, so greedy tokens must agree. */
+    rlai_engine *a = open_model(true, RLAI_ISA_SCALAR, 256);
+    rlai_engine *b = open_model(true, RLAI_ISA_AUTO, 256);
+    char *p = chat_prompt(a, "Name three colors.");
+    rlai_gen_params gp;
+    rlai_gen_params_init(&gp);
+    gp.max_tokens = 12;
+    gp.ignore_eos = true;
+    sink sa = { 0 }, sb = { 0 };
+    ck_assert_int_eq(rlai_engine_generate(a, p, &gp, sink_cb, &sa, NULL), 0);
+    ck_assert_int_eq(rlai_engine_generate(b, p, &gp, sink_cb, &sb, NULL), 0);
+    free(p);
+    ck_assert_int_eq(sa.n_toks, sb.n_toks);
+    ck_assert_mem_eq(sa.toks, sb.toks, sizeof(rlai_token) * (size_t)sa.n_toks);
+    rlai_engine_close(a);
+    rlai_engine_close(b);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("engine");
+    TCase *load = tcase_create("load");
+    tcase_add_test(load, open_errors_are_clear);
+    suite_add_tcase(s, load);
+    TCase *tc = tcase_create("model");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_set_timeout(tc, 900);
+    tcase_add_test(tc, info_matches_model);
+    tcase_add_test(tc, chat_template_is_chatml_with_default_system);
+    tcase_add_test(tc, greedy_answer_streams_valid_utf8);
+    tcase_add_test(tc, max_tokens_stop_string_and_cancel);
+    tcase_add_test(tc, sampling_is_seeded);
+    tcase_add_test(tc, eval_logits_agrees_with_generation);
+    tcase_add_test(tc, bad_arguments_and_context_limits);
+    tcase_add_test(tc, scalar_and_simd_paths_agree);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
