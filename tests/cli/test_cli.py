@@ -1,0 +1,86 @@
+"""End-to-end tests of the `rlai` command line (paths come from meson:
+RLAI_BIN, RLAI_MODELS_DIR, RLAI_TESTDATA)."""
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+RLAI = os.environ.get("RLAI_BIN")
+MODELS = Path(os.environ.get("RLAI_MODELS_DIR", "models"))
+TESTDATA = Path(os.environ.get("RLAI_TESTDATA", "../shared/testdata"))
+MODEL = MODELS / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+pytestmark = pytest.mark.skipif(not RLAI, reason="RLAI_BIN not set (run through meson test)")
+
+
+def run(*args, timeout=600):
+    return subprocess.run([RLAI, *args], capture_output=True, timeout=timeout)
+
+
+def vectors(name):
+    inp = (TESTDATA / "tokenizer" / f"{name}.inp").read_text(encoding="utf-8")
+    out = (TESTDATA / "tokenizer" / f"{name}.out").read_text(encoding="utf-8")
+    texts = inp.split("\n__ggml_vocab_test__\n")
+    if texts and texts[-1] == "":
+        texts.pop()  # the file ends with a separator
+    ids = out.split("\n")
+    if ids and ids[-1] == "":
+        ids.pop()
+    return texts, ids
+
+
+@pytest.mark.parametrize("name", ["ggml-vocab-starcoder.gguf", "ggml-vocab-gpt-2.gguf"])
+def test_tokenize_command_matches_vectors(name):
+    texts, ids = vectors(name)
+    assert len(texts) == len(ids) > 30
+    checked = 0
+    for text, expected in zip(texts, ids):
+        if text.startswith("-") or "\x00" in text:
+            continue  # not passable as a plain argv string
+        r = run("tokenize", "-m", str(TESTDATA / "tokenizer" / name), text)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.decode().strip() == expected.strip(), repr(text)
+        checked += 1
+    assert checked > 30
+
+
+def test_tokenize_command_bad_file(tmp_path):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF\x03\x00\x00\x00" + b"\xff" * 10)
+    r = run("tokenize", "-m", str(bad), "hi")
+    assert r.returncode == 1
+    assert b"truncated" in r.stderr or b"gguf" in r.stderr
+
+
+@pytest.mark.skipif(not MODEL.exists(), reason="default model not fetched")
+def test_run_streams_answer_and_metrics():
+    r = run("run", "-m", str(MODEL), "-n", "24", "What is the capital of France?")
+    assert r.returncode == 0, r.stderr
+    assert len(r.stdout.decode().strip()) > 0
+    line = r.stderr.decode().strip().splitlines()[-1]
+    m = re.search(r"prompt (\d+) tok \| TTFT ([\d.]+) ms \| prefill ([\d.]+) tok/s \| decode ([\d.]+) tok/s", line)
+    assert m, line
+    assert int(m.group(1)) > 20 and float(m.group(2)) > 0 and float(m.group(3)) > 0
+
+
+@pytest.mark.skipif(not MODEL.exists(), reason="default model not fetched")
+def test_info_command():
+    r = run("info", "-m", str(MODEL))
+    assert r.returncode == 0, r.stderr
+    out = r.stdout.decode()
+    assert "layers 30" in out and "vocab 49152" in out and "134515008" in out
+
+
+def test_missing_model_is_a_clear_error(tmp_path):
+    r = run("run", "-m", str(tmp_path / "nope.gguf"), "hi")
+    assert r.returncode == 1
+    assert b"nope.gguf" in r.stderr and b"cannot load model" in r.stderr
+
+
+def test_unimplemented_and_unknown_commands():
+    r = run("serve")
+    assert r.returncode == 2 and b"not implemented" in r.stderr
+    r = run("frobnicate")
+    assert r.returncode == 2 and b"unknown command" in r.stderr
