@@ -1,5 +1,5 @@
 /* error.c - rlai_strerror: names for the engine's negative error codes. */
-#include "rlai/engine.h"
+#include "rlai/error.h"
 
 const char *rlai_strerror(int code)
 {
@@ -17,6 +17,10 @@ const char *rlai_strerror(int code)
     case RLAI_ERR_NOT_IMPLEMENTED: return "not implemented in this build";
     case RLAI_ERR_TOKENIZER: return "text could not be tokenized";
     case RLAI_ERR_TOO_LARGE: return "input exceeds a configured limit";
+    case RLAI_ERR_TIMEOUT: return "timed out";
+    case RLAI_ERR_DISCONNECTED: return "engine not reachable or connection lost";
+    case RLAI_ERR_BUSY: return "engine busy: too many requests in flight";
+    case RLAI_ERR_PROTOCOL: return "protocol error: malformed or unexpected message";
     default: return "unknown error";
     }
 }

@@ -1,11 +1,19 @@
 /* main.c - the `rlai` command: one binary with subcommands.
  *
- * Implemented in this build: run (in-process generation, streamed),
- * tokenize, info. The daemon-side subcommands (serve, chat, call, plugins,
- * stats, fit, bench) answer with a clear "not implemented" error. */
+ * serve runs the engine daemon; run, chat and stats are clients of a
+ * running engine (run and chat take --local to load the model in-process);
+ * tokenize and info read a model file directly. call, plugins, fit and
+ * bench answer with a clear "not implemented" error in this build. */
+#include "rlai/client.h"
 #include "rlai/engine.h"
+#include "config.h"
+#include "daemon.h"
 #include "gguf.h"
 #include "tokenizer.h"
+
+#include <msgpack.h>
+#include <pthread.h>
+#include <signal.h>
 
 #include <errno.h>
 #include <getopt.h>
@@ -23,10 +31,13 @@ static void usage(FILE *f)
         "usage: rlai <command> [options]\n"
         "\n"
         "commands:\n"
-        "  run [options] \"prompt\"      generate an answer in-process and stream it\n"
+        "  serve [options]              run the engine daemon (see rlai serve --help)\n"
+        "  run [options] \"prompt\"      ask the running engine and stream the answer\n"
+        "  chat [options]               interactive multi-turn chat with the running engine\n"
+        "  stats [--endpoint E]         engine statistics\n"
         "  tokenize -m FILE \"text\"     print token ids (no BOS, special tokens not parsed)\n"
         "  info [-m FILE]               print model hyperparameters and kernel choice\n"
-        "  serve chat call plugins stats fit bench   (not implemented in this build)\n"
+        "  call plugins fit bench       (not implemented in this build)\n"
         "\n"
         "run options:\n"
         "  -m, --model FILE      GGUF model (default: $RLAI_MODEL, ./models/" DEFAULT_MODEL_FILE ")\n"
@@ -39,7 +50,9 @@ static void usage(FILE *f)
         "      --raw             send the prompt as is, without the chat template\n"
         "      --isa auto|scalar|avx2|avx512\n"
         "      --precise         f32 activations (reference mode, slower)\n"
-        "      --local           run in this process (the only mode in this build)\n");
+        "      --local           load the model in this process instead of using the engine\n"
+        "      --endpoint E      engine endpoint: ipc://PATH, tcp://HOST:PORT or unix://PATH\n"
+        "                        (default: the private ZeroMQ socket of `rlai serve`)\n");
 }
 
 /* Finds the default model: $RLAI_MODEL, ./models/, or models/ next to the
@@ -114,9 +127,225 @@ static int parse_isa(const char *s, rlai_isa *isa)
 }
 
 enum { OPT_TEMP = 256, OPT_TOPK, OPT_TOPP, OPT_MINP, OPT_REP, OPT_SEED, OPT_SYSTEM, OPT_RAW,
-       OPT_ISA, OPT_PRECISE, OPT_LOCAL };
+       OPT_ISA, OPT_PRECISE, OPT_LOCAL, OPT_ENDPOINT };
 
-static int cmd_run(int argc, char **argv, bool info_only)
+typedef enum { MODE_RUN, MODE_CHAT, MODE_INFO } run_mode;
+
+/* Where generation happens: an in-process engine (--local) or a client
+ * connection to `rlai serve`. */
+typedef struct session {
+    rlai_engine *engine;
+    rlai_client *client;
+    rlai_gen_params gp;
+    rlai_msg_gen wire;        /* the same options as sent on the wire */
+    const char *isa_name;
+    int n_threads;
+} session;
+
+static void print_metrics(int prompt, double ttft, double pre, double dec, int gen, const char *where)
+{
+    fprintf(stderr, "[prompt %d tok | TTFT %.1f ms | prefill %.1f tok/s | decode %.1f tok/s | %d tok | %s]\n",
+            prompt, ttft, pre, dec, gen, where);
+}
+
+/* Streams one answer over the client connection; appends the text to
+ * *reply (malloc'd) when reply != NULL. */
+static int remote_generate(session *ss, const char *raw_prompt, const rlai_chat_message *msgs, int n_msgs,
+                           char **reply)
+{
+    rlai_msg m;
+    memset(&m, 0, sizeof(m));
+    m.version = RLAI_PROTO_VERSION;
+    m.id = rlai_client_next_id(ss->client);
+    rlai_msg_chat_message *cm = NULL;
+    if (raw_prompt) {
+        m.type = RLAI_MSG_GENERATE;
+        m.u.generate.prompt = (char *)raw_prompt;
+        m.u.generate.gen = ss->wire;
+    } else {
+        m.type = RLAI_MSG_CHAT;
+        cm = calloc((size_t)n_msgs, sizeof(*cm));
+        if (!cm)
+            return RLAI_ERR_NOMEM;
+        for (int i = 0; i < n_msgs; i++) {
+            cm[i].role = (char *)msgs[i].role;
+            cm[i].content = (char *)msgs[i].content;
+        }
+        m.u.chat.messages = cm;
+        m.u.chat.n_messages = (uint32_t)n_msgs;
+        m.u.chat.gen = ss->wire;
+    }
+    int rc = rlai_client_send(ss->client, &m);
+    free(cm);
+    if (rc < 0) {
+        fprintf(stderr, "rlai: send failed: %s\n", rlai_strerror(rc));
+        return rc;
+    }
+    size_t rlen = 0;
+    for (;;) {
+        rlai_msg f;
+        rc = rlai_client_recv(ss->client, -1, &f);
+        if (rc < 0) {
+            fprintf(stderr, "\nrlai: %s\n", rlai_strerror(rc));
+            return rc;
+        }
+        if (f.id != m.id) {
+            rlai_msg_free(&f);
+            continue;
+        }
+        if (f.type == RLAI_MSG_TOKEN) {
+            size_t n = f.u.token.text ? strlen(f.u.token.text) : 0;
+            fwrite(f.u.token.text, 1, n, stdout);
+            fflush(stdout);
+            if (reply && n) {
+                char *r = realloc(*reply, rlen + n + 1);
+                if (r) {
+                    memcpy(r + rlen, f.u.token.text, n);
+                    rlen += n;
+                    r[rlen] = 0;
+                    *reply = r;
+                }
+            }
+        } else if (f.type == RLAI_MSG_DONE) {
+            printf("\n");
+            fflush(stdout);
+            const rlai_msg_metrics *mt = &f.u.done.metrics;
+            char where[96];
+            snprintf(where, sizeof(where), "engine, queued %.1f ms, stop %s", mt->queue_ms,
+                     f.u.done.stop ? f.u.done.stop : "");
+            print_metrics((int)mt->prompt_tokens, mt->ttft_ms, mt->prefill_tps, mt->decode_tps,
+                          (int)mt->gen_tokens, where);
+            rlai_msg_free(&f);
+            return 0;
+        } else if (f.type == RLAI_MSG_ERROR) {
+            fprintf(stderr, "\nrlai: engine error %s: %s\n", f.u.error.name ? f.u.error.name : "?",
+                    f.u.error.msg ? f.u.error.msg : "");
+            rlai_msg_free(&f);
+            return RLAI_ERR_PROTOCOL;
+        }
+        rlai_msg_free(&f);
+    }
+}
+
+typedef struct local_sink { char *reply; size_t len; } local_sink;
+
+static int local_cb(void *user, rlai_token tok, const char *text, size_t len)
+{
+    local_sink *ls = user;
+    stream_cb(NULL, tok, text, len);
+    if (ls && len) {
+        char *r = realloc(ls->reply, ls->len + len + 1);
+        if (r) {
+            memcpy(r + ls->len, text, len);
+            ls->len += len;
+            r[ls->len] = 0;
+            ls->reply = r;
+        }
+    }
+    return 0;
+}
+
+static int local_generate(session *ss, const char *raw_prompt, const rlai_chat_message *msgs, int n_msgs,
+                          char **reply)
+{
+    char *formatted = NULL;
+    int rc;
+    if (!raw_prompt) {
+        if ((rc = rlai_engine_apply_chat(ss->engine, msgs, n_msgs, true, &formatted)) < 0) {
+            fprintf(stderr, "rlai: chat template: %s\n", rlai_strerror(rc));
+            return rc;
+        }
+        raw_prompt = formatted;
+    }
+    rlai_gen_metrics m;
+    local_sink ls = { NULL, 0 };
+    rc = rlai_engine_generate(ss->engine, raw_prompt, &ss->gp, local_cb, &ls, &m);
+    free(formatted);
+    printf("\n");
+    fflush(stdout);
+    if (reply)
+        *reply = ls.reply;
+    else
+        free(ls.reply);
+    if (rc < 0) {
+        fprintf(stderr, "rlai: generation failed: %s\n", rlai_strerror(rc));
+        return rc;
+    }
+    char where[64];
+    snprintf(where, sizeof(where), "in-process, %s, %d threads", ss->isa_name, ss->n_threads);
+    print_metrics(m.prompt_tokens, m.ttft_ms, m.prefill_tps, m.decode_tps, m.gen_tokens, where);
+    return 0;
+}
+
+static int session_generate(session *ss, const char *raw_prompt, const rlai_chat_message *msgs, int n_msgs,
+                            char **reply)
+{
+    return ss->engine ? local_generate(ss, raw_prompt, msgs, n_msgs, reply)
+                      : remote_generate(ss, raw_prompt, msgs, n_msgs, reply);
+}
+
+/* Interactive multi-turn chat: history kept here, each turn sends the
+ * whole conversation. */
+static int chat_loop(session *ss, const char *system)
+{
+    rlai_chat_message *msgs = NULL;
+    int n = 0, cap = 0;
+    char *line = NULL;
+    size_t lcap = 0;
+    int rc = 0;
+    if (system) {
+        cap = 8;
+        msgs = calloc((size_t)cap, sizeof(*msgs));
+        if (!msgs)
+            return 1;
+        msgs[n++] = (rlai_chat_message){ "system", strdup(system) };
+    }
+    fprintf(stderr, "rlai chat: type a message, an empty line or Ctrl-D to quit, /reset to start over\n");
+    for (;;) {
+        fprintf(stderr, "> ");
+        ssize_t got = getline(&line, &lcap, stdin);
+        if (got <= 0)
+            break;
+        while (got > 0 && (line[got - 1] == '\n' || line[got - 1] == '\r'))
+            line[--got] = 0;
+        if (got == 0)
+            break;
+        if (!strcmp(line, "/reset")) {
+            for (int i = system ? 1 : 0; i < n; i++)
+                free((char *)msgs[i].content);
+            n = system ? 1 : 0;
+            continue;
+        }
+        if (n + 2 > cap) {
+            cap = cap ? cap * 2 : 8;
+            rlai_chat_message *nm = realloc(msgs, sizeof(*msgs) * (size_t)cap);
+            if (!nm) {
+                rc = 1;
+                break;
+            }
+            msgs = nm;
+        }
+        msgs[n++] = (rlai_chat_message){ "user", strdup(line) };
+        char *reply = NULL;
+        if (session_generate(ss, NULL, msgs, n, &reply) < 0) {
+            free(reply);
+            free((char *)msgs[--n].content);
+            if (ss->client) {
+                rc = 1;
+                break;
+            }
+            continue;
+        }
+        msgs[n++] = (rlai_chat_message){ "assistant", reply ? reply : strdup("") };
+    }
+    for (int i = 0; i < n; i++)
+        free((char *)msgs[i].content);
+    free(msgs);
+    free(line);
+    return rc;
+}
+
+static int cmd_run(int argc, char **argv, run_mode mode)
 {
     static const struct option opts[] = {
         { "model", required_argument, 0, 'm' }, { "threads", required_argument, 0, 't' },
@@ -126,34 +355,38 @@ static int cmd_run(int argc, char **argv, bool info_only)
         { "repeat-penalty", required_argument, 0, OPT_REP }, { "seed", required_argument, 0, OPT_SEED },
         { "system", required_argument, 0, OPT_SYSTEM }, { "raw", no_argument, 0, OPT_RAW },
         { "isa", required_argument, 0, OPT_ISA }, { "precise", no_argument, 0, OPT_PRECISE },
-        { "local", no_argument, 0, OPT_LOCAL }, { "help", no_argument, 0, 'h' }, { 0, 0, 0, 0 }
+        { "local", no_argument, 0, OPT_LOCAL }, { "endpoint", required_argument, 0, OPT_ENDPOINT },
+        { "help", no_argument, 0, 'h' }, { 0, 0, 0, 0 }
     };
     char pathbuf[PATH_MAX];
-    const char *model = NULL, *system = NULL;
-    bool raw = false;
+    const char *model = NULL, *system = NULL, *endpoint = NULL;
+    bool raw = false, local = mode == MODE_INFO;
     rlai_engine_params ep;
     rlai_engine_params_init(&ep);
-    rlai_gen_params gp;
-    rlai_gen_params_init(&gp);
+    session ss;
+    memset(&ss, 0, sizeof(ss));
+    rlai_gen_params_init(&ss.gp);
+    rlai_msg_gen *w = &ss.wire;
     int c, bad = 0;
     optind = 1;
     while ((c = getopt_long(argc, argv, "m:t:n:c:h", opts, NULL)) != -1) {
         switch (c) {
         case 'm': model = optarg; break;
         case 't': bad |= parse_int(optarg, 1, 256, &ep.n_threads); break;
-        case 'n': bad |= parse_int(optarg, 1, 1 << 20, &gp.max_tokens); break;
+        case 'n': bad |= parse_int(optarg, 1, 1 << 20, &ss.gp.max_tokens); w->max_tokens = ss.gp.max_tokens; w->has_max_tokens = true; break;
         case 'c': bad |= parse_int(optarg, 16, 1 << 20, &ep.n_ctx); break;
-        case OPT_TEMP: bad |= parse_float(optarg, &gp.sampling.temperature); break;
-        case OPT_TOPK: bad |= parse_int(optarg, 0, 1 << 24, &gp.sampling.top_k); break;
-        case OPT_TOPP: bad |= parse_float(optarg, &gp.sampling.top_p); break;
-        case OPT_MINP: bad |= parse_float(optarg, &gp.sampling.min_p); break;
-        case OPT_REP: bad |= parse_float(optarg, &gp.sampling.repeat_penalty); break;
-        case OPT_SEED: gp.sampling.seed = strtoull(optarg, NULL, 10); break;
+        case OPT_TEMP: bad |= parse_float(optarg, &ss.gp.sampling.temperature); w->temperature = ss.gp.sampling.temperature; w->has_temperature = true; break;
+        case OPT_TOPK: bad |= parse_int(optarg, 0, 1 << 24, &ss.gp.sampling.top_k); w->top_k = ss.gp.sampling.top_k; w->has_top_k = true; break;
+        case OPT_TOPP: bad |= parse_float(optarg, &ss.gp.sampling.top_p); w->top_p = ss.gp.sampling.top_p; w->has_top_p = true; break;
+        case OPT_MINP: bad |= parse_float(optarg, &ss.gp.sampling.min_p); w->min_p = ss.gp.sampling.min_p; w->has_min_p = true; break;
+        case OPT_REP: bad |= parse_float(optarg, &ss.gp.sampling.repeat_penalty); w->repeat_penalty = ss.gp.sampling.repeat_penalty; w->has_repeat_penalty = true; break;
+        case OPT_SEED: ss.gp.sampling.seed = strtoull(optarg, NULL, 10); w->seed = ss.gp.sampling.seed; w->has_seed = true; break;
         case OPT_SYSTEM: system = optarg; break;
         case OPT_RAW: raw = true; break;
-        case OPT_ISA: bad |= parse_isa(optarg, &ep.isa); break;
-        case OPT_PRECISE: ep.precise = true; break;
-        case OPT_LOCAL: break;
+        case OPT_ISA: bad |= parse_isa(optarg, &ep.isa); local = true; break;
+        case OPT_PRECISE: ep.precise = true; local = true; break;
+        case OPT_LOCAL: local = true; break;
+        case OPT_ENDPOINT: endpoint = optarg; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -162,63 +395,230 @@ static int cmd_run(int argc, char **argv, bool info_only)
         fprintf(stderr, "rlai: invalid option value\n");
         return 2;
     }
-    if (!info_only && optind != argc - 1) {
+    if (mode == MODE_RUN && optind != argc - 1) {
         fprintf(stderr, "rlai run: expected exactly one prompt argument\n");
         usage(stderr);
         return 2;
     }
-    if (!model)
-        model = default_model(pathbuf, sizeof(pathbuf));
-    rlai_engine *e;
+    if (mode != MODE_RUN && optind != argc) {
+        fprintf(stderr, "rlai: unexpected argument '%s'\n", argv[optind]);
+        return 2;
+    }
+    int rc;
     char err[768];
-    int rc = rlai_engine_open(model, &ep, &e, err, sizeof(err));
-    if (rc < 0) {
-        fprintf(stderr, "rlai: cannot load model: %s\n", err);
-        if (rc == RLAI_ERR_IO)
-            fprintf(stderr, "rlai: run scripts/setup.sh to fetch the default model, or pass -m FILE\n");
-        return 1;
+    if (local) {
+        if (!model)
+            model = default_model(pathbuf, sizeof(pathbuf));
+        rc = rlai_engine_open(model, &ep, &ss.engine, err, sizeof(err));
+        if (rc < 0) {
+            fprintf(stderr, "rlai: cannot load model: %s\n", err);
+            if (rc == RLAI_ERR_IO)
+                fprintf(stderr, "rlai: run scripts/setup.sh to fetch the default model, or pass -m FILE\n");
+            return 1;
+        }
+        rlai_model_info mi;
+        rlai_engine_info(ss.engine, &mi);
+        ss.isa_name = mi.isa;
+        ss.n_threads = mi.n_threads;
+        if (mode == MODE_INFO) {
+            printf("model      %s (%s)\n", mi.name, mi.arch);
+            printf("params     %llu (%.1f MiB of weights)\n", (unsigned long long)mi.n_params,
+                   mi.weight_bytes / 1048576.0);
+            printf("layers %d  embd %d  ff %d  heads %d/%d kv  head_dim %d  vocab %d  ctx %d (trained %d)\n",
+                   mi.n_layer, mi.n_embd, mi.n_ff, mi.n_head, mi.n_head_kv, mi.head_dim, mi.n_vocab,
+                   mi.n_ctx, mi.n_ctx_train);
+            printf("kernels    %s, %d threads\n", mi.isa, mi.n_threads);
+            rlai_engine_close(ss.engine);
+            return 0;
+        }
+    } else {
+        if (model)
+            fprintf(stderr, "rlai: note: -m is ignored without --local (the engine has its own model)\n");
+        rc = rlai_client_connect(endpoint, 2000, &ss.client, err, sizeof(err));
+        if (rc < 0) {
+            fprintf(stderr, "rlai: %s\n", err);
+            fprintf(stderr, "rlai: start the engine with `rlai serve`, or add --local to run in this process\n");
+            return 1;
+        }
     }
-    rlai_model_info mi;
-    rlai_engine_info(e, &mi);
-    if (info_only) {
-        printf("model      %s (%s)\n", mi.name, mi.arch);
-        printf("params     %llu (%.1f MiB of weights)\n", (unsigned long long)mi.n_params,
-               mi.weight_bytes / 1048576.0);
-        printf("layers %d  embd %d  ff %d  heads %d/%d kv  head_dim %d  vocab %d  ctx %d (trained %d)\n",
-               mi.n_layer, mi.n_embd, mi.n_ff, mi.n_head, mi.n_head_kv, mi.head_dim, mi.n_vocab,
-               mi.n_ctx, mi.n_ctx_train);
-        printf("kernels    %s, %d threads\n", mi.isa, mi.n_threads);
-        rlai_engine_close(e);
-        return 0;
-    }
-    const char *prompt = argv[optind];
-    char *formatted = NULL;
-    if (!raw) {
+    if (mode == MODE_CHAT) {
+        rc = chat_loop(&ss, system);
+    } else {
+        const char *prompt = argv[optind];
         rlai_chat_message msgs[2];
         int n = 0;
         if (system)
             msgs[n++] = (rlai_chat_message){ "system", system };
         msgs[n++] = (rlai_chat_message){ "user", prompt };
-        if ((rc = rlai_engine_apply_chat(e, msgs, n, true, &formatted)) < 0) {
-            fprintf(stderr, "rlai: chat template: %s\n", rlai_strerror(rc));
-            rlai_engine_close(e);
-            return 1;
-        }
-        prompt = formatted;
+        rc = session_generate(&ss, raw ? prompt : NULL, msgs, n, NULL) < 0 ? 1 : 0;
     }
-    rlai_gen_metrics m;
-    rc = rlai_engine_generate(e, prompt, &gp, stream_cb, NULL, &m);
-    free(formatted);
-    printf("\n");
-    fflush(stdout);
+    rlai_engine_close(ss.engine);
+    rlai_client_close(ss.client);
+    return rc;
+}
+
+static int cmd_stats(int argc, char **argv)
+{
+    const char *endpoint = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--endpoint") && i + 1 < argc)
+            endpoint = argv[++i];
+        else {
+            fprintf(stderr, "usage: rlai stats [--endpoint E]\n");
+            return 2;
+        }
+    }
+    rlai_client *cl;
+    char err[512];
+    int rc = rlai_client_connect(endpoint, 2000, &cl, err, sizeof(err));
     if (rc < 0) {
-        fprintf(stderr, "rlai: generation failed: %s\n", rlai_strerror(rc));
-        rlai_engine_close(e);
+        fprintf(stderr, "rlai: %s\n", err);
         return 1;
     }
-    fprintf(stderr, "[prompt %d tok | TTFT %.1f ms | prefill %.1f tok/s | decode %.1f tok/s | %d tok | %s, %d threads]\n",
-            m.prompt_tokens, m.ttft_ms, m.prefill_tps, m.decode_tps, m.gen_tokens, mi.isa, mi.n_threads);
-    rlai_engine_close(e);
+    rlai_msg m;
+    memset(&m, 0, sizeof(m));
+    m.version = RLAI_PROTO_VERSION;
+    m.type = RLAI_MSG_STATS;
+    m.id = rlai_client_next_id(cl);
+    int status = 1;
+    if ((rc = rlai_client_send(cl, &m)) < 0) {
+        fprintf(stderr, "rlai: %s\n", rlai_strerror(rc));
+        goto out;
+    }
+    for (;;) {
+        rlai_msg f;
+        if ((rc = rlai_client_recv(cl, 5000, &f)) < 0) {
+            fprintf(stderr, "rlai: %s\n", rlai_strerror(rc));
+            break;
+        }
+        bool mine = f.id == m.id;
+        if (mine && f.type == RLAI_MSG_RESULT) {
+            msgpack_unpacked up;
+            msgpack_unpacked_init(&up);
+            if (msgpack_unpack_next(&up, (const char *)f.u.result.data, f.u.result.len, NULL) ==
+                MSGPACK_UNPACK_SUCCESS) {
+                msgpack_object_print(stdout, up.data);
+                printf("\n");
+            }
+            msgpack_unpacked_destroy(&up);
+        } else if (mine && f.type == RLAI_MSG_DONE) {
+            status = 0;
+        } else if (mine && f.type == RLAI_MSG_ERROR) {
+            fprintf(stderr, "rlai: %s\n", f.u.error.msg ? f.u.error.msg : "error");
+        }
+        bool end = mine && (f.type == RLAI_MSG_DONE || f.type == RLAI_MSG_ERROR);
+        rlai_msg_free(&f);
+        if (end)
+            break;
+    }
+out:
+    rlai_client_close(cl);
+    return status;
+}
+
+static void serve_usage(FILE *f)
+{
+    fprintf(f,
+        "usage: rlai serve [options]\n"
+        "  --config FILE              JSON configuration (see docs/SERVE.md); flags override it\n"
+        "  -m, --model FILE           GGUF model (default: the default model)\n"
+        "  -t, --threads N            CPU threads\n"
+        "  -c, --ctx N                context length per request\n"
+        "      --kv-blocks N          KV cache size in 16-token blocks\n"
+        "      --zmq ENDPOINT         ZeroMQ endpoint (default ipc://$XDG_RUNTIME_DIR/rlai/engine.zmq; \"\" = off)\n"
+        "      --zmq-tcp ENDPOINT     extra ZeroMQ TCP endpoint, e.g. tcp://127.0.0.1:5677 (default off)\n"
+        "      --pipe PATH            named pipe / Unix socket (default $XDG_RUNTIME_DIR/rlai/engine.sock; \"\" = off)\n"
+        "      --allow-remote         permit a non-loopback TCP address\n"
+        "      --max-frame-bytes N, --max-prompt-tokens N,\n"
+        "      --max-inflight-client N, --max-inflight-total N\n");
+}
+
+static int cmd_serve(int argc, char **argv)
+{
+    enum { S_CONFIG = 300, S_KV, S_ZMQ, S_ZMQ_TCP, S_PIPE, S_REMOTE, S_FRAME, S_PROMPT, S_CLIENT, S_TOTAL };
+    static const struct option opts[] = {
+        { "config", required_argument, 0, S_CONFIG }, { "model", required_argument, 0, 'm' },
+        { "threads", required_argument, 0, 't' }, { "ctx", required_argument, 0, 'c' },
+        { "kv-blocks", required_argument, 0, S_KV }, { "zmq", required_argument, 0, S_ZMQ },
+        { "zmq-tcp", required_argument, 0, S_ZMQ_TCP }, { "pipe", required_argument, 0, S_PIPE },
+        { "allow-remote", no_argument, 0, S_REMOTE }, { "max-frame-bytes", required_argument, 0, S_FRAME },
+        { "max-prompt-tokens", required_argument, 0, S_PROMPT },
+        { "max-inflight-client", required_argument, 0, S_CLIENT },
+        { "max-inflight-total", required_argument, 0, S_TOTAL }, { "help", no_argument, 0, 'h' },
+        { 0, 0, 0, 0 }
+    };
+    char pathbuf[PATH_MAX];
+    rlai_config cfg;
+    char err[768];
+    if (rlai_config_defaults(&cfg, default_model(pathbuf, sizeof(pathbuf))) < 0) {
+        fprintf(stderr, "rlai serve: out of memory\n");
+        return 1;
+    }
+    /* First pass: the config file, so flags given anywhere override it. */
+    int c;
+    optind = 1;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, "m:t:c:h", opts, NULL)) != -1) {
+        if (c == S_CONFIG && rlai_config_load_file(&cfg, optarg, err, sizeof(err)) < 0) {
+            fprintf(stderr, "rlai serve: %s\n", err);
+            rlai_config_free(&cfg);
+            return 2;
+        }
+    }
+    opterr = 1;
+    optind = 1;
+    int bad = 0, v = 0;
+    while ((c = getopt_long(argc, argv, "m:t:c:h", opts, NULL)) != -1) {
+        switch (c) {
+        case S_CONFIG: break;
+        case 'm': bad |= rlai_config_set_str(&cfg.model, optarg); break;
+        case 't': bad |= parse_int(optarg, 0, 256, &cfg.threads); break;
+        case 'c': bad |= parse_int(optarg, 16, 1 << 20, &cfg.context); break;
+        case S_KV: bad |= parse_int(optarg, 1, 1 << 24, &cfg.kv_blocks); break;
+        case S_ZMQ: bad |= rlai_config_set_str(&cfg.zmq, optarg); break;
+        case S_ZMQ_TCP: bad |= rlai_config_set_str(&cfg.zmq_tcp, optarg); break;
+        case S_PIPE: bad |= rlai_config_set_str(&cfg.pipe, optarg); break;
+        case S_REMOTE: cfg.allow_remote = true; break;
+        case S_FRAME: bad |= parse_int(optarg, 64, (int)RLAI_PROTO_MAX_FRAME, &v); cfg.max_frame = (size_t)v; break;
+        case S_PROMPT: bad |= parse_int(optarg, 1, 1 << 20, &cfg.max_prompt_tokens); break;
+        case S_CLIENT: bad |= parse_int(optarg, 1, 4096, &cfg.max_inflight_client); break;
+        case S_TOTAL: bad |= parse_int(optarg, 1, 65536, &cfg.max_inflight_total); break;
+        case 'h': serve_usage(stdout); rlai_config_free(&cfg); return 0;
+        default: serve_usage(stderr); rlai_config_free(&cfg); return 2;
+        }
+    }
+    if (bad || optind != argc || rlai_config_validate(&cfg, err, sizeof(err)) < 0) {
+        fprintf(stderr, "rlai serve: %s\n", bad || optind != argc ? "invalid option or value" : err);
+        rlai_config_free(&cfg);
+        return 2;
+    }
+    /* Block the stop signals in every thread; the main thread waits for them. */
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    rlai_daemon *d;
+    if (rlai_daemon_start(&cfg, &d, err, sizeof(err)) < 0) {
+        fprintf(stderr, "rlai serve: %s\n", err);
+        rlai_config_free(&cfg);
+        return 1;
+    }
+    fprintf(stderr, "rlai serve: model %s\n", cfg.model);
+    if (cfg.zmq)
+        fprintf(stderr, "rlai serve: zeromq   %s\n", cfg.zmq);
+    if (cfg.zmq_tcp)
+        fprintf(stderr, "rlai serve: zeromq   %s\n", cfg.zmq_tcp);
+    if (cfg.pipe)
+        fprintf(stderr, "rlai serve: pipe     unix://%s\n", cfg.pipe);
+    fprintf(stderr, "rlai serve: ready (SIGINT/SIGTERM to stop)\n");
+    int sig = 0;
+    sigwait(&set, &sig);
+    fprintf(stderr, "rlai serve: %s received, stopping\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    rlai_daemon_shutdown(d);
+    rlai_config_free(&cfg);
+    fprintf(stderr, "rlai serve: stopped\n");
     return 0;
 }
 
@@ -287,12 +687,18 @@ int main(int argc, char **argv)
     }
     const char *cmd = argv[1];
     if (!strcmp(cmd, "run"))
-        return cmd_run(argc - 1, argv + 1, false);
+        return cmd_run(argc - 1, argv + 1, MODE_RUN);
+    if (!strcmp(cmd, "chat"))
+        return cmd_run(argc - 1, argv + 1, MODE_CHAT);
     if (!strcmp(cmd, "info"))
-        return cmd_run(argc - 1, argv + 1, true);
+        return cmd_run(argc - 1, argv + 1, MODE_INFO);
+    if (!strcmp(cmd, "serve"))
+        return cmd_serve(argc - 1, argv + 1);
+    if (!strcmp(cmd, "stats"))
+        return cmd_stats(argc - 1, argv + 1);
     if (!strcmp(cmd, "tokenize"))
         return cmd_tokenize(argc - 1, argv + 1);
-    static const char *const later[] = { "serve", "chat", "call", "plugins", "stats", "fit", "bench" };
+    static const char *const later[] = { "call", "plugins", "fit", "bench" };
     for (size_t i = 0; i < sizeof(later) / sizeof(later[0]); i++) {
         if (!strcmp(cmd, later[i])) {
             fprintf(stderr, "rlai %s: not implemented in this build (%s)\n", cmd,

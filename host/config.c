@@ -1,0 +1,219 @@
+/* config.c - daemon configuration (see config.h). */
+#include "config.h"
+#include "rlai/client.h"
+#include "rlai/error.h"
+#include "rlai/protocol.h"
+
+#include <cjson/cJSON.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
+{
+    if (err && errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return code;
+}
+
+int rlai_config_set_str(char **field, const char *s)
+{
+    char *copy = NULL;
+    if (s && *s) {
+        copy = strdup(s);
+        if (!copy)
+            return RLAI_ERR_NOMEM;
+    }
+    free(*field);
+    *field = copy;
+    return 0;
+}
+
+int rlai_config_defaults(rlai_config *c, const char *default_model)
+{
+    memset(c, 0, sizeof(*c));
+    char buf[PATH_MAX + 16];
+    int rc = rlai_config_set_str(&c->model, default_model);
+    if (rc == 0 && rlai_default_zmq_endpoint(buf, sizeof(buf)) == 0)
+        rc = rlai_config_set_str(&c->zmq, buf);
+    if (rc == 0 && rlai_default_pipe_endpoint(buf, sizeof(buf)) == 0) {
+        const char *p = strncmp(buf, "unix://", 7) == 0 ? buf + 7 : buf;
+        rc = rlai_config_set_str(&c->pipe, p);
+    }
+    c->max_frame = RLAI_PROTO_MAX_FRAME;
+    c->max_prompt_tokens = 4096;
+    c->max_inflight_client = 8;
+    c->max_inflight_total = 64;
+    return rc;
+}
+
+void rlai_config_free(rlai_config *c)
+{
+    free(c->model);
+    free(c->zmq);
+    free(c->zmq_tcp);
+    free(c->pipe);
+    memset(c, 0, sizeof(*c));
+}
+
+static int get_int(const cJSON *item, const char *key, int lo, int hi, int *out, char *err, size_t errlen)
+{
+    if (!cJSON_IsNumber(item) || item->valuedouble != (double)(long long)item->valuedouble ||
+        item->valuedouble < lo || item->valuedouble > hi)
+        return fail(err, errlen, RLAI_ERR_FORMAT, "config: '%s' must be an integer in [%d, %d]", key, lo, hi);
+    *out = (int)item->valuedouble;
+    return 0;
+}
+
+static int get_str(const cJSON *item, const char *key, char **out, char *err, size_t errlen)
+{
+    if (cJSON_IsNull(item))
+        return rlai_config_set_str(out, NULL);
+    if (!cJSON_IsString(item))
+        return fail(err, errlen, RLAI_ERR_FORMAT, "config: '%s' must be a string", key);
+    return rlai_config_set_str(out, item->valuestring);
+}
+
+int rlai_config_load_json(rlai_config *c, const char *json, char *err, size_t errlen)
+{
+    cJSON *root = cJSON_Parse(json);
+    if (!root) {
+        const char *at = cJSON_GetErrorPtr();
+        return fail(err, errlen, RLAI_ERR_FORMAT, "config: invalid JSON near '%.20s'", at ? at : "?");
+    }
+    int rc = 0;
+    if (!cJSON_IsObject(root)) {
+        rc = fail(err, errlen, RLAI_ERR_FORMAT, "config: top level must be an object");
+        goto out;
+    }
+    const cJSON *it;
+    cJSON_ArrayForEach(it, root) {
+        const char *k = it->string;
+        if (!strcmp(k, "model")) {
+            rc = get_str(it, k, &c->model, err, errlen);
+        } else if (!strcmp(k, "threads")) {
+            rc = get_int(it, k, 0, 256, &c->threads, err, errlen);
+        } else if (!strcmp(k, "context")) {
+            rc = get_int(it, k, 0, 1 << 20, &c->context, err, errlen);
+        } else if (!strcmp(k, "kv_blocks")) {
+            rc = get_int(it, k, 0, 1 << 24, &c->kv_blocks, err, errlen);
+        } else if (!strcmp(k, "endpoints") && cJSON_IsObject(it)) {
+            const cJSON *e;
+            cJSON_ArrayForEach(e, it) {
+                const char *ek = e->string;
+                if (!strcmp(ek, "zmq"))
+                    rc = get_str(e, "endpoints.zmq", &c->zmq, err, errlen);
+                else if (!strcmp(ek, "zmq_tcp"))
+                    rc = get_str(e, "endpoints.zmq_tcp", &c->zmq_tcp, err, errlen);
+                else if (!strcmp(ek, "pipe"))
+                    rc = get_str(e, "endpoints.pipe", &c->pipe, err, errlen);
+                else if (!strcmp(ek, "allow_remote")) {
+                    if (!cJSON_IsBool(e))
+                        rc = fail(err, errlen, RLAI_ERR_FORMAT, "config: 'endpoints.allow_remote' must be a boolean");
+                    else
+                        c->allow_remote = cJSON_IsTrue(e);
+                } else
+                    rc = fail(err, errlen, RLAI_ERR_FORMAT, "config: unknown key 'endpoints.%s'", ek);
+                if (rc < 0)
+                    goto out;
+            }
+        } else if (!strcmp(k, "limits") && cJSON_IsObject(it)) {
+            const cJSON *l;
+            cJSON_ArrayForEach(l, it) {
+                const char *lk = l->string;
+                int v = 0;
+                if (!strcmp(lk, "max_frame_bytes")) {
+                    rc = get_int(l, "limits.max_frame_bytes", 64, (int)RLAI_PROTO_MAX_FRAME, &v, err, errlen);
+                    c->max_frame = (size_t)v;
+                } else if (!strcmp(lk, "max_prompt_tokens")) {
+                    rc = get_int(l, "limits.max_prompt_tokens", 1, 1 << 20, &c->max_prompt_tokens, err, errlen);
+                } else if (!strcmp(lk, "max_inflight_per_client")) {
+                    rc = get_int(l, "limits.max_inflight_per_client", 1, 4096, &c->max_inflight_client, err, errlen);
+                } else if (!strcmp(lk, "max_inflight_total")) {
+                    rc = get_int(l, "limits.max_inflight_total", 1, 65536, &c->max_inflight_total, err, errlen);
+                } else {
+                    rc = fail(err, errlen, RLAI_ERR_FORMAT, "config: unknown key 'limits.%s'", lk);
+                }
+                if (rc < 0)
+                    goto out;
+            }
+        } else if (!strcmp(k, "endpoints") || !strcmp(k, "limits")) {
+            rc = fail(err, errlen, RLAI_ERR_FORMAT, "config: '%s' must be an object", k);
+        } else {
+            rc = fail(err, errlen, RLAI_ERR_FORMAT, "config: unknown key '%s'", k);
+        }
+        if (rc < 0)
+            goto out;
+    }
+out:
+    cJSON_Delete(root);
+    return rc;
+}
+
+int rlai_config_load_file(rlai_config *c, const char *path, char *err, size_t errlen)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return fail(err, errlen, RLAI_ERR_IO, "config: cannot open %s", path);
+    char *buf = NULL;
+    size_t len = 0, cap = 0;
+    for (;;) {
+        if (len + 4096 + 1 > cap) {
+            cap = cap ? cap * 2 : 8192;
+            if (cap > (1u << 20)) {
+                free(buf);
+                fclose(f);
+                return fail(err, errlen, RLAI_ERR_TOO_LARGE, "config: %s is larger than 1 MiB", path);
+            }
+            char *nb = realloc(buf, cap);
+            if (!nb) {
+                free(buf);
+                fclose(f);
+                return RLAI_ERR_NOMEM;
+            }
+            buf = nb;
+        }
+        size_t n = fread(buf + len, 1, cap - len - 1, f);
+        len += n;
+        if (n == 0)
+            break;
+    }
+    fclose(f);
+    buf[len] = 0;
+    int rc = rlai_config_load_json(c, buf, err, errlen);
+    free(buf);
+    return rc;
+}
+
+static bool tcp_is_loopback(const char *ep)
+{
+    const char *host = ep + 6; /* after "tcp://" */
+    return !strncmp(host, "127.", 4) || !strncmp(host, "localhost:", 10) || !strncmp(host, "[::1]:", 6);
+}
+
+int rlai_config_validate(const rlai_config *c, char *err, size_t errlen)
+{
+    if (!c->model)
+        return fail(err, errlen, RLAI_ERR_INVALID_ARG, "config: no model path");
+    if (!c->zmq && !c->zmq_tcp && !c->pipe)
+        return fail(err, errlen, RLAI_ERR_INVALID_ARG, "config: every endpoint is disabled");
+    if (c->zmq && strncmp(c->zmq, "ipc://", 6) != 0 && strncmp(c->zmq, "tcp://", 6) != 0)
+        return fail(err, errlen, RLAI_ERR_INVALID_ARG, "config: zmq endpoint '%s' must start with ipc:// or tcp://", c->zmq);
+    if (c->zmq_tcp && strncmp(c->zmq_tcp, "tcp://", 6) != 0)
+        return fail(err, errlen, RLAI_ERR_INVALID_ARG, "config: zmq_tcp endpoint '%s' must start with tcp://", c->zmq_tcp);
+    const char *tcps[2] = { c->zmq && !strncmp(c->zmq, "tcp://", 6) ? c->zmq : NULL, c->zmq_tcp };
+    for (int i = 0; i < 2; i++)
+        if (tcps[i] && !c->allow_remote && !tcp_is_loopback(tcps[i]))
+            return fail(err, errlen, RLAI_ERR_INVALID_ARG,
+                        "config: %s is not a loopback address; set endpoints.allow_remote (or --allow-remote) "
+                        "to expose the engine beyond this machine", tcps[i]);
+    if (c->max_prompt_tokens <= 0 || c->max_inflight_client <= 0 || c->max_inflight_total <= 0 || c->max_frame < 64)
+        return fail(err, errlen, RLAI_ERR_INVALID_ARG, "config: limits must be positive");
+    return 0;
+}

@@ -1,0 +1,54 @@
+/* config.h - `rlai serve` configuration: defaults, a JSON file (cJSON) and
+ * command-line flags that override it.
+ *
+ * File format (every key optional):
+ *   { "model": "PATH", "threads": 2, "context": 4096, "kv_blocks": 0,
+ *     "endpoints": { "zmq": "ipc://...", "zmq_tcp": "tcp://127.0.0.1:5677",
+ *                    "pipe": "PATH", "allow_remote": false },
+ *     "limits": { "max_frame_bytes": 4194304, "max_prompt_tokens": 4096,
+ *                 "max_inflight_per_client": 8, "max_inflight_total": 64 } }
+ * An endpoint set to "" (or null) is disabled.
+ */
+#ifndef RLAI_HOST_CONFIG_H
+#define RLAI_HOST_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+typedef struct rlai_config {
+    char *model;             /* all strings malloc'd, owned by the config */
+    int threads;             /* 0 = all CPUs */
+    int context;             /* 0 = model's (capped at 8192) */
+    int kv_blocks;           /* 0 = one full context */
+    char *zmq;               /* NULL = disabled */
+    char *zmq_tcp;           /* NULL = disabled (default) */
+    char *pipe;              /* NULL = disabled */
+    bool allow_remote;       /* permit a non-loopback zmq_tcp address */
+    size_t max_frame;
+    int max_prompt_tokens;
+    int max_inflight_client;
+    int max_inflight_total;
+} rlai_config;
+
+/* Fills defaults: default model path, default private endpoints, limits.
+ * Returns 0 or RLAI_ERR_NOMEM. */
+int rlai_config_defaults(rlai_config *c, const char *default_model);
+
+/* Reads a JSON config file over the current values. Unknown keys and wrong
+ * types are errors naming the key (a typo must not be silently ignored).
+ * Returns 0, RLAI_ERR_IO or RLAI_ERR_FORMAT with a message in err. */
+int rlai_config_load_file(rlai_config *c, const char *path, char *err, size_t errlen);
+
+/* Same over a JSON text (for tests). */
+int rlai_config_load_json(rlai_config *c, const char *json, char *err, size_t errlen);
+
+/* Checks the final values: positive limits, loopback-only TCP unless
+ * allow_remote. Returns 0 or RLAI_ERR_INVALID_ARG with a message. */
+int rlai_config_validate(const rlai_config *c, char *err, size_t errlen);
+
+/* Replaces a string field (copies s; NULL or "" disables). */
+int rlai_config_set_str(char **field, const char *s);
+
+void rlai_config_free(rlai_config *c);
+
+#endif

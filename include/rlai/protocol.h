@@ -1,0 +1,148 @@
+/* rlai/protocol.h - the RTX-LocalAI wire protocol (msgpack): message model,
+ * encoder and validating decoder (implemented in proto/protocol.c).
+ * proto/PROTOCOL.md is normative; this
+ * header mirrors it.
+ *
+ * Every message is one msgpack map with at least "v" (protocol version,
+ * uint), "id" (request id chosen by the client, uint64) and "type" (str).
+ * Requests: hello generate chat call cancel commands stats tokenize.
+ * Stream frames (engine -> client, same id as the request): token, result,
+ * done, error. Every request ends with exactly one done or error.
+ *
+ * Ownership: a decoded rlai_msg owns copies of all its strings and arrays
+ * (free with rlai_msg_free); nothing points into the input buffer. Encoding
+ * appends to a caller-owned rlai_buf.
+ */
+#ifndef RLAI_PROTOCOL_H
+#define RLAI_PROTOCOL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define RLAI_PROTO_VERSION 1
+
+/* Limits enforced by the decoder (a daemon may configure lower ones). */
+#define RLAI_PROTO_MAX_FRAME (4u << 20)       /* bytes per message */
+#define RLAI_PROTO_MAX_STR (1u << 20)          /* bytes per string (prompt, content, JSON) */
+#define RLAI_PROTO_MAX_MESSAGES 256            /* chat messages */
+#define RLAI_PROTO_MAX_STOPS 8                 /* stop strings */
+#define RLAI_PROTO_MAX_STOP_LEN 256
+#define RLAI_PROTO_MAX_TOKENS_ARRAY 65536      /* ids in one token/result frame */
+#define RLAI_PROTO_MAX_DEPTH 16                /* nesting inside "data"/"params" maps */
+
+typedef enum rlai_msg_type {
+    RLAI_MSG_INVALID = 0,
+    /* requests */
+    RLAI_MSG_HELLO, RLAI_MSG_GENERATE, RLAI_MSG_CHAT, RLAI_MSG_CALL, RLAI_MSG_CANCEL,
+    RLAI_MSG_COMMANDS, RLAI_MSG_STATS, RLAI_MSG_TOKENIZE,
+    /* stream frames */
+    RLAI_MSG_TOKEN, RLAI_MSG_RESULT, RLAI_MSG_DONE, RLAI_MSG_ERROR,
+} rlai_msg_type;
+
+/* Protocol error codes carried in error frames ("code" int, "name" str).
+ * Kept apart from engine codes: the daemon maps engine errors onto these. */
+typedef enum rlai_proto_code {
+    RLAI_PE_BAD_FRAME = 1,        /* not msgpack / not a map / trailing bytes */
+    RLAI_PE_BAD_VERSION = 2,      /* "v" missing or unsupported */
+    RLAI_PE_BAD_REQUEST = 3,      /* missing/ill-typed field, unknown type, bad UTF-8 */
+    RLAI_PE_TOO_LARGE = 4,        /* frame, string, array or prompt over a limit */
+    RLAI_PE_BUSY = 5,             /* too many requests in flight (client or total) */
+    RLAI_PE_NOT_FOUND = 6,        /* unknown command / cancel target */
+    RLAI_PE_CANCELLED = 7,        /* request cancelled or engine shutting down */
+    RLAI_PE_CONTEXT_FULL = 8,     /* prompt + generation exceed the context */
+    RLAI_PE_ENGINE = 9,           /* inference failed */
+    RLAI_PE_DUPLICATE_ID = 10,    /* id already in flight for this client */
+    RLAI_PE_SHUTDOWN = 11,        /* engine stopping: request not run */
+    RLAI_PE_INTERNAL = 12,
+    RLAI_PE_NOT_IMPLEMENTED = 13,
+} rlai_proto_code;
+
+/* Static upper-snake name ("BAD_FRAME") of a protocol code; "UNKNOWN" otherwise. */
+const char *rlai_proto_code_name(int code);
+
+typedef struct rlai_buf {
+    unsigned char *data;   /* malloc'd, owned by the buf */
+    size_t len, cap;
+} rlai_buf;
+
+void rlai_buf_init(rlai_buf *b);
+void rlai_buf_free(rlai_buf *b);
+void rlai_buf_reset(rlai_buf *b);          /* len = 0, keeps memory */
+
+/* Sampling/generation options shared by generate and chat. A field absent
+ * from the wire keeps the engine default (has_* false). */
+typedef struct rlai_msg_gen {
+    int32_t max_tokens;            bool has_max_tokens;
+    float temperature;             bool has_temperature;
+    int32_t top_k;                 bool has_top_k;
+    float top_p;                   bool has_top_p;
+    float min_p;                   bool has_min_p;
+    float repeat_penalty;          bool has_repeat_penalty;
+    float presence_penalty;        bool has_presence_penalty;
+    float frequency_penalty;       bool has_frequency_penalty;
+    uint64_t seed;                 bool has_seed;
+    bool ignore_eos;
+    char **stop;                   /* n_stop strings */
+    uint32_t n_stop;
+} rlai_msg_gen;
+
+typedef struct rlai_msg_chat_message {
+    char *role;
+    char *content;
+} rlai_msg_chat_message;
+
+typedef struct rlai_msg_metrics {
+    double queue_ms, ttft_ms, prefill_tps, decode_tps;
+    uint32_t prompt_tokens, gen_tokens, reused_tokens;
+} rlai_msg_metrics;
+
+typedef struct rlai_msg {
+    rlai_msg_type type;
+    uint32_t version;
+    uint64_t id;
+    union {
+        struct { char *client; } hello;                         /* client may be NULL */
+        struct { char *prompt; rlai_msg_gen gen; } generate;
+        struct { rlai_msg_chat_message *messages; uint32_t n_messages; rlai_msg_gen gen; } chat;
+        struct { char *command; char *params_json; } call;     /* params_json: JSON text, NULL = {} */
+        struct { uint64_t target; } cancel;
+        struct { char *text; bool add_special, parse_special; } tokenize;
+        struct { char *text; int32_t *tokens; uint32_t n_tokens; } token;
+        /* result: arbitrary msgpack value, kept encoded (data, len). */
+        struct { unsigned char *data; size_t len; } result;
+        struct { char *stop; rlai_msg_metrics metrics; bool has_metrics; } done;
+        struct { int32_t code; char *name; char *msg; } error;
+    } u;
+} rlai_msg;
+
+/* Decodes one message. On success fills *out (caller frees with
+ * rlai_msg_free) and returns 0. On failure returns a negative
+ * rlai_proto_code (-RLAI_PE_BAD_FRAME, ...), writes a human message into
+ * err, and sets out->id / out->type when they could be read (so the
+ * daemon can address its error frame to the right request; id is 0
+ * otherwise). Unknown extra fields are ignored (forward compatibility);
+ * a version other than RLAI_PROTO_VERSION is -RLAI_PE_BAD_VERSION. Strings
+ * must be valid UTF-8. Never reads outside buf[0..len). */
+int rlai_proto_decode(const void *buf, size_t len, rlai_msg *out, char *err, size_t errlen);
+
+/* Frees what a decoded or hand-built message owns. Accepts NULL. */
+void rlai_msg_free(rlai_msg *m);
+
+/* Appends the msgpack encoding of m to out. Returns 0 or a negative
+ * rlai_proto_code (-RLAI_PE_BAD_REQUEST for an invalid message,
+ * -RLAI_PE_INTERNAL on allocation failure). m is not modified. */
+int rlai_proto_encode(const rlai_msg *m, rlai_buf *out);
+
+/* Convenience encoders for the daemon's hot path (no rlai_msg needed). */
+int rlai_proto_encode_token(rlai_buf *out, uint64_t id, const char *text, size_t len,
+                            const int32_t *tokens, uint32_t n_tokens);
+int rlai_proto_encode_done(rlai_buf *out, uint64_t id, const char *stop, const rlai_msg_metrics *m);
+int rlai_proto_encode_error(rlai_buf *out, uint64_t id, int code, const char *msg);
+/* result with a pre-encoded msgpack value (copied). */
+int rlai_proto_encode_result(rlai_buf *out, uint64_t id, const void *data, size_t len);
+
+/* Name of a type as on the wire ("generate"), or NULL for INVALID. */
+const char *rlai_msg_type_name(rlai_msg_type t);
+
+#endif
