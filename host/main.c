@@ -48,6 +48,7 @@ static void usage(FILE *f)
         "      --top-k N, --top-p X, --min-p X, --repeat-penalty X, --seed N\n"
         "      --system TEXT     system prompt (default: the model template's own)\n"
         "      --raw             send the prompt as is, without the chat template\n"
+        "      --ignore-eos      keep generating past end-of-generation tokens\n"
         "      --isa auto|scalar|avx2|avx512\n"
         "      --precise         f32 activations (reference mode, slower)\n"
         "      --local           load the model in this process instead of using the engine\n"
@@ -127,7 +128,7 @@ static int parse_isa(const char *s, rlai_isa *isa)
 }
 
 enum { OPT_TEMP = 256, OPT_TOPK, OPT_TOPP, OPT_MINP, OPT_REP, OPT_SEED, OPT_SYSTEM, OPT_RAW,
-       OPT_ISA, OPT_PRECISE, OPT_LOCAL, OPT_ENDPOINT };
+       OPT_ISA, OPT_PRECISE, OPT_LOCAL, OPT_ENDPOINT, OPT_IGNORE_EOS };
 
 typedef enum { MODE_RUN, MODE_CHAT, MODE_INFO } run_mode;
 
@@ -356,7 +357,7 @@ static int cmd_run(int argc, char **argv, run_mode mode)
         { "system", required_argument, 0, OPT_SYSTEM }, { "raw", no_argument, 0, OPT_RAW },
         { "isa", required_argument, 0, OPT_ISA }, { "precise", no_argument, 0, OPT_PRECISE },
         { "local", no_argument, 0, OPT_LOCAL }, { "endpoint", required_argument, 0, OPT_ENDPOINT },
-        { "help", no_argument, 0, 'h' }, { 0, 0, 0, 0 }
+        { "ignore-eos", no_argument, 0, OPT_IGNORE_EOS }, { "help", no_argument, 0, 'h' }, { 0, 0, 0, 0 }
     };
     char pathbuf[PATH_MAX];
     const char *model = NULL, *system = NULL, *endpoint = NULL;
@@ -387,6 +388,7 @@ static int cmd_run(int argc, char **argv, run_mode mode)
         case OPT_PRECISE: ep.precise = true; local = true; break;
         case OPT_LOCAL: local = true; break;
         case OPT_ENDPOINT: endpoint = optarg; break;
+        case OPT_IGNORE_EOS: ss.gp.ignore_eos = w->ignore_eos = true; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }

@@ -56,7 +56,7 @@ def test_tokenize_command_bad_file(tmp_path):
 
 @pytest.mark.skipif(not MODEL.exists(), reason="default model not fetched")
 def test_run_streams_answer_and_metrics():
-    r = run("run", "-m", str(MODEL), "-n", "24", "What is the capital of France?")
+    r = run("run", "--local", "-m", str(MODEL), "-n", "24", "What is the capital of France?")
     assert r.returncode == 0, r.stderr
     assert len(r.stdout.decode().strip()) > 0
     line = r.stderr.decode().strip().splitlines()[-1]
@@ -74,13 +74,13 @@ def test_info_command():
 
 
 def test_missing_model_is_a_clear_error(tmp_path):
-    r = run("run", "-m", str(tmp_path / "nope.gguf"), "hi")
+    r = run("run", "--local", "-m", str(tmp_path / "nope.gguf"), "hi")
     assert r.returncode == 1
     assert b"nope.gguf" in r.stderr and b"cannot load model" in r.stderr
 
 
 def test_unimplemented_and_unknown_commands():
-    r = run("serve")
+    r = run("plugins")
     assert r.returncode == 2 and b"not implemented" in r.stderr
     r = run("frobnicate")
     assert r.returncode == 2 and b"unknown command" in r.stderr
