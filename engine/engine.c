@@ -138,6 +138,17 @@ int rlai_engine_open(const char *path, const rlai_engine_params *params,
         goto fail;
     if ((rc = rlai_model_ctx_create(e->model, e->kern, e->tp, RLAI_MAX_BATCH, n_ctx, &e->mctx)) < 0)
         goto fail;
+    {
+        /* Kernel scratch for the widest input (n_ff or n_head*head_dim) at a
+         * full prefill chunk, so matmuls never allocate while generating. */
+        int64_t cols = hp->n_embd;
+        if (hp->n_ff > cols)
+            cols = hp->n_ff;
+        if ((int64_t)hp->n_head * hp->head_dim > cols)
+            cols = (int64_t)hp->n_head * hp->head_dim;
+        if ((rc = rlai_kernels_reserve(e->kern, nt, cols, RLAI_MAX_BATCH)) < 0)
+            goto fail;
+    }
     e->logits = malloc(sizeof(float) * (size_t)hp->n_vocab);
     if (!e->logits) {
         rc = RLAI_ERR_NOMEM;

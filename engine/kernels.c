@@ -1,1 +1,617 @@
-/* placeholder: being written */
+/* kernels.c - CPU feature detection, ISA dispatch, the kernel context
+ * (per-thread scratch, quantized-activation buffer), work splitting for
+ * rlai_matmul, and the portable scalar reference kernels.
+ *
+ * Two numeric modes (see kernels.h):
+ *  - f32 path: used when precise = true or the weights are F32/F16/BF16.
+ *    Weight rows are dequantized to f32 and dotted with f32 activations
+ *    (scalar: double accumulation).
+ *  - quantized path: activations are quantized once per call (layout in
+ *    kernels_impl.h) and blocks are dotted in integers; the per-block
+ *    result is sum_b d_w*d_x*sum(q_w*q_x) + m_w*s_x, where Q4_0/Q5_0 use
+ *    unsigned nibbles with m_w = -8 d_w / -16 d_w, Q8_0 signed values and
+ *    m_w = 0. */
+#include "kernels.h"
+#include "kernels_impl.h"
+#include "dtype.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#define RLAI_X86 1
+#endif
+
+/* ------------------------------------------------------------------ */
+/* CPU detection                                                       */
+
+static unsigned g_isa_mask;
+static bool g_vnni;
+static pthread_once_t g_detect_once = PTHREAD_ONCE_INIT;
+
+#ifdef RLAI_X86
+static uint64_t read_xcr0(void)
+{
+    uint32_t lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return (uint64_t)hi << 32 | lo;
+}
+#endif
+
+static void detect(void)
+{
+    unsigned mask = 1u << RLAI_ISA_SCALAR;
+#ifdef RLAI_X86
+    unsigned a, b, c, d;
+    if (__get_cpuid(1, &a, &b, &c, &d)) {
+        bool osxsave = c & (1u << 27);
+        bool avx = c & (1u << 28), fma = c & (1u << 12), f16c = c & (1u << 29);
+        uint64_t xcr0 = osxsave ? read_xcr0() : 0;
+        bool os_avx = (xcr0 & 0x6) == 0x6;            /* XMM + YMM state */
+        bool os_avx512 = (xcr0 & 0xE6) == 0xE6;       /* + opmask, ZMM_Hi256, Hi16_ZMM */
+        unsigned b7 = 0, c7 = 0;
+        if (__get_cpuid_max(0, NULL) >= 7) {
+            unsigned a7, d7;
+            __cpuid_count(7, 0, a7, b7, c7, d7);
+            (void)a7; (void)d7;
+        }
+        bool avx2 = b7 & (1u << 5);
+        if (os_avx && avx && avx2 && fma && f16c) {
+            mask |= 1u << RLAI_ISA_AVX2;
+            bool f = b7 & (1u << 16), dq = b7 & (1u << 17);
+            bool bw = b7 & (1u << 30), vl = b7 & (1u << 31);
+            if (os_avx512 && f && dq && bw && vl) {
+                mask |= 1u << RLAI_ISA_AVX512;
+                g_vnni = c7 & (1u << 11);
+            }
+        }
+    }
+#endif
+    g_isa_mask = mask;
+}
+
+unsigned rlai_kernels_available(void)
+{
+    pthread_once(&g_detect_once, detect);
+    return g_isa_mask;
+}
+
+int rlai_kernels_resolve(rlai_isa want, rlai_isa *got)
+{
+    unsigned m = rlai_kernels_available();
+    rlai_isa r;
+    if (want == RLAI_ISA_AUTO) {
+        r = (m & (1u << RLAI_ISA_AVX512)) ? RLAI_ISA_AVX512 :
+            (m & (1u << RLAI_ISA_AVX2)) ? RLAI_ISA_AVX2 : RLAI_ISA_SCALAR;
+    } else if (want == RLAI_ISA_SCALAR || want == RLAI_ISA_AVX2 || want == RLAI_ISA_AVX512) {
+        if (!(m & (1u << want)))
+            return RLAI_ERR_UNSUPPORTED;
+        r = want;
+    } else {
+        return RLAI_ERR_INVALID_ARG;
+    }
+    if (got)
+        *got = r;
+    return RLAI_OK;
+}
+
+const char *rlai_isa_name(rlai_isa isa)
+{
+    switch (isa) {
+    case RLAI_ISA_AUTO: return "auto";
+    case RLAI_ISA_SCALAR: return "scalar";
+    case RLAI_ISA_AVX2: return "avx2";
+    case RLAI_ISA_AVX512: return "avx512";
+    default: return "unknown";
+    }
+}
+
+/* ------------------------------------------------------------------ */
+/* kernel context                                                      */
+
+struct rlai_kernels {
+    rlai_isa isa;
+    bool precise;
+    rlai_mm_fn mm;
+    rlai_qact_fn qact;
+    float (*dot_f16)(int, const uint16_t *, const float *);
+    void (*mad_f16)(int, float *, const uint16_t *, float);
+    void (*to_f16)(const float *, uint16_t *, int);
+
+    unsigned char *scratch;   /* n threads * scratch_per, 64-aligned */
+    size_t scratch_cap;
+    unsigned char *actbuf;    /* quantized activations, 64-aligned */
+    size_t act_cap;
+};
+
+static void set_ops(rlai_kernels *k, rlai_isa isa)
+{
+    k->isa = isa;
+    switch (isa) {
+    case RLAI_ISA_AVX512:
+        k->mm = rlai__mm_avx512;
+        k->qact = rlai__quant_act_avx2;
+        k->dot_f16 = rlai__dot_f16_f32_avx2;
+        k->mad_f16 = rlai__mad_f16_avx2;
+        k->to_f16 = rlai__f32_to_f16_avx2;
+        break;
+    case RLAI_ISA_AVX2:
+        k->mm = rlai__mm_avx2;
+        k->qact = rlai__quant_act_avx2;
+        k->dot_f16 = rlai__dot_f16_f32_avx2;
+        k->mad_f16 = rlai__mad_f16_avx2;
+        k->to_f16 = rlai__f32_to_f16_avx2;
+        break;
+    default:
+        k->isa = RLAI_ISA_SCALAR;
+        k->mm = rlai__mm_scalar;
+        k->qact = rlai__quant_act_scalar;
+        k->dot_f16 = rlai__dot_f16_f32_scalar;
+        k->mad_f16 = rlai__mad_f16_scalar;
+        k->to_f16 = rlai__f32_to_f16_scalar;
+        break;
+    }
+}
+
+int rlai_kernels_create(rlai_isa isa, bool precise, rlai_kernels **out)
+{
+    if (!out)
+        return RLAI_ERR_INVALID_ARG;
+    *out = NULL;
+    rlai_isa got;
+    int rc = rlai_kernels_resolve(isa, &got);
+    if (rc < 0)
+        return rc;
+    rlai_kernels *k = calloc(1, sizeof *k);
+    if (!k)
+        return RLAI_ERR_NOMEM;
+    k->precise = precise;
+    set_ops(k, got);
+    *out = k;
+    return RLAI_OK;
+}
+
+void rlai_kernels_destroy(rlai_kernels *k)
+{
+    if (!k)
+        return;
+    free(k->scratch);
+    free(k->actbuf);
+    free(k);
+}
+
+static size_t align64(size_t n)
+{
+    return (n + 63u) & ~(size_t)63u;
+}
+
+/* Grows a 64-aligned buffer (contents not kept). */
+static int grow(unsigned char **buf, size_t *cap, size_t need)
+{
+    if (need <= *cap)
+        return RLAI_OK;
+    need = align64(need + need / 4);
+    unsigned char *p = aligned_alloc(64, need);
+    if (!p)
+        return RLAI_ERR_NOMEM;
+    free(*buf);
+    *buf = p;
+    *cap = need;
+    return RLAI_OK;
+}
+
+static int tok_pad(int T)
+{
+    return T == 1 ? 1 : (T + RLAI_TOK_PAD - 1) / RLAI_TOK_PAD * RLAI_TOK_PAD;
+}
+
+static size_t act_bytes(int T, int64_t cols)
+{
+    size_t Tp = (size_t)tok_pad(T), nb = (size_t)cols / RLAI_QK;
+    return align64(Tp * (size_t)cols) + 3 * align64(Tp * nb * 2 * sizeof(float)) + 64;
+}
+
+int rlai_kernels_reserve(rlai_kernels *k, int n_threads, int64_t max_cols, int max_T)
+{
+    if (!k || n_threads < 1 || max_cols < 0 || max_T < 0)
+        return RLAI_ERR_INVALID_ARG;
+    int rc = grow(&k->scratch, &k->scratch_cap,
+                  (size_t)n_threads * align64(rlai__scratch_bytes(max_cols)));
+    if (rc == RLAI_OK && max_T > 0 && max_cols >= RLAI_QK)
+        rc = grow(&k->actbuf, &k->act_cap, act_bytes(max_T, max_cols));
+    return rc;
+}
+
+/* ------------------------------------------------------------------ */
+/* rlai_matmul: activation quantization and work splitting             */
+
+struct qact_task {
+    rlai_kernels *k;
+    const float *x;
+    int64_t ldx;
+    rlai_act *act;
+};
+
+static void qact_token(const struct qact_task *q, int t)
+{
+    rlai_act *a = q->act;
+    int64_t nb = a->nb;
+    int8_t *qr = a->q + (size_t)t * (size_t)a->cols;
+    float *ds = a->ds + (size_t)t * (size_t)nb * 2;
+    if (t < a->T) {
+        q->k->qact(q->x + (size_t)t * (size_t)q->ldx, a->cols, qr, ds);
+    } else {
+        memset(qr, 0, (size_t)a->cols);
+        memset(ds, 0, (size_t)nb * 2 * sizeof(float));
+    }
+    if (a->dv) {
+        int g = t / 4, i = t % 4;
+        for (int64_t b = 0; b < nb; b++) {
+            size_t o = ((size_t)g * (size_t)nb + (size_t)b) * 8;
+            a->dv[o + (size_t)i] = ds[2 * b];
+            a->dv[o + (size_t)i + 4] = ds[2 * b];
+            a->sv[o + (size_t)i] = ds[2 * b + 1];
+            a->sv[o + (size_t)i + 4] = 0.0f;
+        }
+    }
+}
+
+static void qact_task_fn(void *arg, int ith, int nth)
+{
+    const struct qact_task *q = arg;
+    int Tp = q->act->Tpad;
+    int t0 = (int)((int64_t)Tp * ith / nth), t1 = (int)((int64_t)Tp * (ith + 1) / nth);
+    for (int t = t0; t < t1; t++)
+        qact_token(q, t);
+}
+
+struct mm_task {
+    const rlai_mm_job *job;
+    rlai_mm_fn mm;
+    unsigned char *scratch;
+    size_t scratch_per;
+    int64_t rows_per_item;
+    int64_t n_rc;         /* row chunks */
+    int n_tc;             /* token chunks */
+    int tok_chunk;
+    int64_t n_items;
+    atomic_llong next;
+};
+
+static void run_item(struct mm_task *m, int64_t i, void *scr)
+{
+    const rlai_mm_job *j = m->job;
+    int64_t rc = i / m->n_tc;
+    int tc = (int)(i % m->n_tc);
+    int64_t r0 = rc * m->rows_per_item;
+    int64_t r1 = r0 + m->rows_per_item < j->rows ? r0 + m->rows_per_item : j->rows;
+    int t0 = tc * m->tok_chunk;
+    int t1 = t0 + m->tok_chunk < j->T ? t0 + m->tok_chunk : j->T;
+    m->mm(j, r0, r1, t0, t1, scr);
+}
+
+static void mm_task_fn(void *arg, int ith, int nth)
+{
+    struct mm_task *m = arg;
+    (void)nth;
+    void *scr = m->scratch + (size_t)ith * m->scratch_per;
+    for (;;) {
+        long long i = atomic_fetch_add_explicit(&m->next, 1, memory_order_relaxed);
+        if (i >= m->n_items)
+            break;
+        run_item(m, i, scr);
+    }
+}
+
+static void fill_nan(float *y, int64_t ldy, int T, int64_t rows)
+{
+    for (int t = 0; t < T; t++)
+        for (int64_t r = 0; r < rows; r++)
+            y[(size_t)t * (size_t)ldy + (size_t)r] = NAN;
+}
+
+void rlai_matmul(rlai_kernels *k, rlai_threadpool *tp, const rlai_weight *w,
+                 const float *x, int64_t ldx, int T, float *y, int64_t ldy)
+{
+    if (!k || !w || !x || !y || T <= 0 || w->rows <= 0 || w->cols <= 0 || !w->data)
+        return;
+    if (!rlai_dtype_supported(w->type) || ldx < w->cols || ldy < w->rows)
+        return;
+    size_t row_bytes = rlai_dtype_row_bytes(w->type, w->cols);
+    if (row_bytes == 0)
+        return;
+
+    int nth = rlai_threadpool_size(tp);
+    bool quant = !k->precise && rlai__is_quant(w->type);
+    size_t scratch_per = align64(rlai__scratch_bytes(w->cols));
+
+    if (grow(&k->scratch, &k->scratch_cap, (size_t)nth * scratch_per) < 0 ||
+        (quant && grow(&k->actbuf, &k->act_cap, act_bytes(T, w->cols)) < 0)) {
+        fill_nan(y, ldy, T, w->rows);   /* out of memory: poison, never crash */
+        return;
+    }
+
+    rlai_mm_job job = {
+        .type = w->type, .rows = w->rows, .cols = w->cols, .nb = w->cols / RLAI_QK,
+        .w = w->data, .row_bytes = row_bytes, .x = x, .ldx = ldx, .act = NULL,
+        .y = y, .ldy = ldy, .T = T, .vnni = g_vnni,
+    };
+
+    rlai_act act;
+    if (quant) {
+        int Tp = tok_pad(T);
+        size_t nb = (size_t)job.nb;
+        unsigned char *p = k->actbuf;
+        act.T = T;
+        act.Tpad = Tp;
+        act.cols = w->cols;
+        act.nb = job.nb;
+        act.q = (int8_t *)p;
+        p += align64((size_t)Tp * (size_t)w->cols);
+        act.ds = (float *)p;
+        p += align64((size_t)Tp * nb * 2 * sizeof(float));
+        act.dv = act.sv = NULL;
+        if (T > 1 && k->isa != RLAI_ISA_SCALAR) {
+            act.dv = (float *)p;
+            p += align64((size_t)Tp * nb * 2 * sizeof(float));
+            act.sv = (float *)p;
+        }
+        struct qact_task qt = { .k = k, .x = x, .ldx = ldx, .act = &act };
+        if (Tp <= 2 || nth == 1)
+            qact_task_fn(&qt, 0, 1);
+        else
+            rlai_threadpool_run(tp, qact_task_fn, &qt);
+        act.paired = T == 1 && k->isa == RLAI_ISA_AVX2 && w->type != RLAI_DT_Q8_0 &&
+                     job.nb % 2 == 0;
+        if (act.paired) {
+            /* swap the middle 16-byte chunks of every 64-byte block pair */
+            for (int64_t b = 0; b < job.nb; b += 2) {
+                uint8_t tmp[16];
+                uint8_t *p0 = (uint8_t *)act.q + 32 * b + 16, *p1 = p0 + 16;
+                memcpy(tmp, p0, 16);
+                memcpy(p0, p1, 16);
+                memcpy(p1, tmp, 16);
+            }
+        }
+        job.act = &act;
+    }
+
+    /* Work items: row chunks (multiple of RLAI_ROW_TILE) x token chunks. */
+    struct mm_task m = { .job = &job, .mm = k->mm, .scratch = k->scratch,
+                         .scratch_per = scratch_per };
+    int64_t tiles = (w->rows + RLAI_ROW_TILE - 1) / RLAI_ROW_TILE;
+    if (T == 1) {
+        /* matvec: a few chunks per thread, large enough to stream well */
+        int64_t per = tiles / ((int64_t)nth * 8);
+        if (per < 1) per = 1;
+        if (per > 16) per = 16;
+        m.rows_per_item = per * RLAI_ROW_TILE;
+    } else {
+        m.rows_per_item = RLAI_ROW_TILE;
+    }
+    m.n_rc = (w->rows + m.rows_per_item - 1) / m.rows_per_item;
+    m.n_tc = 1;
+    m.tok_chunk = T;
+    if (T > 1 && nth > 1 && m.n_rc < 4 * (int64_t)nth) {
+        /* few rows: also split tokens, in multiples of RLAI_TOK_PAD */
+        int64_t want = (4 * (int64_t)nth + m.n_rc - 1) / m.n_rc;
+        int64_t tc = ((int64_t)T + want - 1) / want;
+        tc = (tc + RLAI_TOK_PAD - 1) / RLAI_TOK_PAD * RLAI_TOK_PAD;
+        m.tok_chunk = (int)tc;
+        m.n_tc = (int)(((int64_t)T + tc - 1) / tc);
+    }
+    m.n_items = m.n_rc * m.n_tc;
+    atomic_init(&m.next, 0);
+
+    if (nth == 1 || m.n_items == 1) {
+        for (int64_t i = 0; i < m.n_items; i++)
+            run_item(&m, i, k->scratch);
+    } else {
+        rlai_threadpool_run(tp, mm_task_fn, &m);
+    }
+}
+
+void rlai_weight_get_row(const rlai_weight *w, int64_t r, float *dst)
+{
+    if (!w || !dst || !w->data || r < 0 || r >= w->rows)
+        return;
+    size_t rb = rlai_dtype_row_bytes(w->type, w->cols);
+    if (rb == 0)
+        return;
+    rlai_dequantize_row(w->type, (const uint8_t *)w->data + (size_t)r * rb, dst, w->cols);
+}
+
+/* ------------------------------------------------------------------ */
+/* f16 vector helpers                                                  */
+
+static rlai_kernels g_default_ops;
+static pthread_once_t g_default_once = PTHREAD_ONCE_INIT;
+
+static void init_default_ops(void)
+{
+    rlai_isa isa = RLAI_ISA_SCALAR;
+    rlai_kernels_resolve(RLAI_ISA_AUTO, &isa);
+    set_ops(&g_default_ops, isa);
+}
+
+static const rlai_kernels *ops_of(const rlai_kernels *k)
+{
+    if (k)
+        return k;
+    pthread_once(&g_default_once, init_default_ops);
+    return &g_default_ops;
+}
+
+float rlai_vec_dot_f16_f32(rlai_kernels *k, int n, const uint16_t *a, const float *b)
+{
+    if (n <= 0)
+        return 0.0f;
+    return ops_of(k)->dot_f16(n, a, b);
+}
+
+void rlai_vec_mad_f16(rlai_kernels *k, int n, float *y, const uint16_t *x, float s)
+{
+    if (n > 0)
+        ops_of(k)->mad_f16(n, y, x, s);
+}
+
+void rlai_f32_to_f16_row(rlai_kernels *k, const float *src, uint16_t *dst, int n)
+{
+    if (n > 0)
+        ops_of(k)->to_f16(src, dst, n);
+}
+
+float rlai__dot_f16_f32_scalar(int n, const uint16_t *a, const float *b)
+{
+    double acc = 0.0;
+    for (int i = 0; i < n; i++)
+        acc += (double)rlai_fp16_to_f32(a[i]) * b[i];
+    return (float)acc;
+}
+
+void rlai__mad_f16_scalar(int n, float *y, const uint16_t *x, float s)
+{
+    for (int i = 0; i < n; i++)
+        y[i] = fmaf(s, rlai_fp16_to_f32(x[i]), y[i]);
+}
+
+void rlai__f32_to_f16_scalar(const float *src, uint16_t *dst, int n)
+{
+    for (int i = 0; i < n; i++)
+        dst[i] = rlai_f32_to_fp16(src[i]);
+}
+
+/* ------------------------------------------------------------------ */
+/* scalar reference kernels                                            */
+
+void rlai__quant_act_scalar(const float *x, int64_t n, int8_t *q, float *ds)
+{
+    for (int64_t b = 0; b < n / RLAI_QK; b++, x += RLAI_QK, q += RLAI_QK) {
+        float amax = 0.0f;
+        for (int j = 0; j < RLAI_QK; j++) {
+            float a = fabsf(x[j]);
+            if (a > amax)
+                amax = a;
+        }
+        float d = amax / 127.0f;
+        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        int sum = 0;
+        for (int j = 0; j < RLAI_QK; j++) {
+            float v = x[j] * id;
+            float r = v != v ? 0.0f : roundf(v);
+            if (r > 127.0f) r = 127.0f;
+            if (r < -127.0f) r = -127.0f;
+            q[j] = (int8_t)r;
+            sum += q[j];
+        }
+        ds[2 * b] = d;
+        ds[2 * b + 1] = d * (float)sum;
+    }
+}
+
+static inline uint16_t ld16(const uint8_t *p)
+{
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return v;
+}
+
+/* Unpacks one weight row into integer values plus per-block d and m
+ * (see the file comment for the convention). */
+static void unpack_row_scalar(uint32_t type, const uint8_t *src, int64_t nb,
+                              int8_t *wq, float *dw, float *mw)
+{
+    for (int64_t b = 0; b < nb; b++, wq += RLAI_QK) {
+        float d, m = 0.0f;
+        uint32_t qh = 0;
+        const uint8_t *qs;
+        switch (type) {
+        case RLAI_DT_Q8_0:
+            d = rlai_fp16_to_f32(ld16(src));
+            memcpy(wq, src + 2, RLAI_QK);
+            src += sizeof(rlai_block_q8_0);
+            dw[b] = d;
+            mw[b] = 0.0f;
+            continue;
+        case RLAI_DT_Q4_0:
+            d = rlai_fp16_to_f32(ld16(src));
+            m = -8.0f * d;
+            qs = src + 2;
+            src += sizeof(rlai_block_q4_0);
+            break;
+        case RLAI_DT_Q4_1:
+            d = rlai_fp16_to_f32(ld16(src));
+            m = rlai_fp16_to_f32(ld16(src + 2));
+            qs = src + 4;
+            src += sizeof(rlai_block_q4_1);
+            break;
+        case RLAI_DT_Q5_0:
+            d = rlai_fp16_to_f32(ld16(src));
+            m = -16.0f * d;
+            qh = (uint32_t)src[2] | (uint32_t)src[3] << 8 | (uint32_t)src[4] << 16 |
+                 (uint32_t)src[5] << 24;
+            qs = src + 6;
+            src += sizeof(rlai_block_q5_0);
+            break;
+        default: /* RLAI_DT_Q5_1 */
+            d = rlai_fp16_to_f32(ld16(src));
+            m = rlai_fp16_to_f32(ld16(src + 2));
+            qh = (uint32_t)src[4] | (uint32_t)src[5] << 8 | (uint32_t)src[6] << 16 |
+                 (uint32_t)src[7] << 24;
+            qs = src + 8;
+            src += sizeof(rlai_block_q5_1);
+            break;
+        }
+        for (int j = 0; j < 16; j++) {
+            wq[j] = (int8_t)((qs[j] & 0xF) | ((qh >> j) & 1u) << 4);
+            wq[j + 16] = (int8_t)((qs[j] >> 4) | ((qh >> (j + 16)) & 1u) << 4);
+        }
+        dw[b] = d;
+        mw[b] = m;
+    }
+}
+
+void rlai__mm_scalar(const rlai_mm_job *j, int64_t r0, int64_t r1, int t0, int t1, void *scratch)
+{
+    const int64_t cols = j->cols;
+
+    if (!j->act) {
+        float *buf = scratch;
+        for (int64_t r = r0; r < r1; r++) {
+            rlai_dequantize_row(j->type, j->w + (size_t)r * j->row_bytes, buf, cols);
+            for (int t = t0; t < t1; t++) {
+                const float *xt = j->x + (size_t)t * (size_t)j->ldx;
+                double acc = 0.0;
+                for (int64_t c = 0; c < cols; c++)
+                    acc += (double)buf[c] * (double)xt[c];
+                j->y[(size_t)t * (size_t)j->ldy + (size_t)r] = (float)acc;
+            }
+        }
+        return;
+    }
+
+    const rlai_act *a = j->act;
+    const int64_t nb = j->nb;
+    int8_t *wq = scratch;
+    float *dw = (float *)((unsigned char *)scratch + ((size_t)cols + 63u) / 64u * 64u);
+    float *mw = dw + nb;
+    for (int64_t r = r0; r < r1; r++) {
+        unpack_row_scalar(j->type, j->w + (size_t)r * j->row_bytes, nb, wq, dw, mw);
+        for (int t = t0; t < t1; t++) {
+            const int8_t *xq = a->q + (size_t)t * (size_t)cols;
+            const float *ds = a->ds + (size_t)t * (size_t)nb * 2;
+            double acc = 0.0;
+            for (int64_t b = 0; b < nb; b++) {
+                int isum = 0;
+                for (int e = 0; e < RLAI_QK; e++)
+                    isum += (int)wq[b * RLAI_QK + e] * (int)xq[b * RLAI_QK + e];
+                acc += (double)(dw[b] * ds[2 * b]) * isum + (double)(mw[b] * ds[2 * b + 1]);
+            }
+            j->y[(size_t)t * (size_t)j->ldy + (size_t)r] = (float)acc;
+        }
+    }
+}

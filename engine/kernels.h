@@ -53,4 +53,13 @@ float rlai_vec_dot_f16_f32(rlai_kernels *k, int n, const uint16_t *a, const floa
 void rlai_vec_mad_f16(rlai_kernels *k, int n, float *y, const uint16_t *x, float s);
 void rlai_f32_to_f16_row(rlai_kernels *k, const float *src, uint16_t *dst, int n);
 
+
+/* Added by the kernels owner (append-only): preallocates the context's
+ * scratch for up to n_threads threads and the quantized-activation buffer
+ * for up to max_T tokens of max_cols columns, so later rlai_matmul calls
+ * within those limits never allocate. Returns 0, RLAI_ERR_NOMEM or
+ * RLAI_ERR_INVALID_ARG. (rlai_matmul grows the buffers itself when needed;
+ * if that allocation fails it writes NaN to y instead of crashing.) */
+int rlai_kernels_reserve(rlai_kernels *k, int n_threads, int64_t max_cols, int max_T);
+
 #endif

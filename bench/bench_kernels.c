@@ -1,0 +1,314 @@
+/* bench_kernels.c - kernel throughput table (build in release).
+ *
+ *   bench_kernels [seconds_per_case]     (default 0.3)
+ *
+ * Prints, for 1 and 2 threads:
+ *  - a memory bandwidth baseline (read-only sum and memcpy over 256 MiB),
+ *  - matvec (T=1) GB/s of weight bytes for Q4_1 576x1536, Q4_1 1536x576,
+ *    Q8_0 576x49152, streaming enough distinct copies that the weights come
+ *    from DRAM as in real decode,
+ *  - matmul GFLOP/s for T=64 and T=512 (scalar only where it finishes),
+ *  - a SmolLM2-135M-shaped estimate: all 30x7 Q4_1 matrices plus the Q8_0
+ *    LM head as distinct buffers (~96 MB), decode tok/s and prefill tok/s
+ *    (matmuls only, no attention).
+ * Shapes are written cols x rows (ggml ne0 x ne1). */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "dtype.h"
+#include "kernels.h"
+#include "threadpool.h"
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static uint64_t rng = 0x243F6A8885A308D3ull;
+static uint64_t rnd(void)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return rng;
+}
+
+/* Random block bytes with sane f16 scales (d in [0.004, 0.02], m ~ -0.1). */
+static void fill_weights(uint32_t type, uint8_t *p, size_t bytes)
+{
+    for (size_t i = 0; i + 8 <= bytes; i += 8) {
+        uint64_t v = rnd();
+        memcpy(p + i, &v, 8);
+    }
+    size_t bb = rlai_dtype_block_bytes(type);
+    if (rlai_dtype_block_elems(type) != 32) {
+        for (size_t i = 0; i + 2 <= bytes; i += 2) {
+            float f = (float)(rnd() % 2000) / 1000.0f - 1.0f;
+            uint16_t h = type == RLAI_DT_BF16 ? rlai_f32_to_bf16(f) : rlai_f32_to_fp16(f);
+            if (type == RLAI_DT_F32)
+                break;
+            memcpy(p + i, &h, 2);
+        }
+        return;
+    }
+    for (size_t off = 0; off + bb <= bytes; off += bb) {
+        uint16_t d = rlai_f32_to_fp16(0.004f + (float)(rnd() % 1000) * 1.6e-5f);
+        uint16_t m = rlai_f32_to_fp16(-0.1f);
+        memcpy(p + off, &d, 2);
+        if (type == RLAI_DT_Q4_1 || type == RLAI_DT_Q5_1)
+            memcpy(p + off + 2, &m, 2);
+    }
+}
+
+typedef struct {
+    rlai_weight *w;
+    int n;
+    uint8_t *mem;
+} weight_set;
+
+/* n distinct copies of a (cols x rows) matrix. */
+static int make_set(weight_set *s, uint32_t type, int64_t cols, int64_t rows, int n)
+{
+    size_t bytes = rlai_dtype_row_bytes(type, cols) * (size_t)rows;
+    s->n = n;
+    s->mem = malloc(bytes * (size_t)n + 64);
+    s->w = calloc((size_t)n, sizeof *s->w);
+    if (!s->mem || !s->w)
+        return -1;
+    fill_weights(type, s->mem, bytes * (size_t)n);
+    for (int i = 0; i < n; i++)
+        s->w[i] = (rlai_weight){ .type = type, .rows = rows, .cols = cols,
+                                 .data = s->mem + (size_t)i * bytes };
+    return 0;
+}
+
+static void free_set(weight_set *s)
+{
+    free(s->mem);
+    free(s->w);
+}
+
+static float *make_x(int T, int64_t cols)
+{
+    float *x = malloc(sizeof(float) * (size_t)T * (size_t)cols);
+    if (!x)
+        return NULL;
+    for (int64_t i = 0; i < (int64_t)T * cols; i++)
+        x[i] = (float)(rnd() % 20001) / 10000.0f - 1.0f;
+    return x;
+}
+
+/* Runs matmuls cycling over the set until `secs` elapsed (at least once);
+ * returns seconds per call. */
+static double time_mm(rlai_kernels *k, rlai_threadpool *tp, const weight_set *s,
+                      const float *x, int T, float *y, double secs)
+{
+    rlai_matmul(k, tp, &s->w[0], x, s->w[0].cols, T, y, s->w[0].rows);   /* warm-up */
+    int calls = 0;
+    double t0 = now(), t;
+    do {
+        rlai_matmul(k, tp, &s->w[calls % s->n], x, s->w[0].cols, T, y, s->w[0].rows);
+        calls++;
+        t = now();
+    } while (t - t0 < secs);
+    return (t - t0) / calls;
+}
+
+/* ------------------------------------------------------------------ */
+/* bandwidth baseline                                                  */
+
+struct bw_arg {
+    const uint64_t *src;
+    uint64_t *dst;
+    size_t n;        /* uint64 elements */
+    uint64_t sum[8];
+};
+
+static void bw_read_fn(void *p, int ith, int nth)
+{
+    struct bw_arg *a = p;
+    size_t i0 = a->n * (size_t)ith / (size_t)nth, i1 = a->n * (size_t)(ith + 1) / (size_t)nth;
+    uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    for (size_t i = i0; i + 4 <= i1; i += 4) {
+        s0 += a->src[i];
+        s1 += a->src[i + 1];
+        s2 += a->src[i + 2];
+        s3 += a->src[i + 3];
+    }
+    a->sum[ith] = s0 + s1 + s2 + s3;
+}
+
+static void bw_copy_fn(void *p, int ith, int nth)
+{
+    struct bw_arg *a = p;
+    size_t i0 = a->n * (size_t)ith / (size_t)nth, i1 = a->n * (size_t)(ith + 1) / (size_t)nth;
+    memcpy(a->dst + i0, a->src + i0, (i1 - i0) * sizeof(uint64_t));
+}
+
+static void bandwidth(rlai_threadpool *tp, int nth, double secs)
+{
+    const size_t bytes = (size_t)256 << 20;
+    struct bw_arg a = { .n = bytes / 8 };
+    uint64_t *src = malloc(bytes), *dst = malloc(bytes);
+    if (!src || !dst) {
+        free(src);
+        free(dst);
+        return;
+    }
+    memset(src, 1, bytes);
+    memset(dst, 2, bytes);
+    a.src = src;
+    a.dst = dst;
+    double t0 = now(), t;
+    int it = 0;
+    do {
+        rlai_threadpool_run(tp, bw_read_fn, &a);
+        it++;
+        t = now();
+    } while (t - t0 < secs);
+    double rd = (double)bytes * it / (t - t0) / 1e9;
+    t0 = now();
+    it = 0;
+    do {
+        rlai_threadpool_run(tp, bw_copy_fn, &a);
+        it++;
+        t = now();
+    } while (t - t0 < secs);
+    double cp = 2.0 * (double)bytes * it / (t - t0) / 1e9;
+    printf("%-26s %-8s %2d %10s %9.1f %9s   (memcpy read+write: %.1f GB/s)\n",
+           "baseline: read 256 MiB", "-", nth, "-", rd, "-", cp);
+    free(src);
+    free(dst);
+}
+
+/* ------------------------------------------------------------------ */
+
+static const char *isa_str(rlai_isa i)
+{
+    return rlai_isa_name(i);
+}
+
+int main(int argc, char **argv)
+{
+    double secs = argc > 1 ? atof(argv[1]) : 0.3;
+    if (secs <= 0)
+        secs = 0.3;
+
+    rlai_threadpool *pools[2] = { NULL, NULL };
+    if (rlai_threadpool_create(1, &pools[0]) < 0 || rlai_threadpool_create(2, &pools[1]) < 0) {
+        fprintf(stderr, "threadpool create failed\n");
+        return 1;
+    }
+    rlai_isa isas[2] = { RLAI_ISA_SCALAR, RLAI_ISA_AVX2 };
+    int n_isa = (rlai_kernels_available() & (1u << RLAI_ISA_AVX2)) ? 2 : 1;
+    rlai_kernels *ks[2] = { NULL, NULL };
+    for (int i = 0; i < n_isa; i++)
+        if (rlai_kernels_create(isas[i], false, &ks[i]) < 0)
+            return 1;
+
+    printf("RTX-LocalAI kernel bench (quantized mode; %.2fs per case)\n", secs);
+    printf("%-26s %-8s %2s %10s %9s %9s\n", "case", "isa", "th", "us/call", "GB/s", "GFLOP/s");
+    for (int p = 0; p < 2; p++)
+        bandwidth(pools[p], p + 1, secs);
+
+    struct { uint32_t type; int64_t cols, rows; const char *name; } shapes[] = {
+        { RLAI_DT_Q4_1, 576, 1536, "q4_1 576x1536" },
+        { RLAI_DT_Q4_1, 1536, 576, "q4_1 1536x576" },
+        { RLAI_DT_Q8_0, 576, 49152, "q8_0 576x49152" },
+    };
+    const int Ts[] = { 1, 64, 512 };
+    float *y = malloc(sizeof(float) * 49152 * 512);
+    if (!y)
+        return 1;
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        size_t bytes = rlai_dtype_row_bytes(shapes[si].type, shapes[si].cols) * (size_t)shapes[si].rows;
+        int copies = (int)((256u << 20) / bytes) + 1;   /* > 8x L3: matvec streams from DRAM */
+        weight_set s;
+        if (make_set(&s, shapes[si].type, shapes[si].cols, shapes[si].rows, copies) < 0)
+            return 1;
+        for (int ti = 0; ti < 3; ti++) {
+            int T = Ts[ti];
+            float *x = make_x(T, shapes[si].cols);
+            if (!x)
+                return 1;
+            double flop = 2.0 * (double)shapes[si].cols * (double)shapes[si].rows * T;
+            for (int i = 0; i < n_isa; i++) {
+                if (isas[i] == RLAI_ISA_SCALAR && flop > 2e9)
+                    continue;   /* would take many seconds */
+                for (int p = 0; p < 2; p++) {
+                    weight_set one = s;
+                    if (T > 1)
+                        one.n = 1;   /* matmul: compute-bound, reuse one copy */
+                    double sec = time_mm(ks[i], pools[p], &one, x, T, y, secs);
+                    char label[64];
+                    snprintf(label, sizeof label, "%s T=%d", shapes[si].name, T);
+                    printf("%-26s %-8s %2d %10.1f %9.2f %9.2f\n", label, isa_str(isas[i]), p + 1,
+                           sec * 1e6, (double)bytes / sec / 1e9, flop / sec / 1e9);
+                }
+            }
+            free(x);
+        }
+        free_set(&s);
+    }
+
+    /* SmolLM2-135M shaped model: 30 layers x {q,k,v,o,gate,up,down} Q4_1
+     * + Q8_0 LM head 576x49152, all distinct memory. */
+    {
+        const int L = 30;
+        struct { int64_t cols, rows; } mats[7] = {
+            { 576, 576 }, { 576, 192 }, { 576, 192 }, { 576, 576 },
+            { 576, 1536 }, { 576, 1536 }, { 1536, 576 },
+        };
+        weight_set layer[7], head;
+        size_t total = 0;
+        for (int m = 0; m < 7; m++) {
+            if (make_set(&layer[m], RLAI_DT_Q4_1, mats[m].cols, mats[m].rows, L) < 0)
+                return 1;
+            total += rlai_dtype_row_bytes(RLAI_DT_Q4_1, mats[m].cols) * (size_t)mats[m].rows * L;
+        }
+        if (make_set(&head, RLAI_DT_Q8_0, 576, 49152, 1) < 0)
+            return 1;
+        total += rlai_dtype_row_bytes(RLAI_DT_Q8_0, 576) * 49152;
+        printf("\nSmolLM2-135M shape, %.1f MB of weights (matmuls only, no attention)\n", total / 1e6);
+        float *x = make_x(512, 1536);
+        float *yy = malloc(sizeof(float) * 512 * 1536);
+        if (!x || !yy)
+            return 1;
+        for (int p = 0; p < 2; p++) {
+            for (int ti = 0; ti < 3; ti++) {
+                int T = Ts[ti];
+                int reps = T == 1 ? 20 : T == 64 ? 3 : 1;
+                double t0 = now();
+                for (int r = 0; r < reps; r++) {
+                    for (int l = 0; l < L; l++)
+                        for (int m = 0; m < 7; m++)
+                            rlai_matmul(ks[n_isa - 1], pools[p], &layer[m].w[l], x, mats[m].cols, T,
+                                        yy, mats[m].rows);
+                    /* LM head only for the last token, as in real decode/prefill */
+                    rlai_matmul(ks[n_isa - 1], pools[p], &head.w[0], x, 576, 1, y, 49152);
+                }
+                double dt = (now() - t0) / reps;
+                printf("  %s %d thread(s) T=%-3d: %8.2f ms/call  %8.1f tok/s%s\n",
+                       isa_str(isas[n_isa - 1]), p + 1, T, dt * 1e3, T / dt,
+                       T == 1 ? "  (decode)" : "  (prefill)");
+            }
+        }
+        free(x);
+        free(yy);
+        for (int m = 0; m < 7; m++)
+            free_set(&layer[m]);
+        free_set(&head);
+    }
+
+    free(y);
+    for (int i = 0; i < n_isa; i++)
+        rlai_kernels_destroy(ks[i]);
+    rlai_threadpool_destroy(pools[0]);
+    rlai_threadpool_destroy(pools[1]);
+    return 0;
+}

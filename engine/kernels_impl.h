@@ -1,0 +1,93 @@
+/* kernels_impl.h - private interface between kernels.c (dispatch, threads,
+ * scratch) and the per-ISA kernel files kernels_avx2.c / kernels_avx512.c.
+ * Not part of the engine's public contract; tests may include it to check
+ * the activation quantizers directly.
+ *
+ * Quantized activations ("act"): every token row of x is quantized per
+ * 32-element block to int8 with the Q8_0 reference rule (d = amax/127,
+ * q = roundf(x/d) clamped to [-127, 127]) but the block scale d and the
+ * block sum s = d * sum(q) are kept as f32, not f16 (more accurate than
+ * ggml's Q8_0/Q8_1 and free of per-block half conversions). s is what
+ * Q8_1 carries; it serves the min term of Q4_1/Q5_1 and the -8/-16 offset
+ * of Q4_0/Q5_0, whose nibbles the SIMD code uses as unsigned values. */
+#ifndef RLAI_KERNELS_IMPL_H
+#define RLAI_KERNELS_IMPL_H
+
+#include <stdint.h>
+#include <stddef.h>
+#include <stdbool.h>
+#include "dtype.h"
+#include "kernels.h"
+
+#define RLAI_ROW_TILE   16   /* rows per work unit; multiple of the 4-row tile */
+#define RLAI_TOK_PAD    8    /* activations are padded to this many tokens */
+
+typedef struct rlai_act {
+    int T;           /* valid tokens */
+    int Tpad;        /* T rounded up to RLAI_TOK_PAD; padding rows are zero */
+    int64_t cols;    /* elements per token (multiple of 32) */
+    int64_t nb;      /* cols / 32 */
+    int8_t *q;       /* [Tpad][cols] */
+    float *ds;       /* [Tpad][nb][2]: {d, s = d * sum(q)} per block */
+    /* Tile layout used by the AVX2 T>1 kernels, for token group g of 4:
+     * dv[(g*nb + b)*8 + i] = d of token 4g+(i&3); sv[...] = s of token
+     * 4g+i for i < 4, 0 for i >= 4. NULL when not built. */
+    float *dv;
+    float *sv;
+    /* T == 1 AVX2 matvec layout for the 4/5-bit types (nb even): within
+     * each pair of blocks (b, b+1) the 64 bytes of q are ordered
+     * b[0..15], b+1[0..15], b[16..31], b+1[16..31], i.e. the order in
+     * which the nibbles of two consecutive weight blocks unpack. */
+    bool paired;
+} rlai_act;
+
+typedef struct rlai_mm_job {
+    uint32_t type;          /* weight dtype */
+    int64_t rows, cols, nb; /* nb = cols/32 for quant types */
+    const uint8_t *w;       /* weight rows, row_bytes apart */
+    size_t row_bytes;
+    const float *x;         /* f32 activations (f32 path) */
+    int64_t ldx;
+    const rlai_act *act;    /* quantized activations; NULL = f32 path */
+    float *y;
+    int64_t ldy;
+    int T;
+    bool vnni;              /* AVX-512 VNNI usable (avx512 file only) */
+} rlai_mm_job;
+
+/* Per-thread scratch bytes the mm functions may use for a job with `cols`. */
+static inline size_t rlai__scratch_bytes(int64_t cols)
+{
+    return (size_t)cols * 64u + 4096u;   /* 16 rows of f32 */
+}
+
+/* True for the block-quantized weight types (integer path available). */
+static inline bool rlai__is_quant(uint32_t t)
+{
+    return t == RLAI_DT_Q4_0 || t == RLAI_DT_Q4_1 || t == RLAI_DT_Q5_0 ||
+           t == RLAI_DT_Q5_1 || t == RLAI_DT_Q8_0;
+}
+
+/* Computes y for rows [r0, r1) and tokens [t0, t1). r0 is a multiple of
+ * RLAI_ROW_TILE, t0 a multiple of 4 (of RLAI_TOK_PAD when T > 1 and the
+ * job is split by tokens); scratch is 64-byte aligned, rlai__scratch_bytes. */
+typedef void (*rlai_mm_fn)(const rlai_mm_job *j, int64_t r0, int64_t r1,
+                           int t0, int t1, void *scratch);
+/* Quantizes one token row (n % 32 == 0) into q (n bytes) and ds (n/32 pairs). */
+typedef void (*rlai_qact_fn)(const float *x, int64_t n, int8_t *q, float *ds);
+
+void rlai__mm_scalar(const rlai_mm_job *j, int64_t r0, int64_t r1, int t0, int t1, void *scratch);
+void rlai__mm_avx2(const rlai_mm_job *j, int64_t r0, int64_t r1, int t0, int t1, void *scratch);
+void rlai__mm_avx512(const rlai_mm_job *j, int64_t r0, int64_t r1, int t0, int t1, void *scratch);
+
+void rlai__quant_act_scalar(const float *x, int64_t n, int8_t *q, float *ds);
+void rlai__quant_act_avx2(const float *x, int64_t n, int8_t *q, float *ds);
+
+float rlai__dot_f16_f32_scalar(int n, const uint16_t *a, const float *b);
+void rlai__mad_f16_scalar(int n, float *y, const uint16_t *x, float s);
+void rlai__f32_to_f16_scalar(const float *src, uint16_t *dst, int n);
+float rlai__dot_f16_f32_avx2(int n, const uint16_t *a, const float *b);
+void rlai__mad_f16_avx2(int n, float *y, const uint16_t *x, float s);
+void rlai__f32_to_f16_avx2(const float *src, uint16_t *dst, int n);
+
+#endif

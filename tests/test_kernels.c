@@ -1,0 +1,473 @@
+/* test_kernels.c - rlai_matmul for every weight type x {precise, quantized}
+ * x every available ISA x T in {1,3,17,64} x rows {37,200} x cols
+ * {32,64,576}, single-threaded and with a 2-thread pool, against a
+ * double-precision reference; SIMD vs scalar agreement; activation
+ * quantizer bit-identity; f16 vector helpers; API edge cases.
+ *
+ * Error measure: for an output y = sum_c w_c x_c we compare against
+ * norm = sum_c |w_c x_c| (the condition-aware scale of a dot product).
+ * Bounds (stated, checked):
+ *   precise / float weights:  |y - ref| <= 1e-5 * norm
+ *   quantized vs reference with the same quantized activations:
+ *                             |y - ref_q| <= 2e-5 * norm_q
+ *   quantized vs exact f32 reference: activation rounding is at most
+ *   d_x/2 = amax_block(x)/254 per element, so
+ *        |y - ref| <= sum_b (amax_b(x)/254) * sum_{c in b} |w_c| + 2e-5 * norm
+ *   SIMD vs scalar of the same mode: |y_simd - y_scalar| <= 2e-5 * norm
+ *   (i.e. well inside the 1e-4 relative agreement asked for). */
+#include <check.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dtype.h"
+#include "kernels.h"
+#include "kernels_impl.h"
+#include "threadpool.h"
+
+static uint64_t rng_state;
+static uint64_t rnd64(void)
+{
+    rng_state ^= rng_state >> 12;
+    rng_state ^= rng_state << 25;
+    rng_state ^= rng_state >> 27;
+    return rng_state * 2685821657736338717ull;
+}
+static float rndf(float lo, float hi)
+{
+    return lo + (hi - lo) * (float)((rnd64() >> 40) * (1.0 / 16777216.0));
+}
+
+static const uint32_t all_types[] = { RLAI_DT_F32, RLAI_DT_F16, RLAI_DT_BF16, RLAI_DT_Q4_0,
+                                      RLAI_DT_Q4_1, RLAI_DT_Q5_0, RLAI_DT_Q5_1, RLAI_DT_Q8_0 };
+#define N_TYPES (int)(sizeof all_types / sizeof all_types[0])
+
+static int isa_list(rlai_isa out[3])
+{
+    unsigned m = rlai_kernels_available();
+    int n = 0;
+    const rlai_isa all[3] = { RLAI_ISA_SCALAR, RLAI_ISA_AVX2, RLAI_ISA_AVX512 };
+    for (int i = 0; i < 3; i++)
+        if (m & (1u << all[i]))
+            out[n++] = all[i];
+    return n;
+}
+
+/* Weights: random rows (some offset, one all-zero) quantized to type.
+ * The data pointer is deliberately misaligned by one byte. */
+typedef struct {
+    uint8_t *alloc;
+    rlai_weight w;
+    float *deq;      /* rows x cols, dequantized */
+} test_weight;
+
+static void make_weight(test_weight *tw, uint32_t type, int64_t rows, int64_t cols)
+{
+    size_t rb = rlai_dtype_row_bytes(type, cols);
+    tw->alloc = malloc(rb * (size_t)rows + 64);
+    tw->deq = malloc(sizeof(float) * (size_t)(rows * cols));
+    float *tmp = malloc(sizeof(float) * (size_t)cols);
+    ck_assert(tw->alloc && tw->deq && tmp);
+    uint8_t *data = tw->alloc + 1;
+    for (int64_t r = 0; r < rows; r++) {
+        float off = r % 5 == 1 ? 0.7f : 0.0f;
+        float sc = r % 7 == 3 ? 5.0f : 1.0f;
+        for (int64_t c = 0; c < cols; c++)
+            tmp[c] = r == 2 ? 0.0f : off + sc * rndf(-1.0f, 1.0f);
+        rlai_quantize_row(type, tmp, data + (size_t)r * rb, cols);
+        rlai_dequantize_row(type, data + (size_t)r * rb, tw->deq + r * cols, cols);
+    }
+    free(tmp);
+    tw->w = (rlai_weight){ .type = type, .rows = rows, .cols = cols, .data = data };
+}
+
+static void free_weight(test_weight *tw)
+{
+    free(tw->alloc);
+    free(tw->deq);
+}
+
+typedef struct {
+    int T;
+    int64_t cols, ldx;
+    float *x;        /* T x ldx */
+    float *xq;       /* T x cols: dequantized quantized activations */
+    float *amax;     /* T x cols/32: block amax of x */
+} test_act;
+
+static void make_act(test_act *a, int T, int64_t cols)
+{
+    a->T = T;
+    a->cols = cols;
+    a->ldx = cols + 3;
+    a->x = malloc(sizeof(float) * (size_t)(T * a->ldx));
+    a->xq = malloc(sizeof(float) * (size_t)(T * cols));
+    a->amax = malloc(sizeof(float) * (size_t)(T * (cols / 32 + 1)));
+    int8_t *q = malloc((size_t)cols);
+    float *ds = malloc(sizeof(float) * (size_t)(cols / 32 + 1) * 2);
+    ck_assert(a->x && a->xq && a->amax && q && ds);
+    for (int t = 0; t < T; t++) {
+        float sc = t % 3 == 0 ? 1.0f : t % 3 == 1 ? 10.0f : 0.01f;
+        float *xt = a->x + t * a->ldx;
+        for (int64_t c = 0; c < a->ldx; c++)
+            xt[c] = (t == 5) ? 0.0f : sc * rndf(-1.0f, 1.0f);   /* token 5: all zero */
+        if (cols % 32 == 0) {
+            rlai__quant_act_scalar(xt, cols, q, ds);
+            for (int64_t c = 0; c < cols; c++)
+                a->xq[t * cols + c] = ds[2 * (c / 32)] * (float)q[c];
+            for (int64_t b = 0; b < cols / 32; b++) {
+                float m = 0;
+                for (int j = 0; j < 32; j++)
+                    m = fmaxf(m, fabsf(xt[32 * b + j]));
+                a->amax[t * (cols / 32) + b] = m;
+            }
+        }
+    }
+    free(q);
+    free(ds);
+}
+
+static void free_act(test_act *a)
+{
+    free(a->x);
+    free(a->xq);
+    free(a->amax);
+}
+
+#define SENTINEL 12345.0f
+
+/* Runs one configuration on every ISA with and without a pool. */
+static void check_config(uint32_t type, bool precise, int T, int64_t rows, int64_t cols,
+                         rlai_threadpool *tp2)
+{
+    test_weight tw;
+    test_act a;
+    make_weight(&tw, type, rows, cols);
+    make_act(&a, T, cols);
+    const bool quant = !precise && rlai__is_quant(type);
+    const int64_t ldy = rows + 5;
+    const int64_t nb = cols / 32;
+
+    double *ref = malloc(sizeof(double) * (size_t)(T * rows));
+    double *norm = malloc(sizeof(double) * (size_t)(T * rows));
+    double *qbound = malloc(sizeof(double) * (size_t)(T * rows));
+    float *y = malloc(sizeof(float) * (size_t)(T * ldy));
+    float *yscalar = malloc(sizeof(float) * (size_t)(T * ldy));
+    ck_assert(ref && norm && qbound && y && yscalar);
+
+    for (int t = 0; t < T; t++) {
+        for (int64_t r = 0; r < rows; r++) {
+            const float *wr = tw.deq + r * cols;
+            const float *xt = quant ? a.xq + t * cols : a.x + t * a.ldx;
+            double s = 0, n = 0, qb = 0;
+            for (int64_t c = 0; c < cols; c++) {
+                s += (double)wr[c] * xt[c];
+                n += fabs((double)wr[c] * xt[c]);
+            }
+            if (quant) {
+                for (int64_t b = 0; b < nb; b++) {
+                    double sw = 0;
+                    for (int j = 0; j < 32; j++)
+                        sw += fabs((double)wr[32 * b + j]);
+                    qb += sw * a.amax[t * nb + b] / 254.0;
+                }
+            }
+            ref[t * rows + r] = s;
+            norm[t * rows + r] = n;
+            qbound[t * rows + r] = qb * 1.001;
+        }
+    }
+
+    rlai_isa isas[3];
+    int n_isa = isa_list(isas);
+    const double tol = quant ? 2e-5 : 1e-5;
+    for (int ii = 0; ii < n_isa; ii++) {
+        rlai_kernels *k = NULL;
+        ck_assert_int_eq(rlai_kernels_create(isas[ii], precise, &k), RLAI_OK);
+        for (int pi = 0; pi < 2; pi++) {
+            rlai_threadpool *tp = pi ? tp2 : NULL;
+            for (int64_t i = 0; i < T * ldy; i++)
+                y[i] = SENTINEL;
+            rlai_matmul(k, tp, &tw.w, a.x, a.ldx, T, y, ldy);
+            for (int t = 0; t < T; t++) {
+                for (int64_t r = 0; r < ldy; r++) {
+                    float v = y[t * ldy + r];
+                    if (r >= rows) {
+                        ck_assert_msg(v == SENTINEL, "wrote past rows");
+                        continue;
+                    }
+                    double rf = ref[t * rows + r], nm = norm[t * rows + r];
+                    double err = fabs((double)v - rf);
+                    ck_assert_msg(err <= tol * nm + 1e-30,
+                                  "%s %s %s pool=%d T=%d rows=%ld cols=%ld t=%d r=%ld: y=%.9g ref=%.9g norm=%.3g",
+                                  rlai_dtype_name(type), precise ? "precise" : "quant",
+                                  rlai_isa_name(isas[ii]), pi, T, (long)rows, (long)cols, t, (long)r,
+                                  (double)v, rf, nm);
+                    if (quant) {
+                        /* against the exact f32 product */
+                        const float *wr = tw.deq + r * cols;
+                        const float *xt = a.x + t * a.ldx;
+                        double exact = 0, en = 0;
+                        for (int64_t c = 0; c < cols; c++) {
+                            exact += (double)wr[c] * xt[c];
+                            en += fabs((double)wr[c] * xt[c]);
+                        }
+                        ck_assert_msg(fabs((double)v - exact) <= qbound[t * rows + r] + 2e-5 * en + 1e-30,
+                                      "%s quant vs f32: y=%g exact=%g bound=%g", rlai_dtype_name(type),
+                                      (double)v, exact, qbound[t * rows + r]);
+                    }
+                    if (ii == 0 && pi == 0) {
+                        yscalar[t * ldy + r] = v;
+                    } else {
+                        double d = fabs((double)v - yscalar[t * ldy + r]);
+                        ck_assert_msg(d <= tol * nm + 1e-30, "%s %s vs scalar: %g vs %g",
+                                      rlai_dtype_name(type), rlai_isa_name(isas[ii]),
+                                      (double)v, (double)yscalar[t * ldy + r]);
+                    }
+                }
+            }
+        }
+        rlai_kernels_destroy(k);
+    }
+    free(ref);
+    free(norm);
+    free(qbound);
+    free(y);
+    free(yscalar);
+    free_act(&a);
+    free_weight(&tw);
+}
+
+/* One loop iteration per weight type (tcase_add_loop_test). */
+START_TEST(test_matmul_type)
+{
+    uint32_t type = all_types[_i];
+    rng_state = 0x1234567ull + (uint64_t)_i;
+    rlai_threadpool *tp2 = NULL;
+    ck_assert_int_eq(rlai_threadpool_create(2, &tp2), RLAI_OK);
+    const int Ts[] = { 1, 3, 17, 64 };
+    const int64_t rows_l[] = { 37, 200 };
+    const int64_t cols_l[] = { 32, 64, 576 };
+    for (int p = 0; p < 2; p++)
+        for (int ti = 0; ti < 4; ti++)
+            for (int ri = 0; ri < 2; ri++)
+                for (int ci = 0; ci < 3; ci++)
+                    check_config(type, p == 0, Ts[ti], rows_l[ri], cols_l[ci], tp2);
+    rlai_threadpool_destroy(tp2);
+}
+END_TEST
+
+/* Shapes that stress the work split: many rows (several matvec chunks),
+ * few rows with many tokens (token split), odd float-type columns. */
+START_TEST(test_matmul_shapes)
+{
+    rng_state = 42;
+    rlai_threadpool *tp2 = NULL;
+    ck_assert_int_eq(rlai_threadpool_create(2, &tp2), RLAI_OK);
+    check_config(RLAI_DT_Q4_1, false, 1, 1000, 576, tp2);
+    check_config(RLAI_DT_Q8_0, false, 1, 1000, 576, tp2);
+    check_config(RLAI_DT_Q4_1, false, 40, 20, 96, tp2);
+    check_config(RLAI_DT_Q8_0, false, 9, 5, 64, tp2);
+    check_config(RLAI_DT_Q5_1, false, 2, 3, 32, tp2);
+    check_config(RLAI_DT_Q4_0, false, 8, 16, 1536, tp2);
+    check_config(RLAI_DT_F32, false, 5, 7, 37, tp2);
+    check_config(RLAI_DT_F16, true, 3, 9, 13, tp2);
+    check_config(RLAI_DT_BF16, false, 1, 33, 1, tp2);
+    check_config(RLAI_DT_Q4_1, true, 2, 1, 64, tp2);
+    rlai_threadpool_destroy(tp2);
+}
+END_TEST
+
+/* The SIMD activation quantizer must be bit-identical to the scalar one
+ * (roundf ties away from zero, NaN -> 0, zero blocks). */
+START_TEST(test_quant_act_bitexact)
+{
+    rng_state = 7;
+    if (!(rlai_kernels_available() & (1u << RLAI_ISA_AVX2)))
+        return;
+    enum { N = 32 * 40 };
+    static float x[N];
+    static int8_t q1[N], q2[N];
+    static float ds1[N / 16], ds2[N / 16];
+    for (int rep = 0; rep < 50; rep++) {
+        for (int i = 0; i < N; i++)
+            x[i] = rndf(-1, 1) * (rep % 4 == 0 ? 1e-20f : rep % 4 == 1 ? 1e20f : 3.0f);
+        /* ties: amax 127 gives id = 1, so k + 0.5 is an exact tie */
+        for (int j = 0; j < 32; j++)
+            x[j] = j == 0 ? 127.0f : (float)(j - 16) + 0.5f;
+        for (int j = 32; j < 64; j++)
+            x[j] = 0.0f;
+        x[70] = NAN;
+        x[100] = INFINITY;
+        x[130] = -0.0f;
+        rlai__quant_act_scalar(x, N, q1, ds1);
+        rlai__quant_act_avx2(x, N, q2, ds2);
+        ck_assert(memcmp(q1, q2, N) == 0);
+        ck_assert(memcmp(ds1, ds2, sizeof(float) * (N / 32) * 2) == 0);
+    }
+    /* the tie handling itself */
+    ck_assert_int_eq(q1[1], -15);   /* -14.5 -> -15 (away from zero) */
+    ck_assert_int_eq(q1[20], 5);    /* 4.5 -> 5 */
+}
+END_TEST
+
+START_TEST(test_get_row)
+{
+    rng_state = 99;
+    for (int ti = 0; ti < N_TYPES; ti++) {
+        test_weight tw;
+        make_weight(&tw, all_types[ti], 5, 64);
+        float row[64];
+        for (int r = 0; r < 5; r++) {
+            rlai_weight_get_row(&tw.w, r, row);
+            ck_assert(memcmp(row, tw.deq + r * 64, sizeof row) == 0);
+        }
+        free_weight(&tw);
+    }
+}
+END_TEST
+
+START_TEST(test_api)
+{
+    unsigned m = rlai_kernels_available();
+    ck_assert(m & (1u << RLAI_ISA_SCALAR));
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    ck_assert_int_eq(!!(m & (1u << RLAI_ISA_AVX2)), avx2);
+    if (!__builtin_cpu_supports("avx512f"))
+        ck_assert(!(m & (1u << RLAI_ISA_AVX512)));
+#endif
+    rlai_isa got = RLAI_ISA_AUTO;
+    ck_assert_int_eq(rlai_kernels_resolve(RLAI_ISA_AUTO, &got), RLAI_OK);
+    ck_assert(got != RLAI_ISA_AUTO && (m & (1u << got)));
+    ck_assert_int_eq(rlai_kernels_resolve(RLAI_ISA_SCALAR, &got), RLAI_OK);
+    ck_assert_int_eq(got, RLAI_ISA_SCALAR);
+    if (!(m & (1u << RLAI_ISA_AVX512))) {
+        ck_assert_int_eq(rlai_kernels_resolve(RLAI_ISA_AVX512, &got), RLAI_ERR_UNSUPPORTED);
+        rlai_kernels *k = (rlai_kernels *)&got;
+        ck_assert_int_eq(rlai_kernels_create(RLAI_ISA_AVX512, false, &k), RLAI_ERR_UNSUPPORTED);
+        ck_assert_ptr_null(k);
+    }
+    ck_assert_int_eq(rlai_kernels_resolve((rlai_isa)17, &got), RLAI_ERR_INVALID_ARG);
+    ck_assert_str_eq(rlai_isa_name(RLAI_ISA_AVX2), "avx2");
+    ck_assert_str_eq(rlai_isa_name(RLAI_ISA_SCALAR), "scalar");
+    ck_assert_str_eq(rlai_isa_name(RLAI_ISA_AVX512), "avx512");
+    ck_assert_str_eq(rlai_isa_name(RLAI_ISA_AUTO), "auto");
+    ck_assert_int_eq(rlai_kernels_create(RLAI_ISA_AUTO, false, NULL), RLAI_ERR_INVALID_ARG);
+    rlai_kernels_destroy(NULL);
+
+    rlai_kernels *k = NULL;
+    ck_assert_int_eq(rlai_kernels_create(RLAI_ISA_AUTO, false, &k), RLAI_OK);
+    ck_assert_int_eq(rlai_kernels_reserve(k, 2, 1536, 512), RLAI_OK);
+    ck_assert_int_eq(rlai_kernels_reserve(k, 0, 1536, 512), RLAI_ERR_INVALID_ARG);
+    ck_assert_int_eq(rlai_kernels_reserve(NULL, 1, 1, 1), RLAI_ERR_INVALID_ARG);
+    /* invalid calls are ignored without touching y */
+    float y[4] = { 1, 2, 3, 4 }, x[64] = { 0 };
+    uint8_t wd[2 * 64 * 4] = { 0 };
+    rlai_weight w = { .type = RLAI_DT_Q4_1, .rows = 2, .cols = 48, .data = wd };   /* 48 % 32 != 0 */
+    rlai_matmul(k, NULL, &w, x, 64, 1, y, 4);
+    w = (rlai_weight){ .type = 12, .rows = 2, .cols = 64, .data = wd };            /* unsupported */
+    rlai_matmul(k, NULL, &w, x, 64, 1, y, 4);
+    w = (rlai_weight){ .type = RLAI_DT_F32, .rows = 2, .cols = 64, .data = wd };
+    rlai_matmul(k, NULL, &w, x, 32, 1, y, 4);                                      /* ldx < cols */
+    rlai_matmul(k, NULL, &w, x, 64, 0, y, 4);                                      /* T = 0 */
+    ck_assert(y[0] == 1 && y[1] == 2 && y[2] == 3 && y[3] == 4);
+    rlai_matmul(k, NULL, &w, x, 64, 1, y, 4);                                      /* valid */
+    ck_assert(y[0] == 0 && y[1] == 0 && y[2] == 3);
+    rlai_kernels_destroy(k);
+}
+END_TEST
+
+START_TEST(test_f16_helpers)
+{
+    rng_state = 3;
+    rlai_isa isas[3];
+    int n_isa = isa_list(isas);
+    const int ns[] = { 1, 7, 8, 15, 16, 33, 100, 1000 };
+    enum { MAXN = 1000 };
+    static uint16_t h[MAXN], h2[MAXN];
+    static float b[MAXN], f[MAXN], y1[MAXN], y2[MAXN];
+    for (int ii = 0; ii < n_isa + 1; ii++) {
+        rlai_kernels *k = NULL;   /* ii == n_isa: NULL context (auto) */
+        if (ii < n_isa)
+            ck_assert_int_eq(rlai_kernels_create(isas[ii], true, &k), RLAI_OK);
+        for (int ni = 0; ni < 8; ni++) {
+            int n = ns[ni];
+            for (int i = 0; i < n; i++) {
+                h[i] = rlai_f32_to_fp16(rndf(-2, 2));
+                b[i] = rndf(-3, 3);
+            }
+            double ref = 0, nm = 0;
+            for (int i = 0; i < n; i++) {
+                ref += (double)rlai_fp16_to_f32(h[i]) * b[i];
+                nm += fabs((double)rlai_fp16_to_f32(h[i]) * b[i]);
+            }
+            float d = rlai_vec_dot_f16_f32(k, n, h, b);
+            ck_assert_msg(fabs(d - ref) <= 1e-5 * nm, "dot n=%d: %g vs %g", n, (double)d, ref);
+
+            for (int i = 0; i < n; i++)
+                y1[i] = y2[i] = rndf(-1, 1);
+            rlai_vec_mad_f16(k, n, y1, h, 0.37f);
+            for (int i = 0; i < n; i++)
+                y2[i] = fmaf(0.37f, rlai_fp16_to_f32(h[i]), y2[i]);
+            ck_assert(memcmp(y1, y2, sizeof(float) * (size_t)n) == 0);
+        }
+        /* conversion: bit-exact with the scalar reference, incl. specials */
+        for (int i = 0; i < MAXN; i++) {
+            uint32_t u = (uint32_t)rnd64();
+            float v;
+            switch (i % 5) {
+            case 0: v = rndf(-70000, 70000); break;
+            case 1: v = rndf(-1e-4f, 1e-4f); break;      /* subnormal halves */
+            case 2: v = (float)(int)(rnd64() % 2048) * 0x1p-25f; break;   /* ties */
+            case 3: memcpy(&v, &u, 4); if (v != v) v = 1.0f; break;
+            default: v = rndf(-1, 1); break;
+            }
+            f[i] = v;
+        }
+        f[0] = INFINITY;
+        f[1] = -INFINITY;
+        f[2] = 65520.0f;
+        f[3] = -0.0f;
+        f[4] = NAN;
+        rlai_f32_to_f16_row(k, f, h2, MAXN);
+        for (int i = 0; i < MAXN; i++) {
+            uint16_t want = rlai_f32_to_fp16(f[i]);
+            if (isnan(f[i]))
+                ck_assert((h2[i] & 0x7C00) == 0x7C00 && (h2[i] & 0x3FF));
+            else
+                ck_assert_msg(h2[i] == want, "f=%a: %04x vs %04x", (double)f[i], h2[i], want);
+        }
+        rlai_kernels_destroy(k);
+    }
+}
+END_TEST
+
+static Suite *kernels_suite(void)
+{
+    Suite *s = suite_create("kernels");
+    TCase *tc = tcase_create("api");
+    tcase_add_test(tc, test_api);
+    tcase_add_test(tc, test_get_row);
+    tcase_add_test(tc, test_quant_act_bitexact);
+    tcase_add_test(tc, test_f16_helpers);
+    suite_add_tcase(s, tc);
+    TCase *mm = tcase_create("matmul");
+    tcase_set_timeout(mm, 600);
+    tcase_add_loop_test(mm, test_matmul_type, 0, N_TYPES);
+    tcase_add_test(mm, test_matmul_shapes);
+    suite_add_tcase(s, mm);
+    return s;
+}
+
+int main(void)
+{
+    SRunner *sr = srunner_create(kernels_suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
