@@ -126,7 +126,7 @@ END_TEST
 
 START_TEST(greedy_answer_streams_valid_utf8)
 {
-    char *p = chat_prompt(E, "What is the capital of France?");
+    char *p = chat_prompt(E, "What is the capital of France? Answer in one word.");
     rlai_gen_params gp;
     rlai_gen_params_init(&gp);
     gp.max_tokens = 48;

@@ -197,7 +197,7 @@ def test_hello_and_streamed_generation(engine, kind):
         frames = c.collect(7)
         assert [f["type"] for f in frames] == ["result", "done"]
         assert frames[0]["data"]["version"] == 1
-        c.request("chat", 8, messages=[{"role": "user", "content": "What is the capital of France?"}],
+        c.request("chat", 8, messages=[{"role": "user", "content": "What is the capital of France? Answer in one word."}],
                   max_tokens=24)
         frames = c.collect(8)
         text = check_stream(frames, 8)
@@ -422,7 +422,7 @@ def test_stats_command_line(engine):
 
 
 def test_run_as_client(engine):
-    r = subprocess.run([RLAI, "run", "--endpoint", engine.zmq_ipc, "-n", "16", "What is the capital of France?"],
+    r = subprocess.run([RLAI, "run", "--endpoint", engine.zmq_ipc, "-n", "16", "What is the capital of France? Answer in one word."],
                        capture_output=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert b"Paris" in r.stdout
