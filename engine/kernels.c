@@ -121,6 +121,9 @@ struct rlai_kernels {
     float (*dot_f16)(int, const uint16_t *, const float *);
     void (*mad_f16)(int, float *, const uint16_t *, float);
     void (*to_f16)(const float *, uint16_t *, int);
+    void (*attn_dot)(int, int, const uint16_t *, size_t, const float *, float, float *);
+    void (*attn_mad)(int, int, const uint16_t *, size_t, const float *, float *);
+    float (*exp_sum)(int, float *, float);
 
     unsigned char *scratch;   /* n threads * scratch_per, 64-aligned */
     size_t scratch_cap;
@@ -138,6 +141,9 @@ static void set_ops(rlai_kernels *k, rlai_isa isa)
         k->dot_f16 = rlai__dot_f16_f32_avx2;
         k->mad_f16 = rlai__mad_f16_avx2;
         k->to_f16 = rlai__f32_to_f16_avx2;
+        k->attn_dot = rlai__attn_dot_f16_avx2;
+        k->attn_mad = rlai__attn_mad_f16_avx2;
+        k->exp_sum = rlai__exp_sum_avx2;
         break;
     case RLAI_ISA_AVX2:
         k->mm = rlai__mm_avx2;
@@ -145,6 +151,9 @@ static void set_ops(rlai_kernels *k, rlai_isa isa)
         k->dot_f16 = rlai__dot_f16_f32_avx2;
         k->mad_f16 = rlai__mad_f16_avx2;
         k->to_f16 = rlai__f32_to_f16_avx2;
+        k->attn_dot = rlai__attn_dot_f16_avx2;
+        k->attn_mad = rlai__attn_mad_f16_avx2;
+        k->exp_sum = rlai__exp_sum_avx2;
         break;
     default:
         k->isa = RLAI_ISA_SCALAR;
@@ -153,6 +162,9 @@ static void set_ops(rlai_kernels *k, rlai_isa isa)
         k->dot_f16 = rlai__dot_f16_f32_scalar;
         k->mad_f16 = rlai__mad_f16_scalar;
         k->to_f16 = rlai__f32_to_f16_scalar;
+        k->attn_dot = rlai__attn_dot_f16_scalar;
+        k->attn_mad = rlai__attn_mad_f16_scalar;
+        k->exp_sum = rlai__exp_sum_scalar;
         break;
     }
 }
@@ -463,6 +475,48 @@ void rlai_f32_to_f16_row(rlai_kernels *k, const float *src, uint16_t *dst, int n
 {
     if (n > 0)
         ops_of(k)->to_f16(src, dst, n);
+}
+
+void rlai_attn_dot_f16(rlai_kernels *k, int n, int d, const uint16_t *rows, size_t stride,
+                       const float *q, float scale, float *out)
+{
+    if (n > 0 && d > 0)
+        ops_of(k)->attn_dot(n, d, rows, stride, q, scale, out);
+}
+
+void rlai_attn_mad_f16(rlai_kernels *k, int n, int d, const uint16_t *rows, size_t stride,
+                       const float *p, float *y)
+{
+    if (n > 0 && d > 0)
+        ops_of(k)->attn_mad(n, d, rows, stride, p, y);
+}
+
+float rlai_vec_exp_sum(rlai_kernels *k, int n, float *x, float max)
+{
+    return n > 0 ? ops_of(k)->exp_sum(n, x, max) : 0.0f;
+}
+
+void rlai__attn_dot_f16_scalar(int n, int d, const uint16_t *k, size_t stride, const float *q, float scale,
+                               float *out)
+{
+    for (int j = 0; j < n; j++)
+        out[j] = scale * rlai__dot_f16_f32_scalar(d, k + (size_t)j * stride, q);
+}
+
+void rlai__attn_mad_f16_scalar(int n, int d, const uint16_t *v, size_t stride, const float *p, float *y)
+{
+    for (int j = 0; j < n; j++)
+        rlai__mad_f16_scalar(d, y, v + (size_t)j * stride, p[j]);
+}
+
+float rlai__exp_sum_scalar(int n, float *x, float max)
+{
+    float sum = 0.0f;
+    for (int i = 0; i < n; i++) {
+        x[i] = expf(x[i] - max);
+        sum += x[i];
+    }
+    return sum;
 }
 
 float rlai__dot_f16_f32_scalar(int n, const uint16_t *a, const float *b)

@@ -62,4 +62,15 @@ void rlai_f32_to_f16_row(rlai_kernels *k, const float *src, uint16_t *dst, int n
  * if that allocation fails it writes NaN to y instead of crashing.) */
 int rlai_kernels_reserve(rlai_kernels *k, int n_threads, int64_t max_cols, int max_T);
 
+/* Attention helpers over rows of an f16 KV block (row j at k + j*stride):
+ * out[j] = scale * dot(q, row_j) for j < n (d elements each). */
+void rlai_attn_dot_f16(rlai_kernels *k, int n, int d, const uint16_t *rows, size_t stride,
+                       const float *q, float scale, float *out);
+/* y[0..d) += sum_j p[j] * row_j. */
+void rlai_attn_mad_f16(rlai_kernels *k, int n, int d, const uint16_t *rows, size_t stride,
+                       const float *p, float *y);
+/* x[i] = exp(x[i] - max) for i < n; returns the sum (relative error of
+ * each exp below 2e-7 on the SIMD path). */
+float rlai_vec_exp_sum(rlai_kernels *k, int n, float *x, float max);
+
 #endif

@@ -862,3 +862,91 @@ void rlai__f32_to_f16_avx2(const float *src, uint16_t *dst, int n)
     for (; i < n; i++)
         dst[i] = rlai_f32_to_fp16(src[i]);
 }
+
+/* ------------------------------------------------------------------ */
+/* attention helpers                                                   */
+
+void rlai__attn_dot_f16_avx2(int n, int d, const uint16_t *k, size_t stride, const float *q, float scale,
+                             float *out)
+{
+    if (d % 8 != 0 || d > 256) {
+        rlai__attn_dot_f16_scalar(n, d, k, stride, q, scale, out);
+        return;
+    }
+    for (int j = 0; j < n; j++) {
+        const uint16_t *r = k + (size_t)j * stride;
+        __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+        int i = 0;
+        for (; i + 16 <= d; i += 16) {
+            s0 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(r + i))),
+                                 _mm256_loadu_ps(q + i), s0);
+            s1 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(r + i + 8))),
+                                 _mm256_loadu_ps(q + i + 8), s1);
+        }
+        if (i < d)
+            s0 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(r + i))),
+                                 _mm256_loadu_ps(q + i), s0);
+        out[j] = scale * hsum8(_mm256_add_ps(s0, s1));
+    }
+}
+
+void rlai__attn_mad_f16_avx2(int n, int d, const uint16_t *v, size_t stride, const float *p, float *y)
+{
+    if (d % 8 != 0 || d > 128) {
+        rlai__attn_mad_f16_scalar(n, d, v, stride, p, y);
+        return;
+    }
+    /* Keep y in registers across all rows (d <= 128: at most 16 ymm). */
+    __m256 acc[16];
+    int nv = d / 8;
+    for (int c = 0; c < nv; c++)
+        acc[c] = _mm256_loadu_ps(y + 8 * c);
+    for (int j = 0; j < n; j++) {
+        const uint16_t *r = v + (size_t)j * stride;
+        __m256 pj = _mm256_set1_ps(p[j]);
+        for (int c = 0; c < nv; c++)
+            acc[c] = _mm256_fmadd_ps(pj, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(r + 8 * c))), acc[c]);
+    }
+    for (int c = 0; c < nv; c++)
+        _mm256_storeu_ps(y + 8 * c, acc[c]);
+}
+
+/* exp(x) for x <= 0 (softmax inputs): x = k*ln2 + r, |r| <= ln2/2,
+ * exp(r) by a degree-6 polynomial, 2^k through the exponent bits. */
+AI __m256 exp256(__m256 x)
+{
+    const __m256 lo = _mm256_set1_ps(-87.3f);
+    __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+    x = _mm256_max_ps(x, lo);
+    __m256 kf = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(kf, _mm256_set1_ps(0.693145751953125f), x);
+    r = _mm256_fnmadd_ps(kf, _mm256_set1_ps(1.428606765330187045e-06f), r);
+    __m256 p = _mm256_set1_ps(1.0f / 720.0f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(kf), _mm256_set1_epi32(127)), 23);
+    __m256 res = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+    return _mm256_andnot_ps(under, res);
+}
+
+float rlai__exp_sum_avx2(int n, float *x, float max)
+{
+    __m256 vmax = _mm256_set1_ps(max), sum = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(x + i), vmax));
+        _mm256_storeu_ps(x + i, e);
+        sum = _mm256_add_ps(sum, e);
+    }
+    float s = hsum8(sum);
+    for (; i < n; i++) {
+        x[i] = expf(x[i] - max);
+        s += x[i];
+    }
+    return s;
+}

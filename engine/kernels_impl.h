@@ -90,4 +90,11 @@ float rlai__dot_f16_f32_avx2(int n, const uint16_t *a, const float *b);
 void rlai__mad_f16_avx2(int n, float *y, const uint16_t *x, float s);
 void rlai__f32_to_f16_avx2(const float *src, uint16_t *dst, int n);
 
+void rlai__attn_dot_f16_scalar(int n, int d, const uint16_t *k, size_t stride, const float *q, float scale, float *out);
+void rlai__attn_mad_f16_scalar(int n, int d, const uint16_t *v, size_t stride, const float *p, float *y);
+float rlai__exp_sum_scalar(int n, float *x, float max);
+void rlai__attn_dot_f16_avx2(int n, int d, const uint16_t *k, size_t stride, const float *q, float scale, float *out);
+void rlai__attn_mad_f16_avx2(int n, int d, const uint16_t *v, size_t stride, const float *p, float *y);
+float rlai__exp_sum_avx2(int n, float *x, float max);
+
 #endif

@@ -451,40 +451,53 @@ static void attn_worker(void *arg, int ith, int nth)
         const float *q = c->q + ((size_t)i * H + h) * D;
         float *out = c->att + ((size_t)i * H + h) * D;
         int kvh = h / group;
-        float mx = -INFINITY;
-        for (int j = 0; j <= pos; j++) {
-            const void *kr = rlai_kv_k_at(t->kv, seq, t->layer, j);
-            float s;
-            if (f16) {
-                s = rlai_vec_dot_f16_f32(c->k, D, (const uint16_t *)kr + (size_t)kvh * D, q);
-            } else {
-                const float *kf = (const float *)kr + (size_t)kvh * D;
-                s = 0;
-                for (int d = 0; d < D; d++)
-                    s += kf[d] * q[d];
+        int n = pos + 1;
+        if (f16) {
+            /* Block by block: rows of one block are contiguous (stride kv_dim). */
+            size_t stride = (size_t)hp->n_head_kv * D;
+            float mx = -INFINITY;
+            for (int j0 = 0; j0 < n; j0 += RLAI_KV_BLOCK) {
+                int m = n - j0 < RLAI_KV_BLOCK ? n - j0 : RLAI_KV_BLOCK;
+                const uint16_t *kr = (const uint16_t *)rlai_kv_k_at(t->kv, seq, t->layer, j0) + (size_t)kvh * D;
+                rlai_attn_dot_f16(c->k, m, D, kr, stride, q, scale, sc + j0);
+                for (int j = 0; j < m; j++)
+                    mx = sc[j0 + j] > mx ? sc[j0 + j] : mx;
             }
+            float inv = 1.0f / rlai_vec_exp_sum(c->k, n, sc, mx);
+            for (int j = 0; j < n; j++)
+                sc[j] *= inv;
+            memset(out, 0, sizeof(float) * (size_t)D);
+            for (int j0 = 0; j0 < n; j0 += RLAI_KV_BLOCK) {
+                int m = n - j0 < RLAI_KV_BLOCK ? n - j0 : RLAI_KV_BLOCK;
+                const uint16_t *vr = (const uint16_t *)rlai_kv_v_at(t->kv, seq, t->layer, j0) + (size_t)kvh * D;
+                rlai_attn_mad_f16(c->k, m, D, vr, stride, sc + j0, out);
+            }
+            continue;
+        }
+        /* f32 cache (precise mode): plain loops, the reference path. */
+        float mx = -INFINITY;
+        for (int j = 0; j < n; j++) {
+            const float *kf = (const float *)rlai_kv_k_at(t->kv, seq, t->layer, j) + (size_t)kvh * D;
+            float s = 0;
+            for (int d = 0; d < D; d++)
+                s += kf[d] * q[d];
             s *= scale;
             sc[j] = s;
             if (s > mx)
                 mx = s;
         }
         float sum = 0;
-        for (int j = 0; j <= pos; j++) {
+        for (int j = 0; j < n; j++) {
             sc[j] = expf(sc[j] - mx);
             sum += sc[j];
         }
         float inv = 1.0f / sum;
         memset(out, 0, sizeof(float) * (size_t)D);
-        for (int j = 0; j <= pos; j++) {
-            const void *vr = rlai_kv_v_at(t->kv, seq, t->layer, j);
+        for (int j = 0; j < n; j++) {
+            const float *vf = (const float *)rlai_kv_v_at(t->kv, seq, t->layer, j) + (size_t)kvh * D;
             float p = sc[j] * inv;
-            if (f16) {
-                rlai_vec_mad_f16(c->k, D, out, (const uint16_t *)vr + (size_t)kvh * D, p);
-            } else {
-                const float *vf = (const float *)vr + (size_t)kvh * D;
-                for (int d = 0; d < D; d++)
-                    out[d] += p * vf[d];
-            }
+            for (int d = 0; d < D; d++)
+                out[d] += p * vf[d];
         }
     }
 }

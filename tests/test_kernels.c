@@ -446,6 +446,63 @@ START_TEST(test_f16_helpers)
 }
 END_TEST
 
+/* Attention helpers: every ISA agrees with a double-precision reference,
+ * and exp_sum matches expf to 1e-6 relative over the softmax input range. */
+START_TEST(test_attn_helpers)
+{
+    enum { N = 37, D = 64, STRIDE = 3 * 64 };
+    uint16_t rows[N * STRIDE];
+    float q[D], p[N];
+    uint32_t s = 7;
+    for (int i = 0; i < N * STRIDE; i++) {
+        s = s * 1664525u + 1013904223u;
+        rows[i] = rlai_f32_to_fp16(((float)(s >> 8) / 16777216.0f - 0.5f) * 4.0f);
+    }
+    for (int i = 0; i < D; i++)
+        q[i] = sinf((float)i);
+    for (int j = 0; j < N; j++)
+        p[j] = 1.0f / (1.0f + (float)j);
+    double ref_dot[N], ref_y[D] = { 0 };
+    for (int j = 0; j < N; j++) {
+        double a = 0;
+        for (int i = 0; i < D; i++) {
+            double v = rlai_fp16_to_f32(rows[j * STRIDE + i]);
+            a += v * q[i];
+            ref_y[i] += p[j] * v;
+        }
+        ref_dot[j] = 0.125 * a;
+    }
+    rlai_isa isas[2] = { RLAI_ISA_SCALAR, RLAI_ISA_AVX2 };
+    for (int k = 0; k < 2; k++) {
+        if (!(rlai_kernels_available() & (1u << isas[k])))
+            continue;
+        rlai_kernels *kc;
+        ck_assert_int_eq(rlai_kernels_create(isas[k], false, &kc), 0);
+        float out[N], y[D];
+        rlai_attn_dot_f16(kc, N, D, rows, STRIDE, q, 0.125f, out);
+        for (int j = 0; j < N; j++)
+            ck_assert_msg(fabs(out[j] - ref_dot[j]) < 1e-4 * (1 + fabs(ref_dot[j])), "dot %d isa %d", j, k);
+        for (int i = 0; i < D; i++)
+            y[i] = 0;
+        rlai_attn_mad_f16(kc, N, D, rows, STRIDE, p, y);
+        for (int i = 0; i < D; i++)
+            ck_assert_msg(fabs(y[i] - ref_y[i]) < 1e-4 * (1 + fabs(ref_y[i])), "mad %d isa %d", i, k);
+        float x[203], x0[203];
+        for (int i = 0; i < 203; i++)
+            x0[i] = x[i] = -90.0f + 0.45f * (float)i;   /* -90 .. 1 */
+        float sum = rlai_vec_exp_sum(kc, 203, x, 1.0f);
+        double ref_sum = 0;
+        for (int i = 0; i < 203; i++) {
+            double e = exp((double)(x0[i] - 1.0f));   /* same float subtraction */
+            ref_sum += e;
+            ck_assert_msg(fabs(x[i] - e) <= 1e-6 * e + 1e-37, "exp(%g) = %g, want %g", (double)x0[i] - 1, (double)x[i], e);
+        }
+        ck_assert(fabs(sum - ref_sum) < 1e-5 * ref_sum);
+        rlai_kernels_destroy(kc);
+    }
+}
+END_TEST
+
 static Suite *kernels_suite(void)
 {
     Suite *s = suite_create("kernels");
@@ -454,6 +511,7 @@ static Suite *kernels_suite(void)
     tcase_add_test(tc, test_get_row);
     tcase_add_test(tc, test_quant_act_bitexact);
     tcase_add_test(tc, test_f16_helpers);
+    tcase_add_test(tc, test_attn_helpers);
     suite_add_tcase(s, tc);
     TCase *mm = tcase_create("matmul");
     tcase_set_timeout(mm, 600);
