@@ -15,6 +15,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdbool.h>
 
 #define RLAI_KV_BLOCK 16
 
@@ -27,6 +28,8 @@ typedef struct rlai_kv_seq {
     int n_blocks;      /* entries used */
     int cap;           /* entries allocated */
     int n_tokens;      /* tokens whose K/V are stored */
+    int n_committed;   /* leading full blocks registered in the prefix cache */
+    uint64_t last_key; /* prefix-cache key of block n_committed-1 (0 if none) */
 } rlai_kv_seq;
 
 /* Creates a pool of n_blocks blocks for n_layer layers of kv_dim values
@@ -61,5 +64,75 @@ void rlai_kv_seq_release(rlai_kv_cache *kv, rlai_kv_seq *seq);
  * position `pos` of a sequence (pos < reserved capacity). */
 void *rlai_kv_k_at(rlai_kv_cache *kv, const rlai_kv_seq *seq, int layer, int pos);
 void *rlai_kv_v_at(rlai_kv_cache *kv, const rlai_kv_seq *seq, int layer, int pos);
+
+/* ------------------------------------------------------------------
+ * Prefix cache.
+ *
+ * A full block can be registered under a key that chains its parent
+ * block's key with its 16 token ids (key = H(parent_key, tokens)); the
+ * block then becomes immutable and shareable. Lookups verify the stored
+ * tokens and parent key, so a hash collision never yields another
+ * prompt's KV. A registered block whose reference count drops to zero is
+ * not freed: it stays "cached" on an LRU list, reusable by a later match,
+ * and is evicted (least recently used first, never when pinned) only when
+ * rlai_kv_block_alloc finds the free list empty. Partial last blocks are
+ * never registered (private to their sequence); rlai_kv_seq_prepare_write
+ * copies any shared or registered block before it is written (copy-on-
+ * write), e.g. after a fork.
+ */
+
+typedef struct rlai_kv_stats {
+    int blocks_total;
+    int blocks_free;      /* on the free list (never registered or evicted) */
+    int blocks_used;      /* refcount > 0 */
+    int blocks_cached;    /* registered with refcount 0 (reusable, evictable unless pinned) */
+    int blocks_pinned;    /* registered blocks with a pin count > 0 */
+    uint64_t lookups;     /* rlai_kv_prefix_attach calls */
+    uint64_t tokens_reused;  /* tokens attached from the cache, in total */
+    uint64_t evictions;
+} rlai_kv_stats;
+
+/* Turns prefix caching on (default) or off; off makes attach match nothing
+ * and commit register nothing (existing cached blocks stay until evicted). */
+void rlai_kv_cache_set_prefix_caching(rlai_kv_cache *kv, bool on);
+
+/* For an EMPTY sequence: attaches (with references) the longest run of
+ * cached full blocks matching tokens[0..n), limited to max_tokens tokens
+ * (rounded down to whole blocks). Sets seq->n_tokens, n_committed and
+ * last_key accordingly and refreshes the blocks' LRU position. Returns the
+ * number of tokens attached (a multiple of 16) or RLAI_ERR_NOMEM. */
+int rlai_kv_prefix_attach(rlai_kv_cache *kv, rlai_kv_seq *seq, const int32_t *tokens, int n, int max_tokens);
+
+/* Registers every full block of seq from block n_committed up to
+ * n_tokens / 16 (tokens = the sequence's tokens from position 0, at least
+ * n_tokens of them). If an equal block (same key and tokens) is already
+ * registered, seq switches to that block and drops its own copy, so equal
+ * prefixes share one physical block. */
+void rlai_kv_prefix_commit(rlai_kv_cache *kv, rlai_kv_seq *seq, const int32_t *tokens, int n_tokens);
+
+/* Makes the blocks covering positions [pos0, pos1) private and unregistered
+ * (allocating them if missing, copying K/V of every layer from a shared or
+ * registered block first). Returns 0, RLAI_ERR_KV_FULL or RLAI_ERR_NOMEM. */
+int rlai_kv_seq_prepare_write(rlai_kv_cache *kv, rlai_kv_seq *seq, int pos0, int pos1);
+
+/* dst (empty) shares every block of src (references added); n_tokens,
+ * n_committed, last_key copied. Returns 0 or RLAI_ERR_NOMEM. */
+int rlai_kv_seq_fork(rlai_kv_cache *kv, const rlai_kv_seq *src, rlai_kv_seq *dst);
+
+/* Pins the registered blocks of the longest cached prefix of tokens[0..n)
+ * so they are never evicted (pin counts nest). Returns the number of
+ * tokens now pinned (multiple of 16). unpin undoes one pin of the same
+ * prefix and returns the tokens unpinned. */
+int rlai_kv_prefix_pin(rlai_kv_cache *kv, const int32_t *tokens, int n);
+int rlai_kv_prefix_unpin(rlai_kv_cache *kv, const int32_t *tokens, int n);
+
+void rlai_kv_cache_stats(const rlai_kv_cache *kv, rlai_kv_stats *out);
+
+/* Invariant check for tests: each block's refcount equals the number of
+ * references in the given tables; free, used and cached sets partition the
+ * pool; no pinned block is free; the hash index and LRU list agree with the
+ * block states. Returns 0 or RLAI_ERR_FORMAT with a description in err. */
+int rlai_kv_cache_check(const rlai_kv_cache *kv, rlai_kv_seq *const *seqs, int n_seqs,
+                        char *err, size_t errlen);
 
 #endif
