@@ -13,6 +13,8 @@
 #include "threadpool.h"
 #include "tokenizer.h"
 
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,6 +23,33 @@
 
 #define RLAI_MAX_BATCH 512          /* prefill chunk: tokens per forward call */
 #define RLAI_DEFAULT_CTX_CAP 8192
+
+/* One generation request (see the scheduler section below). */
+typedef struct rlai_req {
+    struct rlai_req *next;       /* queue or running list */
+    uint64_t id;
+    rlai_token *toks;            /* prompt followed by generated tokens */
+    int n_toks, cap_toks;
+    int n_prompt;
+    int total;                   /* tokens this request may reach (prompt + max new, <= n_ctx) */
+    rlai_kv_seq seq;
+    rlai_sampler *smp;
+    rlai_textstream *ts;
+    rlai_gen_params gp;
+    char **stops;                /* owned copies, NULL-terminated */
+    rlai_token_cb on_token;
+    rlai_done_cb on_done;
+    void *user;
+    int reserve;                 /* KV blocks it may still allocate (admission) */
+    atomic_bool cancel;
+    bool done;
+    rlai_stop_reason stop;
+    int status;
+    rlai_gen_metrics mt;
+    double t_submit, t_admit, t_first, t_prefill_end;
+    int n_decode;                /* forwards after the first token */
+} rlai_req;
+
 
 struct rlai_engine {
     rlai_engine_params params;
@@ -36,7 +65,20 @@ struct rlai_engine {
     rlai_chat_style chat_style;
     char *default_system;   /* owned, may be NULL */
     char name[128];
-    float *logits;          /* n_vocab */
+    float *logits;          /* n_vocab (eval helpers) */
+
+    /* scheduler: queue and running lists; the stepping thread owns the
+     * running requests' state, qmu guards list membership and flags. */
+    pthread_mutex_t qmu;
+    pthread_cond_t qcv;
+    rlai_req *queue;             /* FIFO of submitted, not admitted */
+    rlai_req *running;           /* admitted, in order of admission */
+    int n_queued, n_running;
+    uint64_t next_id;
+    bool wake;
+    float *step_logits;          /* max_running rows of n_vocab */
+    int step_logits_rows;
+    rlai_engine_stats stats;     /* snapshot, under qmu */
 };
 
 static double now_ms(void)
@@ -50,6 +92,9 @@ void rlai_engine_params_init(rlai_engine_params *p)
 {
     memset(p, 0, sizeof(*p));
     p->isa = RLAI_ISA_AUTO;
+    p->prefill_chunk = 512;
+    p->max_running = 64;
+    p->max_queue = 256;
 }
 
 void rlai_gen_params_init(rlai_gen_params *p)
@@ -81,6 +126,8 @@ int rlai_engine_open(const char *path, const rlai_engine_params *params,
     rlai_engine *e = calloc(1, sizeof(*e));
     if (!e)
         return RLAI_ERR_NOMEM;
+    pthread_mutex_init(&e->qmu, NULL);
+    pthread_cond_init(&e->qcv, NULL);
     if (params)
         e->params = *params;
     else
@@ -154,6 +201,13 @@ int rlai_engine_open(const char *path, const rlai_engine_params *params,
         rc = RLAI_ERR_NOMEM;
         goto fail;
     }
+    if (e->params.prefill_chunk <= 0)
+        e->params.prefill_chunk = RLAI_MAX_BATCH;
+    if (e->params.max_running <= 0)
+        e->params.max_running = 64;
+    if (e->params.max_queue <= 0)
+        e->params.max_queue = 256;
+    e->next_id = 1;
     rlai_gguf_str tmpl = { NULL, 0 };
     rlai_gguf_get_str(e->gguf, "tokenizer.chat_template", &tmpl);
     e->chat_style = rlai_chat_detect(tmpl.ptr, tmpl.len);
@@ -172,10 +226,26 @@ fail:
     return rc;
 }
 
+static void req_free(rlai_engine *e, rlai_req *r);
+
 void rlai_engine_close(rlai_engine *e)
 {
     if (!e)
         return;
+    /* Requests still queued or running are dropped without callbacks. */
+    while (e->queue) {
+        rlai_req *r = e->queue;
+        e->queue = r->next;
+        req_free(e, r);
+    }
+    while (e->running) {
+        rlai_req *r = e->running;
+        e->running = r->next;
+        req_free(e, r);
+    }
+    free(e->step_logits);
+    pthread_mutex_destroy(&e->qmu);
+    pthread_cond_destroy(&e->qcv);
     rlai_model_ctx_free(e->mctx);
     rlai_kv_cache_destroy(e->kv);
     rlai_threadpool_destroy(e->tp);
@@ -280,134 +350,562 @@ int rlai_engine_generate(rlai_engine *e, const char *prompt,
     return rc;
 }
 
+/* ------------------------------------------------------------------ */
+/* Scheduler: continuous batching with chunked prefill (engine.h).     */
+
+static void req_free(rlai_engine *e, rlai_req *r)
+{
+    if (!r)
+        return;
+    rlai_kv_seq_release(e->kv, &r->seq);
+    rlai_sampler_free(r->smp);
+    rlai_textstream_free(r->ts);
+    if (r->stops)
+        for (char **s = r->stops; *s; s++)
+            free(*s);
+    free(r->stops);
+    free(r->toks);
+    free(r);
+}
+
+static int blocks_for(int tokens)
+{
+    return (tokens + RLAI_KV_BLOCK - 1) / RLAI_KV_BLOCK;
+}
+
+int rlai_engine_submit(rlai_engine *e, const rlai_request_params *rp, uint64_t *id)
+{
+    if (!e || !rp || !rp->prompt || rp->n_prompt <= 0)
+        return RLAI_ERR_INVALID_ARG;
+    const rlai_hparams *hp = rlai_model_hparams(e->model);
+    for (int i = 0; i < rp->n_prompt; i++)
+        if (rp->prompt[i] < 0 || rp->prompt[i] >= hp->n_vocab)
+            return RLAI_ERR_INVALID_ARG;
+    if (rp->n_prompt >= e->n_ctx)
+        return RLAI_ERR_CONTEXT_FULL;
+    rlai_req *r = calloc(1, sizeof(*r));
+    if (!r)
+        return RLAI_ERR_NOMEM;
+    r->gp = rp->gen;
+    int max_new = r->gp.max_tokens > 0 ? r->gp.max_tokens : e->n_ctx;
+    long total = (long)rp->n_prompt + max_new;
+    r->total = total > e->n_ctx ? e->n_ctx : (int)total;
+    if (blocks_for(r->total) > rlai_kv_cache_n_blocks(e->kv)) {
+        free(r);
+        return RLAI_ERR_KV_FULL;
+    }
+    r->cap_toks = r->total + 1;
+    r->toks = malloc(sizeof(rlai_token) * (size_t)r->cap_toks);
+    int rc = r->toks ? 0 : RLAI_ERR_NOMEM;
+    if (rc == 0 && rp->gen.stop) {
+        size_t n = 0;
+        while (rp->gen.stop[n])
+            n++;
+        r->stops = calloc(n + 1, sizeof(char *));
+        if (!r->stops)
+            rc = RLAI_ERR_NOMEM;
+        for (size_t i = 0; rc == 0 && i < n; i++)
+            if (!(r->stops[i] = strdup(rp->gen.stop[i])))
+                rc = RLAI_ERR_NOMEM;
+        r->gp.stop = (const char *const *)r->stops;
+    }
+    if (rc == 0)
+        rc = rlai_sampler_create(&r->gp.sampling, hp->n_vocab, &r->smp);
+    if (rc == 0)
+        rc = rlai_textstream_create(r->gp.stop, &r->ts);
+    if (rc < 0) {
+        req_free(e, r);
+        return rc;
+    }
+    memcpy(r->toks, rp->prompt, sizeof(rlai_token) * (size_t)rp->n_prompt);
+    r->n_toks = r->n_prompt = rp->n_prompt;
+    for (int i = 0; i < rp->n_prompt; i++)
+        rlai_sampler_accept(r->smp, rp->prompt[i]);
+    r->on_token = rp->on_token;
+    r->on_done = rp->on_done;
+    r->user = rp->user;
+    atomic_init(&r->cancel, false);
+    r->t_submit = now_ms();
+    r->mt.prompt_tokens = rp->n_prompt;
+
+    pthread_mutex_lock(&e->qmu);
+    if (e->n_queued >= e->params.max_queue) {
+        pthread_mutex_unlock(&e->qmu);
+        req_free(e, r);
+        return RLAI_ERR_BUSY;
+    }
+    r->id = e->next_id++;
+    rlai_req **pp = &e->queue;
+    while (*pp)
+        pp = &(*pp)->next;
+    *pp = r;
+    e->n_queued++;
+    e->stats.queued = e->n_queued;
+    e->wake = true;
+    pthread_cond_broadcast(&e->qcv);
+    pthread_mutex_unlock(&e->qmu);
+    if (id)
+        *id = r->id;
+    return 0;
+}
+
+int rlai_engine_cancel(rlai_engine *e, uint64_t id)
+{
+    int rc = RLAI_ERR_NOT_FOUND;
+    pthread_mutex_lock(&e->qmu);
+    for (int l = 0; l < 2 && rc; l++)
+        for (rlai_req *r = l ? e->running : e->queue; r; r = r->next)
+            if (r->id == id) {
+                atomic_store(&r->cancel, true);
+                rc = 0;
+                break;
+            }
+    e->wake = true;
+    pthread_cond_broadcast(&e->qcv);
+    pthread_mutex_unlock(&e->qmu);
+    return rc;
+}
+
+bool rlai_engine_wait_work(rlai_engine *e, int timeout_ms)
+{
+    pthread_mutex_lock(&e->qmu);
+    if (!e->queue && !e->running && !e->wake) {
+        if (timeout_ms < 0) {
+            pthread_cond_wait(&e->qcv, &e->qmu);
+        } else {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_sec += timeout_ms / 1000;
+            ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+            if (ts.tv_nsec >= 1000000000L) {
+                ts.tv_sec++;
+                ts.tv_nsec -= 1000000000L;
+            }
+            pthread_cond_timedwait(&e->qcv, &e->qmu, &ts);
+        }
+    }
+    e->wake = false;
+    bool work = e->queue || e->running;
+    pthread_mutex_unlock(&e->qmu);
+    return work;
+}
+
+void rlai_engine_wakeup(rlai_engine *e)
+{
+    pthread_mutex_lock(&e->qmu);
+    e->wake = true;
+    pthread_cond_broadcast(&e->qcv);
+    pthread_mutex_unlock(&e->qmu);
+}
+
+void rlai_engine_set_prefix_cache(rlai_engine *e, bool on)
+{
+    rlai_kv_cache_set_prefix_caching(e->kv, on);
+}
+
+void rlai_engine_get_stats(rlai_engine *e, rlai_engine_stats *out)
+{
+    pthread_mutex_lock(&e->qmu);
+    *out = e->stats;
+    pthread_mutex_unlock(&e->qmu);
+}
+
+/* Marks a request finished (stepping thread). Streams what the text
+ * stream still holds unless a stop string or cancel ended it. */
+static void req_finish(rlai_engine *e, rlai_req *r, rlai_stop_reason stop, int status)
+{
+    if (r->done)
+        return;
+    r->done = true;
+    r->stop = stop;
+    r->status = status;
+    if (status == 0 && stop != RLAI_STOP_STRING && stop != RLAI_STOP_CANCELLED && r->on_token) {
+        const char *txt;
+        size_t len;
+        rlai_textstream_flush(r->ts, &txt, &len);
+        if (len)
+            r->on_token(r->user, -1, txt, len);
+    }
+    double t_end = now_ms();
+    rlai_gen_metrics *m = &r->mt;
+    m->stop = stop;
+    m->queue_ms = r->t_admit > 0 ? r->t_admit - r->t_submit : t_end - r->t_submit;
+    if (r->t_prefill_end > 0) {
+        m->prefill_ms = r->t_prefill_end - (r->t_admit > 0 ? r->t_admit : r->t_submit);
+        int computed = r->n_prompt - m->reused_tokens;
+        m->prefill_tps = m->prefill_ms > 0 ? computed / (m->prefill_ms / 1e3) : 0;
+    }
+    if (r->t_first > 0) {
+        m->ttft_ms = r->t_first - r->t_submit;
+        m->decode_ms = t_end - r->t_first;
+        m->decode_tps = r->n_decode > 0 && m->decode_ms > 0 ? r->n_decode / (m->decode_ms / 1e3) : 0;
+    }
+    rlai_kv_seq_release(e->kv, &r->seq);
+    (void)e;
+}
+
+/* Admits queued requests FIFO while the pool can hold them (stepping thread). */
+static void admit(rlai_engine *e, rlai_req **finished)
+{
+    int committed = 0;
+    for (rlai_req *r = e->running; r; r = r->next)
+        committed += r->reserve;
+    pthread_mutex_lock(&e->qmu);
+    /* Cancelled requests leave the queue wherever they are. */
+    for (rlai_req **pp = &e->queue; *pp;) {
+        rlai_req *r = *pp;
+        if (atomic_load(&r->cancel)) {
+            *pp = r->next;
+            e->n_queued--;
+            r->next = *finished;
+            *finished = r;
+            req_finish(e, r, RLAI_STOP_CANCELLED, 0);
+        } else {
+            pp = &r->next;
+        }
+    }
+    while (e->queue && e->n_running < e->params.max_running) {
+        rlai_req *r = e->queue;
+        /* Reuse the longest cached prefix, keeping the last prompt token to
+         * compute (its logits start generation). */
+        int reused = rlai_kv_prefix_attach(e->kv, &r->seq, r->toks, r->n_prompt, r->n_prompt - 1);
+        if (reused < 0)
+            reused = 0;
+        int need = blocks_for(r->total) - r->seq.n_blocks;
+        if (need > rlai_kv_cache_n_free(e->kv) - committed) {
+            rlai_kv_seq_release(e->kv, &r->seq);
+            break;   /* FIFO: wait until running requests free blocks */
+        }
+        e->queue = r->next;
+        e->n_queued--;
+        r->reserve = need;
+        committed += need;
+        r->mt.reused_tokens = reused;
+        r->t_admit = now_ms();
+        r->next = NULL;
+        rlai_req **pp = &e->running;
+        while (*pp)
+            pp = &(*pp)->next;
+        *pp = r;
+        e->n_running++;
+        e->stats.prompt_tokens_total += (uint64_t)r->n_prompt;
+        e->stats.prompt_tokens_reused_total += (uint64_t)reused;
+        e->stats.requests_total++;
+    }
+    pthread_mutex_unlock(&e->qmu);
+}
+
+/* Handles the logits of a request's newest position: sample, stream, stop. */
+static void req_sample(rlai_engine *e, rlai_req *r, float *logits)
+{
+    int32_t tok = rlai_sampler_sample(r->smp, logits);
+    if (r->t_first == 0)
+        r->t_first = now_ms();
+    if (!r->gp.ignore_eos && rlai_tokenizer_is_eog(e->tok, tok)) {
+        req_finish(e, r, RLAI_STOP_EOG, 0);
+        return;
+    }
+    rlai_sampler_accept(r->smp, tok);
+    r->toks[r->n_toks++] = tok;
+    r->mt.gen_tokens++;
+    char piece[256];
+    int plen = rlai_tokenizer_token_to_piece(e->tok, tok, false, piece, sizeof(piece));
+    char *big = NULL;
+    const char *pp = piece;
+    if (plen > (int)sizeof(piece)) {
+        big = malloc((size_t)plen);
+        if (big) {
+            rlai_tokenizer_token_to_piece(e->tok, tok, false, big, (size_t)plen);
+            pp = big;
+        } else {
+            plen = 0;
+        }
+    }
+    if (plen < 0)
+        plen = 0;
+    const char *txt;
+    size_t tlen;
+    bool stopped = rlai_textstream_push(r->ts, pp, (size_t)plen, &txt, &tlen);
+    free(big);
+    if (r->on_token && r->on_token(r->user, tok, txt, tlen) != 0) {
+        req_finish(e, r, RLAI_STOP_CANCELLED, 0);
+        return;
+    }
+    if (stopped)
+        req_finish(e, r, RLAI_STOP_STRING, 0);
+    else if (r->gp.max_tokens > 0 && r->mt.gen_tokens >= r->gp.max_tokens)
+        req_finish(e, r, RLAI_STOP_MAX_TOKENS, 0);
+    else if (r->n_toks >= r->total || r->n_toks >= e->n_ctx)
+        req_finish(e, r, r->n_toks >= e->n_ctx ? RLAI_STOP_CONTEXT : RLAI_STOP_MAX_TOKENS, 0);
+}
+
+int rlai_engine_step(rlai_engine *e)
+{
+    rlai_req *finished = NULL;
+    /* Cancelled running requests end now: their KV is freed this step. */
+    for (rlai_req *r = e->running; r; r = r->next)
+        if (atomic_load(&r->cancel))
+            req_finish(e, r, RLAI_STOP_CANCELLED, 0);
+    admit(e, &finished);
+
+    /* Build one batch: one decode token per streaming request, prefill
+     * chunks for the others within the per-step prompt budget. */
+    const rlai_hparams *hp = rlai_model_hparams(e->model);
+    int budget = e->params.prefill_chunk, n = 0, n_rows = 0, n_seqs = 0;
+    for (rlai_req *r = e->running; r; r = r->next) {
+        if (r->done)
+            continue;
+        int todo = r->n_toks - r->seq.n_tokens;
+        n += todo <= 1 ? todo : (todo < budget ? todo : budget > 0 ? budget : 0);
+        if (todo > 1)
+            budget -= todo < budget ? todo : budget;
+        n_seqs++;
+    }
+    int rc = 0;
+    if (n > 0) {
+        if (e->step_logits_rows < n_seqs) {
+            float *nl = realloc(e->step_logits, sizeof(float) * (size_t)n_seqs * (size_t)hp->n_vocab);
+            if (!nl)
+                return RLAI_ERR_NOMEM;
+            e->step_logits = nl;
+            e->step_logits_rows = n_seqs;
+        }
+        int32_t *tokens = malloc(sizeof(int32_t) * (size_t)n);
+        int32_t *pos = malloc(sizeof(int32_t) * (size_t)n);
+        int32_t *sidx = malloc(sizeof(int32_t) * (size_t)n);
+        bool *want = malloc(sizeof(bool) * (size_t)n);
+        rlai_kv_seq **seqs = malloc(sizeof(rlai_kv_seq *) * (size_t)n_seqs);
+        rlai_req **rows = malloc(sizeof(rlai_req *) * (size_t)n_seqs);
+        int *take = malloc(sizeof(int) * (size_t)n_seqs);
+        if (!tokens || !pos || !sidx || !want || !seqs || !rows || !take) {
+            rc = RLAI_ERR_NOMEM;
+        } else {
+            budget = e->params.prefill_chunk;
+            int k = 0, si = 0;
+            for (rlai_req *r = e->running; r; r = r->next) {
+                if (r->done)
+                    continue;
+                int todo = r->n_toks - r->seq.n_tokens;
+                int t = todo <= 1 ? todo : (todo < budget ? todo : budget > 0 ? budget : 0);
+                if (todo > 1)
+                    budget -= t;
+                take[si] = 0;
+                if (t <= 0) {
+                    continue;
+                }
+                int p0 = r->seq.n_tokens, before = r->seq.n_blocks;
+                int wrc = rlai_kv_seq_prepare_write(e->kv, &r->seq, p0, p0 + t);
+                if (wrc < 0) {
+                    req_finish(e, r, RLAI_STOP_NONE, wrc);
+                    continue;
+                }
+                r->reserve -= r->seq.n_blocks - before;
+                if (r->reserve < 0)
+                    r->reserve = 0;
+                seqs[si] = &r->seq;
+                take[si] = t;
+                for (int j = 0; j < t; j++) {
+                    tokens[k] = r->toks[p0 + j];
+                    pos[k] = p0 + j;
+                    sidx[k] = si;
+                    want[k] = p0 + j == r->n_toks - 1;
+                    if (want[k])
+                        rows[n_rows++] = r;
+                    k++;
+                }
+                si++;
+            }
+            if (k > 0) {
+                rlai_batch b = { k, tokens, pos, sidx, want };
+                rc = rlai_model_forward(e->mctx, e->kv, seqs, &b, e->step_logits);
+            }
+            if (rc == 0) {
+                si = 0;
+                for (rlai_req *r = e->running; r; r = r->next) {
+                    if (r->done || si >= n_seqs || seqs[si] != &r->seq)
+                        continue;
+                    r->seq.n_tokens += take[si];
+                    rlai_kv_prefix_commit(e->kv, &r->seq, r->toks, r->seq.n_tokens);
+                    if (r->seq.n_tokens == r->n_prompt && r->t_prefill_end == 0)
+                        r->t_prefill_end = now_ms();
+                    si++;
+                }
+                int row = 0;
+                for (int i = 0; i < n_rows; i++) {
+                    rlai_req *r = rows[i];
+                    if (r->seq.n_tokens > r->n_prompt)
+                        r->n_decode++;
+                    if (r->t_prefill_end == 0)
+                        r->t_prefill_end = now_ms();
+                    req_sample(e, r, e->step_logits + (size_t)row * hp->n_vocab);
+                    row++;
+                }
+            } else {
+                for (rlai_req *r = e->running; r; r = r->next)
+                    req_finish(e, r, RLAI_STOP_NONE, rc);
+            }
+        }
+        free(tokens);
+        free(pos);
+        free(sidx);
+        free(want);
+        free(seqs);
+        free(rows);
+        free(take);
+    }
+
+    /* Unlink finished requests, then call on_done outside the lock. */
+    pthread_mutex_lock(&e->qmu);
+    rlai_req **pp = &e->running;
+    while (*pp) {
+        rlai_req *r = *pp;
+        if (r->done) {
+            *pp = r->next;
+            e->n_running--;
+            r->next = finished;
+            finished = r;
+        } else {
+            pp = &r->next;
+        }
+    }
+    rlai_kv_stats ks;
+    rlai_kv_cache_stats(e->kv, &ks);
+    e->stats.running = e->n_running;
+    e->stats.queued = e->n_queued;
+    e->stats.kv_blocks_total = ks.blocks_total;
+    e->stats.kv_blocks_free = ks.blocks_free;
+    e->stats.kv_blocks_used = ks.blocks_used;
+    e->stats.kv_blocks_cached = ks.blocks_cached;
+    e->stats.kv_blocks_pinned = ks.blocks_pinned;
+    e->stats.steps++;
+    int left = e->n_running + e->n_queued;
+    pthread_mutex_unlock(&e->qmu);
+    while (finished) {
+        rlai_req *r = finished;
+        finished = r->next;
+        pthread_mutex_lock(&e->qmu);
+        e->stats.gen_tokens_total += (uint64_t)r->mt.gen_tokens;
+        pthread_mutex_unlock(&e->qmu);
+        if (r->on_done)
+            r->on_done(r->user, r->id, r->status, &r->mt);
+        req_free(e, r);
+    }
+    return rc < 0 ? rc : left;
+}
+
+/* Synchronous generation on top of the scheduler: submit, then step until
+ * this request is done (other submitted requests advance too). */
+typedef struct sync_wait {
+    rlai_token_cb cb;
+    void *user;
+    bool done;
+    int status;
+    rlai_gen_metrics m;
+} sync_wait;
+
+static int sync_token(void *user, rlai_token tok, const char *text, size_t len)
+{
+    sync_wait *w = user;
+    return w->cb ? w->cb(w->user, tok, text, len) : 0;
+}
+
+static void sync_done(void *user, uint64_t id, int status, const rlai_gen_metrics *m)
+{
+    (void)id;
+    sync_wait *w = user;
+    w->done = true;
+    w->status = status;
+    w->m = *m;
+}
+
 int rlai_engine_generate_tokens(rlai_engine *e, const rlai_token *prompt, int n_prompt,
                                 const rlai_gen_params *gpp, rlai_token_cb cb, void *user,
                                 rlai_gen_metrics *metrics)
 {
-    if (!e || n_prompt <= 0 || !prompt)
+    if (!e)
         return RLAI_ERR_INVALID_ARG;
-    const rlai_hparams *hp = rlai_model_hparams(e->model);
-    for (int i = 0; i < n_prompt; i++)
-        if (prompt[i] < 0 || prompt[i] >= hp->n_vocab)
-            return RLAI_ERR_INVALID_ARG;
-    if (n_prompt >= e->n_ctx)
-        return RLAI_ERR_CONTEXT_FULL;
-    rlai_gen_params gp;
+    sync_wait w = { cb, user, false, 0, { 0 } };
+    rlai_request_params rp;
+    memset(&rp, 0, sizeof(rp));
+    rp.prompt = prompt;
+    rp.n_prompt = n_prompt;
     if (gpp)
-        gp = *gpp;
+        rp.gen = *gpp;
     else
-        rlai_gen_params_init(&gp);
+        rlai_gen_params_init(&rp.gen);
+    rp.on_token = sync_token;
+    rp.on_done = sync_done;
+    rp.user = &w;
+    int rc = rlai_engine_submit(e, &rp, NULL);
+    if (rc < 0)
+        return rc;
+    while (!w.done) {
+        rc = rlai_engine_step(e);
+        if (rc < 0 && !w.done)
+            return rc;
+    }
+    if (metrics)
+        *metrics = w.m;
+    return w.status;
+}
 
-    double t0 = now_ms();
-    rlai_gen_metrics mt;
-    memset(&mt, 0, sizeof(mt));
-    mt.prompt_tokens = n_prompt;
+/* Runs the forward pass over tokens[from..to) of seq without logits. */
+static int prefill_no_logits(rlai_engine *e, rlai_kv_seq *seq, const rlai_token *toks, int from, int to)
+{
+    int n = to - from;
+    if (n <= 0)
+        return 0;
+    int rc = rlai_kv_seq_prepare_write(e->kv, seq, from, to);
+    int32_t *pos = malloc(sizeof(int32_t) * (size_t)n);
+    bool *want = calloc((size_t)n, sizeof(bool));
+    if (rc == 0 && (!pos || !want))
+        rc = RLAI_ERR_NOMEM;
+    if (rc == 0) {
+        for (int i = 0; i < n; i++)
+            pos[i] = from + i;
+        rlai_kv_seq *seqs[1] = { seq };
+        rlai_batch b = { n, toks + from, pos, NULL, want };
+        rc = rlai_model_forward(e->mctx, e->kv, seqs, &b, NULL);
+        if (rc == 0) {
+            seq->n_tokens = to;
+            rlai_kv_prefix_commit(e->kv, seq, toks, to);
+        }
+    }
+    free(pos);
+    free(want);
+    return rc;
+}
 
-    rlai_sampler *smp = NULL;
-    rlai_textstream *ts = NULL;
+int rlai_engine_pin_prefix(rlai_engine *e, const rlai_token *toks, int n)
+{
+    if (!e || !toks || n <= 0)
+        return RLAI_ERR_INVALID_ARG;
+    if (n >= e->n_ctx)
+        return RLAI_ERR_CONTEXT_FULL;
+    const rlai_hparams *hp = rlai_model_hparams(e->model);
+    for (int i = 0; i < n; i++)
+        if (toks[i] < 0 || toks[i] >= hp->n_vocab)
+            return RLAI_ERR_INVALID_ARG;
+    int full = n / RLAI_KV_BLOCK * RLAI_KV_BLOCK;
+    if (full == 0)
+        return 0;
     rlai_kv_seq seq;
     memset(&seq, 0, sizeof(seq));
-    int32_t *pos = malloc(sizeof(int32_t) * (size_t)n_prompt);
-    int rc = pos ? 0 : RLAI_ERR_NOMEM;
+    int have = rlai_kv_prefix_attach(e->kv, &seq, toks, full, full);
+    int rc = have < 0 ? have : 0;
+    if (rc == 0 && have < full)
+        rc = prefill_no_logits(e, &seq, toks, have, full);
     if (rc == 0)
-        rc = rlai_sampler_create(&gp.sampling, hp->n_vocab, &smp);
-    if (rc == 0)
-        rc = rlai_textstream_create(gp.stop, &ts);
-    if (rc == 0)
-        rc = rlai_kv_seq_reserve(e->kv, &seq, n_prompt + 1);
-    if (rc < 0)
-        goto done;
-
-    for (int i = 0; i < n_prompt; i++) {
-        pos[i] = i;
-        rlai_sampler_accept(smp, prompt[i]);
-    }
-    rlai_kv_seq *seqs[1] = { &seq };
-    rlai_batch b = { n_prompt, prompt, pos, NULL, NULL };
-    if ((rc = rlai_model_forward(e->mctx, e->kv, seqs, &b, e->logits)) < 0)
-        goto done;
-    seq.n_tokens = n_prompt;
-    double t_prefill = now_ms();
-    mt.prefill_ms = t_prefill - t0;
-
-    int n_decode = 0;
-    double t_first = 0;
-    char piece[256];
-    for (;;) {
-        int32_t tok = rlai_sampler_sample(smp, e->logits);
-        if (mt.gen_tokens == 0) {
-            t_first = now_ms();
-            mt.ttft_ms = t_first - t0;
-        }
-        if (!gp.ignore_eos && rlai_tokenizer_is_eog(e->tok, tok)) {
-            mt.stop = RLAI_STOP_EOG;
-            break;
-        }
-        rlai_sampler_accept(smp, tok);
-        mt.gen_tokens++;
-        int plen = rlai_tokenizer_token_to_piece(e->tok, tok, false, piece, sizeof(piece));
-        char *big = NULL;
-        const char *pp = piece;
-        if (plen > (int)sizeof(piece)) {
-            big = malloc((size_t)plen);
-            if (!big) {
-                rc = RLAI_ERR_NOMEM;
-                goto done;
-            }
-            rlai_tokenizer_token_to_piece(e->tok, tok, false, big, (size_t)plen);
-            pp = big;
-        }
-        if (plen < 0)
-            plen = 0;
-        const char *txt;
-        size_t tlen;
-        bool stopped = rlai_textstream_push(ts, pp, (size_t)plen, &txt, &tlen);
-        free(big);
-        if (cb && cb(user, tok, txt, tlen) != 0) {
-            mt.stop = RLAI_STOP_CANCELLED;
-            break;
-        }
-        if (stopped) {
-            mt.stop = RLAI_STOP_STRING;
-            break;
-        }
-        if (gp.max_tokens > 0 && mt.gen_tokens >= gp.max_tokens) {
-            mt.stop = RLAI_STOP_MAX_TOKENS;
-            break;
-        }
-        int p = seq.n_tokens;
-        if (p + 1 >= e->n_ctx) {
-            mt.stop = RLAI_STOP_CONTEXT;
-            break;
-        }
-        if ((rc = rlai_kv_seq_reserve(e->kv, &seq, p + 1)) < 0)
-            goto done;
-        int32_t one_pos = p;
-        rlai_batch db = { 1, &tok, &one_pos, NULL, NULL };
-        if ((rc = rlai_model_forward(e->mctx, e->kv, seqs, &db, e->logits)) < 0)
-            goto done;
-        seq.n_tokens = p + 1;
-        n_decode++;
-    }
-    if (mt.stop != RLAI_STOP_STRING && mt.stop != RLAI_STOP_CANCELLED) {
-        const char *txt;
-        size_t tlen;
-        rlai_textstream_flush(ts, &txt, &tlen);
-        if (tlen && cb)
-            cb(user, -1, txt, tlen);
-    }
-    double t_end = now_ms();
-    mt.decode_ms = mt.gen_tokens > 0 ? t_end - t_first : 0;
-    mt.prefill_tps = mt.prefill_ms > 0 ? n_prompt / (mt.prefill_ms / 1e3) : 0;
-    mt.decode_tps = n_decode > 0 && mt.decode_ms > 0 ? n_decode / (mt.decode_ms / 1e3) : 0;
-done:
+        rc = rlai_kv_prefix_pin(e->kv, toks, full);
     rlai_kv_seq_release(e->kv, &seq);
-    rlai_textstream_free(ts);
-    rlai_sampler_free(smp);
-    free(pos);
-    if (metrics)
-        *metrics = mt;
     return rc;
+}
+
+int rlai_engine_unpin_prefix(rlai_engine *e, const rlai_token *toks, int n)
+{
+    if (!e || !toks || n <= 0)
+        return RLAI_ERR_INVALID_ARG;
+    return rlai_kv_prefix_unpin(e->kv, toks, n);
 }
 
 int rlai_engine_eval_logits(rlai_engine *e, const rlai_token *toks, int n, float *logits)

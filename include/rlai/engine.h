@@ -38,6 +38,9 @@ typedef enum rlai_isa {
 
 typedef struct rlai_engine_params {
     int n_threads;        /* 0 = number of online CPUs */
+    int prefill_chunk;    /* prompt tokens per step across requests; 0 = 512 */
+    int max_running;      /* sequences decoded together; 0 = 64 */
+    int max_queue;        /* waiting requests before submit says BUSY; 0 = 256 */
     int n_ctx;            /* max tokens per sequence; 0 = model's context length (capped at 8192) */
     int kv_blocks;        /* KV pool size in 16-token blocks; 0 = enough for one full n_ctx sequence */
     rlai_isa isa;         /* kernel selection */
@@ -133,6 +136,8 @@ typedef enum rlai_stop_reason {
 
 typedef struct rlai_gen_metrics {
     int prompt_tokens;
+    int reused_tokens;         /* prompt tokens taken from the prefix cache */
+    double queue_ms;           /* submit to admission */
     int gen_tokens;
     double ttft_ms;            /* from call start to first token sampled */
     double prefill_ms;
@@ -159,6 +164,83 @@ int rlai_engine_generate(rlai_engine *e, const char *prompt,
 int rlai_engine_generate_tokens(rlai_engine *e, const rlai_token *prompt, int n_prompt,
                                 const rlai_gen_params *gp, rlai_token_cb cb, void *user,
                                 rlai_gen_metrics *metrics);
+
+/* ------------------------------------------------------------------
+ * Concurrent requests: continuous batching with chunked prefill.
+ *
+ * rlai_engine_submit() queues a request and returns at once (thread-safe).
+ * One thread drives the engine with rlai_engine_step(): each step runs ONE
+ * forward pass over every running sequence together -- a decode token for
+ * each streaming request plus prefill chunks of new prompts (at most
+ * prefill_chunk prompt tokens per step, default 512), so weights are read
+ * once per step and a long prompt never stalls running streams.
+ *
+ * Admission control: a request is admitted only when the KV pool can hold
+ * its whole prompt plus max_tokens (capped by the context); until then it
+ * waits in a queue of at most max_queue requests (beyond that, submit says
+ * RLAI_ERR_BUSY). A request that could never fit the pool fails at once
+ * with RLAI_ERR_KV_FULL. Admitted requests are never preempted, so running
+ * sequences are never corrupted and memory never grows past the pool.
+ *
+ * Prefix cache: full 16-token blocks of every sequence are registered; a
+ * new request reuses the longest cached prefix (reported as
+ * reused_tokens) and prefills only the rest.
+ *
+ * Callbacks run on the thread that calls rlai_engine_step(). on_done is
+ * called exactly once per submitted request (status 0 or a negative error),
+ * after which the request id is forgotten.
+ * ------------------------------------------------------------------ */
+
+typedef void (*rlai_done_cb)(void *user, uint64_t id, int status, const rlai_gen_metrics *m);
+
+typedef struct rlai_request_params {
+    const rlai_token *prompt;   /* copied */
+    int n_prompt;
+    rlai_gen_params gen;        /* stop strings are copied */
+    rlai_token_cb on_token;     /* may be NULL */
+    rlai_done_cb on_done;       /* may be NULL */
+    void *user;
+} rlai_request_params;
+
+/* Queues a request; *id receives its id (> 0). Thread-safe. Returns 0,
+ * RLAI_ERR_INVALID_ARG, RLAI_ERR_CONTEXT_FULL (prompt >= context),
+ * RLAI_ERR_KV_FULL (can never fit the pool) or RLAI_ERR_BUSY (queue full). */
+int rlai_engine_submit(rlai_engine *e, const rlai_request_params *rp, uint64_t *id);
+
+/* Asks a request to stop; it ends within one step with stop reason
+ * RLAI_STOP_CANCELLED (status 0) and its KV blocks are released. Thread-safe.
+ * Returns 0 or RLAI_ERR_NOT_FOUND. */
+int rlai_engine_cancel(rlai_engine *e, uint64_t id);
+
+/* Runs one scheduler step. Returns the number of requests still queued or
+ * running afterwards (0 = idle), or a negative error. Call from one thread. */
+int rlai_engine_step(rlai_engine *e);
+
+/* Blocks until there is work for rlai_engine_step() or timeout_ms passes
+ * (< 0: forever) or rlai_engine_wakeup() is called. Returns true if there
+ * is work. */
+bool rlai_engine_wait_work(rlai_engine *e, int timeout_ms);
+void rlai_engine_wakeup(rlai_engine *e);
+
+/* Engine-wide figures (thread-safe snapshot). */
+typedef struct rlai_engine_stats {
+    int running, queued;
+    int kv_blocks_total, kv_blocks_free, kv_blocks_used, kv_blocks_cached, kv_blocks_pinned;
+    uint64_t prompt_tokens_total, prompt_tokens_reused_total, gen_tokens_total, requests_total;
+    uint64_t steps;
+} rlai_engine_stats;
+void rlai_engine_get_stats(rlai_engine *e, rlai_engine_stats *out);
+
+/* Scheduler knobs (call before submitting). prefix_cache: on by default. */
+void rlai_engine_set_prefix_cache(rlai_engine *e, bool on);
+
+/* Computes (if needed) and pins the KV of a token prefix so it is never
+ * evicted: later requests starting with it prefill only what follows.
+ * Must be called from the stepping thread (or before it starts). Returns
+ * the number of tokens pinned (whole blocks) or a negative error. unpin
+ * undoes it. */
+int rlai_engine_pin_prefix(rlai_engine *e, const rlai_token *toks, int n);
+int rlai_engine_unpin_prefix(rlai_engine *e, const rlai_token *toks, int n);
 
 /* Evaluates `n` tokens as one fresh sequence and writes the logits of every
  * position into `logits` (caller-owned, n * n_vocab floats, row-major).
