@@ -18,12 +18,16 @@ typedef struct rlai_frame_reader {
     uint32_t want;         /* body length announced by the header (0 = reading header) */
 } rlai_frame_reader;
 
+/* Initialises a caller-owned reader (max_frame 0 = RLAI_PROTO_MAX_FRAME).
+ * Release its buffer with rlai_frame_reader_free (accepts NULL). After an
+ * error return the reader must not be fed again. */
 void rlai_frame_reader_init(rlai_frame_reader *r, size_t max_frame);
 void rlai_frame_reader_free(rlai_frame_reader *r);
 
 /* Consumes bytes from data[0..len). Returns: 1 when a whole frame is ready
- * (*frame / *frame_len valid until the next call; *used = bytes consumed,
- * call again with the rest), 0 when all input was consumed without
+ * (*frame / *frame_len valid until the next call and while data is; the
+ * frame may point into data or into the reader's buffer, owned by them;
+ * *used = bytes consumed, call again with the rest), 0 when all input was consumed without
  * completing a frame, or a negative rlai_error (RLAI_ERR_PROTOCOL for a
  * zero length, RLAI_ERR_TOO_LARGE for an oversize one, RLAI_ERR_NOMEM). */
 int rlai_frame_reader_feed(rlai_frame_reader *r, const void *data, size_t len, size_t *used,

@@ -8,6 +8,19 @@
  * length + payload, buffered without blocking). When a connection goes
  * away (socket closed, or a ZeroMQ peer found unreachable on send),
  * on_disconnect is called once for it.
+ *
+ * Details: on_disconnect is also called after a framing error, after
+ * rlai_server_close_conn, and when a Unix-socket peer leaves more than
+ * max(16 MiB, 2 * max_frame) of replies unread; it is not called by
+ * rlai_server_stop. A ZeroMQ peer is known gone when a send to it fails
+ * (ROUTER_MANDATORY), or when a new peer's message arrives on the file
+ * descriptor it used (the old connection was closed), so a peer that leaves
+ * while idle is noticed late. A ZeroMQ message over max_frame is discarded
+ * by libzmq (ZMQ_MAXMSGSIZE), which also closes that peer's connection;
+ * on_message never sees it. ZeroMQ peers may send [payload] (DEALER) or
+ * ["", payload] (REQ; replies then carry the delimiter too); extra parts
+ * are ignored. Callbacks may call rlai_server_send and
+ * rlai_server_close_conn, never rlai_server_stop.
  */
 #ifndef RLAI_IPC_SERVER_H
 #define RLAI_IPC_SERVER_H
@@ -45,21 +58,32 @@ typedef struct rlai_server_config {
  * and Unix socket paths with mode 0700 and the sockets with mode 0600,
  * replacing a stale socket file left by a dead engine but refusing to
  * replace a live one) and starts the I/O thread. On error returns a
- * negative rlai_error and a message in err. *out owned by the caller. */
+ * negative rlai_error and a message in err: RLAI_ERR_BUSY when another
+ * engine answers at a socket path ("another engine is already serving at
+ * PATH") or a TCP address is in use, RLAI_ERR_INVALID_ARG for a bad
+ * endpoint or an over-long path, RLAI_ERR_IO otherwise (e.g. a non-socket
+ * file in the way). cfg and cb are copied; *out owned by the caller (free
+ * with rlai_server_stop). An existing parent directory owned by the caller
+ * is tightened to 0700; one owned by another user and writable by others
+ * (without the sticky bit) is refused. */
 int rlai_server_start(const rlai_server_config *cfg, const rlai_server_callbacks *cb,
                       rlai_server **out, char *err, size_t errlen);
 
-/* Queues one message for a connection (data is copied). Thread-safe.
- * Returns 0, RLAI_ERR_DISCONNECTED if the connection is known gone, or
+/* Queues one message for a connection (data is copied; the caller keeps
+ * ownership of data). Thread-safe; not to be called once rlai_server_stop
+ * has begun. Returns 0, RLAI_ERR_DISCONNECTED if the connection is known
+ * gone (or never existed), RLAI_ERR_TOO_LARGE above 4 GiB - 1, or
  * RLAI_ERR_NOMEM. */
 int rlai_server_send(rlai_server *s, rlai_conn conn, const void *data, size_t len);
 
 /* Closes a connection from the server side (Unix socket: after flushing
- * what is queued). Thread-safe. */
+ * what is queued, at most 5 s; ZeroMQ: the handle is forgotten once its
+ * queued replies are handed to libzmq). Thread-safe. on_disconnect follows. */
 void rlai_server_close_conn(rlai_server *s, rlai_conn conn);
 
-/* Flushes queued replies (bounded wait, up to timeout_ms), stops the I/O
- * thread, closes sockets and removes the socket files. Accepts NULL. */
+/* Flushes queued replies (bounded wait, up to timeout_ms; ZeroMQ replies
+ * get the remaining time as linger), stops the I/O thread, closes sockets
+ * and removes the socket files it created. Frees s. Accepts NULL. */
 void rlai_server_stop(rlai_server *s, int timeout_ms);
 
 #endif

@@ -46,15 +46,23 @@ int rlai_client_connect(const char *endpoint, int timeout_ms, rlai_client **out,
 /* Closes the connection and frees the client. Accepts NULL. */
 void rlai_client_close(rlai_client *c);
 
-/* Returns a fresh request id (1, 2, 3, ... per client). */
+/* Returns a fresh request id (1, 2, 3, ... per client; connect's hello
+ * uses the first). */
 uint64_t rlai_client_next_id(rlai_client *c);
 
 /* Encodes and sends a request (m is not modified or kept; m->id and
- * m->version must be set, see rlai_client_next_id). */
+ * m->version must be set, see rlai_client_next_id). Returns 0,
+ * RLAI_ERR_INVALID_ARG for a message the encoder refuses,
+ * RLAI_ERR_TOO_LARGE over RLAI_PROTO_MAX_FRAME, RLAI_ERR_DISCONNECTED.
+ * Blocks only while the transport is full (reading replies meanwhile on a
+ * Unix socket). */
 int rlai_client_send(rlai_client *c, const rlai_msg *m);
 
 /* Receives the next frame of any request into *out (caller frees with
- * rlai_msg_free). timeout_ms < 0 waits forever, 0 polls. */
+ * rlai_msg_free). timeout_ms < 0 waits forever, 0 polls. Frames that had
+ * arrived before the engine went away are returned first, then
+ * RLAI_ERR_DISCONNECTED (for good: reconnect with a new client). A frame
+ * that does not decode is consumed and reported as RLAI_ERR_PROTOCOL. */
 int rlai_client_recv(rlai_client *c, int timeout_ms, rlai_msg *out);
 
 /* Sends a cancel request for `target`; its stream still ends with one done
@@ -62,7 +70,10 @@ int rlai_client_recv(rlai_client *c, int timeout_ms, rlai_msg *out);
 int rlai_client_cancel(rlai_client *c, uint64_t target);
 
 /* A file descriptor that becomes readable when rlai_client_recv may have
- * something (ZMQ_FD semantics for ZeroMQ: edge-like, always drain). */
+ * something (ZMQ_FD semantics for ZeroMQ: edge-like, always drain). For
+ * ZeroMQ it is an epoll descriptor watching the socket's ZMQ_FD and the
+ * connection monitor's, so an engine death also wakes it; for unix:// it is
+ * the socket. Owned by the client: do not close or read it. */
 int rlai_client_fd(const rlai_client *c);
 
 #ifdef __cplusplus
