@@ -29,7 +29,7 @@
 #define RLAI_PROTO_MAX_STOPS 8                 /* stop strings */
 #define RLAI_PROTO_MAX_STOP_LEN 256
 #define RLAI_PROTO_MAX_TOKENS_ARRAY 65536      /* ids in one token/result frame */
-#define RLAI_PROTO_MAX_DEPTH 16                /* nesting inside "data"/"params" maps */
+#define RLAI_PROTO_MAX_DEPTH 16                /* array/map nesting in any field value (result "data") */
 
 typedef enum rlai_msg_type {
     RLAI_MSG_INVALID = 0,
@@ -119,11 +119,12 @@ typedef struct rlai_msg {
 /* Decodes one message. On success fills *out (caller frees with
  * rlai_msg_free) and returns 0. On failure returns a negative
  * rlai_proto_code (-RLAI_PE_BAD_FRAME, ...), writes a human message into
- * err, and sets out->id / out->type when they could be read (so the
- * daemon can address its error frame to the right request; id is 0
- * otherwise). Unknown extra fields are ignored (forward compatibility);
+ * err (may be NULL), and sets out->id / out->type / out->version when they
+ * could be read (so the daemon can address its error frame to the right
+ * request; id is 0 otherwise); *out then owns nothing (rlai_msg_free is
+ * optional). Unknown extra fields are ignored (forward compatibility);
  * a version other than RLAI_PROTO_VERSION is -RLAI_PE_BAD_VERSION. Strings
- * must be valid UTF-8. Never reads outside buf[0..len). */
+ * must be valid UTF-8 without NUL. Never reads outside buf[0..len). */
 int rlai_proto_decode(const void *buf, size_t len, rlai_msg *out, char *err, size_t errlen);
 
 /* Frees what a decoded or hand-built message owns. Accepts NULL. */
@@ -131,13 +132,17 @@ void rlai_msg_free(rlai_msg *m);
 
 /* Appends the msgpack encoding of m to out. Returns 0 or a negative
  * rlai_proto_code (-RLAI_PE_BAD_REQUEST for an invalid message,
- * -RLAI_PE_INTERNAL on allocation failure). m is not modified. */
+ * -RLAI_PE_TOO_LARGE for one over a limit, -RLAI_PE_INTERNAL on allocation
+ * failure); on failure out is left as it was. m is not modified. "v" is
+ * m->version, or RLAI_PROTO_VERSION when that is 0. */
 int rlai_proto_encode(const rlai_msg *m, rlai_buf *out);
 
 /* Convenience encoders for the daemon's hot path (no rlai_msg needed). */
 int rlai_proto_encode_token(rlai_buf *out, uint64_t id, const char *text, size_t len,
                             const int32_t *tokens, uint32_t n_tokens);
 int rlai_proto_encode_done(rlai_buf *out, uint64_t id, const char *stop, const rlai_msg_metrics *m);
+/* error: code >= 1; name from rlai_proto_code_name; msg (NULL = "") is cut
+ * to RLAI_PROTO_MAX_STR and bytes that are not valid UTF-8 become '?'. */
 int rlai_proto_encode_error(rlai_buf *out, uint64_t id, int code, const char *msg);
 /* result with a pre-encoded msgpack value (copied). */
 int rlai_proto_encode_result(rlai_buf *out, uint64_t id, const void *data, size_t len);
