@@ -42,14 +42,20 @@ uint32_t rlai_kv_cache_dtype(const rlai_kv_cache *kv);
 void rlai_kv_cache_destroy(rlai_kv_cache *kv);
 
 int rlai_kv_cache_n_blocks(const rlai_kv_cache *kv);
+/* Blocks an allocation can still obtain: those on the free list plus the
+ * cached (registered, refcount 0) unpinned blocks that rlai_kv_block_alloc
+ * evicts on demand. */
 int rlai_kv_cache_n_free(const rlai_kv_cache *kv);
 size_t rlai_kv_cache_bytes(const rlai_kv_cache *kv);     /* total reserved */
 
-/* Takes a free block (refcount 1); returns its id or RLAI_ERR_KV_FULL. */
+/* Takes a free block (refcount 1), evicting the least recently used cached
+ * unpinned block when the free list is empty; returns its id or
+ * RLAI_ERR_KV_FULL. */
 int rlai_kv_block_alloc(rlai_kv_cache *kv);
 /* Adds a reference to an allocated block. */
 void rlai_kv_block_ref(rlai_kv_cache *kv, int32_t block);
-/* Drops a reference; the block returns to the free list at zero. */
+/* Drops a reference; at zero the block returns to the free list, or, if
+ * registered in the prefix cache, becomes cached (see below). */
 void rlai_kv_block_unref(rlai_kv_cache *kv, int32_t block);
 int rlai_kv_block_refcount(const rlai_kv_cache *kv, int32_t block);
 

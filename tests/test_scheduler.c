@@ -1,0 +1,288 @@
+/* test_scheduler.c - continuous batching, prefix cache and admission
+ * control on the real default model: batched and cached results equal the
+ * lone, uncached ones token for token; a tiny KV budget ends every request
+ * cleanly; cancel frees blocks; pinned prefixes are reused. */
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rlai/engine.h"
+
+#define MODEL RLAI_MODELS_DIR "/SmolLM2-135M-Instruct.Q4_1.gguf"
+#define NTOK 16
+
+static rlai_engine *open_engine(int kv_blocks, int n_ctx)
+{
+    rlai_engine_params p;
+    rlai_engine_params_init(&p);
+    p.n_threads = 2;
+    p.n_ctx = n_ctx;
+    p.kv_blocks = kv_blocks;
+    rlai_engine *e = NULL;
+    char err[512];
+    ck_assert_msg(rlai_engine_open(MODEL, &p, &e, err, sizeof(err)) == 0, "%s", err);
+    return e;
+}
+
+typedef struct result {
+    rlai_token toks[256];
+    int n;
+    bool done;
+    int status;
+    rlai_gen_metrics m;
+} result;
+
+static int collect(void *user, rlai_token tok, const char *text, size_t len)
+{
+    (void)text;
+    (void)len;
+    result *r = user;
+    if (tok >= 0 && r->n < 256)
+        r->toks[r->n++] = tok;
+    return 0;
+}
+
+static void done_cb(void *user, uint64_t id, int status, const rlai_gen_metrics *m)
+{
+    (void)id;
+    result *r = user;
+    ck_assert(!r->done);   /* exactly once */
+    r->done = true;
+    r->status = status;
+    r->m = *m;
+}
+
+static int tokenize(rlai_engine *e, const char *text, rlai_token *out, int cap)
+{
+    int n = rlai_engine_tokenize(e, text, strlen(text), true, true, out, cap);
+    ck_assert_int_gt(n, 0);
+    ck_assert_int_le(n, cap);
+    return n;
+}
+
+static uint64_t submit(rlai_engine *e, const rlai_token *p, int n, int max_tokens, result *r)
+{
+    rlai_request_params rp;
+    memset(&rp, 0, sizeof(rp));
+    rp.prompt = p;
+    rp.n_prompt = n;
+    rlai_gen_params_init(&rp.gen);
+    rp.gen.max_tokens = max_tokens;
+    rp.gen.ignore_eos = true;
+    rp.on_token = collect;
+    rp.on_done = done_cb;
+    rp.user = r;
+    uint64_t id = 0;
+    ck_assert_int_eq(rlai_engine_submit(e, &rp, &id), 0);
+    return id;
+}
+
+static void run_until_idle(rlai_engine *e)
+{
+    int guard = 0;
+    while (rlai_engine_step(e) > 0)
+        ck_assert_int_lt(++guard, 100000);
+}
+
+static const char *prompts[8] = {
+    "The lighthouse keeper looked at the sea and said",
+    "List three fruits:",
+    "In a distant kingdom, a young dragon",
+    "The recipe for bread starts with",
+    "Write a short poem about autumn leaves.",
+    "Explain why the sky is blue in one sentence.",
+    "My favourite board game is",
+    "Once upon a time there was a robot who",
+};
+
+START_TEST(batched_equals_alone_and_cache_on_equals_off)
+{
+    rlai_engine *e = open_engine(0, 1024);
+    rlai_token p[8][64];
+    int n[8];
+    for (int i = 0; i < 8; i++)
+        n[i] = tokenize(e, prompts[i], p[i], 64);
+
+    /* Alone, prefix cache off. */
+    rlai_engine_set_prefix_cache(e, false);
+    result alone;
+    memset(&alone, 0, sizeof(alone));
+    submit(e, p[0], n[0], NTOK, &alone);
+    run_until_idle(e);
+    ck_assert(alone.done && alone.status == 0);
+    ck_assert_int_eq(alone.n, NTOK);
+
+    /* Batched with 7 other streams, cache on (twice: the second run reuses
+     * the cached prompt blocks of the first). */
+    rlai_engine_set_prefix_cache(e, true);
+    for (int round = 0; round < 2; round++) {
+        result r[8];
+        memset(r, 0, sizeof(r));
+        for (int i = 0; i < 8; i++)
+            submit(e, p[i], n[i], NTOK, &r[i]);
+        run_until_idle(e);
+        for (int i = 0; i < 8; i++) {
+            ck_assert(r[i].done);
+            ck_assert_int_eq(r[i].status, 0);
+            ck_assert_int_eq(r[i].n, NTOK);
+        }
+        ck_assert_msg(memcmp(r[0].toks, alone.toks, sizeof(rlai_token) * NTOK) == 0,
+                      "round %d: batched output differs from the lone run", round);
+    }
+    rlai_engine_close(e);
+}
+END_TEST
+
+START_TEST(prefix_reuse_is_reported_and_exact)
+{
+    rlai_engine *e = open_engine(0, 1024);
+    /* A lore prefix of > 100 tokens, then two different questions. */
+    char lore[2048] = "<|im_start|>system\nYou are Captain Mara of the airship Wren. ";
+    for (int i = 0; i < 6; i++)
+        strcat(lore, "The Wren sails the cloud sea between the floating isles of Aster and Vell. ");
+    strcat(lore, "<|im_end|>\n<|im_start|>user\n");
+    char q1[2300], q2[2300];
+    snprintf(q1, sizeof(q1), "%sWho are you?<|im_end|>\n<|im_start|>assistant\n", lore);
+    snprintf(q2, sizeof(q2), "%sWhere do you sail?<|im_end|>\n<|im_start|>assistant\n", lore);
+    rlai_token t1[600], t2[600], tl[600];
+    int n1 = tokenize(e, q1, t1, 600), n2 = tokenize(e, q2, t2, 600), nl = tokenize(e, lore, tl, 600);
+    ck_assert_int_gt(nl, 100);
+
+    result cold, warm, ref;
+    memset(&cold, 0, sizeof(cold));
+    memset(&warm, 0, sizeof(warm));
+    memset(&ref, 0, sizeof(ref));
+    submit(e, t1, n1, 8, &cold);
+    run_until_idle(e);
+    ck_assert_int_eq(cold.m.reused_tokens, 0);
+    submit(e, t2, n2, 8, &warm);
+    run_until_idle(e);
+    /* Every full block of the shared lore prefix is reused. */
+    ck_assert_int_ge(warm.m.reused_tokens, (nl / 16) * 16 - 16);
+    ck_assert_int_gt(warm.m.reused_tokens, 64);
+
+    /* Same answer as computing q2 with the cache off. */
+    rlai_engine_set_prefix_cache(e, false);
+    submit(e, t2, n2, 8, &ref);
+    run_until_idle(e);
+    ck_assert_int_eq(ref.m.reused_tokens, 0);
+    ck_assert_mem_eq(warm.toks, ref.toks, sizeof(rlai_token) * 8);
+
+    /* Pin the lore: still reused after unrelated traffic. */
+    rlai_engine_set_prefix_cache(e, true);
+    int pinned = rlai_engine_pin_prefix(e, tl, nl);
+    ck_assert_int_eq(pinned, (nl / 16) * 16);
+    rlai_engine_stats st;
+    rlai_engine_get_stats(e, &st);
+    for (int i = 0; i < 8; i++) {
+        rlai_token p[64];
+        int n = tokenize(e, prompts[i], p, 64);
+        result r;
+        memset(&r, 0, sizeof(r));
+        submit(e, p, n, 4, &r);
+        run_until_idle(e);
+    }
+    rlai_engine_get_stats(e, &st);
+    ck_assert_int_ge(st.kv_blocks_pinned, nl / 16);
+    result again;
+    memset(&again, 0, sizeof(again));
+    submit(e, t1, n1, 8, &again);
+    run_until_idle(e);
+    ck_assert_int_ge(again.m.reused_tokens, pinned);
+    ck_assert_mem_eq(again.toks, cold.toks, sizeof(rlai_token) * 8);
+    ck_assert_int_eq(rlai_engine_unpin_prefix(e, tl, nl), pinned);
+    rlai_engine_close(e);
+}
+END_TEST
+
+START_TEST(tiny_kv_budget_ends_every_request)
+{
+    /* 12 blocks = 192 tokens: each request needs 1-2 blocks of prompt plus
+     * 24 new tokens, so only some fit at once; the rest wait. One request
+     * needs more than the pool and is refused at once. */
+    rlai_engine *e = open_engine(12, 1024);
+    enum { N = 20 };
+    result r[N];
+    memset(r, 0, sizeof(r));
+    rlai_token p[64];
+    for (int i = 0; i < N; i++) {
+        int n = tokenize(e, prompts[i % 8], p, 64);
+        submit(e, p, n, 24, &r[i]);
+    }
+    rlai_token big[300];
+    for (int i = 0; i < 300; i++)
+        big[i] = 100 + i;
+    rlai_request_params rp;
+    memset(&rp, 0, sizeof(rp));
+    rp.prompt = big;
+    rp.n_prompt = 300;
+    rlai_gen_params_init(&rp.gen);
+    ck_assert_int_eq(rlai_engine_submit(e, &rp, NULL), RLAI_ERR_KV_FULL);
+    rlai_engine_stats st;
+    int max_running = 0, guard = 0;
+    while (rlai_engine_step(e) > 0) {
+        rlai_engine_get_stats(e, &st);
+        if (st.running > max_running)
+            max_running = st.running;
+        ck_assert_int_le(st.kv_blocks_used, 12);
+        ck_assert_int_lt(++guard, 100000);
+    }
+    ck_assert_int_gt(max_running, 1);      /* batching happened */
+    ck_assert_int_lt(max_running, N);      /* and admission held some back */
+    for (int i = 0; i < N; i++) {
+        ck_assert_msg(r[i].done, "request %d never finished", i);
+        ck_assert_int_eq(r[i].status, 0);
+        ck_assert_int_eq(r[i].n, 24);
+    }
+    rlai_engine_get_stats(e, &st);
+    ck_assert_int_eq(st.kv_blocks_used, 0);
+    rlai_engine_close(e);
+}
+END_TEST
+
+START_TEST(cancel_frees_blocks_within_a_step)
+{
+    rlai_engine *e = open_engine(0, 1024);
+    rlai_token p[64];
+    int n = tokenize(e, prompts[2], p, 64);
+    result a, b;
+    memset(&a, 0, sizeof(a));
+    memset(&b, 0, sizeof(b));
+    uint64_t ida = submit(e, p, n, 200, &a);
+    uint64_t idb = submit(e, p, n, 200, &b);
+    for (int i = 0; i < 4; i++)
+        rlai_engine_step(e);
+    ck_assert_int_eq(rlai_engine_cancel(e, ida), 0);
+    rlai_engine_step(e);
+    ck_assert(a.done);
+    ck_assert_int_eq(a.m.stop, RLAI_STOP_CANCELLED);
+    ck_assert(!b.done);
+    ck_assert_int_eq(rlai_engine_cancel(e, idb), 0);
+    rlai_engine_step(e);
+    ck_assert(b.done);
+    ck_assert_int_eq(rlai_engine_cancel(e, idb), RLAI_ERR_NOT_FOUND);
+    rlai_engine_stats st;
+    rlai_engine_get_stats(e, &st);
+    ck_assert_int_eq(st.kv_blocks_used, 0);
+    ck_assert_int_eq(st.running + st.queued, 0);
+    rlai_engine_close(e);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("scheduler");
+    TCase *tc = tcase_create("core");
+    tcase_set_timeout(tc, 1200);
+    tcase_add_test(tc, batched_equals_alone_and_cache_on_equals_off);
+    tcase_add_test(tc, prefix_reuse_is_reported_and_exact);
+    tcase_add_test(tc, tiny_kv_budget_ends_every_request);
+    tcase_add_test(tc, cancel_frees_blocks_within_a_step);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
