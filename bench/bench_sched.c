@@ -84,7 +84,12 @@ int main(int argc, char **argv)
 {
     const char *model = getenv("RLAI_MODEL");
     int threads = 2;
+    bool streams_only = false;
     for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--streams-only")) {
+            streams_only = true;
+            continue;
+        }
         if (!strcmp(argv[i], "-m") && i + 1 < argc)
             model = argv[++i];
         else if (!strcmp(argv[i], "-t") && i + 1 < argc)
@@ -116,6 +121,8 @@ int main(int argc, char **argv)
            n[0], n[7], n[0] - 30);
 
     /* 1. TTFT: cold (cache off) vs cached vs 8-prefix rotation. */
+    if (streams_only)
+        goto streams;
     rlai_engine_set_prefix_cache(e, false);
     double cold = 0;
     for (int i = 0; i < 3; i++)
@@ -144,6 +151,7 @@ int main(int argc, char **argv)
     printf("%-34s %12.1f %14d %9.1fx\n", "cached, same lore", warm, reused, cold / warm);
     printf("%-34s %12.1f %14d %9.1fx\n", "cached, 8 lores in rotation", rot, rot_reused, cold / rot);
 
+streams:
     /* 2. Aggregate decode throughput with N concurrent streams. */
     printf("\n%-10s %16s %12s\n", "streams", "decode tok/s", "vs 1 stream");
     double base = 0;
