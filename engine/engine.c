@@ -180,7 +180,14 @@ int rlai_engine_open(const char *path, const rlai_engine_params *params,
     e->params.kv_blocks = blocks;
     /* The precise mode keeps K/V in f32 so the reference comparison sees
      * no cache rounding; the default stores f16. */
-    uint32_t kv_type = e->params.precise ? RLAI_DT_F32 : RLAI_DT_F16;
+    uint32_t kv_type = e->params.precise ? RLAI_DT_F32
+                       : e->params.kv_type == RLAI_KV_Q8_0 ? RLAI_DT_Q8_0 : RLAI_DT_F16;
+    if (kv_type == RLAI_DT_Q8_0 && (hp->head_dim % 32 != 0 || hp->head_dim > 256)) {
+        snprintf(err, sizeof(err), "q8_0 KV cache needs a head size that is a multiple of 32 (at most 256); "
+                 "this model has %d", hp->head_dim);
+        rc = RLAI_ERR_UNSUPPORTED;
+        goto fail;
+    }
     if ((rc = rlai_kv_cache_create(hp->n_layer, hp->n_head_kv * hp->head_dim, blocks, kv_type, &e->kv)) < 0)
         goto fail;
     if ((rc = rlai_model_ctx_create(e->model, e->kern, e->tp, RLAI_MAX_BATCH, n_ctx, &e->mctx)) < 0)

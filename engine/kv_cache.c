@@ -50,7 +50,7 @@ struct rlai_kv_cache {
     int n_blocks;
     int n_free;
     uint32_t dtype;
-    size_t esize;          /* bytes per element */
+    size_t row_bytes;      /* bytes of one token's K (or V) row in one layer */
     size_t block_bytes;    /* bytes of one block in one layer's K (or V) */
     int32_t *free_stack;   /* ids of free blocks; top at n_free-1 */
     uint32_t *refcount;
@@ -209,11 +209,13 @@ int rlai_kv_cache_create(int n_layer, int kv_dim, int n_blocks, uint32_t dtype,
     *out = NULL;
     if (n_layer <= 0 || kv_dim <= 0 || n_blocks <= 0)
         return RLAI_ERR_INVALID_ARG;
-    size_t esize;
+    size_t row_bytes;
     if (dtype == RLAI_DT_F16)
-        esize = 2;
+        row_bytes = 2 * (size_t)kv_dim;
     else if (dtype == RLAI_DT_F32)
-        esize = 4;
+        row_bytes = 4 * (size_t)kv_dim;
+    else if (dtype == RLAI_DT_Q8_0 && kv_dim % RLAI_QK == 0)
+        row_bytes = rlai_dtype_row_bytes(RLAI_DT_Q8_0, kv_dim);
     else
         return RLAI_ERR_UNSUPPORTED;
     size_t per_layer = (size_t)n_blocks * RLAI_KV_BLOCK * (size_t)kv_dim;
@@ -226,8 +228,8 @@ int rlai_kv_cache_create(int n_layer, int kv_dim, int n_blocks, uint32_t dtype,
     kv->kv_dim = kv_dim;
     kv->n_blocks = n_blocks;
     kv->dtype = dtype;
-    kv->esize = esize;
-    kv->block_bytes = (size_t)RLAI_KV_BLOCK * (size_t)kv_dim * esize;
+    kv->row_bytes = row_bytes;
+    kv->block_bytes = (size_t)RLAI_KV_BLOCK * row_bytes;
     kv->lru_head = kv->lru_tail = -1;
     kv->prefix_on = true;
     kv->hash = rlai_kv_test_hash_hook ? rlai_kv_test_hash_hook : kv_hash_default;
@@ -250,8 +252,8 @@ int rlai_kv_cache_create(int n_layer, int kv_dim, int n_blocks, uint32_t dtype,
     for (int l = 0; l < n_layer; l++) {
         /* calloc of a large size is served by fresh zero pages: nothing
          * becomes resident until a block is written. */
-        kv->k[l] = calloc(per_layer, esize);
-        kv->v[l] = calloc(per_layer, esize);
+        kv->k[l] = calloc((size_t)n_blocks, kv->block_bytes);
+        kv->v[l] = calloc((size_t)n_blocks, kv->block_bytes);
         if (!kv->k[l] || !kv->v[l])
             goto nomem;
     }
@@ -289,8 +291,7 @@ int rlai_kv_cache_n_free(const rlai_kv_cache *kv) { return kv->n_free + kv->n_lr
 
 size_t rlai_kv_cache_bytes(const rlai_kv_cache *kv)
 {
-    return 2u * (size_t)kv->n_layer * (size_t)kv->n_blocks * RLAI_KV_BLOCK *
-           (size_t)kv->kv_dim * kv->esize;
+    return 2u * (size_t)kv->n_layer * (size_t)kv->n_blocks * kv->block_bytes;
 }
 
 int rlai_kv_block_alloc(rlai_kv_cache *kv)
@@ -394,8 +395,7 @@ void rlai_kv_seq_release(rlai_kv_cache *kv, rlai_kv_seq *seq)
 static inline size_t kv_offset(const rlai_kv_cache *kv, const rlai_kv_seq *seq, int pos)
 {
     int32_t b = seq->blocks[pos / RLAI_KV_BLOCK];
-    return ((size_t)b * RLAI_KV_BLOCK + (size_t)(pos % RLAI_KV_BLOCK)) * (size_t)kv->kv_dim *
-           kv->esize;
+    return ((size_t)b * RLAI_KV_BLOCK + (size_t)(pos % RLAI_KV_BLOCK)) * kv->row_bytes;
 }
 
 void *rlai_kv_k_at(rlai_kv_cache *kv, const rlai_kv_seq *seq, int layer, int pos)

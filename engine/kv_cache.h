@@ -2,9 +2,11 @@
  * all sequences, one block table per sequence, reference-counted blocks.
  *
  * Storage is one K and one V array per layer, each n_blocks * 16 * kv_dim
- * elements of the cache's element type (f16 by default, f32 for the
- * reference-precise mode); block b, slot s of layer l lives at element
- * (b * 16 + s) * kv_dim of that layer's array. Allocation and free are O(1) (free-list
+ * values of the cache's element type (f16 by default, q8_0 as an option,
+ * f32 for the reference-precise mode); block b, slot s of layer l is the
+ * token row at byte (b * 16 + s) * row_bytes of that layer's array, where
+ * row_bytes is kv_dim * 2 (f16), kv_dim * 4 (f32) or kv_dim / 32 * 34
+ * (q8_0: 32-value blocks of an f16 scale and 32 int8). Allocation and free are O(1) (free-list
  * stack). Reference counts exist so that later prefix sharing can map one
  * physical block into several block tables. Not thread-safe: the engine's
  * scheduler thread owns it. Memory is reserved up front but only pages that
@@ -33,8 +35,9 @@ typedef struct rlai_kv_seq {
 } rlai_kv_seq;
 
 /* Creates a pool of n_blocks blocks for n_layer layers of kv_dim values
- * per token for K and for V; dtype is RLAI_DT_F16 or RLAI_DT_F32 (else
- * RLAI_ERR_UNSUPPORTED). *out owned by caller. */
+ * per token for K and for V; dtype is RLAI_DT_F16, RLAI_DT_F32 or
+ * RLAI_DT_Q8_0 (kv_dim a multiple of 32), else RLAI_ERR_UNSUPPORTED.
+ * *out owned by caller. */
 int rlai_kv_cache_create(int n_layer, int kv_dim, int n_blocks, uint32_t dtype,
                          rlai_kv_cache **out);
 uint32_t rlai_kv_cache_dtype(const rlai_kv_cache *kv);

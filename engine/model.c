@@ -474,6 +474,30 @@ static void attn_worker(void *arg, int ith, int nth)
             }
             continue;
         }
+        if (rlai_kv_cache_dtype(t->kv) == RLAI_DT_Q8_0) {
+            /* q8_0 cache: each head's slice is D/32 blocks of the row;
+             * dequantize a row slice, then the same math as f32. */
+            size_t hoff = (size_t)kvh * (size_t)(D / RLAI_QK) * sizeof(rlai_block_q8_0);
+            float row[256];
+            float mx = -INFINITY;
+            for (int j = 0; j < n; j++) {
+                rlai_dequantize_row(RLAI_DT_Q8_0, (const char *)rlai_kv_k_at(t->kv, seq, t->layer, j) + hoff, row, D);
+                float s = 0;
+                for (int d = 0; d < D; d++)
+                    s += row[d] * q[d];
+                sc[j] = s * scale;
+                mx = sc[j] > mx ? sc[j] : mx;
+            }
+            float inv = 1.0f / rlai_vec_exp_sum(c->k, n, sc, mx);
+            memset(out, 0, sizeof(float) * (size_t)D);
+            for (int j = 0; j < n; j++) {
+                rlai_dequantize_row(RLAI_DT_Q8_0, (const char *)rlai_kv_v_at(t->kv, seq, t->layer, j) + hoff, row, D);
+                float p = sc[j] * inv;
+                for (int d = 0; d < D; d++)
+                    out[d] += p * row[d];
+            }
+            continue;
+        }
         /* f32 cache (precise mode): plain loops, the reference path. */
         float mx = -INFINITY;
         for (int j = 0; j < n; j++) {
@@ -511,7 +535,8 @@ static int forward_chunk(rlai_model_ctx *c, rlai_kv_cache *kv, rlai_kv_seq *cons
     const rlai_hparams *hp = &m->hp;
     int E = hp->n_embd, H = hp->n_head, HKV = hp->n_head_kv, D = hp->head_dim, F = hp->n_ff;
     int Q = H * D, KVD = HKV * D;
-    bool f16 = rlai_kv_cache_dtype(kv) == RLAI_DT_F16;
+    uint32_t kvt = rlai_kv_cache_dtype(kv);
+    bool f16 = kvt == RLAI_DT_F16;
 
     for (int i = 0; i < n; i++)
         rlai_weight_get_row(&m->tok_embd, b->tokens[start + i], c->x + (size_t)i * E);
@@ -539,6 +564,9 @@ static int forward_chunk(rlai_model_ctx *c, rlai_kv_cache *kv, rlai_kv_seq *cons
             if (f16) {
                 rlai_f32_to_f16_row(c->k, k, kd, KVD);
                 rlai_f32_to_f16_row(c->k, v, vd, KVD);
+            } else if (kvt == RLAI_DT_Q8_0) {
+                rlai_quantize_row(RLAI_DT_Q8_0, k, kd, KVD);
+                rlai_quantize_row(RLAI_DT_Q8_0, v, vd, KVD);
             } else {
                 memcpy(kd, k, sizeof(float) * (size_t)KVD);
                 memcpy(vd, v, sizeof(float) * (size_t)KVD);

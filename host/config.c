@@ -103,6 +103,13 @@ int rlai_config_load_json(rlai_config *c, const char *json, char *err, size_t er
             rc = get_int(it, k, 0, 1 << 20, &c->context, err, errlen);
         } else if (!strcmp(k, "kv_blocks")) {
             rc = get_int(it, k, 0, 1 << 24, &c->kv_blocks, err, errlen);
+        } else if (!strcmp(k, "kv_type")) {
+            if (cJSON_IsString(it) && !strcmp(it->valuestring, "f16"))
+                c->kv_q8_0 = false;
+            else if (cJSON_IsString(it) && !strcmp(it->valuestring, "q8_0"))
+                c->kv_q8_0 = true;
+            else
+                rc = fail(err, errlen, RLAI_ERR_FORMAT, "config: 'kv_type' must be \"f16\" or \"q8_0\"");
         } else if (!strcmp(k, "endpoints") && cJSON_IsObject(it)) {
             const cJSON *e;
             cJSON_ArrayForEach(e, it) {

@@ -2,7 +2,7 @@
  * command-line flags that override it.
  *
  * File format (every key optional):
- *   { "model": "PATH", "threads": 2, "context": 4096, "kv_blocks": 0,
+ *   { "model": "PATH", "threads": 2, "context": 4096, "kv_blocks": 0, "kv_type": "f16",
  *     "endpoints": { "zmq": "ipc://...", "zmq_tcp": "tcp://127.0.0.1:5677",
  *                    "pipe": "PATH", "allow_remote": false },
  *     "limits": { "max_frame_bytes": 4194304, "max_prompt_tokens": 4096,
@@ -20,6 +20,7 @@ typedef struct rlai_config {
     int threads;             /* 0 = all CPUs */
     int context;             /* 0 = model's (capped at 8192) */
     int kv_blocks;           /* 0 = one full context */
+    bool kv_q8_0;            /* KV cache in q8_0 instead of f16 ("kv_type": "q8_0") */
     char *zmq;               /* NULL = disabled */
     char *zmq_tcp;           /* NULL = disabled (default) */
     char *pipe;              /* NULL = disabled */

@@ -593,6 +593,7 @@ int rlai_daemon_start(const rlai_config *cfg, rlai_daemon **out, char *err, size
     ep.n_threads = cfg->threads;
     ep.n_ctx = cfg->context;
     ep.kv_blocks = cfg->kv_blocks;
+    ep.kv_type = cfg->kv_q8_0 ? RLAI_KV_Q8_0 : RLAI_KV_F16;
     ep.max_queue = cfg->max_inflight_total;
     int rc = rlai_engine_open(cfg->model, &ep, &d->engine, err, errlen);
     if (rc < 0)

@@ -51,6 +51,7 @@ static void usage(FILE *f)
         "      --ignore-eos      keep generating past end-of-generation tokens\n"
         "      --isa auto|scalar|avx2|avx512\n"
         "      --precise         f32 activations (reference mode, slower)\n"
+        "      --kv-type f16|q8_0  KV cache element type (in-process; default f16)\n"
         "      --local           load the model in this process instead of using the engine\n"
         "      --endpoint E      engine endpoint: ipc://PATH, tcp://HOST:PORT or unix://PATH\n"
         "                        (default: the private ZeroMQ socket of `rlai serve`)\n");
@@ -127,8 +128,16 @@ static int parse_isa(const char *s, rlai_isa *isa)
     return 0;
 }
 
+static int parse_kv_type(const char *s, rlai_kv_type *t)
+{
+    if (!strcmp(s, "f16")) *t = RLAI_KV_F16;
+    else if (!strcmp(s, "q8_0")) *t = RLAI_KV_Q8_0;
+    else return -1;
+    return 0;
+}
+
 enum { OPT_TEMP = 256, OPT_TOPK, OPT_TOPP, OPT_MINP, OPT_REP, OPT_SEED, OPT_SYSTEM, OPT_RAW,
-       OPT_ISA, OPT_PRECISE, OPT_LOCAL, OPT_ENDPOINT, OPT_IGNORE_EOS };
+       OPT_ISA, OPT_PRECISE, OPT_LOCAL, OPT_ENDPOINT, OPT_IGNORE_EOS, OPT_KV };
 
 typedef enum { MODE_RUN, MODE_CHAT, MODE_INFO } run_mode;
 
@@ -357,7 +366,8 @@ static int cmd_run(int argc, char **argv, run_mode mode)
         { "system", required_argument, 0, OPT_SYSTEM }, { "raw", no_argument, 0, OPT_RAW },
         { "isa", required_argument, 0, OPT_ISA }, { "precise", no_argument, 0, OPT_PRECISE },
         { "local", no_argument, 0, OPT_LOCAL }, { "endpoint", required_argument, 0, OPT_ENDPOINT },
-        { "ignore-eos", no_argument, 0, OPT_IGNORE_EOS }, { "help", no_argument, 0, 'h' }, { 0, 0, 0, 0 }
+        { "ignore-eos", no_argument, 0, OPT_IGNORE_EOS }, { "kv-type", required_argument, 0, OPT_KV },
+        { "help", no_argument, 0, 'h' }, { 0, 0, 0, 0 }
     };
     char pathbuf[PATH_MAX];
     const char *model = NULL, *system = NULL, *endpoint = NULL;
@@ -389,6 +399,7 @@ static int cmd_run(int argc, char **argv, run_mode mode)
         case OPT_LOCAL: local = true; break;
         case OPT_ENDPOINT: endpoint = optarg; break;
         case OPT_IGNORE_EOS: ss.gp.ignore_eos = w->ignore_eos = true; break;
+        case OPT_KV: bad |= parse_kv_type(optarg, &ep.kv_type); local = true; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -527,6 +538,7 @@ static void serve_usage(FILE *f)
         "  -t, --threads N            CPU threads\n"
         "  -c, --ctx N                context length per request\n"
         "      --kv-blocks N          KV cache size in 16-token blocks\n"
+        "      --kv-type f16|q8_0     KV cache element type (default f16)\n"
         "      --zmq ENDPOINT         ZeroMQ endpoint (default ipc://$XDG_RUNTIME_DIR/rlai/engine.zmq; \"\" = off)\n"
         "      --zmq-tcp ENDPOINT     extra ZeroMQ TCP endpoint, e.g. tcp://127.0.0.1:5677 (default off)\n"
         "      --pipe PATH            named pipe / Unix socket (default $XDG_RUNTIME_DIR/rlai/engine.sock; \"\" = off)\n"
@@ -537,7 +549,8 @@ static void serve_usage(FILE *f)
 
 static int cmd_serve(int argc, char **argv)
 {
-    enum { S_CONFIG = 300, S_KV, S_ZMQ, S_ZMQ_TCP, S_PIPE, S_REMOTE, S_FRAME, S_PROMPT, S_CLIENT, S_TOTAL };
+    enum { S_CONFIG = 300, S_KV, S_ZMQ, S_ZMQ_TCP, S_PIPE, S_REMOTE, S_FRAME, S_PROMPT, S_CLIENT, S_TOTAL,
+           S_KVTYPE };
     static const struct option opts[] = {
         { "config", required_argument, 0, S_CONFIG }, { "model", required_argument, 0, 'm' },
         { "threads", required_argument, 0, 't' }, { "ctx", required_argument, 0, 'c' },
@@ -546,7 +559,8 @@ static int cmd_serve(int argc, char **argv)
         { "allow-remote", no_argument, 0, S_REMOTE }, { "max-frame-bytes", required_argument, 0, S_FRAME },
         { "max-prompt-tokens", required_argument, 0, S_PROMPT },
         { "max-inflight-client", required_argument, 0, S_CLIENT },
-        { "max-inflight-total", required_argument, 0, S_TOTAL }, { "help", no_argument, 0, 'h' },
+        { "max-inflight-total", required_argument, 0, S_TOTAL }, { "kv-type", required_argument, 0, S_KVTYPE },
+        { "help", no_argument, 0, 'h' },
         { 0, 0, 0, 0 }
     };
     char pathbuf[PATH_MAX];
@@ -585,6 +599,12 @@ static int cmd_serve(int argc, char **argv)
         case S_PROMPT: bad |= parse_int(optarg, 1, 1 << 20, &cfg.max_prompt_tokens); break;
         case S_CLIENT: bad |= parse_int(optarg, 1, 4096, &cfg.max_inflight_client); break;
         case S_TOTAL: bad |= parse_int(optarg, 1, 65536, &cfg.max_inflight_total); break;
+        case S_KVTYPE: {
+            rlai_kv_type kt;
+            bad |= parse_kv_type(optarg, &kt);
+            cfg.kv_q8_0 = kt == RLAI_KV_Q8_0;
+            break;
+        }
         case 'h': serve_usage(stdout); rlai_config_free(&cfg); return 0;
         default: serve_usage(stderr); rlai_config_free(&cfg); return 2;
         }

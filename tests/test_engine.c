@@ -266,6 +266,28 @@ START_TEST(bad_arguments_and_context_limits)
 }
 END_TEST
 
+START_TEST(q8_0_kv_cache_answers)
+{
+    rlai_engine_params p;
+    rlai_engine_params_init(&p);
+    p.n_threads = 2;
+    p.n_ctx = 512;
+    p.kv_type = RLAI_KV_Q8_0;
+    rlai_engine *e = NULL;
+    char err[512];
+    ck_assert_msg(rlai_engine_open(MODEL, &p, &e, err, sizeof(err)) == 0, "%s", err);
+    char *prompt = chat_prompt(e, "What is the capital of France? Answer in one word.");
+    rlai_gen_params gp;
+    rlai_gen_params_init(&gp);
+    gp.max_tokens = 16;
+    sink s = { 0 };
+    ck_assert_int_eq(rlai_engine_generate(e, prompt, &gp, sink_cb, &s, NULL), 0);
+    free(prompt);
+    ck_assert_msg(strstr(s.text, "Paris") != NULL, "answer: %s", s.text);
+    rlai_engine_close(e);
+}
+END_TEST
+
 START_TEST(scalar_and_simd_paths_agree)
 {
     /* In precise mode both paths compute the same f32 math up to summation
@@ -305,6 +327,7 @@ int main(void)
     tcase_add_test(tc, eval_logits_agrees_with_generation);
     tcase_add_test(tc, bad_arguments_and_context_limits);
     tcase_add_test(tc, scalar_and_simd_paths_agree);
+    tcase_add_test(tc, q8_0_kv_cache_answers);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -3,6 +3,7 @@
  * collisions, LRU eviction, pins, copy-on-write, fork, and a randomized
  * run checked against the invariant checker and per-position markers. */
 #include <check.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -140,6 +141,31 @@ START_TEST(random_ops_keep_counts_consistent)
         rlai_kv_seq_release(kv, &s[i]);
     ck_assert_int_eq(rlai_kv_cache_n_free(kv), NB);
     rlai_kv_cache_destroy(kv);
+}
+END_TEST
+
+START_TEST(q8_0_rows_are_addressed_by_row_bytes)
+{
+    rlai_kv_cache *kv;
+    /* kv_dim 64 = 2 blocks of 34 bytes per token row. */
+    ck_assert_int_eq(rlai_kv_cache_create(2, 64, 4, RLAI_DT_Q8_0, &kv), 0);
+    ck_assert_uint_eq(rlai_kv_cache_bytes(kv), 2u * 2 * 4 * 16 * 68);
+    rlai_kv_seq s;
+    memset(&s, 0, sizeof(s));
+    ck_assert_int_eq(rlai_kv_seq_reserve(kv, &s, 20), 0);
+    char *r0 = rlai_kv_k_at(kv, &s, 1, 0), *r1 = rlai_kv_k_at(kv, &s, 1, 1);
+    ck_assert_int_eq((int)(r1 - r0), 68);
+    float x[64], y[64];
+    for (int i = 0; i < 64; i++)
+        x[i] = (float)i / 8.0f - 4.0f;
+    rlai_quantize_row(RLAI_DT_Q8_0, x, rlai_kv_v_at(kv, &s, 0, 17), 64);
+    rlai_dequantize_row(RLAI_DT_Q8_0, rlai_kv_v_at(kv, &s, 0, 17), y, 64);
+    for (int i = 0; i < 64; i++)
+        ck_assert(fabsf(x[i] - y[i]) <= 4.0f / 127.0f);
+    rlai_kv_seq_release(kv, &s);
+    /* kv_dim not a multiple of 32 cannot be q8_0. */
+    rlai_kv_cache_destroy(kv);
+    ck_assert_int_eq(rlai_kv_cache_create(2, 48, 4, RLAI_DT_Q8_0, &kv), RLAI_ERR_UNSUPPORTED);
 }
 END_TEST
 
@@ -904,6 +930,7 @@ int main(void)
     tcase_add_test(tc, addressing_is_disjoint);
     tcase_add_test(tc, random_ops_keep_counts_consistent);
     tcase_add_test(tc, bad_arguments);
+    tcase_add_test(tc, q8_0_rows_are_addressed_by_row_bytes);
     tcase_add_test(tc, prefix_same_prompt_reuses_full_blocks);
     tcase_add_test(tc, prefix_commit_dedups_concurrent_blocks);
     tcase_add_test(tc, prefix_shares_only_common_blocks);

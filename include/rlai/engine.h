@@ -36,6 +36,12 @@ typedef enum rlai_isa {
     RLAI_ISA_AVX512 = 3,
 } rlai_isa;
 
+/* Element type of the KV cache. */
+typedef enum rlai_kv_type {
+    RLAI_KV_F16 = 0,      /* default */
+    RLAI_KV_Q8_0 = 1,     /* 8-bit blocks of 32: about half the memory of f16 */
+} rlai_kv_type;
+
 typedef struct rlai_engine_params {
     int n_threads;        /* 0 = number of online CPUs */
     int prefill_chunk;    /* prompt tokens per step across requests; 0 = 512 */
@@ -45,7 +51,9 @@ typedef struct rlai_engine_params {
     int kv_blocks;        /* KV pool size in 16-token blocks; 0 = enough for one full n_ctx sequence */
     rlai_isa isa;         /* kernel selection */
     bool precise;         /* true: f32 activations with weights dequantized to f32
-                             (reference-exact, slower); false: activations quantized to 8 bits */
+                             (reference-exact, slower) and an f32 KV cache (kv_type
+                             ignored); false: activations quantized to 8 bits */
+    rlai_kv_type kv_type; /* KV element type (default f16) */
 } rlai_engine_params;
 
 /* Fills defaults (all zero/auto, precise=false). */

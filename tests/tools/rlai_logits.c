@@ -82,6 +82,9 @@ int main(int argc, char **argv)
             else if (!strcmp(v, "avx2")) ep.isa = RLAI_ISA_AVX2;
             else if (!strcmp(v, "avx512")) ep.isa = RLAI_ISA_AVX512;
             else { fprintf(stderr, "bad --isa %s\n", v); return 1; }
+        } else if (!strcmp(a, "--kv") && v) {
+            ep.kv_type = !strcmp(v, "q8_0") ? RLAI_KV_Q8_0 : RLAI_KV_F16;
+            i++;
         } else if (!strcmp(a, "--threads") && v) {
             ep.n_threads = atoi(v);
             i++;
