@@ -1,0 +1,125 @@
+/* test_config.c - `rlai serve` configuration: defaults, JSON file keys,
+ * typos and wrong types refused with the key named, loopback-only TCP. */
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "rlai/error.h"
+
+START_TEST(defaults_are_private_and_limited)
+{
+    rlai_config c;
+    ck_assert_int_eq(rlai_config_defaults(&c, "models/x.gguf"), 0);
+    ck_assert_str_eq(c.model, "models/x.gguf");
+    ck_assert_ptr_nonnull(c.zmq);
+    ck_assert(strncmp(c.zmq, "ipc://", 6) == 0);
+    ck_assert_ptr_nonnull(strstr(c.zmq, "rlai"));
+    ck_assert_ptr_nonnull(strstr(c.zmq, "/engine.zmq"));
+    ck_assert_ptr_nonnull(c.pipe);
+    ck_assert_ptr_nonnull(strstr(c.pipe, "/engine.sock"));
+    ck_assert_ptr_null(c.zmq_tcp);
+    ck_assert_int_eq(c.max_inflight_client, 8);
+    ck_assert_int_eq(c.max_inflight_total, 64);
+    char err[256];
+    ck_assert_int_eq(rlai_config_validate(&c, err, sizeof(err)), 0);
+    rlai_config_free(&c);
+}
+END_TEST
+
+START_TEST(json_overrides_and_errors)
+{
+    rlai_config c;
+    char err[256];
+    ck_assert_int_eq(rlai_config_defaults(&c, "m.gguf"), 0);
+    const char *good = "{\"model\":\"other.gguf\",\"threads\":3,\"context\":2048,\"kv_type\":\"q8_0\","
+                       "\"endpoints\":{\"zmq\":\"\",\"zmq_tcp\":\"tcp://127.0.0.1:5677\",\"pipe\":null},"
+                       "\"limits\":{\"max_prompt_tokens\":100,\"max_inflight_per_client\":2}}";
+    ck_assert_int_eq(rlai_config_load_json(&c, good, err, sizeof(err)), 0);
+    ck_assert_str_eq(c.model, "other.gguf");
+    ck_assert_int_eq(c.threads, 3);
+    ck_assert_int_eq(c.context, 2048);
+    ck_assert(c.kv_q8_0);
+    ck_assert_ptr_null(c.zmq);
+    ck_assert_ptr_null(c.pipe);
+    ck_assert_str_eq(c.zmq_tcp, "tcp://127.0.0.1:5677");
+    ck_assert_int_eq(c.max_prompt_tokens, 100);
+    ck_assert_int_eq(c.max_inflight_client, 2);
+    ck_assert_int_eq(rlai_config_validate(&c, err, sizeof(err)), 0);
+
+    struct { const char *json; const char *needle; } bad[] = {
+        { "{\"modle\":\"x\"}", "modle" },
+        { "{\"threads\":\"two\"}", "threads" },
+        { "{\"threads\":1.5}", "threads" },
+        { "{\"limits\":{\"max_frame\":10}}", "limits.max_frame" },
+        { "{\"endpoints\":{\"zmq\":5}}", "endpoints.zmq" },
+        { "{\"endpoints\":[]}", "endpoints" },
+        { "{\"kv_type\":\"q4\"}", "kv_type" },
+        { "[1,2]", "object" },
+        { "{\"model\":", "invalid JSON" },
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        err[0] = 0;
+        ck_assert_int_eq(rlai_config_load_json(&c, bad[i].json, err, sizeof(err)), RLAI_ERR_FORMAT);
+        ck_assert_msg(strstr(err, bad[i].needle) != NULL, "'%s' -> '%s'", bad[i].json, err);
+    }
+    rlai_config_free(&c);
+}
+END_TEST
+
+START_TEST(remote_tcp_needs_opt_in)
+{
+    rlai_config c;
+    char err[256];
+    ck_assert_int_eq(rlai_config_defaults(&c, "m.gguf"), 0);
+    ck_assert_int_eq(rlai_config_set_str(&c.zmq_tcp, "tcp://0.0.0.0:5677"), 0);
+    ck_assert_int_eq(rlai_config_validate(&c, err, sizeof(err)), RLAI_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(err, "allow_remote"));
+    c.allow_remote = true;
+    ck_assert_int_eq(rlai_config_validate(&c, err, sizeof(err)), 0);
+    /* Every endpoint disabled is refused. */
+    rlai_config_set_str(&c.zmq, NULL);
+    rlai_config_set_str(&c.zmq_tcp, NULL);
+    rlai_config_set_str(&c.pipe, "");
+    ck_assert_int_eq(rlai_config_validate(&c, err, sizeof(err)), RLAI_ERR_INVALID_ARG);
+    rlai_config_free(&c);
+}
+END_TEST
+
+START_TEST(file_loading)
+{
+    rlai_config c;
+    char err[256];
+    ck_assert_int_eq(rlai_config_defaults(&c, "m.gguf"), 0);
+    ck_assert_int_eq(rlai_config_load_file(&c, "/nonexistent/rlai.json", err, sizeof(err)), RLAI_ERR_IO);
+    char path[] = "/tmp/rlai-config-XXXXXX";
+    int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    FILE *f = fdopen(fd, "w");
+    fputs("{ \"threads\": 1, \"limits\": { \"max_inflight_total\": 5 } }", f);
+    fclose(f);
+    ck_assert_int_eq(rlai_config_load_file(&c, path, err, sizeof(err)), 0);
+    ck_assert_int_eq(c.threads, 1);
+    ck_assert_int_eq(c.max_inflight_total, 5);
+    unlink(path);
+    rlai_config_free(&c);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("config");
+    TCase *tc = tcase_create("core");
+    tcase_add_test(tc, defaults_are_private_and_limited);
+    tcase_add_test(tc, json_overrides_and_errors);
+    tcase_add_test(tc, remote_tcp_needs_opt_in);
+    tcase_add_test(tc, file_loading);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
