@@ -10,7 +10,14 @@
  *    kernels_impl.h) and blocks are dotted in integers; the per-block
  *    result is sum_b d_w*d_x*sum(q_w*q_x) + m_w*s_x, where Q4_0/Q5_0 use
  *    unsigned nibbles with m_w = -8 d_w / -16 d_w, Q8_0 signed values and
- *    m_w = 0. */
+ *    m_w = 0.
+ * Batch invariance (every ISA, both modes): y[t][r] depends only on row r
+ * and token t's activations, never on T, t's position, the work split or
+ * the thread count. Activations are quantized per token row with the same
+ * function whatever T; the scalar kernels compute each (row, token) dot
+ * product on its own in a fixed order; kernels_avx2.c documents its
+ * canonical order; the AVX-512 level uses the AVX2 matmul. Work items only
+ * choose which outputs a thread computes, never split one output. */
 #include "kernels.h"
 #include "kernels_impl.h"
 #include "dtype.h"
@@ -261,13 +268,11 @@ static void qact_token(const struct qact_task *q, int t)
         memset(ds, 0, (size_t)nb * 2 * sizeof(float));
     }
     if (a->dv) {
-        int g = t / 4, i = t % 4;
+        int g = t / 8, i = t % 8;
         for (int64_t b = 0; b < nb; b++) {
-            size_t o = ((size_t)g * (size_t)nb + (size_t)b) * 8;
-            a->dv[o + (size_t)i] = ds[2 * b];
-            a->dv[o + (size_t)i + 4] = ds[2 * b];
-            a->sv[o + (size_t)i] = ds[2 * b + 1];
-            a->sv[o + (size_t)i + 4] = 0.0f;
+            size_t o = ((size_t)g * (size_t)nb + (size_t)b) * 8 + (size_t)i;
+            a->dv[o] = ds[2 * b];
+            a->sv[o] = ds[2 * b + 1];
         }
     }
 }
@@ -369,7 +374,7 @@ void rlai_matmul(rlai_kernels *k, rlai_threadpool *tp, const rlai_weight *w,
         act.dv = act.sv = NULL;
         if (T > 1 && k->isa != RLAI_ISA_SCALAR) {
             act.dv = (float *)p;
-            p += align64((size_t)Tp * nb * 2 * sizeof(float));
+            p += align64((size_t)Tp * nb * sizeof(float));
             act.sv = (float *)p;
         }
         struct qact_task qt = { .k = k, .x = x, .ldx = ldx, .act = &act };
@@ -377,18 +382,6 @@ void rlai_matmul(rlai_kernels *k, rlai_threadpool *tp, const rlai_weight *w,
             qact_task_fn(&qt, 0, 1);
         else
             rlai_threadpool_run(tp, qact_task_fn, &qt);
-        act.paired = T == 1 && k->isa == RLAI_ISA_AVX2 && w->type != RLAI_DT_Q8_0 &&
-                     job.nb % 2 == 0;
-        if (act.paired) {
-            /* swap the middle 16-byte chunks of every 64-byte block pair */
-            for (int64_t b = 0; b < job.nb; b += 2) {
-                uint8_t tmp[16];
-                uint8_t *p0 = (uint8_t *)act.q + 32 * b + 16, *p1 = p0 + 16;
-                memcpy(tmp, p0, 16);
-                memcpy(p0, p1, 16);
-                memcpy(p1, tmp, 16);
-            }
-        }
         job.act = &act;
     }
 
@@ -397,8 +390,10 @@ void rlai_matmul(rlai_kernels *k, rlai_threadpool *tp, const rlai_weight *w,
                          .scratch_per = scratch_per };
     int64_t tiles = (w->rows + RLAI_ROW_TILE - 1) / RLAI_ROW_TILE;
     if (T == 1) {
-        /* matvec: a few chunks per thread, large enough to stream well */
-        int64_t per = tiles / ((int64_t)nth * 8);
+        /* matvec: about two chunks per thread (at most 256 rows each), large
+         * enough to stream well: the AVX2 matvec prefetches one 8-row
+         * group ahead, so the first group of each chunk is not prefetched */
+        int64_t per = tiles / ((int64_t)nth * 2);
         if (per < 1) per = 1;
         if (per > 16) per = 16;
         m.rows_per_item = per * RLAI_ROW_TILE;
@@ -509,10 +504,56 @@ void rlai__attn_mad_f16_scalar(int n, int d, const uint16_t *v, size_t stride, c
         rlai__mad_f16_scalar(d, y, v + (size_t)j * stride, p[j]);
 }
 
+/* The scalar helpers below compute exactly what the AVX2 ones do (same
+ * 8-lane accumulation order, same horizontal sum, same exp polynomial),
+ * so that, together with the canonical matmul order, fast-mode results do
+ * not depend on the ISA: otherwise a last-bit difference occasionally
+ * moves an activation across a quantization rounding boundary and the
+ * logits of the two ISAs differ by ~1% (tests/ref, ISA_FAST_TOL). */
+
+/* hsum8 of kernels_avx2.c: (v0+v4 + v2+v6) + (v1+v5 + v3+v7). */
+static float hsum8_ref(const float v[8])
+{
+    float t0 = v[0] + v[4], t1 = v[1] + v[5], t2 = v[2] + v[6], t3 = v[3] + v[7];
+    return (t0 + t2) + (t1 + t3);
+}
+
+/* exp256 of kernels_avx2.c for one lane (x <= 0: softmax inputs). */
+static float exp_ref(float x)
+{
+    const float lo = -87.3f;
+    bool under = x < lo;
+    x = x > lo ? x : lo;                       /* _mm256_max_ps(x, lo): NaN -> lo */
+    float kf = rintf(x * 1.44269504088896341f);
+    float r = fmaf(-kf, 0.693145751953125f, x);
+    r = fmaf(-kf, 1.428606765330187045e-06f, r);
+    float p = 1.0f / 720.0f;
+    p = fmaf(p, r, 1.0f / 120.0f);
+    p = fmaf(p, r, 1.0f / 24.0f);
+    p = fmaf(p, r, 1.0f / 6.0f);
+    p = fmaf(p, r, 0.5f);
+    p = fmaf(p, r, 1.0f);
+    p = fmaf(p, r, 1.0f);
+    /* _mm256_cvtps_epi32: out of range -> INT32_MIN (only for x > 88) */
+    int32_t ki = kf < 2147483648.0f ? (int32_t)kf : INT32_MIN;
+    uint32_t e = ((uint32_t)ki + 127u) << 23;
+    float two_k;
+    memcpy(&two_k, &e, sizeof two_k);
+    return under ? 0.0f : p * two_k;
+}
+
 float rlai__exp_sum_scalar(int n, float *x, float max)
 {
-    float sum = 0.0f;
-    for (int i = 0; i < n; i++) {
+    float lanes[8] = { 0 };
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        for (int l = 0; l < 8; l++) {
+            x[i + l] = exp_ref(x[i + l] - max);
+            lanes[l] += x[i + l];
+        }
+    }
+    float sum = hsum8_ref(lanes);
+    for (; i < n; i++) {
         x[i] = expf(x[i] - max);
         sum += x[i];
     }
@@ -521,10 +562,23 @@ float rlai__exp_sum_scalar(int n, float *x, float max)
 
 float rlai__dot_f16_f32_scalar(int n, const uint16_t *a, const float *b)
 {
-    double acc = 0.0;
-    for (int i = 0; i < n; i++)
-        acc += (double)rlai_fp16_to_f32(a[i]) * b[i];
-    return (float)acc;
+    float s0[8] = { 0 }, s1[8] = { 0 };
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        for (int l = 0; l < 8; l++) {
+            s0[l] = fmaf(rlai_fp16_to_f32(a[i + l]), b[i + l], s0[l]);
+            s1[l] = fmaf(rlai_fp16_to_f32(a[i + 8 + l]), b[i + 8 + l], s1[l]);
+        }
+    }
+    for (; i + 8 <= n; i += 8)
+        for (int l = 0; l < 8; l++)
+            s0[l] = fmaf(rlai_fp16_to_f32(a[i + l]), b[i + l], s0[l]);
+    for (int l = 0; l < 8; l++)
+        s0[l] += s1[l];
+    float s = hsum8_ref(s0);
+    for (; i < n; i++)
+        s = fmaf(rlai_fp16_to_f32(a[i]), b[i], s);
+    return s;
 }
 
 void rlai__mad_f16_scalar(int n, float *y, const uint16_t *x, float s)
@@ -650,6 +704,7 @@ void rlai__mm_scalar(const rlai_mm_job *j, int64_t r0, int64_t r1, int t0, int t
 
     const rlai_act *a = j->act;
     const int64_t nb = j->nb;
+    const bool q8 = j->type == RLAI_DT_Q8_0;
     int8_t *wq = scratch;
     float *dw = (float *)((unsigned char *)scratch + ((size_t)cols + 63u) / 64u * 64u);
     float *mw = dw + nb;
@@ -658,14 +713,18 @@ void rlai__mm_scalar(const rlai_mm_job *j, int64_t r0, int64_t r1, int t0, int t
         for (int t = t0; t < t1; t++) {
             const int8_t *xq = a->q + (size_t)t * (size_t)cols;
             const float *ds = a->ds + (size_t)t * (size_t)nb * 2;
-            double acc = 0.0;
+            /* the canonical sequence of kernels_avx2.c: bit-identical */
+            float acc = 0.0f;
             for (int64_t b = 0; b < nb; b++) {
-                int isum = 0;
+                int32_t isum = 0;
                 for (int e = 0; e < RLAI_QK; e++)
-                    isum += (int)wq[b * RLAI_QK + e] * (int)xq[b * RLAI_QK + e];
-                acc += (double)(dw[b] * ds[2 * b]) * isum + (double)(mw[b] * ds[2 * b + 1]);
+                    isum += (int32_t)wq[b * RLAI_QK + e] * (int32_t)xq[b * RLAI_QK + e];
+                float sc = dw[b] * ds[2 * b];
+                acc = fmaf((float)isum, sc, acc);
+                if (!q8)
+                    acc = fmaf(mw[b], ds[2 * b + 1], acc);
             }
-            j->y[(size_t)t * (size_t)j->ldy + (size_t)r] = (float)acc;
+            j->y[(size_t)t * (size_t)j->ldy + (size_t)r] = acc;
         }
     }
 }

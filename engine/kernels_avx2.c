@@ -1,17 +1,23 @@
 /* kernels_avx2.c - AVX2 + FMA + F16C kernels. Compiled with those flags
  * only for this file; called only after kernels.c has checked the CPU.
  *
+ * Batch invariance: every output y[t][r] is bit-identical whatever T, the
+ * token's position in the batch, the row/token split and the thread
+ * count (continuous batching and the prefix cache rely on it). The
+ * quantized kernels follow one canonical per-output float sequence (see
+ * "the canonical per-output accumulation" below); the f32 path gives the
+ * T == 1 (mv_float, mv_deq) and T > 1 (mm_f32: dot4_f32, dot1_f32) kernels
+ * the same two 8-lane accumulators fed in the same order, the same
+ * horizontal sum and the same scalar tail.
+ *
  * Quantized path (activations quantized as described in kernels_impl.h):
- *  - T == 1 (decode): matvec streaming one weight row at a time (a single
- *    sequential stream per thread) with software prefetch ~2 KiB ahead;
- *    the 4/5-bit types use the "paired" activation layout so two blocks
- *    share one unpack/madd/convert/fma (mv_u8_paired), Q8_0 uses mv_q8.
- *    Measured on the 2-core Zen3 dev VM: Q8_0 at DRAM bandwidth, Q4_1
- *    ~80% of it with 2 threads (compute-bound with 1).
+ *  - T == 1 (decode): mv_u8 / mv_q8 take 8 rows at a time, one row per
+ *    SIMD lane, streaming the 8 rows block by block with the next group
+ *    prefetched in step. Per block the 8 rows' exact integer sums are
+ *    formed with maddubs and a horizontal-add tree.
  *  - T > 1 (prefill): per 16-row chunk the weight nibbles are unpacked
  *    once into u8 scratch with f32 d/m arrays, then 4-row x 8-token tiles
- *    are computed with maddubs; four tokens' partial sums are packed into
- *    one register with horizontal adds so a 4x8 tile needs 8 accumulators.
+ *    (tile8) are computed with maddubs, one token per lane.
  * Q4_0/Q4_1/Q5_0/Q5_1 all use unsigned 0..31 weights with a per-block
  * "min" m (Q4_0: -8d, Q5_0: -16d); Q8_0 uses the sign trick.
  * f32 path (precise mode, F32/F16/BF16 weights): T == 1 streams rows and
@@ -114,14 +120,6 @@ AI void block_dm(uint32_t type, const uint8_t *blk, float *d, float *m)
     }
 }
 
-/* [d, m] (Q4_1/Q5_1) or [d, d] (Q4_0/Q5_0) in lanes 0..1. */
-AI __m128 block_dm_vec(uint32_t type, const uint8_t *blk)
-{
-    if (type == RLAI_DT_Q4_1 || type == RLAI_DT_Q5_1)
-        return _mm_cvtph_ps(_mm_cvtsi32_si128((int)ld32(blk)));
-    return _mm_cvtph_ps(_mm_cvtsi32_si128((int)((uint32_t)ld16(blk) * 0x10001u)));
-}
-
 /* ------------------------------------------------------------------ */
 /* activation quantization (bit-identical to rlai__quant_act_scalar)   */
 
@@ -179,40 +177,48 @@ void rlai__quant_act_avx2(const float *x, int64_t n, int8_t *q, float *ds)
 }
 
 /* ------------------------------------------------------------------ */
-/* matvec (T == 1 per token)                                           */
+/* quantized path: the canonical per-output accumulation               */
+/*
+ * Batch invariance: every output y[t][r] is produced by the same scalar
+ * sequence of float operations whatever T, the token's position in the
+ * batch, the row/token split or the thread count:
+ *
+ *     acc = 0
+ *     for b = 0 .. nb-1:                       (in block order)
+ *         isum = sum_{e<32} wq[b][e] * xq[t][b][e]   (exact int32)
+ *         acc  = fma((float)isum, d_w[b] * d_x[b], acc)
+ *         acc  = fma(m_w[b], s_x[b], acc)      (not for Q8_0)
+ *     y = acc
+ *
+ * The block's integer sum is exact however it is reduced, so only the
+ * float chain matters, and it is computed one output per SIMD lane: the
+ * T == 1 matvec puts 8 rows in the 8 lanes (mv_u8 / mv_q8), the tiled
+ * T > 1 kernel 8 tokens (tile8). Each lane sees exactly the sequence above
+ * (products are commutative, the mul and the fmas are single roundings). */
 
-#define MV_U8_ROW(i)                                                             \
-    do {                                                                         \
-        const uint8_t *blk = w##i + (size_t)b * bs;                              \
-        __m128 dm = _mm_mul_ps(block_dm_vec(type, blk), dsx);                    \
-        m##i = _mm_add_ps(m##i, dm);                                             \
-        __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(unpack_u8(type, blk), xv), ones); \
-        a##i = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_broadcastss_ps(dm), a##i); \
-    } while (0)
-
-AI float m_lane1(__m128 v)
+/* Software prefetch of [p, p + n). Prefetching past the end of the data
+ * is harmless on x86. */
+AI void prefetch_range(const uint8_t *p, size_t n)
 {
-    return _mm_cvtss_f32(_mm_movehdup_ps(v));
+    for (size_t o = 0; o < n; o += 64)
+        _mm_prefetch((const char *)(p + o), _MM_HINT_T0);
 }
 
-/* Prefetches one weight row `dist` rows ahead (rows are streamed one at a
- * time: the hardware prefetcher alone reaches only ~40% of DRAM bandwidth
- * here). Prefetching past the end of the data is harmless on x86. */
+/* One-row streams (f32 path): prefetch about 2 KiB, at least a row, ahead. */
 AI void prefetch_row(const uint8_t *row, size_t rb)
 {
-    for (size_t o = 0; o < rb; o += 64)
-        _mm_prefetch((const char *)(row + o), _MM_HINT_T0);
+    prefetch_range(row, rb);
 }
 
-/* Prefetch distance: about 2 KiB ahead, at least one row. */
 static size_t pf_bytes(size_t rb)
 {
     size_t rows = (2048 + rb - 1) / rb;
     return rows * rb;
 }
 
-/* 0x10 bytes for the 5th bits of two blocks in the paired order:
- * lo = [b0 bits 0-15, b1 bits 0-15], hi = [b0 bits 16-31, b1 bits 16-31]. */
+/* 0x10 bytes for the 5th bits of one block in two rows, in the pair order
+ * used by mv_u8: lo = [row0 bits 0-15 | row1 bits 0-15], hi = [row0 bits
+ * 16-31 | row1 bits 16-31]. */
 AI void qh_pair(const uint8_t *qh0, const uint8_t *qh1, __m256i *lo, __m256i *hi)
 {
     __m256i v = _mm256_set1_epi64x((long long)((uint64_t)ld32(qh0) | (uint64_t)ld32(qh1) << 32));
@@ -227,21 +233,82 @@ AI void qh_pair(const uint8_t *qh0, const uint8_t *qh1, __m256i *lo, __m256i *hi
     *hi = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(h, bits), bits), x10);
 }
 
-/* [d0, m0, d1, m1] (Q4_1/Q5_1) or [d0, d0, d1, d1] of two blocks. */
-AI __m128 pair_dm(uint32_t type, const uint8_t *b0, const uint8_t *b1)
+/* Block scales of 8 rows: g holds each row's first header dword (f16 d in
+ * the low half, f16 m in the high half for Q4_1/Q5_1). Returns d as f32
+ * and, for the types with an m term, m (Q4_0: -8d, Q5_0: -16d). */
+AI __m256 split_dm(uint32_t type, __m256i g, __m256 *m)
 {
-    uint64_t v;
+    const __m256i shuf = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15,
+                                          0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15);
+    __m256i h = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(g, shuf), 0xD8);
+    __m256 d = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
     if (type == RLAI_DT_Q4_1 || type == RLAI_DT_Q5_1)
-        v = (uint64_t)ld32(b0) | (uint64_t)ld32(b1) << 32;
+        *m = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
+    else if (type == RLAI_DT_Q4_0)
+        *m = _mm256_mul_ps(d, _mm256_set1_ps(-8.0f));
+    else if (type == RLAI_DT_Q5_0)
+        *m = _mm256_mul_ps(d, _mm256_set1_ps(-16.0f));
     else
-        v = (uint64_t)((uint32_t)ld16(b0) * 0x10001u) | (uint64_t)((uint32_t)ld16(b1) * 0x10001u) << 32;
-    return _mm_cvtph_ps(_mm_cvtsi64_si128((long long)v));
+        *m = _mm256_setzero_ps();
+    return d;
 }
 
-/* Matvec for the 4/5-bit types with paired activations: two blocks per
- * step share one madd/convert/fma. */
-AI void mv_u8_paired(const rlai_mm_job *j, uint32_t type, int64_t r0, int64_t r1, int t)
+/* First header dword of block offset o in rows w[lane[0..7]]. */
+AI __m256i hdr8(const uint8_t *const w[8], const int lane[8], size_t o)
 {
+    __m128i v[8];
+    for (int i = 0; i < 8; i++)
+        v[i] = _mm_cvtsi32_si128((int)ld32(w[lane[i]] + o));
+    __m128i a = _mm_unpacklo_epi64(_mm_unpacklo_epi32(v[0], v[1]), _mm_unpacklo_epi32(v[2], v[3]));
+    __m128i c = _mm_unpacklo_epi64(_mm_unpacklo_epi32(v[4], v[5]), _mm_unpacklo_epi32(v[6], v[7]));
+    return _mm256_set_m128i(c, a);
+}
+
+/* Stores the first nr lanes of v to y[0 .. nr). */
+AI void store_rows(float *y, __m256 v, int nr)
+{
+    if (nr == 8) {
+        _mm256_storeu_ps(y, v);
+        return;
+    }
+    float out[8];
+    _mm256_storeu_ps(out, v);
+    for (int i = 0; i < nr; i++)
+        y[i] = out[i];
+}
+
+/* Row pointers of an 8-row group starting at r; rows past r1 repeat the
+ * last row (computed, never stored). Returns the number of valid rows. */
+AI int row_group(const rlai_mm_job *j, int64_t r, int64_t r1, const uint8_t *w[8])
+{
+    int nr = (int)(r1 - r < 8 ? r1 - r : 8);
+    for (int i = 0; i < 8; i++) {
+        int ri = i < nr ? i : nr - 1;
+        w[i] = j->w + (size_t)(r + ri) * j->row_bytes;
+    }
+    return nr;
+}
+
+/* Rows are streamed 8 at a time, interleaved block by block. The next
+ * group (8 contiguous rows) is prefetched in step with the blocks, 8*bs
+ * bytes per block, so that the prefetches are spread over the loop (the
+ * hardware prefetcher alone reaches only ~40% of DRAM bandwidth here; a
+ * burst of prefetches at the start of each group stalls, and prefetching
+ * in the demand order costs more instructions than it saves). Measured on
+ * the dev VM: one group ahead beats two and fixed 1-4 KiB distances.
+ * Prefetching past the end of the data is harmless on x86. */
+#define MV_PREFETCH(pf, pfo, upto)                                       \
+    do {                                                                 \
+        for (; (pfo) < (upto); (pfo) += 64)                              \
+            _mm_prefetch((const char *)((pf) + (pfo)), _MM_HINT_T0);     \
+    } while (0)
+
+/* Matvec (T == 1) for the 4/5-bit types: 8 rows at a time, one per lane.
+ * Rows are taken in pairs (one 256-bit unpack covers the same block of two
+ * rows); the reduction leaves the rows in lane order 0,2,4,6,1,3,5,7. */
+AI void mv_u8(const rlai_mm_job *j, uint32_t type, int64_t r0, int64_t r1, int t)
+{
+    static const int lane[8] = { 0, 2, 4, 6, 1, 3, 5, 7 };
     const size_t bs = blk_bytes(type);
     const size_t qoff = type == RLAI_DT_Q4_0 ? 2 : type == RLAI_DT_Q4_1 ? 4 : type == RLAI_DT_Q5_0 ? 6 : 8;
     const bool has_qh = type == RLAI_DT_Q5_0 || type == RLAI_DT_Q5_1;
@@ -251,130 +318,90 @@ AI void mv_u8_paired(const rlai_mm_job *j, uint32_t type, int64_t r0, int64_t r1
     const int8_t *xq = j->act->q + (size_t)t * (size_t)j->cols;
     const float *ds = j->act->ds + (size_t)t * (size_t)nb * 2;
     float *y = j->y + (size_t)t * (size_t)j->ldy;
-    const float msc = type == RLAI_DT_Q4_0 ? -8.0f : type == RLAI_DT_Q5_0 ? -16.0f : 1.0f;
     const __m256i ones = _mm256_set1_epi16(1);
     const __m256i m4 = _mm256_set1_epi8(0x0F);
-    const __m256i bidx = _mm256_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2);
-    const size_t pf = pf_bytes(rb);
+    const __m256i unperm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
 
-    for (int64_t r = r0; r < r1; r++) {
-        const uint8_t *w = j->w + (size_t)r * rb;
-        prefetch_row(w + pf, rb);
+    for (int64_t r = r0; r < r1; r += 8) {
+        const uint8_t *w[8];
+        int nr = row_group(j, r, r1, w);
+        const uint8_t *pf = w[0] + 8 * rb;
+        size_t pfo = 0;
         __m256 acc = _mm256_setzero_ps();
-        __m128 macc = _mm_setzero_ps();
-        for (int64_t b = 0; b < nb; b += 2, w += 2 * bs) {
-            const uint8_t *b1 = w + bs;
-            __m256i v = _mm256_loadu2_m128i((const __m128i *)(b1 + qoff), (const __m128i *)(w + qoff));
-            __m256i lo = _mm256_and_si256(v, m4);
-            __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-            if (has_qh) {
-                __m256i hl, hh;
-                qh_pair(w + qhoff, b1 + qhoff, &hl, &hh);
-                lo = _mm256_or_si256(lo, hl);
-                hi = _mm256_or_si256(hi, hh);
+        size_t o = 0;
+        for (int64_t b = 0; b < nb; b++, o += bs) {
+            MV_PREFETCH(pf, pfo, 8 * (o + bs));
+            __m256i x0 = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(xq + 32 * b)));
+            __m256i x1 = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(xq + 32 * b + 16)));
+            __m256i p[4];
+            for (int k = 0; k < 4; k++) {
+                const uint8_t *a = w[2 * k] + o, *c = w[2 * k + 1] + o;
+                __m256i v = _mm256_loadu2_m128i((const __m128i *)(c + qoff), (const __m128i *)(a + qoff));
+                __m256i lo = _mm256_and_si256(v, m4);
+                __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                if (has_qh) {
+                    __m256i hl, hh;
+                    qh_pair(a + qhoff, c + qhoff, &hl, &hh);
+                    lo = _mm256_or_si256(lo, hl);
+                    hi = _mm256_or_si256(hi, hh);
+                }
+                /* |each 16-bit lane| <= 4 * 31 * 127 */
+                p[k] = _mm256_add_epi16(_mm256_maddubs_epi16(lo, x0), _mm256_maddubs_epi16(hi, x1));
             }
-            const int8_t *xb = xq + 32 * b;
-            __m256i p = _mm256_add_epi16(
-                _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)xb)),
-                _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(xb + 32))));
-            __m256i s = _mm256_madd_epi16(p, ones);
-            __m128 sc = _mm_mul_ps(pair_dm(type, w, b1), _mm_loadu_ps(ds + 2 * b));
-            macc = _mm_add_ps(macc, sc);
-            __m256 scv = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(sc), bidx);
-            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), scv, acc);
+            __m256i s01 = _mm256_madd_epi16(_mm256_hadd_epi16(p[0], p[1]), ones);
+            __m256i s23 = _mm256_madd_epi16(_mm256_hadd_epi16(p[2], p[3]), ones);
+            __m256i isum = _mm256_hadd_epi32(s01, s23);
+            __m256 m;
+            __m256 d = split_dm(type, hdr8(w, lane, o), &m);
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d, _mm256_set1_ps(ds[2 * b])), acc);
+            acc = _mm256_fmadd_ps(m, _mm256_set1_ps(ds[2 * b + 1]), acc);
         }
-        float mt = _mm_cvtss_f32(_mm_movehdup_ps(macc)) +
-                   _mm_cvtss_f32(_mm_shuffle_ps(macc, macc, 3));
-        y[r] = hsum8(acc) + msc * mt;
+        store_rows(y + r, _mm256_permutevar8x32_ps(acc, unperm), nr);
     }
 }
 
-/* Matvec for the 4/5-bit types with the natural activation layout (odd
- * block counts, and the AVX-512 level's fallback for Q5_x). */
-AI void mv_u8(const rlai_mm_job *j, uint32_t type, int64_t r0, int64_t r1, int t)
+/* Sums the element halves of 8 outputs: a = [o0..o3 of elements 0-15 |
+ * o0..o3 of elements 16-31], b the same for o4..o7 -> [o0 .. o7]. */
+AI __m256i join_halves(__m256i a, __m256i b)
 {
-    const size_t bs = blk_bytes(type);
-    const size_t rb = j->row_bytes;
-    const int64_t nb = j->nb;
-    const int8_t *xq = j->act->q + (size_t)t * (size_t)j->cols;
-    const float *ds = j->act->ds + (size_t)t * (size_t)nb * 2;
-    float *y = j->y + (size_t)t * (size_t)j->ldy;
-    const float msc = type == RLAI_DT_Q4_0 ? -8.0f : type == RLAI_DT_Q5_0 ? -16.0f : 1.0f;
-    const __m256i ones = _mm256_set1_epi16(1);
-    const size_t pf = pf_bytes(rb);
-
-    for (int64_t r = r0; r < r1; r++) {
-        const uint8_t *w0 = j->w + (size_t)r * rb;
-        const uint8_t *w1 = w0 + bs;
-        prefetch_row(w0 + pf, rb);
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0;
-        __m128 m0 = _mm_setzero_ps(), m1 = m0;
-        int64_t b = 0;
-        for (; b + 2 <= nb; b += 2) {
-            {
-                __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + 32 * b));
-                __m128 dsx = _mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)(ds + 2 * b)));
-                MV_U8_ROW(0);
-            }
-            {
-                __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + 32 * b + 32));
-                __m128 dsx = _mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)(ds + 2 * b + 2)));
-                MV_U8_ROW(1);
-            }
-        }
-        if (b < nb) {
-            __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + 32 * b));
-            __m128 dsx = _mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)(ds + 2 * b)));
-            MV_U8_ROW(0);
-        }
-        y[r] = hsum8(_mm256_add_ps(a0, a1)) + msc * m_lane1(_mm_add_ps(m0, m1));
-    }
+    return _mm256_add_epi32(_mm256_blend_epi32(a, b, 0xF0), _mm256_permute2x128_si256(a, b, 0x21));
 }
 
-#define MV_Q8_ROW(i)                                                             \
-    do {                                                                         \
-        const uint8_t *blk = w##i + (size_t)b * sizeof(rlai_block_q8_0);        \
-        __m256i wv = _mm256_loadu_si256((const __m256i *)(blk + 2));             \
-        __m256i p = _mm256_maddubs_epi16(_mm256_abs_epi8(wv), _mm256_sign_epi8(xv, wv)); \
-        p = _mm256_madd_epi16(p, ones);                                          \
-        __m256 sc = _mm256_set1_ps(_cvtsh_ss(ld16(blk)) * dx);                   \
-        a##i = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), sc, a##i);                 \
-    } while (0)
-
+/* Matvec (T == 1) for Q8_0: 8 rows at a time, one per lane. */
 static void mv_q8(const rlai_mm_job *j, int64_t r0, int64_t r1, int t)
 {
+    static const int lane[8] = { 0, 1, 2, 3, 4, 5, 6, 7 };
+    const size_t bs = sizeof(rlai_block_q8_0);
     const size_t rb = j->row_bytes;
     const int64_t nb = j->nb;
     const int8_t *xq = j->act->q + (size_t)t * (size_t)j->cols;
     const float *ds = j->act->ds + (size_t)t * (size_t)nb * 2;
     float *y = j->y + (size_t)t * (size_t)j->ldy;
     const __m256i ones = _mm256_set1_epi16(1);
-    const size_t pf = pf_bytes(rb);
 
-    for (int64_t r = r0; r < r1; r++) {
-        const uint8_t *w0 = j->w + (size_t)r * rb;
-        const uint8_t *w1 = w0 + sizeof(rlai_block_q8_0);
-        prefetch_row(w0 + pf, rb);
-        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-        int64_t b = 0;
-        for (; b + 2 <= nb; b += 2) {
-            {
-                __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + 32 * b));
-                float dx = ds[2 * b];
-                MV_Q8_ROW(0);
-            }
-            {
-                __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + 32 * b + 32));
-                float dx = ds[2 * b + 2];
-                MV_Q8_ROW(1);
-            }
-        }
-        if (b < nb) {
+    for (int64_t r = r0; r < r1; r += 8) {
+        const uint8_t *w[8];
+        int nr = row_group(j, r, r1, w);
+        const uint8_t *pf = w[0] + 8 * rb;
+        size_t pfo = 0;
+        __m256 acc = _mm256_setzero_ps();
+        size_t o = 0;
+        for (int64_t b = 0; b < nb; b++, o += bs) {
+            MV_PREFETCH(pf, pfo, 8 * (o + bs));
             __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + 32 * b));
-            float dx = ds[2 * b];
-            MV_Q8_ROW(0);
+            __m256i s[8];
+            for (int i = 0; i < 8; i++) {
+                __m256i wv = _mm256_loadu_si256((const __m256i *)(w[i] + o + 2));
+                s[i] = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(wv), _mm256_sign_epi8(xv, wv)), ones);
+            }
+            __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
+            __m256i c = _mm256_hadd_epi32(_mm256_hadd_epi32(s[4], s[5]), _mm256_hadd_epi32(s[6], s[7]));
+            __m256i isum = join_halves(a, c);
+            __m256 m;   /* zero for Q8_0: no m term */
+            __m256 d = split_dm(RLAI_DT_Q8_0, hdr8(w, lane, o), &m);
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d, _mm256_set1_ps(ds[2 * b])), acc);
         }
-        y[r] = hsum8(_mm256_add_ps(a0, a1));
+        store_rows(y + r, acc, nr);
     }
 }
 
@@ -421,79 +448,67 @@ AI void unpack_rows(const rlai_mm_job *j, uint32_t type, int64_t r, int nr, cons
     }
 }
 
-/* Writes a tile result: acc[r][h] lanes i and i+4 hold token 4h+i of row r. */
-AI void store_tile(const rlai_mm_job *j, __m256 acc[4][2], int64_t row, int nrow, int t, int ntok)
-{
-    float out[8];
-    for (int h = 0; h < 2 && 4 * h < ntok; h++) {
-        for (int r = 0; r < nrow; r++) {
-            __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc[r][h]), _mm256_extractf128_ps(acc[r][h], 1));
-            _mm_storeu_ps(out, s);
-            for (int i = 0; i < 4 && 4 * h + i < ntok; i++)
-                j->y[(size_t)(t + 4 * h + i) * (size_t)j->ldy + (size_t)(row + r)] = out[i];
-        }
-    }
-}
-
-/* 4 rows x (4*NH) tokens over the full K for the unsigned weight types. */
-AI void tile_u8(const uint8_t *u, const float *dw, const float *mw, int64_t cols, int64_t nb,
-                const int8_t *xq, const float *dv, const float *sv, int nh, __m256 acc[4][2])
+/* Exact block sums of one unpacked weight block w with 8 tokens' blocks
+ * (xb, xb + cols, ... xb + 7 cols): lane i = token i. */
+AI __m256i isum8_tok(uint32_t type, __m256i w, const int8_t *xb, int64_t cols)
 {
     const __m256i ones = _mm256_set1_epi16(1);
-    for (int r = 0; r < 4; r++)
-        acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; b++) {
-        __m256 dvh[2], svh[2];
-        for (int h = 0; h < nh; h++) {
-            dvh[h] = _mm256_loadu_ps(dv + ((size_t)h * (size_t)nb + (size_t)b) * 8);
-            svh[h] = _mm256_loadu_ps(sv + ((size_t)h * (size_t)nb + (size_t)b) * 8);
+    __m256i lo, hi;   /* [tokens 0-3 | 0-3] for elements 0-15 | 16-31, and tokens 4-7 */
+    if (type == RLAI_DT_Q8_0) {
+        __m256i aw = _mm256_abs_epi8(w);
+        __m256i s[8];
+        for (int i = 0; i < 8; i++) {
+            __m256i xv = _mm256_loadu_si256((const __m256i *)(xb + (size_t)i * (size_t)cols));
+            s[i] = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv, w)), ones);
         }
-        for (int r = 0; r < 4; r++) {
-            __m256i w = _mm256_loadu_si256((const __m256i *)(u + (size_t)r * (size_t)cols + 32 * b));
-            __m256 dwr = _mm256_broadcast_ss(dw + (size_t)r * (size_t)nb + b);
-            __m256 mwr = _mm256_broadcast_ss(mw + (size_t)r * (size_t)nb + b);
-            for (int h = 0; h < nh; h++) {
-                const int8_t *xb = xq + (size_t)(4 * h) * (size_t)cols + 32 * b;
-                __m256i p0 = _mm256_maddubs_epi16(w, _mm256_loadu_si256((const __m256i *)(xb)));
-                __m256i p1 = _mm256_maddubs_epi16(w, _mm256_loadu_si256((const __m256i *)(xb + cols)));
-                __m256i p2 = _mm256_maddubs_epi16(w, _mm256_loadu_si256((const __m256i *)(xb + 2 * cols)));
-                __m256i p3 = _mm256_maddubs_epi16(w, _mm256_loadu_si256((const __m256i *)(xb + 3 * cols)));
-                __m256i s = _mm256_hadd_epi16(_mm256_hadd_epi16(p0, p1), _mm256_hadd_epi16(p2, p3));
-                s = _mm256_madd_epi16(s, ones);
-                acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dwr, dvh[h]), acc[r][h]);
-                acc[r][h] = _mm256_fmadd_ps(mwr, svh[h], acc[r][h]);
-            }
-        }
+        lo = _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
+        hi = _mm256_hadd_epi32(_mm256_hadd_epi32(s[4], s[5]), _mm256_hadd_epi32(s[6], s[7]));
+    } else {
+        __m256i p[8];
+        for (int i = 0; i < 8; i++)
+            p[i] = _mm256_maddubs_epi16(w, _mm256_loadu_si256((const __m256i *)(xb + (size_t)i * (size_t)cols)));
+        /* 16-bit sums of 8 products: |.| <= 8 * 31 * 127 < 32768 */
+        lo = _mm256_madd_epi16(_mm256_hadd_epi16(_mm256_hadd_epi16(p[0], p[1]),
+                                                 _mm256_hadd_epi16(p[2], p[3])), ones);
+        hi = _mm256_madd_epi16(_mm256_hadd_epi16(_mm256_hadd_epi16(p[4], p[5]),
+                                                 _mm256_hadd_epi16(p[6], p[7])), ones);
     }
+    return join_halves(lo, hi);
 }
 
-/* Same for Q8_0 (signed weights, sign trick, 32-bit horizontal adds). */
-AI void tile_q8(const uint8_t *u, const float *dw, int64_t cols, int64_t nb,
-                const int8_t *xq, const float *dv, int nh, __m256 acc[4][2])
+/* One block step of the canonical sequence for row r of a tile. The
+ * empty asm keeps the activations as memory operands: letting GCC hoist
+ * the 8 x vectors into registers for all rows of the tile makes it spill. */
+#define TILE_STEP(acc, r)                                                               \
+    do {                                                                                \
+        const int8_t *xb_ = xq + 32 * b;                                                \
+        __asm__ volatile("" : "+r"(xb_));                                               \
+        __m256i w_ = _mm256_loadu_si256((const __m256i *)(u + (size_t)(r) * (size_t)cols + 32 * b)); \
+        __m256i is_ = isum8_tok(type, w_, xb_, cols);                                   \
+        __m256 sc_ = _mm256_mul_ps(_mm256_broadcast_ss(dw + (size_t)(r) * (size_t)nb + b), dvb); \
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is_), sc_, acc);                      \
+        if (type != RLAI_DT_Q8_0)                                                       \
+            acc = _mm256_fmadd_ps(_mm256_broadcast_ss(mw + (size_t)(r) * (size_t)nb + b), svb, acc); \
+    } while (0)
+
+/* 4 rows x 8 tokens over the full K: acc[r] lane i = row r, token i.
+ * xq: the 8 tokens' rows (cols apart); dv/sv: their d_x/s_x per block. */
+AI void tile8(uint32_t type, const uint8_t *u, const float *dw, const float *mw, int64_t cols,
+              int64_t nb, const int8_t *xq, const float *dv, const float *sv, __m256 acc[4])
 {
-    const __m256i ones = _mm256_set1_epi16(1);
-    for (int r = 0; r < 4; r++)
-        acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     for (int64_t b = 0; b < nb; b++) {
-        __m256 dvh[2];
-        for (int h = 0; h < nh; h++)
-            dvh[h] = _mm256_loadu_ps(dv + ((size_t)h * (size_t)nb + (size_t)b) * 8);
-        for (int r = 0; r < 4; r++) {
-            __m256i w = _mm256_loadu_si256((const __m256i *)(u + (size_t)r * (size_t)cols + 32 * b));
-            __m256i aw = _mm256_abs_epi8(w);
-            __m256 dwr = _mm256_broadcast_ss(dw + (size_t)r * (size_t)nb + b);
-            for (int h = 0; h < nh; h++) {
-                const int8_t *xb = xq + (size_t)(4 * h) * (size_t)cols + 32 * b;
-                __m256i s[4];
-                for (int i = 0; i < 4; i++) {
-                    __m256i xv = _mm256_loadu_si256((const __m256i *)(xb + (size_t)i * (size_t)cols));
-                    s[i] = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv, w)), ones);
-                }
-                __m256i t = _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
-                acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), _mm256_mul_ps(dwr, dvh[h]), acc[r][h]);
-            }
-        }
+        __m256 dvb = _mm256_loadu_ps(dv + 8 * b);
+        __m256 svb = _mm256_loadu_ps(sv + 8 * b);
+        TILE_STEP(a0, 0);
+        TILE_STEP(a1, 1);
+        TILE_STEP(a2, 2);
+        TILE_STEP(a3, 3);
     }
+    acc[0] = a0;
+    acc[1] = a1;
+    acc[2] = a2;
+    acc[3] = a3;
 }
 
 AI void mm_tiled(const rlai_mm_job *j, uint32_t type, int64_t r0, int64_t r1,
@@ -508,27 +523,20 @@ AI void mm_tiled(const rlai_mm_job *j, uint32_t type, int64_t r0, int64_t r1,
         unpack_rows(j, type, rc, nr, &s);
         for (int t = t0; t < t1; t += 8) {
             int ntok = t1 - t < 8 ? t1 - t : 8;
-            int nh = ntok > 4 ? 2 : 1;
             const int8_t *xq = a->q + (size_t)t * (size_t)cols;
-            const float *dv = a->dv + (size_t)(t / 4) * (size_t)nb * 8;
-            const float *sv = a->sv + (size_t)(t / 4) * (size_t)nb * 8;
+            const float *dv = a->dv + (size_t)(t / 8) * (size_t)nb * 8;
+            const float *sv = a->sv + (size_t)(t / 8) * (size_t)nb * 8;
             for (int rt = 0; rt < nr; rt += 4) {
-                __m256 acc[4][2];
-                const uint8_t *u = s.u + (size_t)rt * (size_t)cols;
-                const float *dw = s.dw + (size_t)rt * (size_t)nb;
-                const float *mw = s.mw + (size_t)rt * (size_t)nb;
-                if (type == RLAI_DT_Q8_0) {
-                    if (nh == 2)
-                        tile_q8(u, dw, cols, nb, xq, dv, 2, acc);
-                    else
-                        tile_q8(u, dw, cols, nb, xq, dv, 1, acc);
-                } else {
-                    if (nh == 2)
-                        tile_u8(u, dw, mw, cols, nb, xq, dv, sv, 2, acc);
-                    else
-                        tile_u8(u, dw, mw, cols, nb, xq, dv, sv, 1, acc);
+                __m256 acc[4];
+                tile8(type, s.u + (size_t)rt * (size_t)cols, s.dw + (size_t)rt * (size_t)nb,
+                      s.mw + (size_t)rt * (size_t)nb, cols, nb, xq, dv, sv, acc);
+                int nrow = nr - rt < 4 ? nr - rt : 4;
+                float out[8];
+                for (int r = 0; r < nrow; r++) {
+                    _mm256_storeu_ps(out, acc[r]);
+                    for (int i = 0; i < ntok; i++)
+                        j->y[(size_t)(t + i) * (size_t)j->ldy + (size_t)(rc + rt + r)] = out[i];
                 }
-                store_tile(j, acc, rc + rt, nr - rt < 4 ? nr - rt : 4, t, ntok);
             }
         }
     }
@@ -767,14 +775,6 @@ static void mm_f32(const rlai_mm_job *j, int64_t r0, int64_t r1, int t0, int t1,
 /* ------------------------------------------------------------------ */
 /* entry                                                               */
 
-#define MV_U8_ANY(ty)                                  \
-    do {                                               \
-        if (j->act->paired)                            \
-            mv_u8_paired(j, ty, r0, r1, t);            \
-        else                                           \
-            mv_u8(j, ty, r0, r1, t);                   \
-    } while (0)
-
 void rlai__mm_avx2(const rlai_mm_job *j, int64_t r0, int64_t r1, int t0, int t1, void *scratch)
 {
     if (!j->act) {
@@ -801,10 +801,10 @@ void rlai__mm_avx2(const rlai_mm_job *j, int64_t r0, int64_t r1, int t0, int t1,
     if (t1 - t0 == 1 || !j->act->dv) {
         for (int t = t0; t < t1; t++) {
             switch (j->type) {
-            case RLAI_DT_Q4_0: MV_U8_ANY(RLAI_DT_Q4_0); break;
-            case RLAI_DT_Q4_1: MV_U8_ANY(RLAI_DT_Q4_1); break;
-            case RLAI_DT_Q5_0: MV_U8_ANY(RLAI_DT_Q5_0); break;
-            case RLAI_DT_Q5_1: MV_U8_ANY(RLAI_DT_Q5_1); break;
+            case RLAI_DT_Q4_0: mv_u8(j, RLAI_DT_Q4_0, r0, r1, t); break;
+            case RLAI_DT_Q4_1: mv_u8(j, RLAI_DT_Q4_1, r0, r1, t); break;
+            case RLAI_DT_Q5_0: mv_u8(j, RLAI_DT_Q5_0, r0, r1, t); break;
+            case RLAI_DT_Q5_1: mv_u8(j, RLAI_DT_Q5_1, r0, r1, t); break;
             default:           mv_q8(j, r0, r1, t); break;
             }
         }

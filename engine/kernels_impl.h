@@ -29,16 +29,11 @@ typedef struct rlai_act {
     int64_t nb;      /* cols / 32 */
     int8_t *q;       /* [Tpad][cols] */
     float *ds;       /* [Tpad][nb][2]: {d, s = d * sum(q)} per block */
-    /* Tile layout used by the AVX2 T>1 kernels, for token group g of 4:
-     * dv[(g*nb + b)*8 + i] = d of token 4g+(i&3); sv[...] = s of token
-     * 4g+i for i < 4, 0 for i >= 4. NULL when not built. */
+    /* Tile layout used by the AVX2 T>1 kernels, for token group g of 8:
+     * dv[(g*nb + b)*8 + i] = d of token 8g+i, sv[...] = its s (padding
+     * tokens: 0). NULL when not built. */
     float *dv;
     float *sv;
-    /* T == 1 AVX2 matvec layout for the 4/5-bit types (nb even): within
-     * each pair of blocks (b, b+1) the 64 bytes of q are ordered
-     * b[0..15], b+1[0..15], b[16..31], b+1[16..31], i.e. the order in
-     * which the nibbles of two consecutive weight blocks unpack. */
-    bool paired;
 } rlai_act;
 
 typedef struct rlai_mm_job {
@@ -52,7 +47,8 @@ typedef struct rlai_mm_job {
     float *y;
     int64_t ldy;
     int T;
-    bool vnni;              /* AVX-512 VNNI usable (avx512 file only) */
+    bool vnni;              /* AVX-512 VNNI usable (unused while the AVX-512
+                             * level runs the AVX2 matmul) */
 } rlai_mm_job;
 
 /* Per-thread scratch bytes the mm functions may use for a job with `cols`. */
@@ -69,8 +65,9 @@ static inline bool rlai__is_quant(uint32_t t)
 }
 
 /* Computes y for rows [r0, r1) and tokens [t0, t1). r0 is a multiple of
- * RLAI_ROW_TILE, t0 a multiple of 4 (of RLAI_TOK_PAD when T > 1 and the
- * job is split by tokens); scratch is 64-byte aligned, rlai__scratch_bytes. */
+ * RLAI_ROW_TILE, t0 a multiple of RLAI_TOK_PAD; scratch is 64-byte
+ * aligned, rlai__scratch_bytes. Batch invariance: y[t][r] must not depend
+ * on T, t0/t1, r0/r1 or the thread (see kernels_avx2.c). */
 typedef void (*rlai_mm_fn)(const rlai_mm_job *j, int64_t r0, int64_t r1,
                            int t0, int t1, void *scratch);
 /* Quantizes one token row (n % 32 == 0) into q (n bytes) and ds (n/32 pairs). */

@@ -14,7 +14,9 @@
  *   d_x/2 = amax_block(x)/254 per element, so
  *        |y - ref| <= sum_b (amax_b(x)/254) * sum_{c in b} |w_c| + 2e-5 * norm
  *   SIMD vs scalar of the same mode: |y_simd - y_scalar| <= 2e-5 * norm
- *   (i.e. well inside the 1e-4 relative agreement asked for). */
+ *   (i.e. well inside the 1e-4 relative agreement asked for).
+ * Batch invariance (test_matmul_batch_invariance): bitwise equality of
+ * each output across T, position in the batch, batch split and threads. */
 #include <check.h>
 #include <math.h>
 #include <stdint.h>
@@ -255,6 +257,131 @@ START_TEST(test_matmul_type)
             for (int ri = 0; ri < 2; ri++)
                 for (int ci = 0; ci < 3; ci++)
                     check_config(type, p == 0, Ts[ti], rows_l[ri], cols_l[ci], tp2);
+    rlai_threadpool_destroy(tp2);
+}
+END_TEST
+
+/* Batch invariance: every output must be bit-identical whether its token
+ * is computed alone (T = 1), inside a batch at any position, in batches
+ * split differently, and with any thread count. For one (type, mode,
+ * rows, cols) and every available ISA: a T = 13 batch, 13 separate T = 1
+ * calls, 5 + 8 split, and the batch in reverse token order, each with a
+ * 1-thread pool, a 2-thread pool and no pool; all memcmp-equal. In
+ * quantized mode the results must also be equal across ISAs. */
+enum { INV_T = 13 };
+
+static void run_batch(rlai_kernels *k, rlai_threadpool *tp, const rlai_weight *w, const float *x,
+                      int64_t ldx, int T, float *y, int64_t ldy)
+{
+    for (int64_t i = 0; i < (int64_t)T * ldy; i++)
+        y[i] = SENTINEL;
+    rlai_matmul(k, tp, w, x, ldx, T, y, ldy);
+}
+
+static void check_invariance(uint32_t type, bool precise, int64_t rows, int64_t cols,
+                             rlai_threadpool *tp1, rlai_threadpool *tp2)
+{
+    test_weight tw;
+    make_weight(&tw, type, rows, cols);
+    const int T = INV_T;
+    const int64_t ldx = cols + 3, ldy = rows + 5;
+    float *x = malloc(sizeof(float) * (size_t)(T * ldx));
+    float *xr = malloc(sizeof(float) * (size_t)(T * ldx));
+    float *ref = malloc(sizeof(float) * (size_t)(T * ldy));
+    float *y = malloc(sizeof(float) * (size_t)(T * ldy));
+    ck_assert(x && xr && ref && y);
+    for (int t = 0; t < T; t++) {
+        float sc = t % 4 == 0 ? 1.0f : t % 4 == 1 ? 30.0f : t % 4 == 2 ? 0.003f : 2.5f;
+        for (int64_t c = 0; c < ldx; c++)
+            x[t * ldx + c] = t == 6 ? 0.0f : sc * rndf(-1.0f, 1.0f) + (t % 3 == 1 ? 0.2f * sc : 0.0f);
+    }
+    for (int t = 0; t < T; t++)   /* reversed token order */
+        memcpy(xr + t * ldx, x + (T - 1 - t) * ldx, sizeof(float) * (size_t)ldx);
+
+    rlai_isa isas[3];
+    int n_isa = isa_list(isas);
+    rlai_threadpool *pools[3] = { tp1, tp2, NULL };
+    const bool quant = !precise && rlai__is_quant(type);
+    float *yscalar = malloc(sizeof(float) * (size_t)(T * ldy));
+    ck_assert(yscalar);
+    for (int ii = 0; ii < n_isa; ii++) {
+        rlai_kernels *k = NULL;
+        ck_assert_int_eq(rlai_kernels_create(isas[ii], precise, &k), RLAI_OK);
+        /* reference: the batch with the 1-thread pool */
+        run_batch(k, tp1, &tw.w, x, ldx, T, ref, ldy);
+        for (int t = 0; t < T; t++)
+            for (int64_t r = 0; r < rows; r++)
+                ck_assert(isfinite(ref[t * ldy + r]));
+        /* quantized mode: every ISA follows the same canonical order, so
+         * the results are also bit-identical across ISAs */
+        if (quant && isas[ii] == RLAI_ISA_SCALAR)
+            memcpy(yscalar, ref, sizeof(float) * (size_t)(T * ldy));
+        else if (quant)
+            for (int t = 0; t < T; t++)
+                ck_assert_msg(memcmp(ref + t * ldy, yscalar + t * ldy, sizeof(float) * (size_t)rows) == 0,
+                              "%s quant %s differs from scalar: rows=%ld cols=%ld t=%d",
+                              rlai_dtype_name(type), rlai_isa_name(isas[ii]), (long)rows, (long)cols, t);
+        for (int pi = 0; pi < 3; pi++) {
+            rlai_threadpool *tp = pools[pi];
+            for (int mode = 0; mode < 4; mode++) {
+                if (mode == 0) {                 /* the whole batch */
+                    run_batch(k, tp, &tw.w, x, ldx, T, y, ldy);
+                } else if (mode == 1) {          /* one token at a time */
+                    for (int t = 0; t < T; t++)
+                        run_batch(k, tp, &tw.w, x + t * ldx, ldx, 1, y + t * ldy, ldy);
+                } else if (mode == 2) {          /* 5 + 8 */
+                    run_batch(k, tp, &tw.w, x, ldx, 5, y, ldy);
+                    run_batch(k, tp, &tw.w, x + 5 * ldx, ldx, 8, y + 5 * ldy, ldy);
+                } else {                         /* reversed positions */
+                    float *yr = malloc(sizeof(float) * (size_t)(T * ldy));
+                    ck_assert(yr);
+                    run_batch(k, tp, &tw.w, xr, ldx, T, yr, ldy);
+                    for (int t = 0; t < T; t++)
+                        memcpy(y + t * ldy, yr + (T - 1 - t) * ldy, sizeof(float) * (size_t)ldy);
+                    free(yr);
+                }
+                for (int t = 0; t < T; t++) {
+                    if (memcmp(y + t * ldy, ref + t * ldy, sizeof(float) * (size_t)rows) == 0)
+                        continue;
+                    int64_t r = 0;
+                    while (memcmp(&y[t * ldy + r], &ref[t * ldy + r], sizeof(float)) == 0)
+                        r++;
+                    ck_abort_msg("batch invariance: %s %s %s pool=%d mode=%d rows=%ld cols=%ld t=%d r=%ld: "
+                                 "%a vs batch %a", rlai_dtype_name(type), precise ? "precise" : "quant",
+                                 rlai_isa_name(isas[ii]), pi, mode, (long)rows, (long)cols, t, (long)r,
+                                 (double)y[t * ldy + r], (double)ref[t * ldy + r]);
+                }
+            }
+        }
+        rlai_kernels_destroy(k);
+    }
+    free(x);
+    free(xr);
+    free(ref);
+    free(y);
+    free(yscalar);
+    free_weight(&tw);
+}
+
+/* One loop iteration per weight type. */
+START_TEST(test_matmul_batch_invariance)
+{
+    uint32_t type = all_types[_i];
+    rng_state = 0xBA7C4ull + (uint64_t)_i;
+    rlai_threadpool *tp1 = NULL, *tp2 = NULL;
+    ck_assert_int_eq(rlai_threadpool_create(1, &tp1), RLAI_OK);
+    ck_assert_int_eq(rlai_threadpool_create(2, &tp2), RLAI_OK);
+    const int64_t rows_l[] = { 37, 200 };
+    const int64_t cols_l[] = { 576, 1536, 64 };
+    for (int p = 0; p < 2; p++)
+        for (int ri = 0; ri < 2; ri++)
+            for (int ci = 0; ci < 3; ci++)
+                check_invariance(type, p == 0, rows_l[ri], cols_l[ci], tp1, tp2);
+    /* several matvec row chunks per thread; odd float-type columns */
+    check_invariance(type, false, 1000, 576, tp1, tp2);
+    if (!rlai__is_quant(type))
+        check_invariance(type, true, 21, 37, tp1, tp2);
+    rlai_threadpool_destroy(tp1);
     rlai_threadpool_destroy(tp2);
 }
 END_TEST
@@ -503,6 +630,47 @@ START_TEST(test_attn_helpers)
 }
 END_TEST
 
+/* The scalar attention helpers compute exactly what the SIMD ones do
+ * (same lane order, same exp polynomial), so fast-mode logits do not
+ * depend on the ISA. */
+START_TEST(test_helpers_isa_identical)
+{
+    if (!(rlai_kernels_available() & (1u << RLAI_ISA_AVX2)))
+        return;
+    rng_state = 11;
+    rlai_kernels *ks = NULL, *ka = NULL;
+    ck_assert_int_eq(rlai_kernels_create(RLAI_ISA_SCALAR, false, &ks), RLAI_OK);
+    ck_assert_int_eq(rlai_kernels_create(RLAI_ISA_AVX2, false, &ka), RLAI_OK);
+    enum { MAXD = 256, NR = 21 };
+    static uint16_t rows[NR * MAXD];
+    static float q[MAXD], o1[NR], o2[NR], e1[300], e2[300];
+    for (int i = 0; i < NR * MAXD; i++)
+        rows[i] = rlai_f32_to_fp16(rndf(-2, 2));
+    for (int i = 0; i < MAXD; i++)
+        q[i] = rndf(-3, 3);
+    const int ds[] = { 1, 7, 8, 16, 24, 40, 64, 100, 128, 256 };
+    for (int di = 0; di < 10; di++) {
+        int d = ds[di];
+        rlai_attn_dot_f16(ks, NR, d, rows, MAXD, q, 0.125f, o1);
+        rlai_attn_dot_f16(ka, NR, d, rows, MAXD, q, 0.125f, o2);
+        ck_assert_msg(memcmp(o1, o2, sizeof o1) == 0, "attn_dot d=%d", d);
+        float a = rlai_vec_dot_f16_f32(ks, d, rows, q), b = rlai_vec_dot_f16_f32(ka, d, rows, q);
+        ck_assert_msg(memcmp(&a, &b, sizeof a) == 0, "dot d=%d", d);
+    }
+    const int ns[] = { 1, 7, 8, 9, 64, 203, 300 };
+    for (int ni = 0; ni < 7; ni++) {
+        int n = ns[ni];
+        for (int i = 0; i < n; i++)
+            e1[i] = e2[i] = i % 17 == 3 ? -100.0f : rndf(-30, 0.5f);
+        float s1 = rlai_vec_exp_sum(ks, n, e1, 0.5f), s2 = rlai_vec_exp_sum(ka, n, e2, 0.5f);
+        ck_assert_msg(memcmp(&s1, &s2, sizeof s1) == 0 && memcmp(e1, e2, sizeof(float) * (size_t)n) == 0,
+                      "exp_sum n=%d", n);
+    }
+    rlai_kernels_destroy(ks);
+    rlai_kernels_destroy(ka);
+}
+END_TEST
+
 static Suite *kernels_suite(void)
 {
     Suite *s = suite_create("kernels");
@@ -512,11 +680,13 @@ static Suite *kernels_suite(void)
     tcase_add_test(tc, test_quant_act_bitexact);
     tcase_add_test(tc, test_f16_helpers);
     tcase_add_test(tc, test_attn_helpers);
+    tcase_add_test(tc, test_helpers_isa_identical);
     suite_add_tcase(s, tc);
     TCase *mm = tcase_create("matmul");
     tcase_set_timeout(mm, 600);
     tcase_add_loop_test(mm, test_matmul_type, 0, N_TYPES);
     tcase_add_test(mm, test_matmul_shapes);
+    tcase_add_loop_test(mm, test_matmul_batch_invariance, 0, N_TYPES);
     suite_add_tcase(s, mm);
     return s;
 }
