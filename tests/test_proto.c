@@ -299,7 +299,7 @@ START_TEST(test_vectors_truncated)
     for (int i = 0; i < n_vecs; i++)
         for (size_t n = 0; n < vecs[i].len; n++) {
             char what[96];
-            snprintf(what, sizeof what, "%s cut at %zu", vecs[i].name, n);
+            snprintf(what, sizeof what, "%.60s cut at %zu", vecs[i].name, n);
             rlai_msg m;
             char err[256];
             int rc = dec(vecs[i].data, n, &m, err, sizeof err);
