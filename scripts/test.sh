@@ -17,14 +17,22 @@ fi
 ninja -C build-test
 export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 export ASAN_OPTIONS=detect_leaks=1
-meson test -C build-test --print-errorlogs --num-processes 2
+set +e
+meson test -C build-test --print-errorlogs --num-processes 2 2>&1 | tee build-test/meson-test.out
+status=${PIPESTATUS[0]}
+set -e
+ok=$(sed -n 's/^Ok: *\([0-9]*\).*/\1/p' build-test/meson-test.out | tail -n 1)
+bad=$(sed -n 's/^Fail: *\([0-9]*\).*/\1/p' build-test/meson-test.out | tail -n 1)
+timeouts=$(sed -n 's/^Timeout: *\([0-9]*\).*/\1/p' build-test/meson-test.out | tail -n 1)
+echo "suites: ${ok:-0} passed, $(( ${bad:-0} + ${timeouts:-0} )) failed"
+[ "$status" -eq 0 ] || exit "$status"
 
 if [ ! -d build-fuzz ]; then
     CC=clang meson setup build-fuzz -Dfuzz=true -Db_sanitize=address,undefined -Db_lundef=false >/dev/null
 fi
 ninja -C build-fuzz
 for fz in build-fuzz/tests/fuzz/fuzz_*; do
-    [ -x "$fz" ] || continue
+    [ -f "$fz" ] && [ -x "$fz" ] || continue
     name=$(basename "$fz")
     corpus_src="tests/fuzz/corpus/${name#fuzz_}"
     work=$(mktemp -d)
