@@ -372,7 +372,7 @@ void rlai_matmul(rlai_kernels *k, rlai_threadpool *tp, const rlai_weight *w,
         act.ds = (float *)p;
         p += align64((size_t)Tp * nb * 2 * sizeof(float));
         act.dv = act.sv = NULL;
-        if (T > 1 && k->isa != RLAI_ISA_SCALAR) {
+        if (T > RLAI_MV_MAX_T && k->isa != RLAI_ISA_SCALAR) {   /* tile layout */
             act.dv = (float *)p;
             p += align64((size_t)Tp * nb * sizeof(float));
             act.sv = (float *)p;
@@ -389,10 +389,13 @@ void rlai_matmul(rlai_kernels *k, rlai_threadpool *tp, const rlai_weight *w,
     struct mm_task m = { .job = &job, .mm = k->mm, .scratch = k->scratch,
                          .scratch_per = scratch_per };
     int64_t tiles = (w->rows + RLAI_ROW_TILE - 1) / RLAI_ROW_TILE;
-    if (T == 1) {
-        /* matvec: about two chunks per thread (at most 256 rows each), large
-         * enough to stream well: the AVX2 matvec prefetches one 8-row
-         * group ahead, so the first group of each chunk is not prefetched */
+    bool mv = T == 1 || (T <= RLAI_MV_MAX_T && k->isa != RLAI_ISA_SCALAR);
+    if (mv) {
+        /* matvec (also the small-batch one, T <= RLAI_MV_MAX_T): about two
+         * chunks per thread (at most 256 rows each), large enough to
+         * stream well: the AVX2 matvec prefetches one 8-row group ahead,
+         * so the first group of each chunk is not prefetched. Tokens are
+         * not split: every token shares the weight rows streamed once. */
         int64_t per = tiles / ((int64_t)nth * 2);
         if (per < 1) per = 1;
         if (per > 16) per = 16;
@@ -403,7 +406,7 @@ void rlai_matmul(rlai_kernels *k, rlai_threadpool *tp, const rlai_weight *w,
     m.n_rc = (w->rows + m.rows_per_item - 1) / m.rows_per_item;
     m.n_tc = 1;
     m.tok_chunk = T;
-    if (T > 1 && nth > 1 && m.n_rc < 4 * (int64_t)nth) {
+    if (!mv && nth > 1 && m.n_rc < 4 * (int64_t)nth) {
         /* few rows: also split tokens, in multiples of RLAI_TOK_PAD */
         int64_t want = (4 * (int64_t)nth + m.n_rc - 1) / m.n_rc;
         int64_t tc = ((int64_t)T + want - 1) / want;

@@ -15,7 +15,10 @@
  *    SIMD lane, streaming the 8 rows block by block with the next group
  *    prefetched in step. Per block the 8 rows' exact integer sums are
  *    formed with maddubs and a horizontal-add tree.
- *  - T > 1 (prefill): per 16-row chunk the weight nibbles are unpacked
+ *  - 1 < T <= RLAI_MV_MAX_T (batched decode): mv_small runs the same
+ *    8-rows-in-lanes matvec for up to RLAI_MV_NT tokens per pass, sharing
+ *    each 8-row group's unpacked weights and block scales (mvn_u8/mvn_q8).
+ *  - T > RLAI_MV_MAX_T (prefill): per 16-row chunk the weight nibbles are unpacked
  *    once into u8 scratch with f32 d/m arrays, then 4-row x 8-token tiles
  *    (tile8) are computed with maddubs, one token per lane.
  * Q4_0/Q4_1/Q5_0/Q5_1 all use unsigned 0..31 weights with a per-block
@@ -192,7 +195,8 @@ void rlai__quant_act_avx2(const float *x, int64_t n, int8_t *q, float *ds)
  *
  * The block's integer sum is exact however it is reduced, so only the
  * float chain matters, and it is computed one output per SIMD lane: the
- * T == 1 matvec puts 8 rows in the 8 lanes (mv_u8 / mv_q8), the tiled
+ * T == 1 and small-batch matvecs put 8 rows in the 8 lanes (mv_u8 / mv_q8,
+ * mvn_u8 / mvn_q8, which share mv_u8/mv_q8's lane layout), the tiled
  * T > 1 kernel 8 tokens (tile8). Each lane sees exactly the sequence above
  * (products are commutative, the mul and the fmas are single roundings). */
 
@@ -404,6 +408,145 @@ static void mv_q8(const rlai_mm_job *j, int64_t r0, int64_t r1, int t)
         store_rows(y + r, acc, nr);
     }
 }
+
+/* Small-batch matvec (1 < T <= RLAI_MV_MAX_T): mv_u8 / mv_q8 for NT tokens
+ * at once. Same 8-rows-in-8-lanes layout, same per-lane float sequence as
+ * the T == 1 kernels (so bit-identical to them); the unpacked weights and
+ * the per-block row scales are shared by the NT tokens. Row groups are
+ * streamed once (prefetched as in mv_u8); further token groups of the same
+ * row group rerun from L1. */
+AI void mvn_u8(const rlai_mm_job *j, uint32_t type, const uint8_t *const w[8], int64_t r, int nr,
+                int t, const int NT, const uint8_t *pf, size_t *pfo)
+{
+    static const int lane[8] = { 0, 2, 4, 6, 1, 3, 5, 7 };
+    const size_t bs = blk_bytes(type);
+    const size_t qoff = type == RLAI_DT_Q4_0 ? 2 : type == RLAI_DT_Q4_1 ? 4 : type == RLAI_DT_Q5_0 ? 6 : 8;
+    const bool has_qh = type == RLAI_DT_Q5_0 || type == RLAI_DT_Q5_1;
+    const size_t qhoff = type == RLAI_DT_Q5_0 ? 2 : 4;
+    const int64_t nb = j->nb, cols = j->cols;
+    const __m256i ones = _mm256_set1_epi16(1);
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    const __m256i unperm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    const int8_t *xq = j->act->q + (size_t)t * (size_t)cols;
+    const float *ds = j->act->ds + (size_t)t * (size_t)nb * 2;
+    size_t po = *pfo;
+    __m256 acc[8];
+    for (int k = 0; k < NT; k++)
+        acc[k] = _mm256_setzero_ps();
+    size_t o = 0;
+    for (int64_t b = 0; b < nb; b++, o += bs) {
+        MV_PREFETCH(pf, po, 8 * (o + bs));
+        __m256i lo[4], hi[4];
+        for (int k = 0; k < 4; k++) {
+            const uint8_t *a = w[2 * k] + o, *c = w[2 * k + 1] + o;
+            __m256i v = _mm256_loadu2_m128i((const __m128i *)(c + qoff), (const __m128i *)(a + qoff));
+            lo[k] = _mm256_and_si256(v, m4);
+            hi[k] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+            if (has_qh) {
+                __m256i hl, hh;
+                qh_pair(a + qhoff, c + qhoff, &hl, &hh);
+                lo[k] = _mm256_or_si256(lo[k], hl);
+                hi[k] = _mm256_or_si256(hi[k], hh);
+            }
+        }
+        __m256 m;
+        __m256 d = split_dm(type, hdr8(w, lane, o), &m);
+        for (int i = 0; i < NT; i++) {
+            const int8_t *xb = xq + (size_t)i * (size_t)cols + 32 * b;
+            const float *dsb = ds + (size_t)i * (size_t)nb * 2 + 2 * b;
+            __m256i x0 = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)xb));
+            __m256i x1 = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(xb + 16)));
+            __m256i p[4];
+            for (int k = 0; k < 4; k++)
+                p[k] = _mm256_add_epi16(_mm256_maddubs_epi16(lo[k], x0), _mm256_maddubs_epi16(hi[k], x1));
+            __m256i s01 = _mm256_madd_epi16(_mm256_hadd_epi16(p[0], p[1]), ones);
+            __m256i s23 = _mm256_madd_epi16(_mm256_hadd_epi16(p[2], p[3]), ones);
+            __m256i isum = _mm256_hadd_epi32(s01, s23);
+            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d, _mm256_set1_ps(dsb[0])), acc[i]);
+            acc[i] = _mm256_fmadd_ps(m, _mm256_set1_ps(dsb[1]), acc[i]);
+        }
+    }
+    *pfo = po;
+    for (int i = 0; i < NT; i++)
+        store_rows(j->y + (size_t)(t + i) * (size_t)j->ldy + r, _mm256_permutevar8x32_ps(acc[i], unperm), nr);
+}
+
+static void mvn_q8(const rlai_mm_job *j, const uint8_t *const w[8], int64_t r, int nr,
+                   int t, const int NT, const uint8_t *pf, size_t *pfo)
+{
+    static const int lane[8] = { 0, 1, 2, 3, 4, 5, 6, 7 };
+    const size_t bs = sizeof(rlai_block_q8_0);
+    const int64_t nb = j->nb, cols = j->cols;
+    const __m256i ones = _mm256_set1_epi16(1);
+    const int8_t *xq = j->act->q + (size_t)t * (size_t)cols;
+    const float *ds = j->act->ds + (size_t)t * (size_t)nb * 2;
+    size_t po = *pfo;
+    __m256 acc[8];
+    for (int k = 0; k < NT; k++)
+        acc[k] = _mm256_setzero_ps();
+    size_t o = 0;
+    for (int64_t b = 0; b < nb; b++, o += bs) {
+        MV_PREFETCH(pf, po, 8 * (o + bs));
+        __m256 m;   /* zero for Q8_0: no m term */
+        __m256 d = split_dm(RLAI_DT_Q8_0, hdr8(w, lane, o), &m);
+        (void)m;
+        for (int i = 0; i < NT; i++) {
+            __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + (size_t)i * (size_t)cols + 32 * b));
+            __m256i s[8];
+            for (int k = 0; k < 8; k++) {
+                __m256i wv = _mm256_loadu_si256((const __m256i *)(w[k] + o + 2));
+                s[k] = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(wv), _mm256_sign_epi8(xv, wv)), ones);
+            }
+            __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
+            __m256i c = _mm256_hadd_epi32(_mm256_hadd_epi32(s[4], s[5]), _mm256_hadd_epi32(s[6], s[7]));
+            __m256i isum = join_halves(a, c);
+            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum),
+                                     _mm256_mul_ps(d, _mm256_set1_ps(ds[(size_t)i * (size_t)nb * 2 + 2 * b])), acc[i]);
+        }
+    }
+    *pfo = po;
+    for (int i = 0; i < NT; i++)
+        store_rows(j->y + (size_t)(t + i) * (size_t)j->ldy + r, acc[i], nr);
+}
+
+/* Small-batch entry: per 8-row group, tokens [t0, t1) in groups of
+ * RLAI_MV_NT and one smaller tail group. The row group is streamed from
+ * memory by the first token group (with the next group prefetched); the
+ * others rerun it from L1. */
+#define MVN_CASE(n)                                                  \
+    case n:                                                          \
+        if (q8)                                                      \
+            mvn_q8(j, w, r, nr, t, n, pf, &pfo);                     \
+        else                                                         \
+            mvn_u8(j, type, w, r, nr, t, n, pf, &pfo);               \
+        break
+AI void mv_small(const rlai_mm_job *j, uint32_t type, int64_t r0, int64_t r1, int t0, int t1)
+{
+    const bool q8 = type == RLAI_DT_Q8_0;
+    for (int64_t r = r0; r < r1; r += 8) {
+        const uint8_t *w[8];
+        int nr = row_group(j, r, r1, w);
+        const uint8_t *pf = w[0] + 8 * j->row_bytes;
+        size_t pfo = 0;
+        for (int t = t0; t < t1; t += RLAI_MV_NT) {
+            int nt = t1 - t < RLAI_MV_NT ? t1 - t : RLAI_MV_NT;
+            switch (nt) {
+            MVN_CASE(1);
+            MVN_CASE(2);
+            MVN_CASE(3);
+            MVN_CASE(4);
+#if RLAI_MV_NT > 4
+            MVN_CASE(5);
+            MVN_CASE(6);
+            MVN_CASE(7);
+            MVN_CASE(8);
+#endif
+            default: break;
+            }
+        }
+    }
+}
+#undef MVN_CASE
 
 /* ------------------------------------------------------------------ */
 /* tiled matmul (T > 1)                                                */
@@ -796,6 +939,16 @@ void rlai__mm_avx2(const rlai_mm_job *j, int64_t r0, int64_t r1, int t0, int t1,
             mv_deq(j, RLAI_DT_Q8_0, r0, r1, t0);
         else
             mm_f32(j, r0, r1, t0, t1, scratch);
+        return;
+    }
+    if (t1 - t0 > 1 && j->T <= RLAI_MV_MAX_T) {
+        switch (j->type) {
+        case RLAI_DT_Q4_0: mv_small(j, RLAI_DT_Q4_0, r0, r1, t0, t1); break;
+        case RLAI_DT_Q4_1: mv_small(j, RLAI_DT_Q4_1, r0, r1, t0, t1); break;
+        case RLAI_DT_Q5_0: mv_small(j, RLAI_DT_Q5_0, r0, r1, t0, t1); break;
+        case RLAI_DT_Q5_1: mv_small(j, RLAI_DT_Q5_1, r0, r1, t0, t1); break;
+        default:           mv_small(j, RLAI_DT_Q8_0, r0, r1, t0, t1); break;
+        }
         return;
     }
     if (t1 - t0 == 1 || !j->act->dv) {

@@ -21,6 +21,12 @@
 
 #define RLAI_ROW_TILE   16   /* rows per work unit; multiple of the 4-row tile */
 #define RLAI_TOK_PAD    8    /* activations are padded to this many tokens */
+#ifndef RLAI_MV_MAX_T
+#define RLAI_MV_MAX_T   32   /* T up to this: small-batch matvec (no tiles) */
+#endif
+#ifndef RLAI_MV_NT
+#define RLAI_MV_NT      8    /* tokens per small-batch matvec pass */
+#endif
 
 typedef struct rlai_act {
     int T;           /* valid tokens */

@@ -267,8 +267,11 @@ END_TEST
  * rows, cols) and every available ISA: a T = 13 batch, 13 separate T = 1
  * calls, 5 + 8 split, and the batch in reverse token order, each with a
  * 1-thread pool, a 2-thread pool and no pool; all memcmp-equal. In
- * quantized mode the results must also be equal across ISAs. */
-enum { INV_T = 13 };
+ * quantized mode the results must also be equal across ISAs. T = 13 (and
+ * 5, 8) take the AVX2 small-batch matvec; INV_T_BIG (and its 5 + 35
+ * split) exceeds RLAI_MV_MAX_T and takes the tiled kernel. */
+enum { INV_T = 13, INV_T_BIG = 40 };
+_Static_assert(INV_T <= RLAI_MV_MAX_T && INV_T_BIG > RLAI_MV_MAX_T, "invariance T vs kernel ranges");
 
 static void run_batch(rlai_kernels *k, rlai_threadpool *tp, const rlai_weight *w, const float *x,
                       int64_t ldx, int T, float *y, int64_t ldy)
@@ -278,12 +281,11 @@ static void run_batch(rlai_kernels *k, rlai_threadpool *tp, const rlai_weight *w
     rlai_matmul(k, tp, w, x, ldx, T, y, ldy);
 }
 
-static void check_invariance(uint32_t type, bool precise, int64_t rows, int64_t cols,
-                             rlai_threadpool *tp1, rlai_threadpool *tp2)
+static void check_invariance_T(uint32_t type, bool precise, int64_t rows, int64_t cols, int T,
+                               rlai_threadpool *tp1, rlai_threadpool *tp2)
 {
     test_weight tw;
     make_weight(&tw, type, rows, cols);
-    const int T = INV_T;
     const int64_t ldx = cols + 3, ldy = rows + 5;
     float *x = malloc(sizeof(float) * (size_t)(T * ldx));
     float *xr = malloc(sizeof(float) * (size_t)(T * ldx));
@@ -329,9 +331,9 @@ static void check_invariance(uint32_t type, bool precise, int64_t rows, int64_t 
                 } else if (mode == 1) {          /* one token at a time */
                     for (int t = 0; t < T; t++)
                         run_batch(k, tp, &tw.w, x + t * ldx, ldx, 1, y + t * ldy, ldy);
-                } else if (mode == 2) {          /* 5 + 8 */
+                } else if (mode == 2) {          /* 5 + (T - 5) */
                     run_batch(k, tp, &tw.w, x, ldx, 5, y, ldy);
-                    run_batch(k, tp, &tw.w, x + 5 * ldx, ldx, 8, y + 5 * ldy, ldy);
+                    run_batch(k, tp, &tw.w, x + 5 * ldx, ldx, T - 5, y + 5 * ldy, ldy);
                 } else {                         /* reversed positions */
                     float *yr = malloc(sizeof(float) * (size_t)(T * ldy));
                     ck_assert(yr);
@@ -363,6 +365,12 @@ static void check_invariance(uint32_t type, bool precise, int64_t rows, int64_t 
     free_weight(&tw);
 }
 
+static void check_invariance(uint32_t type, bool precise, int64_t rows, int64_t cols,
+                             rlai_threadpool *tp1, rlai_threadpool *tp2)
+{
+    check_invariance_T(type, precise, rows, cols, INV_T, tp1, tp2);
+}
+
 /* One loop iteration per weight type. */
 START_TEST(test_matmul_batch_invariance)
 {
@@ -379,6 +387,8 @@ START_TEST(test_matmul_batch_invariance)
                 check_invariance(type, p == 0, rows_l[ri], cols_l[ci], tp1, tp2);
     /* several matvec row chunks per thread; odd float-type columns */
     check_invariance(type, false, 1000, 576, tp1, tp2);
+    /* the tiled T > 1 kernel (T above the small-batch range) */
+    check_invariance_T(type, false, 37, 576, INV_T_BIG, tp1, tp2);
     if (!rlai__is_quant(type))
         check_invariance(type, true, 21, 37, tp1, tp2);
     rlai_threadpool_destroy(tp1);
