@@ -646,6 +646,20 @@ static void req_sample(rlai_engine *e, rlai_req *r, float *logits)
         req_finish(e, r, r->n_toks >= e->n_ctx ? RLAI_STOP_CONTEXT : RLAI_STOP_MAX_TOKENS, 0);
 }
 
+/* Tokens a request feeds this step: its decode token, or a prompt chunk
+ * taken from the step's prefill budget. */
+static int step_take(const rlai_req *r, int *budget)
+{
+    int todo = r->n_toks - r->seq.n_tokens;
+    if (todo <= 1)
+        return todo;
+    int t = todo < *budget ? todo : *budget;
+    if (t < 0)
+        t = 0;
+    *budget -= t;
+    return t;
+}
+
 int rlai_engine_step(rlai_engine *e)
 {
     rlai_req *finished = NULL;
@@ -662,10 +676,7 @@ int rlai_engine_step(rlai_engine *e)
     for (rlai_req *r = e->running; r; r = r->next) {
         if (r->done)
             continue;
-        int todo = r->n_toks - r->seq.n_tokens;
-        n += todo <= 1 ? todo : (todo < budget ? todo : budget > 0 ? budget : 0);
-        if (todo > 1)
-            budget -= todo < budget ? todo : budget;
+        n += step_take(r, &budget);
         n_seqs++;
     }
     int rc = 0;
@@ -692,10 +703,7 @@ int rlai_engine_step(rlai_engine *e)
             for (rlai_req *r = e->running; r; r = r->next) {
                 if (r->done)
                     continue;
-                int todo = r->n_toks - r->seq.n_tokens;
-                int t = todo <= 1 ? todo : (todo < budget ? todo : budget > 0 ? budget : 0);
-                if (todo > 1)
-                    budget -= t;
+                int t = step_take(r, &budget);
                 take[si] = 0;
                 if (t <= 0) {
                     continue;
