@@ -1,7 +1,8 @@
 /* rlai/client.h - client library for the RTX-LocalAI engine daemon.
  *
  * Talks to `rlai serve` over ZeroMQ (DEALER to the engine's ROUTER) or the
- * named pipe (Unix domain socket; 4-byte big-endian length + msgpack), with
+ * named pipe (Unix domain socket; 4-byte big-endian length + msgpack; POSIX
+ * only in this build, no Windows named pipe yet), with
  * the messages of rlai/protocol.h. Blocking use: send a request, then call
  * rlai_client_recv() until the request's done or error frame. Poll-friendly
  * use: wait for rlai_client_fd() to be readable, then rlai_client_recv()
