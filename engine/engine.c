@@ -650,10 +650,10 @@ static void req_sample(rlai_engine *e, rlai_req *r, float *logits)
  * taken from the step's prefill budget. */
 static int step_take(const rlai_req *r, int *budget)
 {
-    int todo = r->n_toks - r->seq.n_tokens;
-    if (todo <= 1)
-        return todo;
-    int t = todo < *budget ? todo : *budget;
+    int pending = r->n_toks - r->seq.n_tokens;
+    if (pending <= 1)
+        return pending;
+    int t = pending < *budget ? pending : *budget;
     if (t < 0)
         t = 0;
     *budget -= t;
