@@ -71,6 +71,8 @@ struct rlai_engine {
      * running requests' state, qmu guards list membership and flags. */
     pthread_mutex_t qmu;
     pthread_cond_t qcv;
+    pthread_mutex_t step_mu;     /* held for a whole step; pin/unpin take it
+                                    too, so they are safe from any thread */
     rlai_req *queue;             /* FIFO of submitted, not admitted */
     rlai_req *running;           /* admitted, in order of admission */
     int n_queued, n_running;
@@ -128,6 +130,7 @@ int rlai_engine_open(const char *path, const rlai_engine_params *params,
         return RLAI_ERR_NOMEM;
     pthread_mutex_init(&e->qmu, NULL);
     pthread_cond_init(&e->qcv, NULL);
+    pthread_mutex_init(&e->step_mu, NULL);
     if (params)
         e->params = *params;
     else
@@ -252,6 +255,7 @@ void rlai_engine_close(rlai_engine *e)
     }
     free(e->step_logits);
     pthread_mutex_destroy(&e->qmu);
+    pthread_mutex_destroy(&e->step_mu);
     pthread_cond_destroy(&e->qcv);
     rlai_model_ctx_free(e->mctx);
     rlai_kv_cache_destroy(e->kv);
@@ -660,7 +664,7 @@ static int step_take(const rlai_req *r, int *budget)
     return t;
 }
 
-int rlai_engine_step(rlai_engine *e)
+static int step_locked(rlai_engine *e)
 {
     rlai_req *finished = NULL;
     /* Cancelled running requests end now: their KV is freed this step. */
@@ -808,6 +812,14 @@ int rlai_engine_step(rlai_engine *e)
     return rc < 0 ? rc : left;
 }
 
+int rlai_engine_step(rlai_engine *e)
+{
+    pthread_mutex_lock(&e->step_mu);
+    int rc = step_locked(e);
+    pthread_mutex_unlock(&e->step_mu);
+    return rc;
+}
+
 /* Synchronous generation on top of the scheduler: submit, then step until
  * this request is done (other submitted requests advance too). */
 typedef struct sync_wait {
@@ -891,6 +903,45 @@ static int prefill_no_logits(rlai_engine *e, rlai_kv_seq *seq, const rlai_token 
     return rc;
 }
 
+/* Copies the KV pool figures into the stats snapshot (under step_mu). */
+static void refresh_kv_stats(rlai_engine *e)
+{
+    rlai_kv_stats ks;
+    rlai_kv_cache_stats(e->kv, &ks);
+    pthread_mutex_lock(&e->qmu);
+    e->stats.kv_blocks_total = ks.blocks_total;
+    e->stats.kv_blocks_free = ks.blocks_free;
+    e->stats.kv_blocks_used = ks.blocks_used;
+    e->stats.kv_blocks_cached = ks.blocks_cached;
+    e->stats.kv_blocks_pinned = ks.blocks_pinned;
+    pthread_mutex_unlock(&e->qmu);
+}
+
+static int pin_locked(rlai_engine *e, const rlai_token *toks, int n)
+{
+    int full = n / RLAI_KV_BLOCK * RLAI_KV_BLOCK;
+    if (full == 0)
+        return 0;
+    rlai_kv_seq seq;
+    memset(&seq, 0, sizeof(seq));
+    int have = rlai_kv_prefix_attach(e->kv, &seq, toks, full, full);
+    int rc = have < 0 ? have : 0;
+    if (rc == 0 && have < full) {
+        /* Never take blocks that admitted requests may still need. */
+        int committed = 0;
+        for (rlai_req *r = e->running; r; r = r->next)
+            committed += r->reserve;
+        if (blocks_for(full) - seq.n_blocks > rlai_kv_cache_n_free(e->kv) - committed)
+            rc = RLAI_ERR_KV_FULL;
+        else
+            rc = prefill_no_logits(e, &seq, toks, have, full);
+    }
+    if (rc == 0)
+        rc = rlai_kv_prefix_pin(e->kv, toks, full);
+    rlai_kv_seq_release(e->kv, &seq);
+    return rc < 0 ? rc : full;
+}
+
 int rlai_engine_pin_prefix(rlai_engine *e, const rlai_token *toks, int n)
 {
     if (!e || !toks || n <= 0)
@@ -901,18 +952,10 @@ int rlai_engine_pin_prefix(rlai_engine *e, const rlai_token *toks, int n)
     for (int i = 0; i < n; i++)
         if (toks[i] < 0 || toks[i] >= hp->n_vocab)
             return RLAI_ERR_INVALID_ARG;
-    int full = n / RLAI_KV_BLOCK * RLAI_KV_BLOCK;
-    if (full == 0)
-        return 0;
-    rlai_kv_seq seq;
-    memset(&seq, 0, sizeof(seq));
-    int have = rlai_kv_prefix_attach(e->kv, &seq, toks, full, full);
-    int rc = have < 0 ? have : 0;
-    if (rc == 0 && have < full)
-        rc = prefill_no_logits(e, &seq, toks, have, full);
-    if (rc == 0)
-        rc = rlai_kv_prefix_pin(e->kv, toks, full);
-    rlai_kv_seq_release(e->kv, &seq);
+    pthread_mutex_lock(&e->step_mu);
+    int rc = pin_locked(e, toks, n);
+    refresh_kv_stats(e);
+    pthread_mutex_unlock(&e->step_mu);
     return rc;
 }
 
@@ -920,7 +963,11 @@ int rlai_engine_unpin_prefix(rlai_engine *e, const rlai_token *toks, int n)
 {
     if (!e || !toks || n <= 0)
         return RLAI_ERR_INVALID_ARG;
-    return rlai_kv_prefix_unpin(e->kv, toks, n);
+    pthread_mutex_lock(&e->step_mu);
+    int rc = rlai_kv_prefix_unpin(e->kv, toks, n);
+    refresh_kv_stats(e);
+    pthread_mutex_unlock(&e->step_mu);
+    return rc;
 }
 
 int rlai_engine_eval_logits(rlai_engine *e, const rlai_token *toks, int n, float *logits)

@@ -21,6 +21,8 @@ const char *rlai_strerror(int code)
     case RLAI_ERR_DISCONNECTED: return "engine not reachable or connection lost";
     case RLAI_ERR_BUSY: return "engine busy: too many requests in flight";
     case RLAI_ERR_PROTOCOL: return "protocol error: malformed or unexpected message";
+    case RLAI_ERR_EXISTS: return "already exists (name taken)";
+    case RLAI_ERR_ABI: return "incompatible plugin ABI version or build signature";
     default: return "unknown error";
     }
 }

@@ -46,6 +46,8 @@ int rlai_config_defaults(rlai_config *c, const char *default_model)
         const char *p = strncmp(buf, "unix://", 7) == 0 ? buf + 7 : buf;
         rc = rlai_config_set_str(&c->pipe, p);
     }
+    if (rc == 0)
+        rc = rlai_config_set_str(&c->http, RLAI_HTTP_DEFAULT);
     c->max_frame = RLAI_PROTO_MAX_FRAME;
     c->max_prompt_tokens = 4096;
     c->max_inflight_client = 8;
@@ -59,6 +61,9 @@ void rlai_config_free(rlai_config *c)
     free(c->zmq);
     free(c->zmq_tcp);
     free(c->pipe);
+    free(c->http);
+    free(c->plugins_dir);
+    free(c->plugin_config);
     memset(c, 0, sizeof(*c));
 }
 
@@ -120,6 +125,8 @@ int rlai_config_load_json(rlai_config *c, const char *json, char *err, size_t er
                     rc = get_str(e, "endpoints.zmq_tcp", &c->zmq_tcp, err, errlen);
                 else if (!strcmp(ek, "pipe"))
                     rc = get_str(e, "endpoints.pipe", &c->pipe, err, errlen);
+                else if (!strcmp(ek, "http"))
+                    rc = get_str(e, "endpoints.http", &c->http, err, errlen);
                 else if (!strcmp(ek, "allow_remote")) {
                     if (!cJSON_IsBool(e))
                         rc = fail(err, errlen, RLAI_ERR_FORMAT, "config: 'endpoints.allow_remote' must be a boolean");
@@ -150,7 +157,41 @@ int rlai_config_load_json(rlai_config *c, const char *json, char *err, size_t er
                 if (rc < 0)
                     goto out;
             }
-        } else if (!strcmp(k, "endpoints") || !strcmp(k, "limits")) {
+        } else if (!strcmp(k, "prefix_cache")) {
+            if (!cJSON_IsBool(it))
+                rc = fail(err, errlen, RLAI_ERR_FORMAT, "config: 'prefix_cache' must be a boolean");
+            else
+                c->no_prefix_cache = !cJSON_IsTrue(it);
+        } else if (!strcmp(k, "plugins") && cJSON_IsObject(it)) {
+            const cJSON *pl;
+            cJSON_ArrayForEach(pl, it) {
+                const char *pk = pl->string;
+                if (!strcmp(pk, "dir")) {
+                    rc = get_str(pl, "plugins.dir", &c->plugins_dir, err, errlen);
+                } else if (!strcmp(pk, "enabled")) {
+                    if (!cJSON_IsBool(pl))
+                        rc = fail(err, errlen, RLAI_ERR_FORMAT, "config: 'plugins.enabled' must be a boolean");
+                    else
+                        c->plugins_off = !cJSON_IsTrue(pl);
+                } else if (!strcmp(pk, "workers")) {
+                    rc = get_int(pl, "plugins.workers", 1, 64, &c->plugin_workers, err, errlen);
+                } else if (!strcmp(pk, "config")) {
+                    if (!cJSON_IsObject(pl)) {
+                        rc = fail(err, errlen, RLAI_ERR_FORMAT, "config: 'plugins.config' must be an object");
+                    } else {
+                        char *txt = cJSON_PrintUnformatted(pl);
+                        if (!txt)
+                            rc = RLAI_ERR_NOMEM;
+                        free(c->plugin_config);
+                        c->plugin_config = txt;
+                    }
+                } else {
+                    rc = fail(err, errlen, RLAI_ERR_FORMAT, "config: unknown key 'plugins.%s'", pk);
+                }
+                if (rc < 0)
+                    goto out;
+            }
+        } else if (!strcmp(k, "endpoints") || !strcmp(k, "limits") || !strcmp(k, "plugins")) {
             rc = fail(err, errlen, RLAI_ERR_FORMAT, "config: '%s' must be an object", k);
         } else {
             rc = fail(err, errlen, RLAI_ERR_FORMAT, "config: unknown key '%s'", k);
@@ -208,7 +249,7 @@ int rlai_config_validate(const rlai_config *c, char *err, size_t errlen)
 {
     if (!c->model)
         return fail(err, errlen, RLAI_ERR_INVALID_ARG, "config: no model path");
-    if (!c->zmq && !c->zmq_tcp && !c->pipe)
+    if (!c->zmq && !c->zmq_tcp && !c->pipe && !c->http)
         return fail(err, errlen, RLAI_ERR_INVALID_ARG, "config: every endpoint is disabled");
     if (c->zmq && strncmp(c->zmq, "ipc://", 6) != 0 && strncmp(c->zmq, "tcp://", 6) != 0)
         return fail(err, errlen, RLAI_ERR_INVALID_ARG, "config: zmq endpoint '%s' must start with ipc:// or tcp://", c->zmq);
@@ -220,6 +261,21 @@ int rlai_config_validate(const rlai_config *c, char *err, size_t errlen)
             return fail(err, errlen, RLAI_ERR_INVALID_ARG,
                         "config: %s is not a loopback address; set endpoints.allow_remote (or --allow-remote) "
                         "to expose the engine beyond this machine", tcps[i]);
+    if (c->http) {
+        /* "HOST:PORT" or "[V6]:PORT" with a numeric port. */
+        const char *colon = c->http[0] == '[' ? strstr(c->http, "]:") : strrchr(c->http, ':');
+        const char *port = colon ? colon + (c->http[0] == '[' ? 2 : 1) : NULL;
+        bool ok = colon && colon != c->http && port && *port && strlen(port) <= 5 &&
+                  strspn(port, "0123456789") == strlen(port) && atoi(port) <= 65535;
+        if (!ok)
+            return fail(err, errlen, RLAI_ERR_INVALID_ARG, "config: http endpoint '%s' must be ADDR:PORT", c->http);
+        bool loop = !strncmp(c->http, "127.", 4) || !strncmp(c->http, "localhost:", 10) ||
+                    !strncmp(c->http, "[::1]:", 6);
+        if (!loop && !c->allow_remote)
+            return fail(err, errlen, RLAI_ERR_INVALID_ARG,
+                        "config: http %s is not a loopback address; set endpoints.allow_remote (or --allow-remote) "
+                        "to expose the engine beyond this machine", c->http);
+    }
     if (c->max_prompt_tokens <= 0 || c->max_inflight_client <= 0 || c->max_inflight_total <= 0 || c->max_frame < 64)
         return fail(err, errlen, RLAI_ERR_INVALID_ARG, "config: limits must be positive");
     return 0;

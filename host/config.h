@@ -4,9 +4,12 @@
  * File format (every key optional):
  *   { "model": "PATH", "threads": 2, "context": 4096, "kv_blocks": 0, "kv_type": "f16",
  *     "endpoints": { "zmq": "ipc://...", "zmq_tcp": "tcp://127.0.0.1:5677",
- *                    "pipe": "PATH", "allow_remote": false },
+ *                    "pipe": "PATH", "http": "127.0.0.1:5676", "allow_remote": false },
  *     "limits": { "max_frame_bytes": 4194304, "max_prompt_tokens": 4096,
- *                 "max_inflight_per_client": 8, "max_inflight_total": 64 } }
+ *                 "max_inflight_per_client": 8, "max_inflight_total": 64 },
+ *     "prefix_cache": true,
+ *     "plugins": { "dir": "PATH", "enabled": true, "workers": 4,
+ *                  "config": { "<plugin>": { overrides of its manifest config } } } }
  * An endpoint set to "" (or null) is disabled.
  */
 #ifndef RLAI_HOST_CONFIG_H
@@ -14,6 +17,10 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+
+/* Default address of the HTTP front. When it is taken (another engine),
+ * the daemon serves without HTTP and says so; any other address must bind. */
+#define RLAI_HTTP_DEFAULT "127.0.0.1:5676"
 
 typedef struct rlai_config {
     char *model;             /* all strings malloc'd, owned by the config */
@@ -24,11 +31,17 @@ typedef struct rlai_config {
     char *zmq;               /* NULL = disabled */
     char *zmq_tcp;           /* NULL = disabled (default) */
     char *pipe;              /* NULL = disabled */
+    char *http;              /* "ADDR:PORT" of the HTTP front; NULL = disabled */
     bool allow_remote;       /* permit a non-loopback zmq_tcp address */
     size_t max_frame;
     int max_prompt_tokens;
     int max_inflight_client;
     int max_inflight_total;
+    bool no_prefix_cache;    /* "prefix_cache": false / --no-prefix-cache */
+    char *plugins_dir;       /* "plugins": {"dir"}; NULL = the default folder */
+    bool plugins_off;        /* "plugins": {"enabled": false} / --no-plugins */
+    int plugin_workers;      /* "plugins": {"workers"}; 0 = 4 */
+    char *plugin_config;     /* "plugins": {"config": {...}} as JSON text, or NULL */
 } rlai_config;
 
 /* Fills defaults: default model path, default private endpoints, limits.

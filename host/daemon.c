@@ -1,5 +1,9 @@
 /* daemon.c - request router and engine thread of `rlai serve` (see daemon.h). */
 #include "daemon.h"
+#include "http.h"
+#include "json_msgpack.h"
+#include "metrics.h"
+#include "plugin_host.h"
 #include "server.h"
 #include "rlai/engine.h"
 #include "rlai/protocol.h"
@@ -19,6 +23,7 @@ typedef struct job {
     rlai_conn conn;
     uint64_t id;               /* client's request id */
     uint64_t engine_id;        /* id from rlai_engine_submit */
+    uint64_t call_id;          /* plugin call (rlai_plugin_host_call), 0 = generation */
     atomic_int cancel;         /* 0, or the protocol code that ended it */
     rlai_buf buf;              /* frame encoding scratch (engine thread) */
 } job;
@@ -28,6 +33,9 @@ struct rlai_daemon {
     rlai_engine *engine;
     rlai_server *server;
     rlai_model_info info;
+    rlai_plugin_host *plugins; /* NULL when plugins are off */
+    rlai_metrics *metrics;     /* fed by every transport; GET /metrics */
+    rlai_http *http;           /* the HTTP front; NULL when off */
 
     pthread_mutex_t mu;
     job *jobs;                 /* submitted to the engine, not yet done */
@@ -211,15 +219,21 @@ static void answer_stats(rlai_daemon *d, rlai_conn conn, uint64_t id)
 
 static void answer_commands(rlai_daemon *d, rlai_conn conn, uint64_t id)
 {
-    /* No plugin host yet: the registry is empty. */
+    pthread_mutex_lock(&d->mu);
+    cJSON *reg = rlai_plugin_host_commands_json(d->plugins);
+    if (reg)
+        cJSON_AddItemToObject(reg, "plugins", rlai_plugin_host_plugins_json(d->plugins));
+    pthread_mutex_unlock(&d->mu);
     msgpack_sbuffer sb;
     msgpack_sbuffer_init(&sb);
     msgpack_packer pk;
     msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-    msgpack_pack_map(&pk, 1);
-    pack_str(&pk, "commands");
-    msgpack_pack_array(&pk, 0);
-    send_result_done(d, conn, id, &sb);
+    int rc = reg ? rlai_json_to_msgpack(reg, &pk) : RLAI_ERR_NOMEM;
+    cJSON_Delete(reg);
+    if (rc < 0)
+        send_error(d, conn, id, RLAI_PE_INTERNAL, "cannot encode the command registry");
+    else
+        send_result_done(d, conn, id, &sb);
     msgpack_sbuffer_destroy(&sb);
 }
 
@@ -286,6 +300,8 @@ static void on_done(void *user, uint64_t engine_id, int status, const rlai_gen_m
         };
         send_done(d, j->conn, j->id, cancel ? "cancelled" : stop_name(gm->stop), &mm);
     }
+    rlai_metrics_count_request(d->metrics, "generate", "ipc");
+    rlai_metrics_observe_generation(d->metrics, "ipc", cancel == RLAI_PE_SHUTDOWN ? RLAI_ERR_CANCELLED : status, gm);
     pthread_mutex_lock(&d->mu);
     unlink_job(d, j);
     pthread_mutex_unlock(&d->mu);
@@ -453,6 +469,135 @@ static void submit_generation(rlai_daemon *d, rlai_conn conn, const rlai_msg *m)
     free(toks);
 }
 
+/* ---------------------------------------------------------- plugin calls
+ * (sink callbacks run on the plugin host's worker threads) */
+
+static int map_call_error(int rc)
+{
+    switch (rc) {
+    case RLAI_ERR_NOT_FOUND: return RLAI_PE_NOT_FOUND;
+    case RLAI_ERR_NOT_IMPLEMENTED: return RLAI_PE_NOT_IMPLEMENTED;
+    case RLAI_ERR_CANCELLED: return RLAI_PE_CANCELLED;
+    case RLAI_ERR_NOMEM: return RLAI_PE_INTERNAL;
+    default: return map_engine_error(rc);
+    }
+}
+
+static void end_job(rlai_daemon *d, job *j)
+{
+    pthread_mutex_lock(&d->mu);
+    unlink_job(d, j);
+    pthread_mutex_unlock(&d->mu);
+    free_job(j);
+}
+
+static int call_token(void *user, const char *text, size_t len)
+{
+    job *j = user;
+    if (atomic_load(&j->cancel))
+        return 1;
+    if (rlai_proto_encode_token(&j->buf, j->id, text, len, NULL, 0) == 0) {
+        int rc = rlai_server_send(j->d->server, j->conn, j->buf.data, j->buf.len);
+        rlai_buf_reset(&j->buf);
+        if (rc == RLAI_ERR_DISCONNECTED) {
+            atomic_store(&j->cancel, RLAI_PE_CANCELLED);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static int call_result(void *user, const cJSON *value)
+{
+    job *j = user;
+    if (atomic_load(&j->cancel))
+        return 1;
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    int rc = rlai_json_to_msgpack(value, &pk);
+    if (rc == 0 && sb.size <= j->d->cfg.max_frame - 64 &&
+        rlai_proto_encode_result(&j->buf, j->id, sb.data, sb.size) == 0) {
+        rc = rlai_server_send(j->d->server, j->conn, j->buf.data, j->buf.len);
+        rlai_buf_reset(&j->buf);
+        if (rc == RLAI_ERR_DISCONNECTED)
+            atomic_store(&j->cancel, RLAI_PE_CANCELLED);
+    } else {
+        /* A result the client could not receive: dropped, and said. */
+        fprintf(stderr, "rlai serve: a plugin result could not be encoded (too deep or too large)\n");
+    }
+    msgpack_sbuffer_destroy(&sb);
+    return atomic_load(&j->cancel) ? 1 : 0;
+}
+
+static void call_done(void *user, const char *stop, const rlai_call_metrics *m)
+{
+    job *j = user;
+    rlai_daemon *d = j->d;
+    int cancel = atomic_load(&j->cancel);
+    if (cancel == RLAI_PE_SHUTDOWN) {
+        send_error(d, j->conn, j->id, RLAI_PE_SHUTDOWN, "engine shutting down: request ended");
+    } else {
+        rlai_msg_metrics mm = { 0 };
+        if (m && m->valid)
+            mm = (rlai_msg_metrics){
+                .queue_ms = m->queue_ms, .ttft_ms = m->ttft_ms, .prefill_tps = m->prefill_tps,
+                .decode_tps = m->decode_tps, .prompt_tokens = (uint32_t)m->prompt_tokens,
+                .gen_tokens = (uint32_t)m->gen_tokens, .reused_tokens = (uint32_t)m->reused_tokens,
+            };
+        send_done(d, j->conn, j->id, cancel ? "cancelled" : (stop ? stop : ""), m && m->valid ? &mm : NULL);
+    }
+    end_job(d, j);
+}
+
+static void call_error(void *user, int code, const char *msg)
+{
+    job *j = user;
+    rlai_daemon *d = j->d;
+    if (atomic_load(&j->cancel) == RLAI_PE_SHUTDOWN)
+        send_error(d, j->conn, j->id, RLAI_PE_SHUTDOWN, "engine shutting down: request ended");
+    else
+        send_error(d, j->conn, j->id, map_call_error(code), msg);
+    end_job(d, j);
+}
+
+static void submit_call(rlai_daemon *d, rlai_conn conn, const rlai_msg *m)
+{
+    job *j = calloc(1, sizeof(*j));
+    if (!j) {
+        send_error(d, conn, m->id, RLAI_PE_INTERNAL, "out of memory");
+        return;
+    }
+    j->d = d;
+    j->conn = conn;
+    j->id = m->id;
+    atomic_init(&j->cancel, 0);
+    rlai_buf_init(&j->buf);
+    rlai_call_sink sink = { call_token, call_result, call_done, call_error, j };
+    char err[512] = "";
+    /* Link first: the sink may end the job on a worker before call returns. */
+    pthread_mutex_lock(&d->mu);
+    j->next = d->jobs;
+    d->jobs = j;
+    d->n_jobs++;
+    j->call_id = UINT64_MAX;   /* marks a call until the host gives its id */
+    int rc = d->plugins ? rlai_plugin_host_call(d->plugins, m->u.call.command, m->u.call.params_json, &sink,
+                                                &j->call_id, err, sizeof(err))
+                        : RLAI_ERR_NOT_FOUND;
+    if (rc < 0) {
+        unlink_job(d, j);
+        pthread_mutex_unlock(&d->mu);
+        free_job(j);
+        if (!d->plugins)
+            snprintf(err, sizeof(err), "unknown command '%.200s' (plugins are disabled)",
+                     m->u.call.command ? m->u.call.command : "");
+        send_error(d, conn, m->id, map_call_error(rc), err);
+        return;
+    }
+    pthread_mutex_unlock(&d->mu);
+}
+
 static void on_message(void *user, rlai_conn conn, const void *data, size_t len)
 {
     rlai_daemon *d = user;
@@ -478,28 +623,25 @@ static void on_message(void *user, rlai_conn conn, const void *data, size_t len)
     case RLAI_MSG_TOKENIZE:
         answer_tokenize(d, conn, &m);
         break;
-    case RLAI_MSG_CALL: {
-        char msg[300];
-        snprintf(msg, sizeof(msg), "unknown command '%.200s' (no plugins are loaded in this build)",
-                 m.u.call.command ? m.u.call.command : "");
-        send_error(d, conn, m.id, RLAI_PE_NOT_FOUND, msg);
-        break;
-    }
     case RLAI_MSG_CANCEL: {
         pthread_mutex_lock(&d->mu);
         job *t = find_job(d, conn, m.u.cancel.target);
-        uint64_t eid = t ? t->engine_id : 0;
+        uint64_t eid = t ? t->engine_id : 0, cid = t ? t->call_id : 0;
         if (t && !atomic_load(&t->cancel))
             atomic_store(&t->cancel, RLAI_PE_CANCELLED);
+        if (t && cid)   /* under d->mu: d->plugins cannot go away meanwhile */
+            rlai_plugin_host_cancel(d->plugins, cid);
         pthread_mutex_unlock(&d->mu);
         if (t) {
-            rlai_engine_cancel(d->engine, eid);
+            if (!cid)
+                rlai_engine_cancel(d->engine, eid);
             send_done(d, conn, m.id, "", NULL);
         } else {
             send_error(d, conn, m.id, RLAI_PE_NOT_FOUND, "no request with that id in flight");
         }
         break;
     }
+    case RLAI_MSG_CALL:
     case RLAI_MSG_GENERATE:
     case RLAI_MSG_CHAT: {
         pthread_mutex_lock(&d->mu);
@@ -521,6 +663,8 @@ static void on_message(void *user, rlai_conn conn, const void *data, size_t len)
         pthread_mutex_unlock(&d->mu);
         if (why)
             send_error(d, conn, m.id, code, why);
+        else if (m.type == RLAI_MSG_CALL)
+            submit_call(d, conn, &m);
         else
             submit_generation(d, conn, &m);
         break;
@@ -542,7 +686,9 @@ static void on_disconnect(void *user, rlai_conn conn)
         if (j->conn != conn)
             continue;
         atomic_store(&j->cancel, RLAI_PE_CANCELLED);
-        if (n < 64)
+        if (j->call_id)
+            rlai_plugin_host_cancel(d->plugins, j->call_id);
+        else if (n < 64)
             ids[n++] = j->engine_id;
     }
     pthread_mutex_unlock(&d->mu);
@@ -599,12 +745,55 @@ int rlai_daemon_start(const rlai_config *cfg, rlai_daemon **out, char *err, size
     if (rc < 0)
         goto fail;
     rlai_engine_info(d->engine, &d->info);
+    if (cfg->no_prefix_cache)
+        rlai_engine_set_prefix_cache(d->engine, false);
     if (pthread_create(&d->engine_thread, NULL, engine_main, d) != 0) {
         snprintf(err, errlen, "cannot start the engine thread");
         rc = RLAI_ERR_NOMEM;
         goto fail;
     }
     d->engine_started = true;
+    if (!cfg->plugins_off) {
+        /* Plugins load with the engine thread running (they may pin
+         * prefixes) and before any transport accepts a call. */
+        cJSON *pconf = cfg->plugin_config ? cJSON_Parse(cfg->plugin_config) : NULL;
+        rlai_plugin_host_params hp = {
+            .engine = d->engine, .workers = cfg->plugin_workers, .max_queue = cfg->max_inflight_total,
+            .max_prompt_tokens = cfg->max_prompt_tokens, .plugin_config = pconf,
+        };
+        rc = rlai_plugin_host_new(&hp, &d->plugins);
+        cJSON_Delete(pconf);
+        if (rc < 0) {
+            snprintf(err, errlen, "cannot start the plugin host: %s", rlai_strerror(rc));
+            goto fail;
+        }
+        if (cfg->plugins_dir) {
+            int n = rlai_plugin_host_load_all(d->plugins, cfg->plugins_dir);
+            if (n < 0)
+                fprintf(stderr, "rlai serve: plugin folder %s cannot be read; serving without plugins\n",
+                        cfg->plugins_dir);
+            else
+                fprintf(stderr, "rlai serve: %d plugin%s loaded from %s (%d commands)\n", n, n == 1 ? "" : "s",
+                        cfg->plugins_dir, rlai_plugin_host_n_commands(d->plugins));
+        }
+    }
+    if ((rc = rlai_metrics_new(&d->metrics)) < 0)
+        goto fail;
+    if (cfg->http) {
+        rlai_http_params hp = {
+            .bind = cfg->http, .allow_remote = cfg->allow_remote, .engine = d->engine, .model_path = cfg->model,
+            .plugins = d->plugins, .metrics = d->metrics, .max_body = cfg->max_frame,
+            .max_prompt_tokens = cfg->max_prompt_tokens, .max_inflight = cfg->max_inflight_total,
+        };
+        rc = rlai_http_start(&hp, &d->http, err, errlen);
+        if (rc == RLAI_ERR_BUSY && !strcmp(cfg->http, RLAI_HTTP_DEFAULT)) {
+            fprintf(stderr, "rlai serve: %s; serving without HTTP (--http ADDR:PORT to choose another)\n", err);
+        } else if (rc < 0) {
+            goto fail;
+        } else {
+            fprintf(stderr, "rlai serve: http     http://%s/v1\n", cfg->http);
+        }
+    }
     rlai_server_config sc = {
         .zmq_endpoint = cfg->zmq, .zmq_tcp_endpoint = cfg->zmq_tcp, .uds_path = cfg->pipe,
         .max_frame = cfg->max_frame, .max_connections = 256,
@@ -623,6 +812,8 @@ void rlai_daemon_shutdown(rlai_daemon *d)
 {
     if (!d)
         return;
+    /* HTTP first: it ends its requests while the engine and plugins run. */
+    rlai_http_stop(&d->http);
     /* No new requests; every in-flight one ends with a SHUTDOWN error. */
     atomic_store(&d->stopping, true);
     uint64_t *ids = NULL;
@@ -631,12 +822,20 @@ void rlai_daemon_shutdown(rlai_daemon *d)
     ids = malloc(sizeof(uint64_t) * (size_t)(d->n_jobs > 0 ? d->n_jobs : 1));
     for (job *j = d->jobs; j && ids; j = j->next) {
         atomic_store(&j->cancel, RLAI_PE_SHUTDOWN);
-        ids[n++] = j->engine_id;
+        if (!j->call_id)
+            ids[n++] = j->engine_id;
     }
     pthread_mutex_unlock(&d->mu);
     for (int i = 0; i < n; i++)
         rlai_engine_cancel(d->engine, ids[i]);
     free(ids);
+    /* Plugin calls end (SHUTDOWN) and plugins unload while the engine
+     * thread still runs, so their engine jobs can finish cancelling. */
+    pthread_mutex_lock(&d->mu);
+    rlai_plugin_host *plugins = d->plugins;
+    d->plugins = NULL;
+    pthread_mutex_unlock(&d->mu);
+    rlai_plugin_host_destroy(&plugins);
     if (d->engine_started) {
         rlai_engine_wakeup(d->engine);
         pthread_join(d->engine_thread, NULL);
@@ -648,6 +847,7 @@ void rlai_daemon_shutdown(rlai_daemon *d)
         d->jobs = j->next;
         free_job(j);
     }
+    rlai_metrics_destroy(&d->metrics);
     pthread_mutex_destroy(&d->mu);
     free(d);
 }

@@ -2,10 +2,12 @@
  *
  * serve runs the engine daemon; run, chat and stats are clients of a
  * running engine (run and chat take --local to load the model in-process);
- * tokenize and info read a model file directly. call, plugins, fit and
- * bench answer with a clear "not implemented" error in this build. */
+ * tokenize and info read a model file directly; call and plugins are
+ * clients for plugin commands (cli_call.c). bench answers with a clear
+ * "not implemented" error in this build. */
 #include "rlai/client.h"
 #include "rlai/engine.h"
+#include "cli_call.h"
 #include "config.h"
 #include "daemon.h"
 #include "gguf.h"
@@ -37,7 +39,9 @@ static void usage(FILE *f)
         "  stats [--endpoint E]         engine statistics\n"
         "  tokenize -m FILE \"text\"     print token ids (no BOS, special tokens not parsed)\n"
         "  info [-m FILE]               print model hyperparameters and kernel choice\n"
-        "  call plugins fit bench       (not implemented in this build)\n"
+        "  call plugin.verb '{json}'    call a plugin command of the running engine\n"
+        "  plugins                      list loaded plugins and their commands\n"
+        "  bench                        (not implemented in this build; see build/bench/)\n"
         "\n"
         "run options:\n"
         "  -m, --model FILE      GGUF model (default: $RLAI_MODEL, ./models/" DEFAULT_MODEL_FILE ")\n"
@@ -55,6 +59,31 @@ static void usage(FILE *f)
         "      --local           load the model in this process instead of using the engine\n"
         "      --endpoint E      engine endpoint: ipc://PATH, tcp://HOST:PORT or unix://PATH\n"
         "                        (default: the private ZeroMQ socket of `rlai serve`)\n");
+}
+
+/* Default plugin folder: $RLAI_PLUGIN_DIR, else plugins/ next to the
+ * binary's folder (<exe>/../plugins: build/plugins in the build tree).
+ * Returns buf, or NULL when there is none. */
+static const char *default_plugins_dir(char *buf, size_t cap)
+{
+    const char *env = getenv("RLAI_PLUGIN_DIR");
+    if (env && *env) {
+        snprintf(buf, cap, "%s", env);
+        return buf;
+    }
+    char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+    if (n <= 0)
+        return NULL;
+    exe[n] = 0;
+    char *slash = strrchr(exe, '/');
+    if (!slash)
+        return NULL;
+    *slash = 0;
+    int w = snprintf(buf, cap, "%s/../plugins", exe);
+    if (w <= 0 || (size_t)w >= cap || access(buf, R_OK | X_OK) != 0)
+        return NULL;
+    return buf;
 }
 
 /* Finds the default model: $RLAI_MODEL, ./models/, or models/ next to the
@@ -542,15 +571,20 @@ static void serve_usage(FILE *f)
         "      --zmq ENDPOINT         ZeroMQ endpoint (default ipc://$XDG_RUNTIME_DIR/rlai/engine.zmq; \"\" = off)\n"
         "      --zmq-tcp ENDPOINT     extra ZeroMQ TCP endpoint, e.g. tcp://127.0.0.1:5677 (default off)\n"
         "      --pipe PATH            named pipe / Unix socket (default $XDG_RUNTIME_DIR/rlai/engine.sock; \"\" = off)\n"
+        "      --http ADDR:PORT       OpenAI-compatible HTTP front (default " RLAI_HTTP_DEFAULT "; \"\" = off)\n"
         "      --allow-remote         permit a non-loopback TCP address\n"
         "      --max-frame-bytes N, --max-prompt-tokens N,\n"
-        "      --max-inflight-client N, --max-inflight-total N\n");
+        "      --max-inflight-client N, --max-inflight-total N\n"
+        "      --plugins DIR          load every plugin folder in DIR (default: <exe>/../plugins)\n"
+        "      --no-plugins           load no plugins\n"
+        "      --plugin-workers N     threads running plugin commands (default 4)\n"
+        "      --no-prefix-cache      disable the prefix cache (for comparisons)\n");
 }
 
 static int cmd_serve(int argc, char **argv)
 {
     enum { S_CONFIG = 300, S_KV, S_ZMQ, S_ZMQ_TCP, S_PIPE, S_REMOTE, S_FRAME, S_PROMPT, S_CLIENT, S_TOTAL,
-           S_KVTYPE };
+           S_KVTYPE, S_HTTP, S_PLUGINS, S_NO_PLUGINS, S_PLUGIN_WORKERS, S_NO_PREFIX };
     static const struct option opts[] = {
         { "config", required_argument, 0, S_CONFIG }, { "model", required_argument, 0, 'm' },
         { "threads", required_argument, 0, 't' }, { "ctx", required_argument, 0, 'c' },
@@ -560,6 +594,10 @@ static int cmd_serve(int argc, char **argv)
         { "max-prompt-tokens", required_argument, 0, S_PROMPT },
         { "max-inflight-client", required_argument, 0, S_CLIENT },
         { "max-inflight-total", required_argument, 0, S_TOTAL }, { "kv-type", required_argument, 0, S_KVTYPE },
+        { "http", required_argument, 0, S_HTTP },
+        { "plugins", required_argument, 0, S_PLUGINS }, { "no-plugins", no_argument, 0, S_NO_PLUGINS },
+        { "plugin-workers", required_argument, 0, S_PLUGIN_WORKERS },
+        { "no-prefix-cache", no_argument, 0, S_NO_PREFIX },
         { "help", no_argument, 0, 'h' },
         { 0, 0, 0, 0 }
     };
@@ -594,11 +632,16 @@ static int cmd_serve(int argc, char **argv)
         case S_ZMQ: bad |= rlai_config_set_str(&cfg.zmq, optarg); break;
         case S_ZMQ_TCP: bad |= rlai_config_set_str(&cfg.zmq_tcp, optarg); break;
         case S_PIPE: bad |= rlai_config_set_str(&cfg.pipe, optarg); break;
+        case S_HTTP: bad |= rlai_config_set_str(&cfg.http, optarg); break;
         case S_REMOTE: cfg.allow_remote = true; break;
         case S_FRAME: bad |= parse_int(optarg, 64, (int)RLAI_PROTO_MAX_FRAME, &v); cfg.max_frame = (size_t)v; break;
         case S_PROMPT: bad |= parse_int(optarg, 1, 1 << 20, &cfg.max_prompt_tokens); break;
         case S_CLIENT: bad |= parse_int(optarg, 1, 4096, &cfg.max_inflight_client); break;
         case S_TOTAL: bad |= parse_int(optarg, 1, 65536, &cfg.max_inflight_total); break;
+        case S_PLUGINS: bad |= rlai_config_set_str(&cfg.plugins_dir, optarg); cfg.plugins_off = false; break;
+        case S_NO_PLUGINS: cfg.plugins_off = true; break;
+        case S_PLUGIN_WORKERS: bad |= parse_int(optarg, 1, 64, &cfg.plugin_workers); break;
+        case S_NO_PREFIX: cfg.no_prefix_cache = true; break;
         case S_KVTYPE: {
             rlai_kv_type kt;
             bad |= parse_kv_type(optarg, &kt);
@@ -621,6 +664,9 @@ static int cmd_serve(int argc, char **argv)
     sigaddset(&set, SIGINT);
     pthread_sigmask(SIG_BLOCK, &set, NULL);
     signal(SIGPIPE, SIG_IGN);
+    char plugdir[PATH_MAX];
+    if (!cfg.plugins_off && !cfg.plugins_dir && default_plugins_dir(plugdir, sizeof(plugdir)))
+        bad |= rlai_config_set_str(&cfg.plugins_dir, plugdir);
     rlai_daemon *d;
     if (rlai_daemon_start(&cfg, &d, err, sizeof(err)) < 0) {
         fprintf(stderr, "rlai serve: %s\n", err);
@@ -720,7 +766,11 @@ int main(int argc, char **argv)
         return cmd_stats(argc - 1, argv + 1);
     if (!strcmp(cmd, "tokenize"))
         return cmd_tokenize(argc - 1, argv + 1);
-    static const char *const later[] = { "call", "plugins", "fit", "bench" };
+    if (!strcmp(cmd, "call"))
+        return rlai_cli_call_main(argc - 1, argv + 1);
+    if (!strcmp(cmd, "plugins"))
+        return rlai_cli_plugins_main(argc - 1, argv + 1);
+    static const char *const later[] = { "fit", "bench" };
     for (size_t i = 0; i < sizeof(later) / sizeof(later[0]); i++) {
         if (!strcmp(cmd, later[i])) {
             fprintf(stderr, "rlai %s: not implemented in this build (%s)\n", cmd,

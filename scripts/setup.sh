@@ -15,7 +15,8 @@ MODEL_FILE="SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_SHA256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 
 DEBS=(build-essential meson ninja-build pkg-config python3 python3-venv
-      libzmq3-dev libmsgpack-dev libcjson-dev check clang libclang-rt-14-dev)
+      libzmq3-dev libmsgpack-dev libcjson-dev check clang libclang-rt-14-dev
+      libmicrohttpd-dev curl)
 
 log() { printf '\033[1m[setup]\033[0m %s\n' "$*" >&2; }
 

@@ -244,9 +244,14 @@ void rlai_engine_set_prefix_cache(rlai_engine *e, bool on);
 
 /* Computes (if needed) and pins the KV of a token prefix so it is never
  * evicted: later requests starting with it prefill only what follows.
- * Must be called from the stepping thread (or before it starts). Returns
- * the number of tokens pinned (whole blocks) or a negative error. unpin
- * undoes it. */
+ * Thread-safe: it runs between two scheduler steps (it waits for a step in
+ * progress, and the prefill of an uncached prefix delays the next step).
+ * Never call it from an engine callback (on_token / on_done). Blocks that
+ * admitted requests may still need are never taken: when the pool cannot
+ * hold the prefix besides them it returns RLAI_ERR_KV_FULL. Returns the
+ * number of tokens pinned (whole blocks only; 0 for a prefix shorter than
+ * one block) or a negative error. unpin undoes one pin of the same
+ * tokens (same thread rules). */
 int rlai_engine_pin_prefix(rlai_engine *e, const rlai_token *toks, int n);
 int rlai_engine_unpin_prefix(rlai_engine *e, const rlai_token *toks, int n);
 

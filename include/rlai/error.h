@@ -26,6 +26,8 @@ enum rlai_error {
     RLAI_ERR_DISCONNECTED = -14,   /* engine absent, died, or connection lost */
     RLAI_ERR_BUSY = -15,           /* too many requests in flight */
     RLAI_ERR_PROTOCOL = -16,       /* malformed or unexpected message */
+    RLAI_ERR_EXISTS = -17,         /* name already registered / taken */
+    RLAI_ERR_ABI = -18,            /* plugin built for an incompatible ABI */
 };
 
 /* Static English description of an error code; never NULL. */

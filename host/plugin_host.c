@@ -1,0 +1,1390 @@
+/* plugin_host.c - plugin loading, command registry and call workers (see
+ * plugin_host.h; the ABI is include/rlai/plugin.h). */
+#include "plugin_host.h"
+#include "rlai/plugin.h"
+#include "gguf_describe.h"
+
+#include <dirent.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define HOST_VERSION "rtx-localai 0.1.0"
+#define PLUGIN_MAGIC 0x504c5547u   /* "PLUG" */
+#define CALL_MAGIC 0x43414c4cu     /* "CALL" */
+#define DEAD_MAGIC 0xdeadbeefu
+#define MAX_MANIFEST_BYTES (64u << 10)
+#define MAX_NAME 32
+
+typedef struct command {
+    char *name, *description;
+    cJSON *schema;                  /* owned */
+    rlai_command_fn handler;
+    void *user;
+    uint32_t flags;
+    struct rlai_plugin *owner;
+} command;
+
+typedef struct pin {
+    struct pin *next;
+    rlai_token *toks;
+    int n;
+} pin;
+
+struct rlai_plugin {
+    uint32_t magic;
+    rlai_plugin_host *host;
+    struct rlai_plugin *next;
+    char *name, *version, *description, *dir, *file;
+    cJSON *config;                  /* merged config (owned) */
+    void *dl;
+    void (*fini)(void *);
+    void *state;
+    bool refused;                   /* a registration was refused during init */
+    pin *pins;                      /* prefixes this plugin pinned */
+    pthread_mutex_t pin_mu;
+};
+
+struct rlai_call {
+    uint32_t magic;
+    rlai_plugin_host *h;
+    struct rlai_call *next;         /* queue / active list */
+    uint64_t id;
+    command *cmd;
+    cJSON *params;
+    rlai_call_sink sink;
+    atomic_bool cancel;
+    atomic_bool ended;              /* terminal frame sent (reply_error) */
+    pthread_mutex_t mu;             /* guards engine_id */
+    uint64_t engine_id;             /* running engine job, 0 = none */
+    rlai_call_metrics metrics;
+    const char *stop;               /* last engine job's stop, or "" */
+};
+
+struct rlai_plugin_host {
+    rlai_plugin_host_params p;
+    cJSON *plugin_config;           /* owned copy */
+    pthread_mutex_t mu;             /* registry, queue, active list */
+    pthread_cond_t cv;
+    rlai_plugin *plugins;
+    command **cmds;                 /* stable pointers: calls keep theirs */
+    int n_cmds, cap_cmds;
+    rlai_plugin *loading;           /* plugin whose init runs now */
+    rlai_call *queue, *queue_tail;
+    int n_queued;
+    rlai_call *active;
+    uint64_t next_id;
+    bool stopping;
+    pthread_t *threads;
+    int n_threads;
+};
+
+static const rlai_host_api host_api;
+
+/* ---------------------------------------------------------- small helpers */
+
+static void set_err(char *err, size_t len, const char *fmt, ...)
+{
+    if (!err || !len)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, len, fmt, ap);
+    va_end(ap);
+}
+
+static bool valid_ident(const char *s, size_t max)
+{
+    size_t n = strlen(s);
+    if (n == 0 || n > max || !(s[0] >= 'a' && s[0] <= 'z'))
+        return false;
+    for (size_t i = 0; i < n; i++)
+        if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= '0' && s[i] <= '9') || s[i] == '_'))
+            return false;
+    return true;
+}
+
+static bool plugin_ok(const rlai_plugin *p)
+{
+    return p && p->magic == PLUGIN_MAGIC;
+}
+
+static bool call_ok(const rlai_call *c)
+{
+    return c && c->magic == CALL_MAGIC;
+}
+
+static char *read_small_file(const char *path, size_t max, char *err, size_t errlen)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        set_err(err, errlen, "%s: %s", path, strerror(errno));
+        return NULL;
+    }
+    char *buf = malloc(max + 1);
+    size_t n = buf ? fread(buf, 1, max + 1, f) : 0;
+    fclose(f);
+    if (!buf) {
+        set_err(err, errlen, "out of memory");
+        return NULL;
+    }
+    if (n > max) {
+        free(buf);
+        set_err(err, errlen, "%s: larger than %zu bytes", path, max);
+        return NULL;
+    }
+    buf[n] = 0;
+    return buf;
+}
+
+/* ---------------------------------------------------------- host API: basics */
+
+static const char *api_host_version(void)
+{
+    return HOST_VERSION;
+}
+
+static void *api_alloc(size_t n)
+{
+    return malloc(n ? n : 1);
+}
+
+static void api_free(void *p)
+{
+    free(p);
+}
+
+static void vlog(const rlai_plugin *p, int level, const char *fmt, va_list ap)
+{
+    if (level >= RLAI_LOG_INFO && p && p->host && p->host->p.quiet)
+        return;
+    static const char *names[] = { "", "error", "warning", "info", "debug" };
+    char line[1024];
+    vsnprintf(line, sizeof(line), fmt, ap);
+    fprintf(stderr, "rlai: plugin %s: %s%s%s\n", p && p->name ? p->name : "?",
+            level >= 1 && level <= 4 ? names[level] : "", level >= 1 && level <= 4 ? ": " : "", line);
+}
+
+static void api_log(rlai_plugin *self, int level, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vlog(plugin_ok(self) ? self : NULL, level, fmt, ap);
+    va_end(ap);
+}
+
+static void host_log(const rlai_plugin_host *h, const char *fmt, ...)
+{
+    if (h->p.quiet)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "rlai: ");
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+}
+
+/* ---------------------------------------------------------- registry */
+
+static command *find_cmd(rlai_plugin_host *h, const char *name)
+{
+    for (int i = 0; i < h->n_cmds; i++)
+        if (strcmp(h->cmds[i]->name, name) == 0)
+            return h->cmds[i];
+    return NULL;
+}
+
+static void free_cmd(command *c)
+{
+    if (!c)
+        return;
+    free(c->name);
+    free(c->description);
+    cJSON_Delete(c->schema);
+    free(c);
+}
+
+static int api_register_command(rlai_plugin *self, const rlai_command_desc *d_in, size_t size)
+{
+    if (!plugin_ok(self) || !d_in)
+        return RLAI_ERR_INVALID_ARG;
+    rlai_plugin_host *h = self->host;
+    if (size > sizeof(rlai_command_desc)) {
+        api_log(self, RLAI_LOG_ERROR, "%s: command descriptor of %zu bytes is newer than this host's (%zu)",
+                self->file, size, sizeof(rlai_command_desc));
+        self->refused = true;
+        return RLAI_ERR_UNSUPPORTED;
+    }
+    rlai_command_desc d;
+    memset(&d, 0, sizeof(d));
+    memcpy(&d, d_in, size);
+    pthread_mutex_lock(&h->mu);
+    int rc = 0;
+    char why[300] = "";
+    size_t nlen = strlen(self->name);
+    cJSON *schema = NULL;
+    if (h->loading != self) {
+        rc = RLAI_ERR_BUSY;
+        snprintf(why, sizeof(why), "commands can only be registered during rlai_plugin_init");
+    } else if (size < offsetof(rlai_command_desc, user) || !d.name || !d.handler) {
+        rc = RLAI_ERR_INVALID_ARG;
+        snprintf(why, sizeof(why), "a command needs a name and a handler");
+    } else if (strncmp(d.name, self->name, nlen) != 0 || d.name[nlen] != '.' ||
+               !valid_ident(d.name + nlen + 1, 64)) {
+        rc = RLAI_ERR_INVALID_ARG;
+        snprintf(why, sizeof(why), "command name '%.100s' is not '%s.<verb>' (verb of a-z, 0-9, _)",
+                 d.name, self->name);
+    } else if (!d.description || !*d.description) {
+        rc = RLAI_ERR_INVALID_ARG;
+        snprintf(why, sizeof(why), "command '%.100s' has no description", d.name);
+    } else if (find_cmd(h, d.name)) {
+        rc = RLAI_ERR_EXISTS;
+        snprintf(why, sizeof(why), "command '%.100s' is already registered by plugin '%s'", d.name,
+                 find_cmd(h, d.name)->owner->name);
+    } else {
+        schema = d.params_schema ? cJSON_Parse(d.params_schema) : cJSON_Parse("{\"type\":\"object\"}");
+        if (!cJSON_IsObject(schema)) {
+            rc = RLAI_ERR_INVALID_ARG;
+            snprintf(why, sizeof(why), "command '%.100s': params_schema is not a JSON object", d.name);
+        }
+    }
+    if (rc == 0 && h->n_cmds == h->cap_cmds) {
+        int cap = h->cap_cmds ? h->cap_cmds * 2 : 16;
+        command **nc = realloc(h->cmds, sizeof(command *) * (size_t)cap);
+        if (!nc) {
+            rc = RLAI_ERR_NOMEM;
+            snprintf(why, sizeof(why), "out of memory");
+        } else {
+            h->cmds = nc;
+            h->cap_cmds = cap;
+        }
+    }
+    if (rc == 0) {
+        command *c = calloc(1, sizeof(*c));
+        if (!c) {
+            cJSON_Delete(schema);
+            pthread_mutex_unlock(&h->mu);
+            self->refused = true;
+            return RLAI_ERR_NOMEM;
+        }
+        c->name = strdup(d.name);
+        c->description = strdup(d.description);
+        c->schema = schema;
+        schema = NULL;
+        c->handler = d.handler;
+        c->user = d.user;
+        c->flags = d.flags;
+        c->owner = self;
+        if (!c->name || !c->description) {
+            free_cmd(c);
+            rc = RLAI_ERR_NOMEM;
+            snprintf(why, sizeof(why), "out of memory");
+        } else {
+            h->cmds[h->n_cmds++] = c;
+        }
+    }
+    pthread_mutex_unlock(&h->mu);
+    cJSON_Delete(schema);
+    if (rc < 0) {
+        self->refused = true;
+        api_log(self, RLAI_LOG_ERROR, "%s: registration refused: %s", self->file, why);
+    }
+    return rc;
+}
+
+/* Removes every command of plugin p (load failure or unload). */
+static void unregister_all(rlai_plugin_host *h, rlai_plugin *p)
+{
+    pthread_mutex_lock(&h->mu);
+    int w = 0;
+    for (int i = 0; i < h->n_cmds; i++) {
+        if (h->cmds[i]->owner == p)
+            free_cmd(h->cmds[i]);
+        else
+            h->cmds[w++] = h->cmds[i];
+    }
+    h->n_cmds = w;
+    pthread_mutex_unlock(&h->mu);
+}
+
+static void api_set_state(rlai_plugin *self, void *state)
+{
+    if (plugin_ok(self))
+        self->state = state;
+}
+
+static const cJSON *api_config(rlai_plugin *self)
+{
+    return plugin_ok(self) ? self->config : NULL;
+}
+
+static const char *api_plugin_dir(rlai_plugin *self)
+{
+    return plugin_ok(self) ? self->dir : NULL;
+}
+
+/* ---------------------------------------------------------- host API: replies */
+
+static int api_reply_json(rlai_call *call, cJSON *value)
+{
+    if (!call_ok(call)) {
+        cJSON_Delete(value);
+        return RLAI_ERR_INVALID_ARG;
+    }
+    int rc = 0;
+    if (!value)
+        rc = RLAI_ERR_INVALID_ARG;
+    else if (atomic_load(&call->ended) || atomic_load(&call->cancel))
+        rc = RLAI_ERR_CANCELLED;
+    else if (call->sink.result(call->sink.user, value) != 0) {
+        atomic_store(&call->cancel, true);
+        rc = RLAI_ERR_CANCELLED;
+    }
+    cJSON_Delete(value);
+    return rc;
+}
+
+static int api_reply_error(rlai_call *call, int code, const char *fmt, ...)
+{
+    if (!call_ok(call))
+        return code;
+    if (code >= 0)
+        code = RLAI_ERR_INVALID_ARG;
+    if (atomic_exchange(&call->ended, true))
+        return code;
+    char msg[1024] = "";
+    if (fmt) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(msg, sizeof(msg), fmt, ap);
+        va_end(ap);
+    }
+    call->sink.error(call->sink.user, code, msg[0] ? msg : rlai_strerror(code));
+    return code;
+}
+
+static int api_stream_text(rlai_call *call, const char *text, size_t len)
+{
+    if (!call_ok(call) || (!text && len))
+        return RLAI_ERR_INVALID_ARG;
+    if (atomic_load(&call->ended) || atomic_load(&call->cancel))
+        return RLAI_ERR_CANCELLED;
+    if (call->sink.token(call->sink.user, text ? text : "", len) != 0) {
+        atomic_store(&call->cancel, true);
+        return RLAI_ERR_CANCELLED;
+    }
+    return 0;
+}
+
+static bool api_cancelled(rlai_call *call)
+{
+    return !call_ok(call) || atomic_load(&call->cancel) || atomic_load(&call->ended);
+}
+
+/* ---------------------------------------------------------- host API: engine */
+
+static rlai_engine *engine_of_plugin(rlai_plugin *self)
+{
+    return plugin_ok(self) ? self->host->p.engine : NULL;
+}
+
+static int tokenize_text(rlai_engine *e, const char *text, rlai_token **out)
+{
+    size_t len = strlen(text);
+    int n = rlai_engine_tokenize(e, text, len, true, true, NULL, 0);
+    if (n < 0)
+        return n;
+    rlai_token *t = malloc(sizeof(rlai_token) * (size_t)(n > 0 ? n : 1));
+    if (!t)
+        return RLAI_ERR_NOMEM;
+    n = rlai_engine_tokenize(e, text, len, true, true, t, n);
+    if (n < 0) {
+        free(t);
+        return n;
+    }
+    *out = t;
+    return n;
+}
+
+static int format_chat(rlai_engine *e, const rlai_plugin_message *msgs, int n, bool gen, char **out)
+{
+    if (!msgs || n <= 0)
+        return RLAI_ERR_INVALID_ARG;
+    rlai_chat_message *cm = calloc((size_t)n, sizeof(*cm));
+    if (!cm)
+        return RLAI_ERR_NOMEM;
+    for (int i = 0; i < n; i++) {
+        if (!msgs[i].role || !msgs[i].content) {
+            free(cm);
+            return RLAI_ERR_INVALID_ARG;
+        }
+        cm[i].role = msgs[i].role;
+        cm[i].content = msgs[i].content;
+    }
+    int rc = rlai_engine_apply_chat(e, cm, n, gen, out);
+    free(cm);
+    return rc;
+}
+
+typedef struct gen_wait {
+    rlai_call *call;
+    bool stream;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool done;
+    int status;
+    rlai_gen_metrics m;
+    char *text;
+    size_t len, cap;
+    bool oom;
+} gen_wait;
+
+static int gen_on_token(void *user, rlai_token tok, const char *text, size_t len)
+{
+    (void)tok;
+    gen_wait *w = user;
+    if (len) {
+        if (w->len + len + 1 > w->cap) {
+            size_t cap = w->cap ? w->cap * 2 : 256;
+            while (cap < w->len + len + 1)
+                cap *= 2;
+            char *nt = realloc(w->text, cap);
+            if (!nt) {
+                w->oom = true;
+                return 1;
+            }
+            w->text = nt;
+            w->cap = cap;
+        }
+        memcpy(w->text + w->len, text, len);
+        w->len += len;
+        w->text[w->len] = 0;
+        if (w->stream && !atomic_load(&w->call->ended) &&
+            w->call->sink.token(w->call->sink.user, text, len) != 0)
+            atomic_store(&w->call->cancel, true);
+    }
+    return atomic_load(&w->call->cancel) ? 1 : 0;
+}
+
+static void gen_on_done(void *user, uint64_t id, int status, const rlai_gen_metrics *m)
+{
+    (void)id;
+    gen_wait *w = user;
+    pthread_mutex_lock(&w->mu);
+    w->status = status;
+    if (m)
+        w->m = *m;
+    w->done = true;
+    pthread_cond_signal(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+}
+
+static const char *stop_name(rlai_stop_reason r)
+{
+    switch (r) {
+    case RLAI_STOP_EOG: return "eog";
+    case RLAI_STOP_MAX_TOKENS: return "max_tokens";
+    case RLAI_STOP_STRING: return "stop_string";
+    case RLAI_STOP_CONTEXT: return "context";
+    case RLAI_STOP_CANCELLED: return "cancelled";
+    default: return "";
+    }
+}
+
+static int api_generate(rlai_call *call, const rlai_gen_request *req_in, size_t size, rlai_gen_result *out)
+{
+    if (!call_ok(call) || !req_in || !out)
+        return RLAI_ERR_INVALID_ARG;
+    memset(out, 0, sizeof(*out));
+    if (size > sizeof(rlai_gen_request))
+        return RLAI_ERR_UNSUPPORTED;
+    rlai_gen_request req;
+    memset(&req, 0, sizeof(req));
+    memcpy(&req, req_in, size);
+    rlai_plugin_host *h = call->h;
+    rlai_engine *e = h->p.engine;
+    if (!e)
+        return RLAI_ERR_NOT_IMPLEMENTED;
+    if (api_cancelled(call))
+        return RLAI_ERR_CANCELLED;
+    char *prompt = NULL;
+    int rc;
+    if (req.messages && req.n_messages > 0) {
+        rc = format_chat(e, req.messages, req.n_messages, true, &prompt);
+    } else if (req.prompt) {
+        prompt = strdup(req.prompt);
+        rc = prompt ? 0 : RLAI_ERR_NOMEM;
+    } else {
+        rc = RLAI_ERR_INVALID_ARG;
+    }
+    if (rc < 0)
+        return rc;
+    rlai_token *toks = NULL;
+    int n = tokenize_text(e, prompt, &toks);
+    free(prompt);
+    if (n < 0)
+        return n;
+    rlai_model_info info;
+    rlai_engine_info(e, &info);
+    int limit = h->p.max_prompt_tokens > 0 ? h->p.max_prompt_tokens : info.n_ctx - 1;
+    if (n == 0 || n > limit) {
+        free(toks);
+        return n == 0 ? RLAI_ERR_INVALID_ARG : RLAI_ERR_TOO_LARGE;
+    }
+    gen_wait w;
+    memset(&w, 0, sizeof(w));
+    w.call = call;
+    w.stream = req.stream;
+    pthread_mutex_init(&w.mu, NULL);
+    pthread_cond_init(&w.cv, NULL);
+    rlai_request_params rp;
+    memset(&rp, 0, sizeof(rp));
+    rp.prompt = toks;
+    rp.n_prompt = n;
+    rlai_gen_params_init(&rp.gen);
+    if (req.max_tokens > 0)
+        rp.gen.max_tokens = req.max_tokens;
+    rp.gen.sampling.temperature = req.temperature > 0 ? req.temperature : 0;
+    rp.gen.sampling.top_k = req.top_k > 0 ? req.top_k : 0;
+    if (req.top_p > 0 && req.top_p < 1)
+        rp.gen.sampling.top_p = req.top_p;
+    if (req.min_p > 0)
+        rp.gen.sampling.min_p = req.min_p;
+    if (req.repeat_penalty > 0)
+        rp.gen.sampling.repeat_penalty = req.repeat_penalty;
+    rp.gen.sampling.seed = req.seed;
+    rp.gen.stop = req.stop;
+    rp.on_token = gen_on_token;
+    rp.on_done = gen_on_done;
+    rp.user = &w;
+    uint64_t eid = 0;
+    /* Publish the engine id before the job can run so a cancel finds it. */
+    pthread_mutex_lock(&call->mu);
+    rc = rlai_engine_submit(e, &rp, &eid);
+    if (rc == 0)
+        call->engine_id = eid;
+    pthread_mutex_unlock(&call->mu);
+    free(toks);
+    if (rc < 0) {
+        pthread_mutex_destroy(&w.mu);
+        pthread_cond_destroy(&w.cv);
+        return rc;
+    }
+    /* A cancel that raced the submit is re-applied here. */
+    if (atomic_load(&call->cancel))
+        rlai_engine_cancel(e, eid);
+    pthread_mutex_lock(&w.mu);
+    while (!w.done)
+        pthread_cond_wait(&w.cv, &w.mu);
+    pthread_mutex_unlock(&w.mu);
+    pthread_mutex_lock(&call->mu);
+    call->engine_id = 0;
+    pthread_mutex_unlock(&call->mu);
+    pthread_mutex_destroy(&w.mu);
+    pthread_cond_destroy(&w.cv);
+    if (w.status < 0 || w.oom) {
+        free(w.text);
+        return w.status < 0 ? w.status : RLAI_ERR_NOMEM;
+    }
+    out->text = w.text ? w.text : strdup("");
+    if (!out->text)
+        return RLAI_ERR_NOMEM;
+    out->prompt_tokens = w.m.prompt_tokens;
+    out->reused_tokens = w.m.reused_tokens;
+    out->gen_tokens = w.m.gen_tokens;
+    out->queue_ms = w.m.queue_ms;
+    out->ttft_ms = w.m.ttft_ms;
+    out->prefill_tps = w.m.prefill_tps;
+    out->decode_tps = w.m.decode_tps;
+    out->stop = atomic_load(&call->cancel) ? "cancelled" : stop_name(w.m.stop);
+    call->metrics = (rlai_call_metrics){
+        .valid = true, .prompt_tokens = out->prompt_tokens, .reused_tokens = out->reused_tokens,
+        .gen_tokens = out->gen_tokens, .queue_ms = out->queue_ms, .ttft_ms = out->ttft_ms,
+        .prefill_tps = out->prefill_tps, .decode_tps = out->decode_tps,
+    };
+    call->stop = out->stop;
+    return 0;
+}
+
+static int api_tokenize(rlai_plugin *self, const char *text, bool add_special, bool parse_special,
+                        int32_t *out, int cap)
+{
+    rlai_engine *e = engine_of_plugin(self);
+    if (!plugin_ok(self) || !text || cap < 0 || (cap > 0 && !out))
+        return RLAI_ERR_INVALID_ARG;
+    if (!e)
+        return RLAI_ERR_NOT_IMPLEMENTED;
+    return rlai_engine_tokenize(e, text, strlen(text), add_special, parse_special, out, cap);
+}
+
+static int api_apply_chat(rlai_plugin *self, const rlai_plugin_message *msgs, int n, bool gen, char **out)
+{
+    rlai_engine *e = engine_of_plugin(self);
+    if (!plugin_ok(self) || !out)
+        return RLAI_ERR_INVALID_ARG;
+    *out = NULL;
+    if (!e)
+        return RLAI_ERR_NOT_IMPLEMENTED;
+    return format_chat(e, msgs, n, gen, out);
+}
+
+static int api_pin_prefix(rlai_plugin *self, const char *text)
+{
+    rlai_engine *e = engine_of_plugin(self);
+    if (!plugin_ok(self) || !text)
+        return RLAI_ERR_INVALID_ARG;
+    if (!e)
+        return RLAI_ERR_NOT_IMPLEMENTED;
+    rlai_token *toks = NULL;
+    int n = tokenize_text(e, text, &toks);
+    if (n <= 0) {
+        free(toks);
+        return n < 0 ? n : 0;
+    }
+    pin *pn = calloc(1, sizeof(*pn));
+    if (!pn) {
+        free(toks);
+        return RLAI_ERR_NOMEM;
+    }
+    int rc = rlai_engine_pin_prefix(e, toks, n);
+    if (rc <= 0) {
+        free(toks);
+        free(pn);
+        return rc;
+    }
+    pn->toks = toks;
+    pn->n = n;
+    pthread_mutex_lock(&self->pin_mu);
+    pn->next = self->pins;
+    self->pins = pn;
+    pthread_mutex_unlock(&self->pin_mu);
+    return rc;
+}
+
+static int api_unpin_prefix(rlai_plugin *self, const char *text)
+{
+    rlai_engine *e = engine_of_plugin(self);
+    if (!plugin_ok(self) || !text)
+        return RLAI_ERR_INVALID_ARG;
+    if (!e)
+        return RLAI_ERR_NOT_IMPLEMENTED;
+    rlai_token *toks = NULL;
+    int n = tokenize_text(e, text, &toks);
+    if (n < 0)
+        return n;
+    int rc = RLAI_ERR_NOT_FOUND;
+    pthread_mutex_lock(&self->pin_mu);
+    for (pin **pp = &self->pins; *pp; pp = &(*pp)->next) {
+        pin *pn = *pp;
+        if (pn->n == n && memcmp(pn->toks, toks, sizeof(rlai_token) * (size_t)n) == 0) {
+            *pp = pn->next;
+            rc = rlai_engine_unpin_prefix(e, pn->toks, pn->n);
+            free(pn->toks);
+            free(pn);
+            break;
+        }
+    }
+    pthread_mutex_unlock(&self->pin_mu);
+    free(toks);
+    return rc;
+}
+
+static int api_model_info(rlai_plugin *self, cJSON **out)
+{
+    rlai_engine *e = engine_of_plugin(self);
+    if (!plugin_ok(self) || !out)
+        return RLAI_ERR_INVALID_ARG;
+    *out = NULL;
+    if (!e)
+        return RLAI_ERR_NOT_IMPLEMENTED;
+    rlai_model_info mi;
+    rlai_engine_info(e, &mi);
+    rlai_engine_stats st;
+    rlai_engine_get_stats(e, &st);
+    cJSON *o = cJSON_CreateObject();
+    if (!o)
+        return RLAI_ERR_NOMEM;
+    cJSON_AddStringToObject(o, "name", mi.name);
+    cJSON_AddStringToObject(o, "arch", mi.arch);
+    cJSON_AddNumberToObject(o, "n_ctx", mi.n_ctx);
+    cJSON_AddNumberToObject(o, "n_ctx_train", mi.n_ctx_train);
+    cJSON_AddNumberToObject(o, "n_layer", mi.n_layer);
+    cJSON_AddNumberToObject(o, "n_embd", mi.n_embd);
+    cJSON_AddNumberToObject(o, "n_head", mi.n_head);
+    cJSON_AddNumberToObject(o, "n_head_kv", mi.n_head_kv);
+    cJSON_AddNumberToObject(o, "head_dim", mi.head_dim);
+    cJSON_AddNumberToObject(o, "n_ff", mi.n_ff);
+    cJSON_AddNumberToObject(o, "n_vocab", mi.n_vocab);
+    cJSON_AddNumberToObject(o, "n_params", (double)mi.n_params);
+    cJSON_AddNumberToObject(o, "weight_bytes", (double)mi.weight_bytes);
+    cJSON_AddStringToObject(o, "kernels", mi.isa);
+    cJSON_AddNumberToObject(o, "threads", mi.n_threads);
+    cJSON_AddNumberToObject(o, "kv_blocks_total", st.kv_blocks_total);
+    cJSON_AddNumberToObject(o, "kv_blocks_free", st.kv_blocks_free);
+    cJSON_AddNumberToObject(o, "kv_blocks_pinned", st.kv_blocks_pinned);
+    cJSON_AddNumberToObject(o, "max_prompt_tokens",
+                            self->host->p.max_prompt_tokens > 0 ? self->host->p.max_prompt_tokens : mi.n_ctx - 1);
+    *out = o;
+    return 0;
+}
+
+static int api_gguf_describe(const char *path, cJSON **out, char *err, size_t errlen)
+{
+    return rlai_gguf_describe(path, out, err, errlen);
+}
+
+static const rlai_host_api host_api = {
+    .abi_version = RLAI_PLUGIN_ABI_VERSION,
+    .struct_size = sizeof(rlai_host_api),
+    .host_version = api_host_version,
+    .strerror = rlai_strerror,
+    .alloc = api_alloc,
+    .free = api_free,
+    .log = api_log,
+    .register_command = api_register_command,
+    .set_state = api_set_state,
+    .config = api_config,
+    .plugin_dir = api_plugin_dir,
+    .reply_json = api_reply_json,
+    .reply_error = api_reply_error,
+    .stream_text = api_stream_text,
+    .cancelled = api_cancelled,
+    .generate = api_generate,
+    .tokenize = api_tokenize,
+    .apply_chat = api_apply_chat,
+    .pin_prefix = api_pin_prefix,
+    .unpin_prefix = api_unpin_prefix,
+    .model_info = api_model_info,
+    .gguf_describe = api_gguf_describe,
+};
+
+/* ---------------------------------------------------------- workers */
+
+static void call_free(rlai_call *c)
+{
+    cJSON_Delete(c->params);
+    pthread_mutex_destroy(&c->mu);
+    c->magic = DEAD_MAGIC;
+    free(c);
+}
+
+static void run_call(rlai_plugin_host *h, rlai_call *c)
+{
+    int rc;
+    if (atomic_load(&c->cancel)) {
+        rc = RLAI_ERR_CANCELLED;
+    } else {
+        rc = c->cmd->handler(c, c->params, c->cmd->user);
+    }
+    if (!atomic_exchange(&c->ended, true)) {
+        if (atomic_load(&c->cancel))
+            c->sink.done(c->sink.user, "cancelled", &c->metrics);
+        else if (rc < 0)
+            c->sink.error(c->sink.user, rc, rlai_strerror(rc));
+        else
+            c->sink.done(c->sink.user, c->stop, &c->metrics);
+    }
+    (void)h;
+}
+
+static void *worker_main(void *arg)
+{
+    rlai_plugin_host *h = arg;
+    pthread_mutex_lock(&h->mu);
+    for (;;) {
+        while (!h->queue && !h->stopping)
+            pthread_cond_wait(&h->cv, &h->mu);
+        if (!h->queue)
+            break;   /* stopping and drained */
+        rlai_call *c = h->queue;
+        h->queue = c->next;
+        if (!h->queue)
+            h->queue_tail = NULL;
+        h->n_queued--;
+        if (h->stopping)
+            atomic_store(&c->cancel, true);
+        c->next = h->active;
+        h->active = c;
+        pthread_mutex_unlock(&h->mu);
+        run_call(h, c);
+        pthread_mutex_lock(&h->mu);
+        for (rlai_call **pp = &h->active; *pp; pp = &(*pp)->next)
+            if (*pp == c) {
+                *pp = c->next;
+                break;
+            }
+        call_free(c);
+        pthread_cond_broadcast(&h->cv);
+    }
+    pthread_mutex_unlock(&h->mu);
+    return NULL;
+}
+
+/* ---------------------------------------------------------- public */
+
+int rlai_plugin_host_new(const rlai_plugin_host_params *p, rlai_plugin_host **out)
+{
+    if (!out)
+        return RLAI_ERR_INVALID_ARG;
+    *out = NULL;
+    rlai_plugin_host *h = calloc(1, sizeof(*h));
+    if (!h)
+        return RLAI_ERR_NOMEM;
+    if (p)
+        h->p = *p;
+    if (h->p.workers <= 0)
+        h->p.workers = 4;
+    if (h->p.workers > 64)
+        h->p.workers = 64;
+    if (h->p.max_queue <= 0)
+        h->p.max_queue = 64;
+    h->plugin_config = p && p->plugin_config ? cJSON_Duplicate(p->plugin_config, true) : NULL;
+    h->p.plugin_config = h->plugin_config;
+    h->next_id = 1;
+    pthread_mutex_init(&h->mu, NULL);
+    pthread_cond_init(&h->cv, NULL);
+    h->threads = calloc((size_t)h->p.workers, sizeof(pthread_t));
+    if (!h->threads) {
+        rlai_plugin_host_destroy(&h);
+        return RLAI_ERR_NOMEM;
+    }
+    for (int i = 0; i < h->p.workers; i++) {
+        if (pthread_create(&h->threads[i], NULL, worker_main, h) != 0) {
+            rlai_plugin_host_destroy(&h);
+            return RLAI_ERR_NOMEM;
+        }
+        h->n_threads++;
+    }
+    *out = h;
+    return 0;
+}
+
+static void plugin_unload(rlai_plugin_host *h, rlai_plugin *p, bool run_fini)
+{
+    unregister_all(h, p);
+    if (run_fini && p->fini)
+        p->fini(p->state);
+    while (p->pins) {
+        pin *pn = p->pins;
+        p->pins = pn->next;
+        if (h->p.engine)
+            rlai_engine_unpin_prefix(h->p.engine, pn->toks, pn->n);
+        free(pn->toks);
+        free(pn);
+    }
+    if (p->dl)
+        dlclose(p->dl);
+    cJSON_Delete(p->config);
+    free(p->name);
+    free(p->version);
+    free(p->description);
+    free(p->dir);
+    free(p->file);
+    pthread_mutex_destroy(&p->pin_mu);
+    p->magic = DEAD_MAGIC;
+    free(p);
+}
+
+void rlai_plugin_host_destroy(rlai_plugin_host **self_p)
+{
+    if (!self_p || !*self_p)
+        return;
+    rlai_plugin_host *h = *self_p;
+    *self_p = NULL;
+    /* Cancel queued and running calls; workers end queued ones with a
+     * "cancelled" terminal, running handlers see cancelled() and their
+     * engine jobs are cancelled. */
+    pthread_mutex_lock(&h->mu);
+    h->stopping = true;
+    for (rlai_call *c = h->queue; c; c = c->next)
+        atomic_store(&c->cancel, true);
+    for (rlai_call *c = h->active; c; c = c->next) {
+        atomic_store(&c->cancel, true);
+        pthread_mutex_lock(&c->mu);
+        if (c->engine_id && h->p.engine)
+            rlai_engine_cancel(h->p.engine, c->engine_id);
+        pthread_mutex_unlock(&c->mu);
+    }
+    pthread_cond_broadcast(&h->cv);
+    pthread_mutex_unlock(&h->mu);
+    for (int i = 0; i < h->n_threads; i++)
+        pthread_join(h->threads[i], NULL);
+    free(h->threads);
+    while (h->plugins) {
+        rlai_plugin *p = h->plugins;
+        h->plugins = p->next;
+        plugin_unload(h, p, true);
+    }
+    for (int i = 0; i < h->n_cmds; i++)
+        free_cmd(h->cmds[i]);
+    free(h->cmds);
+    cJSON_Delete(h->plugin_config);
+    pthread_mutex_destroy(&h->mu);
+    pthread_cond_destroy(&h->cv);
+    free(h);
+}
+
+/* Validates manifest.json of folder dir; fills name/version/description/
+ * entry/config. Returns 0 or RLAI_ERR_FORMAT with a message. */
+static int read_manifest(const char *dir, cJSON **root_out, char *err, size_t errlen)
+{
+    char path[PATH_MAX];
+    snprintf(path, sizeof(path), "%s/manifest.json", dir);
+    char *text = read_small_file(path, MAX_MANIFEST_BYTES, err, errlen);
+    if (!text)
+        return RLAI_ERR_IO;
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithOpts(text, &end, true);
+    if (!root) {
+        size_t off = end ? (size_t)(end - text) : 0;
+        set_err(err, errlen, "%s: not valid JSON (near byte %zu)", path, off);
+        free(text);
+        return RLAI_ERR_FORMAT;
+    }
+    free(text);
+    static const struct { const char *key; bool required; int type; } keys[] = {
+        { "name", true, cJSON_String }, { "version", true, cJSON_String },
+        { "entry", true, cJSON_String }, { "description", true, cJSON_String },
+        { "abi", false, cJSON_Number }, { "config", false, cJSON_Object },
+        { "commands", false, cJSON_Array }, { "author", false, cJSON_String },
+        { "license", false, cJSON_String }, { "homepage", false, cJSON_String },
+    };
+    const char *why = NULL, *key = NULL;
+    if (!cJSON_IsObject(root))
+        why = "is not a JSON object";
+    for (size_t i = 0; !why && i < sizeof(keys) / sizeof(keys[0]); i++) {
+        cJSON *v = cJSON_GetObjectItemCaseSensitive(root, keys[i].key);
+        key = keys[i].key;
+        if (!v && keys[i].required)
+            why = "is missing";
+        else if (v && !(v->type & keys[i].type))
+            why = keys[i].type == cJSON_String ? "must be a string"
+                : keys[i].type == cJSON_Number ? "must be a number"
+                : keys[i].type == cJSON_Object ? "must be an object" : "must be an array";
+    }
+    if (!why) {
+        for (cJSON *it = root->child; it && !why; it = it->next) {
+            bool known = false;
+            for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++)
+                known |= strcmp(it->string, keys[i].key) == 0;
+            if (!known) {
+                key = it->string;
+                why = "is not a manifest key (name, version, entry, description, abi, config, "
+                      "commands, author, license, homepage)";
+            }
+        }
+    }
+    if (!why) {
+        const char *name = cJSON_GetObjectItemCaseSensitive(root, "name")->valuestring;
+        const char *entry = cJSON_GetObjectItemCaseSensitive(root, "entry")->valuestring;
+        const char *version = cJSON_GetObjectItemCaseSensitive(root, "version")->valuestring;
+        cJSON *abi = cJSON_GetObjectItemCaseSensitive(root, "abi");
+        if (!valid_ident(name, MAX_NAME)) {
+            key = "name";
+            why = "must be 1-32 characters of a-z, 0-9, _ starting with a letter";
+        } else if (!*entry || strchr(entry, '/') || strchr(entry, '\\') || strcmp(entry, "..") == 0 ||
+                   strcmp(entry, ".") == 0) {
+            key = "entry";
+            why = "must be a file name inside the plugin folder";
+        } else if (!*version || strlen(version) > 32) {
+            key = "version";
+            why = "must be a version such as \"1.0.0\"";
+        } else if (abi && abi->valuedouble != RLAI_PLUGIN_ABI_MAJOR) {
+            set_err(err, errlen, "%s: \"abi\" is %g but this host speaks plugin ABI %d.%d", path,
+                    abi->valuedouble, RLAI_PLUGIN_ABI_MAJOR, RLAI_PLUGIN_ABI_MINOR);
+            cJSON_Delete(root);
+            return RLAI_ERR_ABI;
+        }
+    }
+    if (why) {
+        if (key)
+            set_err(err, errlen, "%s: \"%s\" %s", path, key, why);
+        else
+            set_err(err, errlen, "%s %s", path, why);
+        cJSON_Delete(root);
+        return RLAI_ERR_FORMAT;
+    }
+    *root_out = root;
+    return 0;
+}
+
+/* Refuses files others could have replaced. */
+static int check_file_safety(const char *path, char *err, size_t errlen)
+{
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        set_err(err, errlen, "%s: %s", path, strerror(errno));
+        return RLAI_ERR_IO;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        set_err(err, errlen, "%s: not a regular file", path);
+        return RLAI_ERR_INVALID_ARG;
+    }
+    if (st.st_uid != getuid() && st.st_uid != 0) {
+        set_err(err, errlen, "%s: refused: owned by uid %u, not by this user (%u) or root", path,
+                (unsigned)st.st_uid, (unsigned)getuid());
+        return RLAI_ERR_INVALID_ARG;
+    }
+    if (st.st_mode & S_IWOTH) {
+        set_err(err, errlen, "%s: refused: the file is world-writable (chmod o-w)", path);
+        return RLAI_ERR_INVALID_ARG;
+    }
+    return 0;
+}
+
+static cJSON *merge_config(const cJSON *base, const cJSON *over)
+{
+    cJSON *c = base ? cJSON_Duplicate(base, true) : cJSON_CreateObject();
+    if (!c || !cJSON_IsObject(over))
+        return c;
+    for (const cJSON *it = over->child; it; it = it->next) {
+        cJSON *v = cJSON_Duplicate(it, true);
+        if (!v)
+            continue;
+        if (cJSON_GetObjectItemCaseSensitive(c, it->string))
+            cJSON_ReplaceItemInObjectCaseSensitive(c, it->string, v);
+        else
+            cJSON_AddItemToObject(c, it->string, v);
+    }
+    return c;
+}
+
+int rlai_plugin_host_load(rlai_plugin_host *h, const char *dir, char *err, size_t errlen)
+{
+    if (!h || !dir)
+        return RLAI_ERR_INVALID_ARG;
+    char absdir[PATH_MAX];
+    if (!realpath(dir, absdir)) {
+        set_err(err, errlen, "%s: %s", dir, strerror(errno));
+        return RLAI_ERR_IO;
+    }
+    cJSON *man = NULL;
+    int rc = read_manifest(absdir, &man, err, errlen);
+    if (rc < 0)
+        return rc;
+    const char *name = cJSON_GetObjectItemCaseSensitive(man, "name")->valuestring;
+    char file[PATH_MAX + 64];
+    snprintf(file, sizeof(file), "%s/%s", absdir, cJSON_GetObjectItemCaseSensitive(man, "entry")->valuestring);
+    for (rlai_plugin *q = h->plugins; q; q = q->next)
+        if (strcmp(q->name, name) == 0) {
+            set_err(err, errlen, "%s: a plugin named '%s' is already loaded from %s", file, name, q->dir);
+            cJSON_Delete(man);
+            return RLAI_ERR_EXISTS;
+        }
+    if ((rc = check_file_safety(file, err, errlen)) < 0) {
+        cJSON_Delete(man);
+        return rc;
+    }
+    rlai_plugin *p = calloc(1, sizeof(*p));
+    if (!p) {
+        cJSON_Delete(man);
+        return RLAI_ERR_NOMEM;
+    }
+    p->magic = PLUGIN_MAGIC;
+    p->host = h;
+    pthread_mutex_init(&p->pin_mu, NULL);
+    p->name = strdup(name);
+    p->version = strdup(cJSON_GetObjectItemCaseSensitive(man, "version")->valuestring);
+    p->description = strdup(cJSON_GetObjectItemCaseSensitive(man, "description")->valuestring);
+    p->dir = strdup(absdir);
+    p->file = strdup(file);
+    const cJSON *over = h->plugin_config ? cJSON_GetObjectItemCaseSensitive(h->plugin_config, name) : NULL;
+    p->config = merge_config(cJSON_GetObjectItemCaseSensitive(man, "config"), over);
+    cJSON_Delete(man);
+    if (!p->name || !p->version || !p->description || !p->dir || !p->file || !p->config) {
+        plugin_unload(h, p, false);
+        return RLAI_ERR_NOMEM;
+    }
+    p->dl = dlopen(file, RTLD_NOW | RTLD_LOCAL);
+    if (!p->dl) {
+        const char *de = dlerror();
+        set_err(err, errlen, "%s: cannot load: %s", file, de ? de : "unknown dlopen error");
+        plugin_unload(h, p, false);
+        return RLAI_ERR_IO;
+    }
+    const rlai_plugin_abi *abi = dlsym(p->dl, "rlai_plugin_abi_record");
+    int (*init)(const rlai_host_api *, rlai_plugin *, char **) = NULL;
+    *(void **)&init = dlsym(p->dl, "rlai_plugin_init");
+    *(void **)&p->fini = dlsym(p->dl, "rlai_plugin_fini");
+    if (!abi || !init) {
+        set_err(err, errlen, "%s: not an RTX-LocalAI plugin: symbol %s is missing", file,
+                !abi ? "rlai_plugin_abi_record (RLAI_PLUGIN_DECLARE())" : "rlai_plugin_init");
+        plugin_unload(h, p, false);
+        return RLAI_ERR_FORMAT;
+    }
+    if (abi->major != RLAI_PLUGIN_ABI_MAJOR || abi->minor > RLAI_PLUGIN_ABI_MINOR) {
+        set_err(err, errlen, "%s: refused: built for plugin ABI %u.%u, this host has %d.%d (%s)", file,
+                abi->major, abi->minor, RLAI_PLUGIN_ABI_MAJOR, RLAI_PLUGIN_ABI_MINOR,
+                abi->major != RLAI_PLUGIN_ABI_MAJOR ? "another major version"
+                                                    : "newer than the host: update RTX-LocalAI");
+        plugin_unload(h, p, false);
+        return RLAI_ERR_ABI;
+    }
+    if (!abi->signature || strcmp(abi->signature, RLAI_PLUGIN_SIGNATURE) != 0) {
+        set_err(err, errlen, "%s: refused: build signature \"%s\" differs from the host's \"%s\"", file,
+                abi->signature ? abi->signature : "(none)", RLAI_PLUGIN_SIGNATURE);
+        plugin_unload(h, p, false);
+        return RLAI_ERR_ABI;
+    }
+    char *msg = NULL;
+    pthread_mutex_lock(&h->mu);
+    h->loading = p;
+    pthread_mutex_unlock(&h->mu);
+    int irc = init(&host_api, p, &msg);
+    pthread_mutex_lock(&h->mu);
+    h->loading = NULL;
+    pthread_mutex_unlock(&h->mu);
+    if (irc != 0 || p->refused) {
+        if (irc != 0)
+            set_err(err, errlen, "%s: plugin '%s' %s: init failed (%d%s%s)%s%s", file, p->name, p->version, irc,
+                    irc < 0 ? ": " : "", irc < 0 ? rlai_strerror(irc) : "", msg ? ": " : "", msg ? msg : "");
+        else
+            set_err(err, errlen, "%s: plugin '%s' %s: refused: a command registration was refused (see above)",
+                    file, p->name, p->version);
+        free(msg);
+        /* Undo: registrations, pins; fini only runs for a plugin whose init
+         * succeeded (it may hold state). */
+        plugin_unload(h, p, irc == 0);
+        return irc < 0 ? irc : RLAI_ERR_INVALID_ARG;
+    }
+    free(msg);
+    pthread_mutex_lock(&h->mu);
+    rlai_plugin **pp = &h->plugins;
+    while (*pp)
+        pp = &(*pp)->next;
+    *pp = p;
+    int n = 0;
+    for (int i = 0; i < h->n_cmds; i++)
+        n += h->cmds[i]->owner == p;
+    pthread_mutex_unlock(&h->mu);
+    host_log(h, "loaded plugin %s %s (%d command%s) from %s", p->name, p->version, n, n == 1 ? "" : "s", p->dir);
+    return 0;
+}
+
+static int cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+int rlai_plugin_host_load_all(rlai_plugin_host *h, const char *root)
+{
+    DIR *d = opendir(root);
+    if (!d)
+        return RLAI_ERR_IO;
+    char **names = NULL;
+    size_t n = 0, cap = 0;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        if (de->d_name[0] == '.')
+            continue;
+        char mpath[PATH_MAX];
+        snprintf(mpath, sizeof(mpath), "%s/%s/manifest.json", root, de->d_name);
+        if (access(mpath, F_OK) != 0)
+            continue;
+        if (n == cap) {
+            cap = cap ? cap * 2 : 16;
+            char **nn = realloc(names, cap * sizeof(char *));
+            if (!nn)
+                break;
+            names = nn;
+        }
+        if (!(names[n] = strdup(de->d_name)))
+            break;
+        n++;
+    }
+    closedir(d);
+    if (n)
+        qsort(names, n, sizeof(char *), cmp_str);
+    int loaded = 0;
+    for (size_t i = 0; i < n; i++) {
+        char dir[PATH_MAX], err[1024] = "";
+        snprintf(dir, sizeof(dir), "%s/%s", root, names[i]);
+        if (rlai_plugin_host_load(h, dir, err, sizeof(err)) == 0)
+            loaded++;
+        else
+            fprintf(stderr, "rlai: plugin not loaded: %s\n", err);
+        free(names[i]);
+    }
+    free(names);
+    return loaded;
+}
+
+int rlai_plugin_host_call(rlai_plugin_host *h, const char *command_name, const char *params_json,
+                          const rlai_call_sink *sink, uint64_t *call_id, char *err, size_t errlen)
+{
+    if (call_id)
+        *call_id = 0;
+    if (!h || !command_name || !sink || !sink->token || !sink->result || !sink->done || !sink->error) {
+        set_err(err, errlen, "invalid call");
+        return RLAI_ERR_INVALID_ARG;
+    }
+    cJSON *params = NULL;
+    if (params_json && *params_json) {
+        const char *end = NULL;
+        params = cJSON_ParseWithOpts(params_json, &end, true);
+        if (!cJSON_IsObject(params)) {
+            cJSON_Delete(params);
+            set_err(err, errlen, "params of '%.200s' must be a JSON object", command_name);
+            return RLAI_ERR_INVALID_ARG;
+        }
+    } else {
+        params = cJSON_CreateObject();
+    }
+    if (!params) {
+        set_err(err, errlen, "out of memory");
+        return RLAI_ERR_NOMEM;
+    }
+    rlai_call *c = calloc(1, sizeof(*c));
+    if (!c) {
+        cJSON_Delete(params);
+        set_err(err, errlen, "out of memory");
+        return RLAI_ERR_NOMEM;
+    }
+    c->magic = CALL_MAGIC;
+    c->h = h;
+    c->params = params;
+    c->sink = *sink;
+    c->stop = "";
+    atomic_init(&c->cancel, false);
+    atomic_init(&c->ended, false);
+    pthread_mutex_init(&c->mu, NULL);
+    int rc = 0;
+    pthread_mutex_lock(&h->mu);
+    command *cmd = find_cmd(h, command_name);
+    if (cmd && cmd->owner == h->loading)
+        cmd = NULL;   /* its plugin's init has not succeeded yet */
+    if (h->stopping) {
+        rc = RLAI_ERR_CANCELLED;
+        set_err(err, errlen, "engine shutting down");
+    } else if (!cmd) {
+        rc = RLAI_ERR_NOT_FOUND;
+        set_err(err, errlen, "unknown command '%.200s' (%d command%s registered; see `rlai plugins`)",
+                command_name, h->n_cmds, h->n_cmds == 1 ? "" : "s");
+    } else if ((cmd->flags & RLAI_CMD_USES_ENGINE) && !h->p.engine) {
+        rc = RLAI_ERR_NOT_IMPLEMENTED;
+        set_err(err, errlen, "command '%.200s' needs a loaded model; none is loaded here", command_name);
+    } else if (h->n_queued >= h->p.max_queue) {
+        rc = RLAI_ERR_BUSY;
+        set_err(err, errlen, "too many plugin calls waiting (%d)", h->n_queued);
+    } else {
+        c->cmd = cmd;
+        c->id = h->next_id++;
+        if (h->queue_tail)
+            h->queue_tail->next = c;
+        else
+            h->queue = c;
+        h->queue_tail = c;
+        h->n_queued++;
+        if (call_id)
+            *call_id = c->id;
+        pthread_cond_signal(&h->cv);
+    }
+    pthread_mutex_unlock(&h->mu);
+    if (rc < 0)
+        call_free(c);
+    return rc;
+}
+
+int rlai_plugin_host_cancel(rlai_plugin_host *h, uint64_t call_id)
+{
+    if (!h || !call_id)
+        return RLAI_ERR_INVALID_ARG;
+    int rc = RLAI_ERR_NOT_FOUND;
+    pthread_mutex_lock(&h->mu);
+    for (int l = 0; l < 2 && rc; l++)
+        for (rlai_call *c = l ? h->active : h->queue; c; c = c->next)
+            if (c->id == call_id) {
+                atomic_store(&c->cancel, true);
+                pthread_mutex_lock(&c->mu);
+                if (c->engine_id && h->p.engine)
+                    rlai_engine_cancel(h->p.engine, c->engine_id);
+                pthread_mutex_unlock(&c->mu);
+                rc = 0;
+                break;
+            }
+    pthread_mutex_unlock(&h->mu);
+    return rc;
+}
+
+static int cmp_cmd(const void *a, const void *b)
+{
+    return strcmp((*(command *const *)a)->name, (*(command *const *)b)->name);
+}
+
+cJSON *rlai_plugin_host_commands_json(rlai_plugin_host *h)
+{
+    cJSON *root = cJSON_CreateObject();
+    cJSON *arr = root ? cJSON_AddArrayToObject(root, "commands") : NULL;
+    if (!arr) {
+        cJSON_Delete(root);
+        return NULL;
+    }
+    if (!h)
+        return root;
+    pthread_mutex_lock(&h->mu);
+    command **sorted = malloc(sizeof(command *) * (size_t)(h->n_cmds ? h->n_cmds : 1));
+    if (sorted) {
+        for (int i = 0; i < h->n_cmds; i++)
+            sorted[i] = h->cmds[i];
+        qsort(sorted, (size_t)h->n_cmds, sizeof(command *), cmp_cmd);
+        for (int i = 0; i < h->n_cmds; i++) {
+            cJSON *o = cJSON_CreateObject();
+            if (!o)
+                break;
+            cJSON_AddStringToObject(o, "name", sorted[i]->name);
+            cJSON_AddStringToObject(o, "description", sorted[i]->description);
+            cJSON_AddItemToObject(o, "parameters", cJSON_Duplicate(sorted[i]->schema, true));
+            cJSON_AddStringToObject(o, "plugin", sorted[i]->owner->name);
+            cJSON_AddBoolToObject(o, "streams", (sorted[i]->flags & RLAI_CMD_STREAMS) != 0);
+            cJSON_AddBoolToObject(o, "uses_engine", (sorted[i]->flags & RLAI_CMD_USES_ENGINE) != 0);
+            cJSON_AddItemToArray(arr, o);
+        }
+        free(sorted);
+    }
+    pthread_mutex_unlock(&h->mu);
+    return root;
+}
+
+cJSON *rlai_plugin_host_plugins_json(rlai_plugin_host *h)
+{
+    cJSON *arr = cJSON_CreateArray();
+    if (!arr || !h)
+        return arr;
+    pthread_mutex_lock(&h->mu);
+    for (rlai_plugin *p = h->plugins; p; p = p->next) {
+        cJSON *o = cJSON_CreateObject();
+        if (!o)
+            break;
+        cJSON_AddStringToObject(o, "name", p->name);
+        cJSON_AddStringToObject(o, "version", p->version);
+        cJSON_AddStringToObject(o, "description", p->description);
+        cJSON_AddStringToObject(o, "dir", p->dir);
+        cJSON *cmds = cJSON_AddArrayToObject(o, "commands");
+        for (int i = 0; cmds && i < h->n_cmds; i++)
+            if (h->cmds[i]->owner == p)
+                cJSON_AddItemToArray(cmds, cJSON_CreateString(h->cmds[i]->name));
+        cJSON_AddItemToArray(arr, o);
+    }
+    pthread_mutex_unlock(&h->mu);
+    return arr;
+}
+
+int rlai_plugin_host_n_commands(rlai_plugin_host *h)
+{
+    if (!h)
+        return 0;
+    pthread_mutex_lock(&h->mu);
+    int n = h->n_cmds;
+    pthread_mutex_unlock(&h->mu);
+    return n;
+}

@@ -1,0 +1,102 @@
+/* plugin_host.h - loads plugins (include/rlai/plugin.h), keeps the command
+ * registry and runs command calls on worker threads.
+ *
+ * The host is transport-agnostic: whoever starts a call (the daemon for a
+ * protocol `call`, the HTTP front, `rlai fit` in-process) passes a sink
+ * that turns the call's output into frames, lines or HTTP chunks. Sink
+ * callbacks run on the worker thread of the call; exactly one of done or
+ * error ends every call that rlai_plugin_host_call() accepted.
+ *
+ * Threads: load/unload on one thread (the daemon's main thread);
+ * rlai_plugin_host_call, _cancel, _commands_json and _find are thread-safe.
+ */
+#ifndef RLAI_HOST_PLUGIN_HOST_H
+#define RLAI_HOST_PLUGIN_HOST_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cjson/cJSON.h>
+
+#include "rlai/engine.h"
+
+typedef struct rlai_plugin_host rlai_plugin_host;
+
+/* Metrics of the engine jobs a call ran (the last generate of the call). */
+typedef struct rlai_call_metrics {
+    bool valid;                     /* false: the call ran no engine job */
+    int prompt_tokens, reused_tokens, gen_tokens;
+    double queue_ms, ttft_ms, prefill_tps, decode_tps;
+} rlai_call_metrics;
+
+typedef struct rlai_call_sink {
+    /* A text piece (whole UTF-8 characters). Returns 0, or non-zero when
+     * the receiver is gone (the call is then cancelled). */
+    int (*token)(void *user, const char *text, size_t len);
+    /* One result value (borrowed for the callback). */
+    int (*result)(void *user, const cJSON *value);
+    /* Terminal: success. m->valid tells whether metrics exist. */
+    void (*done)(void *user, const char *stop, const rlai_call_metrics *m);
+    /* Terminal: failure; code is a negative rlai_error. */
+    void (*error)(void *user, int code, const char *msg);
+    void *user;
+} rlai_call_sink;
+
+typedef struct rlai_plugin_host_params {
+    rlai_engine *engine;            /* shared engine, borrowed; NULL = no model (engine
+                                       jobs answer RLAI_ERR_NOT_IMPLEMENTED) */
+    int workers;                    /* worker threads; 0 = 4 */
+    int max_queue;                  /* calls waiting for a worker; 0 = 64 */
+    int max_prompt_tokens;          /* limit for engine jobs; 0 = engine context */
+    const cJSON *plugin_config;     /* {"<plugin name>": {overrides}} or NULL; copied */
+    bool quiet;                     /* no info log lines (errors still go to stderr) */
+} rlai_plugin_host_params;
+
+/* Creates a host with no plugins and starts its workers. *out owned by the
+ * caller (rlai_plugin_host_destroy). */
+int rlai_plugin_host_new(const rlai_plugin_host_params *p, rlai_plugin_host **out);
+
+/* Stops accepting calls, cancels the running ones and waits for them,
+ * runs each plugin's fini, unpins what plugins pinned, unloads, frees.
+ * Accepts NULL; nulls *self_p. */
+void rlai_plugin_host_destroy(rlai_plugin_host **self_p);
+
+/* Loads one plugin folder (holding manifest.json). Returns 0, or a negative
+ * error with a message naming the file and the problem in err. A failed
+ * load leaves no trace (registrations undone, library unloaded). */
+int rlai_plugin_host_load(rlai_plugin_host *h, const char *dir, char *err, size_t errlen);
+
+/* Loads every sub-folder of `root` that holds a manifest.json, in name
+ * order. Failures are logged to stderr and skipped. Returns the number of
+ * plugins loaded, or a negative error when root cannot be read. */
+int rlai_plugin_host_load_all(rlai_plugin_host *h, const char *root);
+
+/* Starts a call of `command` with `params_json` (NULL or "" = {}).
+ * Returns 0 when the call was queued: the sink then gets its terminal
+ * callback exactly once, on a worker thread (possibly before this returns).
+ * Returns a negative error and never calls the sink otherwise, with a
+ * message in err: RLAI_ERR_NOT_FOUND (unknown command), RLAI_ERR_INVALID_ARG
+ * (params not a JSON object), RLAI_ERR_NOT_IMPLEMENTED (command needs the
+ * engine, none loaded), RLAI_ERR_BUSY (queue full), RLAI_ERR_CANCELLED
+ * (host stopping). *call_id (may be NULL) receives a handle for cancel. */
+int rlai_plugin_host_call(rlai_plugin_host *h, const char *command, const char *params_json,
+                          const rlai_call_sink *sink, uint64_t *call_id, char *err, size_t errlen);
+
+/* Asks a call to stop (its engine job is cancelled; the handler sees
+ * cancelled() true). Returns 0 or RLAI_ERR_NOT_FOUND once it has ended. */
+int rlai_plugin_host_cancel(rlai_plugin_host *h, uint64_t call_id);
+
+/* The registry as JSON: {"commands": [{"name", "description",
+ * "parameters" (schema object), "plugin", "streams"}...]} sorted by name.
+ * Caller owns the result. */
+cJSON *rlai_plugin_host_commands_json(rlai_plugin_host *h);
+
+/* Loaded plugins as JSON: [{"name", "version", "description", "dir",
+ * "commands": [names]}...]. Caller owns the result. */
+cJSON *rlai_plugin_host_plugins_json(rlai_plugin_host *h);
+
+/* Number of registered commands. */
+int rlai_plugin_host_n_commands(rlai_plugin_host *h);
+
+#endif

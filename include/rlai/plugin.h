@@ -1,0 +1,322 @@
+/* rlai/plugin.h - the RTX-LocalAI plugin ABI: the only header a plugin needs.
+ *
+ * A plugin is a shared object (.so / .dll) in its own folder next to a
+ * manifest.json. The engine process (`rlai serve`) loads it at start and
+ * calls its one entry point with a table of host functions. During that
+ * call the plugin registers commands ("plugin.verb"); clients reach them
+ * with the protocol's `call` request, `rlai call`, G-Assist and HTTP. All
+ * plugins share one engine (model, KV cache, prefix cache, scheduler).
+ *
+ * Writing a plugin (see samples/plugin-template/ for a complete one):
+ *
+ *     #include <rlai/plugin.h>
+ *     RLAI_PLUGIN_DECLARE();                  // the ABI record the host checks
+ *
+ *     static int hello(rlai_call *call, const cJSON *params, void *user) {
+ *         const rlai_host_api *h = user;
+ *         cJSON *r = cJSON_CreateObject();
+ *         cJSON_AddStringToObject(r, "greeting", "hello");
+ *         return h->reply_json(call, r);     // takes ownership of r
+ *     }
+ *
+ *     RLAI_PLUGIN_EXPORT int rlai_plugin_init(const rlai_host_api *host,
+ *                                             rlai_plugin *self, char **errmsg) {
+ *         rlai_command_desc d = { .name = "demo.hello",
+ *             .description = "Says hello.", .params_schema = "{\"type\":\"object\"}",
+ *             .handler = hello, .user = (void *)host };
+ *         return host->register_command(self, &d, sizeof d);
+ *     }
+ *
+ * Loading, in order (the host refuses with a log line naming the file and
+ * the values involved, and keeps serving without that plugin):
+ *   1. manifest.json is read and validated (name, version, entry, ...).
+ *   2. The entry file must be a regular file owned by the user or root and
+ *      not group/world-writable (nor its folder).
+ *   3. dlopen(RTLD_NOW | RTLD_LOCAL); the symbol `rlai_plugin_abi_record`
+ *      (from RLAI_PLUGIN_DECLARE) must exist; its major must equal the
+ *      host's, its minor must not be newer than the host's, and its build
+ *      signature must match.
+ *   4. rlai_plugin_init() runs. It may register commands and set its state.
+ *      If it returns non-zero, every registration it made is undone, the
+ *      message in *errmsg (allocated with host->alloc; the host frees it) is
+ *      logged, and the library is unloaded.
+ *   5. At shutdown, after the last call has ended, the optional
+ *      rlai_plugin_fini(state) runs, then the library is unloaded.
+ *
+ * ABI growth: rlai_host_api starts with abi_version and struct_size; new
+ * members are only ever appended (each marked "since 1.x"). A plugin built
+ * against a newer minor tests RLAI_HOST_HAS(host, member) before using a
+ * member its host may lack. Structs the plugin passes in (command
+ * descriptors, generation requests) are passed with their size, so an
+ * older plugin's shorter struct keeps working.
+ *
+ * Threads: rlai_plugin_init and rlai_plugin_fini run on the host's main
+ * thread. Command handlers run on the host's worker threads, several at a
+ * time (one call per worker): a handler touching shared plugin state must
+ * lock it. A handler may block (an engine job blocks its worker until it
+ * ends); it must not keep the call after it returns.
+ *
+ * Errors: functions return 0 (or a count) on success and a negative
+ * rlai_error (rlai/error.h) on failure; host->strerror() names a code.
+ * Nothing here sets errno.
+ */
+#ifndef RLAI_PLUGIN_H
+#define RLAI_PLUGIN_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cjson/cJSON.h>
+
+#include "rlai/error.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ABI version this header describes. A host accepts a plugin with the same
+ * major and a minor not newer than its own. */
+#define RLAI_PLUGIN_ABI_MAJOR 1
+#define RLAI_PLUGIN_ABI_MINOR 0
+#define RLAI_PLUGIN_ABI_VERSION ((uint32_t)(RLAI_PLUGIN_ABI_MAJOR << 16 | RLAI_PLUGIN_ABI_MINOR))
+
+/* Build signature: what must agree between host and plugin beyond the
+ * version numbers (pointer size, cJSON's major version). */
+#define RLAI_PLUGIN_STR2_(x) #x
+#define RLAI_PLUGIN_STR_(x) RLAI_PLUGIN_STR2_(x)
+#define RLAI_PLUGIN_SIGNATURE \
+    "rlai-abi p" RLAI_PLUGIN_STR_(__SIZEOF_POINTER__) " cjson" RLAI_PLUGIN_STR_(CJSON_VERSION_MAJOR)
+
+#if defined(_WIN32)
+#define RLAI_PLUGIN_EXPORT __declspec(dllexport)
+#else
+#define RLAI_PLUGIN_EXPORT __attribute__((visibility("default")))
+#endif
+
+/* The record the host reads before calling init. */
+typedef struct rlai_plugin_abi {
+    uint32_t major;
+    uint32_t minor;
+    const char *signature;          /* RLAI_PLUGIN_SIGNATURE at build time */
+} rlai_plugin_abi;
+
+/* Put once in a plugin's sources, at file scope. */
+#define RLAI_PLUGIN_DECLARE()                                                  \
+    RLAI_PLUGIN_EXPORT const rlai_plugin_abi rlai_plugin_abi_record = {        \
+        RLAI_PLUGIN_ABI_MAJOR, RLAI_PLUGIN_ABI_MINOR, RLAI_PLUGIN_SIGNATURE }
+
+typedef struct rlai_plugin rlai_plugin;   /* the host's handle of a loaded plugin (borrowed) */
+typedef struct rlai_call rlai_call;       /* one command call in progress (borrowed) */
+
+/* ------------------------------------------------------------------
+ * Commands
+ * ------------------------------------------------------------------ */
+
+/* A command handler. Runs on a worker thread. `params` is the caller's
+ * JSON object (never NULL; {} when the caller sent none), borrowed for the
+ * call. `user` is the descriptor's user pointer.
+ *
+ * The handler answers through the call: any number of host->stream_text()
+ * pieces and host->reply_json() results, in any order, then returns 0 (the
+ * host sends `done`). Returning a negative rlai_error, or calling
+ * host->reply_error() first, ends the call with an `error` frame instead;
+ * a handler that returns an error without calling reply_error gets a
+ * message made from host->strerror(code). Exactly one terminal frame is
+ * sent per call, whatever the handler does. */
+typedef int (*rlai_command_fn)(rlai_call *call, const cJSON *params, void *user);
+
+enum rlai_command_flags {
+    RLAI_CMD_STREAMS = 1u << 0,     /* sends text pieces (informative for clients) */
+    RLAI_CMD_USES_ENGINE = 1u << 1, /* runs engine jobs: refused when no model is loaded */
+};
+
+typedef struct rlai_command_desc {
+    const char *name;           /* "plugin.verb": the manifest's name, '.', a verb of
+                                   [a-z0-9_]; copied */
+    const char *description;    /* written for a language model choosing a tool; copied */
+    const char *params_schema;  /* JSON Schema of the params object, as JSON text (an
+                                   object); NULL = {"type":"object"}; copied */
+    rlai_command_fn handler;    /* required */
+    void *user;                 /* passed to the handler */
+    uint32_t flags;             /* rlai_command_flags */
+} rlai_command_desc;
+
+/* ------------------------------------------------------------------
+ * Engine jobs
+ * ------------------------------------------------------------------ */
+
+typedef struct rlai_plugin_message {
+    const char *role;               /* "system", "user", "assistant" */
+    const char *content;
+} rlai_plugin_message;
+
+/* What to generate. Zero-initialise, then set what you need: a field left
+ * at 0 / NULL takes the engine default. Pass sizeof(rlai_gen_request). */
+typedef struct rlai_gen_request {
+    const char *prompt;             /* raw prompt (special-token text parsed), or NULL */
+    const rlai_plugin_message *messages; /* or a conversation, formatted with the
+                                       model's chat template (generation prompt added) */
+    int n_messages;
+    int max_tokens;                 /* 0 = 256 */
+    float temperature;              /* 0 = greedy */
+    int top_k;                      /* 0 = off */
+    float top_p;                    /* 0 = off (1.0) */
+    float min_p;                    /* 0 = off */
+    float repeat_penalty;           /* 0 = off (1.0) */
+    uint64_t seed;
+    const char *const *stop;        /* NULL-terminated stop strings, or NULL */
+    bool stream;                    /* forward every text piece to the caller as a
+                                       `token` frame while generating */
+} rlai_gen_request;
+
+/* Outcome of a generation (filled by host->generate). */
+typedef struct rlai_gen_result {
+    char *text;                     /* whole generated text; free with host->free */
+    int prompt_tokens;
+    int reused_tokens;              /* prompt tokens taken from the prefix cache */
+    int gen_tokens;
+    double queue_ms, ttft_ms, prefill_tps, decode_tps;
+    const char *stop;               /* "eog", "max_tokens", "stop_string", "context",
+                                       "cancelled" (static) */
+} rlai_gen_result;
+
+/* ------------------------------------------------------------------
+ * The host API table
+ * ------------------------------------------------------------------ */
+
+enum rlai_log_level { RLAI_LOG_ERROR = 1, RLAI_LOG_WARN = 2, RLAI_LOG_INFO = 3, RLAI_LOG_DEBUG = 4 };
+
+typedef struct rlai_host_api {
+    uint32_t abi_version;           /* RLAI_PLUGIN_ABI_VERSION of the host */
+    uint32_t struct_size;           /* sizeof(rlai_host_api) in the host */
+
+    /* ---- since 1.0: host and plugin ---- */
+
+    /* "rtx-localai 0.1.0" (static). */
+    const char *(*host_version)(void);
+    /* Static description of an rlai_error code; never NULL. */
+    const char *(*strerror)(int code);
+    /* Memory that crosses the boundary (errmsg, result text): allocate and
+     * free with these, never with the plugin's own malloc/free. */
+    void *(*alloc)(size_t size);
+    void (*free)(void *p);
+    /* Log line prefixed with the plugin's name (to the daemon's stderr).
+     * Any thread. */
+    void (*log)(rlai_plugin *self, int level, const char *fmt, ...)
+#if defined(__GNUC__)
+        __attribute__((format(printf, 3, 4)))
+#endif
+        ;
+
+    /* Registers a command; during rlai_plugin_init only. The descriptor and
+     * its strings are copied (desc_size = sizeof(rlai_command_desc)).
+     * Returns 0; RLAI_ERR_INVALID_ARG for a bad name (not "<plugin>.<verb>"),
+     * a missing handler or a schema that is not a JSON object;
+     * RLAI_ERR_BUSY when called after init; RLAI_ERR_UNSUPPORTED for a
+     * desc_size larger than the host knows; RLAI_ERR_EXISTS for a name
+     * another plugin or this one already registered. Every refusal is
+     * logged with the plugin's file, and a plugin with a refused
+     * registration is not loaded (init's other registrations are undone),
+     * whatever init returns. */
+    int (*register_command)(rlai_plugin *self, const rlai_command_desc *desc, size_t desc_size);
+
+    /* Sets the plugin's state pointer, handed to rlai_plugin_fini(). */
+    void (*set_state)(rlai_plugin *self, void *state);
+    /* The manifest's "config" object merged with the daemon's per-plugin
+     * overrides (borrowed, valid until unload; never NULL). */
+    const cJSON *(*config)(rlai_plugin *self);
+    /* Absolute path of the plugin's folder (borrowed, valid until unload). */
+    const char *(*plugin_dir)(rlai_plugin *self);
+
+    /* ---- since 1.0: answering a call (worker thread of that call) ---- */
+
+    /* Sends `value` as one `result` frame. Takes ownership of value (also
+     * on failure). Returns 0, or RLAI_ERR_CANCELLED when the caller is gone
+     * or the call already ended. */
+    int (*reply_json)(rlai_call *call, cJSON *value);
+    /* Ends the call with an `error` frame: code is a negative rlai_error
+     * (mapped to the protocol's codes), the message printf-style. Returns
+     * `code` so a handler can `return host->reply_error(...)`. Later
+     * replies are dropped. */
+    int (*reply_error)(rlai_call *call, int code, const char *fmt, ...)
+#if defined(__GNUC__)
+        __attribute__((format(printf, 3, 4)))
+#endif
+        ;
+    /* Sends `len` bytes of UTF-8 text as one `token` frame. Returns 0 or
+     * RLAI_ERR_CANCELLED. */
+    int (*stream_text)(rlai_call *call, const char *text, size_t len);
+    /* True once the caller cancelled, disconnected or the engine stops. */
+    bool (*cancelled)(rlai_call *call);
+
+    /* ---- since 1.0: the shared engine (any thread) ----
+     * Without a loaded model these return RLAI_ERR_NOT_IMPLEMENTED. */
+
+    /* Runs one generation on the shared engine (batched with every other
+     * request) and blocks until it ends. With req->stream the text pieces
+     * are forwarded to the caller as `token` frames as they come. Cancel
+     * and disconnect of the caller stop it within one engine step
+     * (out->stop = "cancelled"). out is filled on success (out->text owned
+     * by the caller: host->free). Returns 0 or a negative error:
+     * RLAI_ERR_CONTEXT_FULL / RLAI_ERR_TOO_LARGE for a prompt over the
+     * limits, RLAI_ERR_BUSY when the engine queue is full. */
+    int (*generate)(rlai_call *call, const rlai_gen_request *req, size_t req_size,
+                    rlai_gen_result *out);
+    /* Tokenizes text: writes at most cap ids (may be NULL with cap 0) and
+     * returns the total count, or a negative error. */
+    int (*tokenize)(rlai_plugin *self, const char *text, bool add_special, bool parse_special,
+                    int32_t *out, int cap);
+    /* Formats a conversation with the model's chat template. *out is
+     * allocated with host->alloc. */
+    int (*apply_chat)(rlai_plugin *self, const rlai_plugin_message *msgs, int n, bool add_generation_prompt,
+                      char **out);
+    /* Computes and pins the KV of `text` (tokenized with BOS as the model
+     * wants, special-token text parsed) in the prefix cache, so it is never
+     * evicted and every prompt starting with it prefills only the rest.
+     * Returns the number of tokens pinned (whole 16-token blocks) or a
+     * negative error (RLAI_ERR_KV_FULL when the pool cannot hold it). The
+     * host unpins what a plugin pinned when it unloads. */
+    int (*pin_prefix)(rlai_plugin *self, const char *text);
+    /* Undoes one pin_prefix of the same text. */
+    int (*unpin_prefix)(rlai_plugin *self, const char *text);
+    /* Model and engine figures as a JSON object (name, arch, n_ctx, n_layer,
+     * n_embd, n_head, n_head_kv, head_dim, n_vocab, n_params, weight_bytes,
+     * kv_type, kv_blocks_total, ...). *out owned by the caller (cJSON_Delete). */
+    int (*model_info)(rlai_plugin *self, cJSON **out);
+
+    /* ---- since 1.0: files ---- */
+
+    /* Reads the header of any GGUF file (no tensor data is read) and
+     * describes it as a JSON object: "arch", "name", "n_layer", "n_embd",
+     * "n_head", "n_head_kv", "head_dim", "n_ff", "n_vocab", "n_ctx_train",
+     * "n_params", "weight_bytes", "tensor_types" (map type name -> {"count",
+     * "params", "bytes"}). *out owned by the caller. On failure returns a
+     * negative error and writes a message into err. Works without a model. */
+    int (*gguf_describe)(const char *path, cJSON **out, char *err, size_t errlen);
+} rlai_host_api;
+
+/* True when the host's table has `member` (it was built with an ABI at
+ * least as new as the one that added it). */
+#define RLAI_HOST_HAS(host, member)                                            \
+    ((host)->struct_size >= offsetof(rlai_host_api, member) + sizeof((host)->member) && \
+     (host)->member != NULL)
+
+/* ------------------------------------------------------------------
+ * What a plugin exports
+ * ------------------------------------------------------------------ */
+
+/* Required. Registers commands and sets state. Returns 0, or non-zero on
+ * failure with an optional message in *errmsg (allocated with
+ * host->alloc; the host frees it). `host` stays valid until unload. */
+RLAI_PLUGIN_EXPORT int rlai_plugin_init(const rlai_host_api *host, rlai_plugin *self, char **errmsg);
+
+/* Optional. Called once at unload with the pointer given to set_state
+ * (NULL if none), after the plugin's last call ended. */
+RLAI_PLUGIN_EXPORT void rlai_plugin_fini(void *state);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
