@@ -1,0 +1,243 @@
+"""Integration tests: plugins inside a real `rlai serve` (the test plugins of
+tests/plugins/, built as real shared modules): refusals are logged with the
+file and the versions and the engine keeps serving; `commands` lists the
+registry; `call` streams, returns results, fails cleanly, is cancelled by
+cancel, disconnect and shutdown; `rlai plugins` and `rlai call` work from
+the command line. Paths from meson: RLAI_BIN, RLAI_MODELS_DIR,
+RLAI_TEST_PLUGINS."""
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from test_daemon import Engine, ZmqClient, PipeClient, RLAI, MODEL
+
+TEST_PLUGINS = os.environ.get("RLAI_TEST_PLUGINS")
+
+pytestmark = [
+    pytest.mark.skipif(not RLAI, reason="RLAI_BIN not set (run through meson test)"),
+    pytest.mark.skipif(not MODEL.exists(), reason="default model not fetched (scripts/setup.sh)"),
+    pytest.mark.skipif(not TEST_PLUGINS, reason="RLAI_TEST_PLUGINS not set (run through meson test)"),
+]
+
+
+def result_data(frames):
+    return [f["data"] for f in frames if f["type"] == "result"]
+
+
+def text_of(frames):
+    return "".join(f["text"] for f in frames if f["type"] == "token")
+
+
+@pytest.fixture(scope="module")
+def eng(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("plugins")
+    marker = tmp / "fini-marker"
+    conf = tmp / "serve.json"
+    conf.write_text(json.dumps({"plugins": {"workers": 3,
+                                            "config": {"good": {"greeting": "from-config",
+                                                                "fini_marker": str(marker)}}}}))
+    e = Engine(tmp, extra=("--config", str(conf), "--plugins", TEST_PLUGINS, "--http", ""))
+    e.marker = marker
+    yield e
+    e.stop()
+
+
+def test_refused_plugins_are_logged_and_the_engine_serves(tmp_path):
+    e = Engine(tmp_path, extra=("--plugins", TEST_PLUGINS, "--http", ""))
+    try:
+        c = ZmqClient(e.zmq_ipc)
+        c.request("hello", 1)
+        assert c.collect(1)[-1]["type"] == "done"
+        c.request("generate", 2, prompt="Hello", max_tokens=4)
+        assert c.collect(2)[-1]["type"] == "done"
+        c.close()
+    finally:
+        assert e.stop() == 0
+    log = e.stderr
+    # every refusal names the file and why; versions where the ABI differs
+    assert "libnewabi.so: refused: built for plugin ABI 1.1, this host has 1.0" in log
+    assert "libothermajor.so: refused: built for plugin ABI 2.0, this host has 1.0" in log
+    assert "libinitfail.so: plugin 'initfail' 1.0.0: init failed" in log and "the lore pack is missing" in log
+    assert "libdup.so: registration refused: command 'dup.same' is already registered" in log
+    assert "libnosym.so: not an RTX-LocalAI plugin" in log
+    assert "badjson/manifest.json: not valid JSON" in log
+    assert 'badfields/manifest.json: "version" must be a string' in log
+    assert "a plugin named 'good' is already loaded" in log
+    assert "1 plugin loaded" in log and "(8 commands)" in log
+
+
+def test_commands_lists_the_registry_with_schemas(eng):
+    c = ZmqClient(eng.zmq_ipc)
+    c.request("commands", 1)
+    frames = c.collect(1)
+    assert frames[-1]["type"] == "done"
+    data = result_data(frames)[0]
+    names = [cmd["name"] for cmd in data["commands"]]
+    assert names == sorted(names)
+    assert names == ["good.echo", "good.fail", "good.generate", "good.info", "good.late", "good.pin",
+                     "good.slow", "good.stream"]
+    gen = next(cmd for cmd in data["commands"] if cmd["name"] == "good.generate")
+    assert gen["parameters"]["required"] == ["prompt"]
+    assert gen["parameters"]["properties"]["prompt"]["type"] == "string"
+    assert gen["streams"] is True and gen["plugin"] == "good"
+    assert data["plugins"][0]["name"] == "good" and data["plugins"][0]["version"] == "1.2.3"
+    c.close()
+
+
+def test_call_replies_streams_and_fails_cleanly(eng):
+    c = ZmqClient(eng.zmq_ipc)
+    c.request("call", 1, command="good.echo", params=json.dumps({"x": 7, "s": "\u00e9t\u00e9"}))
+    frames = c.collect(1)
+    assert [f["type"] for f in frames] == ["result", "done"]
+    assert frames[0]["data"]["params"] == {"x": 7, "s": "\u00e9t\u00e9"}
+    assert frames[0]["data"]["host"].startswith("rtx-localai")
+
+    c.request("call", 2, command="good.stream", params='{"pieces": 4}')
+    frames = c.collect(2)
+    assert [f["type"] for f in frames] == ["token"] * 4 + ["result", "result", "done"]
+    assert text_of(frames) == "piece0 piece1 piece2 piece3 "
+    assert result_data(frames) == [{"pieces": 4}, ["second result"]]
+
+    c.request("call", 3, command="good.info")   # no params: {}
+    info = result_data(c.collect(3))[0]
+    assert info["config"]["greeting"] == "from-config"   # daemon config overrides the manifest
+    assert info["model"]["n_layer"] == 30 and info["model_info_rc"] == 0
+
+    cases = [
+        ("good.nope", "{}", "NOT_FOUND", "unknown command 'good.nope'"),
+        ("good.echo", "{not json", "BAD_REQUEST", "must be a JSON object"),
+        ("good.echo", "[1]", "BAD_REQUEST", "must be a JSON object"),
+        ("good.fail", "{}", "BAD_REQUEST", "good.fail was asked to fail"),
+        ("good.stream", '{"pieces": 5000}', "BAD_REQUEST", "pieces must be in [0, 1000]"),
+        ("good.fail", '{"how": "return"}', "NOT_FOUND", "not found"),
+    ]
+    for i, (cmd, params, name, needle) in enumerate(cases, start=10):
+        c.request("call", i, command=cmd, params=params)
+        frames = c.collect(i)
+        assert len(frames) == 1 and frames[0]["type"] == "error", (cmd, frames)
+        assert frames[0]["name"] == name and needle in frames[0]["msg"], (cmd, frames[0])
+    # still serving
+    c.request("call", 30, command="good.echo", params="{}")
+    assert c.collect(30)[-1]["type"] == "done"
+    c.close()
+
+
+def test_plugin_engine_job_streams_with_metrics_beside_a_generate(eng):
+    c = ZmqClient(eng.zmq_ipc)
+    c.request("call", 1, command="good.generate", params=json.dumps({"prompt": "Name a fruit.", "max_tokens": 12}))
+    c.request("generate", 2, prompt="The sky is", max_tokens=8)
+    f1, f2 = [], []
+    end = time.time() + 120
+    while (not f1 or f1[-1]["type"] not in ("done", "error") or
+           not f2 or f2[-1]["type"] not in ("done", "error")) and time.time() < end:
+        f = c.recv()
+        (f1 if f["id"] == 1 else f2).append(f)
+    assert f1[-1]["type"] == "done" and f2[-1]["type"] == "done"
+    res = result_data(f1)[0]
+    assert res["text"] == text_of(f1) and res["gen_tokens"] >= 1
+    m = f1[-1]["metrics"]
+    assert m["prompt_tokens"] == res["prompt_tokens"] > 10
+    assert f1[-1]["stop"] in ("eog", "max_tokens")
+    c.close()
+
+
+def test_cancel_and_disconnect_end_calls(eng):
+    c = ZmqClient(eng.zmq_ipc)
+    c.request("call", 1, command="good.slow")
+    time.sleep(0.3)
+    c.request("cancel", 2, target=1)
+    frames = {}
+    end = time.time() + 30
+    while len(frames) < 2 and time.time() < end:
+        f = c.recv()
+        if f["type"] in ("done", "error"):
+            frames[f["id"]] = f
+    assert frames[1]["type"] == "done" and frames[1]["stop"] == "cancelled"
+    assert frames[2]["type"] == "done"
+    # a client that disconnects mid-call: the call ends, the engine serves
+    p = PipeClient(eng.sock_path)
+    p.request("call", 5, command="good.slow")
+    time.sleep(0.3)
+    p.close()
+    time.sleep(0.5)
+    c.request("call", 3, command="good.echo", params="{}")
+    assert c.collect(3)[-1]["type"] == "done"
+    # the per-client in-flight limit counts calls too
+    for i in range(10, 10 + 8):
+        c.request("call", i, command="good.slow")
+    c.request("call", 30, command="good.echo")
+    over = c.collect(30)
+    assert over[-1]["type"] == "error" and over[-1]["name"] == "BUSY"
+    for i in range(10, 10 + 8):
+        c.request("cancel", 100 + i, target=i)
+    ended = set()
+    end = time.time() + 60
+    while len(ended) < 16 and time.time() < end:
+        f = c.recv()
+        if f["type"] in ("done", "error"):
+            ended.add(f["id"])
+    assert len(ended) == 16
+    c.close()
+
+
+def test_cli_plugins_and_call(eng):
+    env = dict(os.environ, XDG_RUNTIME_DIR=str(eng.dir))
+    out = subprocess.run([RLAI, "plugins"], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "good 1.2.3" in out.stdout and "good.generate  [streams]" in out.stdout
+    assert "prompt:string (required)" in out.stdout
+    out = subprocess.run([RLAI, "plugins", "--json"], env=env, capture_output=True, text=True, timeout=60)
+    assert len(json.loads(out.stdout)["commands"]) == 8
+    out = subprocess.run([RLAI, "call", "good.stream", '{"pieces": 2}'], env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["piece0 piece1 ", '{"pieces":2}', '["second result"]']
+    out = subprocess.run([RLAI, "call", "good.nope"], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and "unknown command 'good.nope'" in out.stderr
+    out = subprocess.run([RLAI, "call", "good.echo", "[1]"], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "must be a JSON object" in out.stderr
+    out = subprocess.run([RLAI, "call", "good.generate", '{"prompt": "Hi", "max_tokens": 4}'], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "prompt" in out.stderr and "tok/s" in out.stderr
+
+
+def test_no_plugins_and_absent_engine(tmp_path):
+    e = Engine(tmp_path, extra=("--no-plugins", "--http", ""))
+    try:
+        c = ZmqClient(e.zmq_ipc)
+        c.request("commands", 1)
+        data = result_data(c.collect(1))[0]
+        assert data["commands"] == [] and data["plugins"] == []
+        c.request("call", 2, command="good.echo")
+        f = c.collect(2)[-1]
+        assert f["type"] == "error" and f["name"] == "NOT_FOUND" and "plugins are disabled" in f["msg"]
+        c.close()
+    finally:
+        e.stop()
+    env = dict(os.environ, XDG_RUNTIME_DIR=str(tmp_path / "nobody"))
+    t0 = time.time()
+    out = subprocess.run([RLAI, "call", "good.echo"], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and time.time() - t0 < 10
+    assert "rlai:" in out.stderr
+
+
+def test_shutdown_ends_running_calls_and_runs_fini(tmp_path):
+    marker = tmp_path / "fini"
+    conf = tmp_path / "serve.json"
+    conf.write_text(json.dumps({"plugins": {"dir": TEST_PLUGINS,
+                                            "config": {"good": {"fini_marker": str(marker)}}}}))
+    e = Engine(tmp_path, extra=("--config", str(conf), "--http", ""))
+    c = ZmqClient(e.zmq_ipc)
+    c.request("call", 1, command="good.slow")
+    time.sleep(0.3)
+    e.proc.send_signal(signal.SIGTERM)
+    f = c.collect(1, timeout=30)[-1]
+    assert f["type"] == "error" and f["name"] == "SHUTDOWN"
+    assert e.stop() == 0
+    assert marker.read_text() == "fini\n"
+    c.close()
