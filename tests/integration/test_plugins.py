@@ -241,3 +241,42 @@ def test_shutdown_ends_running_calls_and_runs_fini(tmp_path):
     assert e.stop() == 0
     assert marker.read_text() == "fini\n"
     c.close()
+
+
+def test_plugin_template_builds_out_of_tree_and_runs(tmp_path):
+    """samples/plugin-template: install only the headers and rlai-plugin.pc
+    (meson's devel tag) into a staging folder, build the template with its
+    Makefile through pkg-config, load it into a real engine, call it."""
+    build_root = os.environ.get("RLAI_BUILD_ROOT")
+    source_root = os.environ.get("RLAI_SOURCE_ROOT")
+    if not build_root or not source_root:
+        pytest.skip("RLAI_BUILD_ROOT / RLAI_SOURCE_ROOT not set (run through meson test)")
+    stage = tmp_path / "stage"
+    r = subprocess.run(["meson", "install", "-C", build_root, "--no-rebuild", "--destdir", str(stage),
+                        "--tags", "devel"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    pcs = list(stage.rglob("rlai-plugin.pc"))
+    assert len(pcs) == 1
+    assert (pcs[0].parents[2] / "include" / "rlai" / "plugin.h").exists() or list(stage.rglob("plugin.h"))
+    env = dict(os.environ, PKG_CONFIG_PATH=str(pcs[0].parent), PKG_CONFIG_SYSROOT_DIR=str(stage))
+    out = tmp_path / "plugins-build"
+    r = subprocess.run(["make", "-C", str(Path(source_root) / "samples" / "plugin-template"), f"BUILD={out}"],
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert str(stage) in r.stdout   # the staged headers were used
+    e = Engine(tmp_path, extra=("--plugins", str(out), "--http", ""))
+    try:
+        c = ZmqClient(e.zmq_ipc)
+        c.request("call", 1, command="hello.greet", params='{"name": "Ada"}')
+        assert result_data(c.collect(1)) == [{"greeting": "Hello, Ada!"}]
+        c.request("call", 2, command="hello.greet", params="{}")
+        f = c.collect(2)[-1]
+        assert f["type"] == "error" and "name" in f["msg"]
+        c.request("call", 3, command="hello.story", params='{"topic": "a lighthouse", "words": 10}')
+        frames = c.collect(3, timeout=120)
+        assert frames[-1]["type"] == "done"
+        assert len(text_of(frames)) > 0 and result_data(frames)[0]["tokens"] > 0
+        c.close()
+    finally:
+        assert e.stop() == 0
+    assert "loaded plugin hello 1.0.0 (2 commands)" in e.stderr
