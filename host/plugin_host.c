@@ -938,7 +938,7 @@ void rlai_plugin_host_destroy(rlai_plugin_host **self_p)
  * entry/config. Returns 0 or RLAI_ERR_FORMAT with a message. */
 static int read_manifest(const char *dir, cJSON **root_out, char *err, size_t errlen)
 {
-    char path[PATH_MAX];
+    char path[PATH_MAX + 32];
     snprintf(path, sizeof(path), "%s/manifest.json", dir);
     char *text = read_small_file(path, MAX_MANIFEST_BYTES, err, errlen);
     if (!text)
