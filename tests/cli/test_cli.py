@@ -79,8 +79,15 @@ def test_missing_model_is_a_clear_error(tmp_path):
     assert b"nope.gguf" in r.stderr and b"cannot load model" in r.stderr
 
 
-def test_unimplemented_and_unknown_commands():
-    r = run("plugins")
+def test_unimplemented_and_unknown_commands(tmp_path):
+    r = run("bench")
     assert r.returncode == 2 and b"not implemented" in r.stderr
+    # plugins and call are clients: with no engine running they say so
+    env = dict(os.environ, XDG_RUNTIME_DIR=str(tmp_path))
+    for args in (("plugins",), ("call", "fit.gpus")):
+        r = subprocess.run([RLAI, *args], capture_output=True, env=env, timeout=30)
+        assert r.returncode == 1 and b"engine" in r.stderr.lower(), (args, r.stderr)
+    r = run("call")
+    assert r.returncode == 2 and b"usage: rlai call" in r.stderr
     r = run("frobnicate")
     assert r.returncode == 2 and b"unknown command" in r.stderr

@@ -43,8 +43,15 @@ class Engine:
         self.port = free_port()
         env = dict(os.environ, XDG_RUNTIME_DIR=str(self.dir))
         self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # The core tests run without the shipped plugins (LoreMaster pins its
+        # lore at start) and without the fixed HTTP port, unless asked.
+        defaults = []
+        if "--plugins" not in extra and "--no-plugins" not in extra and "--config" not in extra:
+            defaults.append("--no-plugins")
+        if "--http" not in extra:
+            defaults += ["--http", ""]
         self.args = [RLAI, "serve", "-m", str(MODEL), "-t", "2", "-c", "1024",
-                     "--zmq-tcp", f"tcp://127.0.0.1:{self.port}", *extra]
+                     "--zmq-tcp", f"tcp://127.0.0.1:{self.port}", *defaults, *extra]
         self.proc = subprocess.Popen(self.args, env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL)
         self.env = env
         deadline = time.time() + 120

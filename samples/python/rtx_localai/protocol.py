@@ -1,0 +1,247 @@
+"""The wire protocol of proto/PROTOCOL.md (version 1): encoding requests,
+decoding frames, limits and the default endpoints.
+
+Requests are encoded deterministically as the protocol's section 3 rule 9
+asks: ``v``, ``id``, ``type``, then the fields in the order of the
+protocol's tables, unset optional fields omitted (booleans omitted when
+equal to their default), integers in their shortest form and floats as
+float64, so the output matches the test vectors byte for byte.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, Iterable, List, Mapping, Sequence, Tuple, Union
+
+import msgpack
+
+from .errors import ProtocolError, TooLarge
+
+__all__ = [
+    "VERSION",
+    "MAX_FRAME",
+    "MAX_STR",
+    "GEN_OPTIONS",
+    "runtime_dir",
+    "default_zmq_endpoint",
+    "default_pipe_endpoint",
+    "gen_fields",
+    "encode_request",
+    "decode_frame",
+]
+
+VERSION = 1
+MAX_FRAME = 4 << 20          # bytes per message (both transports)
+MAX_STR = 1 << 20            # bytes per string field
+MAX_NAME = 256               # bytes per name string
+
+# Generation options (section 5.3) in wire order, with their kind.
+GEN_OPTIONS: Tuple[Tuple[str, str], ...] = (
+    ("max_tokens", "int"),
+    ("temperature", "float"),
+    ("top_k", "int"),
+    ("top_p", "float"),
+    ("min_p", "float"),
+    ("repeat_penalty", "float"),
+    ("presence_penalty", "float"),
+    ("frequency_penalty", "float"),
+    ("seed", "uint"),
+    ("ignore_eos", "bool"),
+    ("stop", "strs"),
+)
+_GEN_NAMES = frozenset(n for n, _ in GEN_OPTIONS)
+
+REQUEST_TYPES = ("hello", "generate", "chat", "call", "cancel", "commands", "stats", "tokenize")
+FRAME_TYPES = ("token", "result", "done", "error")
+
+
+# ------------------------------------------------------------- endpoints
+
+
+def runtime_dir() -> str:
+    """The private directory of the default endpoints:
+    ``$XDG_RUNTIME_DIR/rlai`` when XDG_RUNTIME_DIR is an absolute path,
+    else ``/tmp/rlai-$UID`` (as include/rlai/client.h does)."""
+    xdg = os.environ.get("XDG_RUNTIME_DIR", "")
+    if xdg.startswith("/"):
+        return f"{xdg}/rlai"
+    return f"/tmp/rlai-{os.getuid()}"
+
+
+def default_zmq_endpoint() -> str:
+    """``ipc://$XDG_RUNTIME_DIR/rlai/engine.zmq`` (fallback ``/tmp/rlai-$UID``)."""
+    return f"ipc://{runtime_dir()}/engine.zmq"
+
+
+def default_pipe_endpoint() -> str:
+    """``unix://$XDG_RUNTIME_DIR/rlai/engine.sock`` (fallback ``/tmp/rlai-$UID``)."""
+    return f"unix://{runtime_dir()}/engine.sock"
+
+
+# -------------------------------------------------------------- encoding
+
+
+def _int(name: str, value: Any, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+    if not lo <= value <= hi:
+        raise ValueError(f"{name}={value} is out of range {lo}..{hi}")
+    return value
+
+
+def _str(name: str, value: Any) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a str, not {type(value).__name__}")
+    return value
+
+
+def gen_fields(opts: Mapping[str, Any]) -> List[Tuple[str, Any]]:
+    """Checks generation options (section 5.3) and returns them as
+    ``(name, wire value)`` pairs in wire order. ``None`` means unset.
+    Raises TypeError for an unknown option or a value of the wrong type,
+    ValueError for an int out of its range. Range checks of floats are left
+    to the engine (it answers BAD_REQUEST)."""
+    unknown = set(opts) - _GEN_NAMES
+    if unknown:
+        raise TypeError("unknown generation option(s): " + ", ".join(sorted(unknown))
+                        + " (known: " + ", ".join(n for n, _ in GEN_OPTIONS) + ")")
+    out: List[Tuple[str, Any]] = []
+    for name, kind in GEN_OPTIONS:
+        v = opts.get(name)
+        if v is None:
+            continue
+        if kind == "int":
+            v = _int(name, v, 0, 2**31 - 1)
+        elif kind == "uint":
+            v = _int(name, v, 0, 2**64 - 1)
+        elif kind == "float":
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise TypeError(f"{name} must be a number, not {type(v).__name__}")
+            v = float(v)
+        elif kind == "bool":
+            if not isinstance(v, bool):
+                raise TypeError(f"{name} must be a bool, not {type(v).__name__}")
+            if not v:
+                continue  # the default: omitted
+        else:  # strs
+            if isinstance(v, str):
+                v = [v]
+            v = [_str(name, s) for s in v]
+        out.append((name, v))
+    return out
+
+
+def _messages(messages: Iterable[Any]) -> List[Dict[str, str]]:
+    out = []
+    for i, m in enumerate(messages):
+        if isinstance(m, Mapping):
+            role, content = m.get("role"), m.get("content")
+        elif isinstance(m, Sequence) and not isinstance(m, str) and len(m) == 2:
+            role, content = m[0], m[1]
+        else:
+            raise TypeError(f"messages[{i}] must be a mapping with role and content or a (role, content) pair")
+        out.append({"role": _str(f"messages[{i}].role", role), "content": _str(f"messages[{i}].content", content)})
+    return out
+
+
+def encode_request(type_: str, id_: int, fields: Union[Mapping[str, Any], Sequence[Tuple[str, Any]], None] = None) -> bytes:
+    """Encodes one request message.
+
+    ``fields`` are the type's fields (a mapping or ``(name, value)`` pairs),
+    validated and put into wire order:
+
+    * hello: ``client``
+    * generate: ``prompt`` + generation options
+    * chat: ``messages`` (mappings with role/content or pairs) + options
+    * call: ``command``, ``params`` (JSON text)
+    * cancel: ``target``
+    * commands, stats: none
+    * tokenize: ``text``, ``add_special`` (default True), ``parse_special``
+      (default False)
+
+    Raises TypeError/ValueError for bad values and :class:`TooLarge` when
+    the encoded message is over 4 MiB (libzmq would drop the connection).
+    """
+    if type_ not in REQUEST_TYPES:
+        raise ValueError(f"unknown request type {type_!r}")
+    _int("id", id_, 0, 2**64 - 1)
+    f: Dict[str, Any] = dict(fields or {})
+    msg: Dict[str, Any] = {"v": VERSION, "id": id_, "type": type_}
+
+    def take(name: str) -> Any:
+        return f.pop(name, None)
+
+    if type_ == "hello":
+        client = take("client")
+        if client is not None:
+            msg["client"] = _str("client", client)
+    elif type_ in ("generate", "chat"):
+        if type_ == "generate":
+            prompt = take("prompt")
+            if prompt is None:
+                raise TypeError("generate needs a prompt")
+            msg["prompt"] = _str("prompt", prompt)
+        else:
+            messages = take("messages")
+            if messages is None:
+                raise TypeError("chat needs messages")
+            msg["messages"] = _messages(messages)
+        msg.update(gen_fields(f))  # every other field must be a generation option
+        f = {}
+    elif type_ == "call":
+        command = take("command")
+        if command is None:
+            raise TypeError("call needs a command")
+        msg["command"] = _str("command", command)
+        params = take("params")
+        if params is not None:
+            msg["params"] = _str("params", params)
+    elif type_ == "cancel":
+        target = take("target")
+        if target is None:
+            raise TypeError("cancel needs a target")
+        msg["target"] = _int("target", target, 0, 2**64 - 1)
+    elif type_ == "tokenize":
+        text = take("text")
+        if text is None:
+            raise TypeError("tokenize needs a text")
+        msg["text"] = _str("text", text)
+        add_special, parse_special = take("add_special"), take("parse_special")
+        for name, v, default in (("add_special", add_special, True), ("parse_special", parse_special, False)):
+            if v is None:
+                continue
+            if not isinstance(v, bool):
+                raise TypeError(f"{name} must be a bool")
+            if v != default:
+                msg[name] = v
+    if f:
+        raise TypeError(f"unknown field(s) for {type_}: " + ", ".join(sorted(f)))
+    data: bytes = msgpack.packb(msg, use_bin_type=True)
+    if len(data) > MAX_FRAME:
+        raise TooLarge(f"request is {len(data)} bytes; a message may be at most {MAX_FRAME} bytes",
+                       code=TooLarge.code, name=TooLarge.name)
+    return data
+
+
+# -------------------------------------------------------------- decoding
+
+
+def decode_frame(data: bytes) -> Dict[str, Any]:
+    """Decodes one message from the engine into a dict with at least
+    ``v``, ``id`` (int) and ``type`` (str). Raises :class:`ProtocolError`
+    for anything that is not such a map. ``result`` data keeps msgpack's
+    natural Python form (maps may have non-string keys)."""
+    try:
+        obj = msgpack.unpackb(data, raw=False, strict_map_key=False)
+    except Exception as e:  # msgpack raises several exception types
+        raise ProtocolError(f"undecodable frame from the engine ({len(data)} bytes): {e}") from None
+    if not isinstance(obj, dict):
+        raise ProtocolError(f"frame is a {type(obj).__name__}, not a map")
+    fid, ftype = obj.get("id"), obj.get("type")
+    if isinstance(fid, bool) or not isinstance(fid, int) or fid < 0:
+        raise ProtocolError("frame without a valid id")
+    if not isinstance(ftype, str):
+        raise ProtocolError("frame without a type")
+    v = obj.get("v")
+    if v != VERSION:
+        raise ProtocolError(f"frame of protocol version {v!r}, this client speaks {VERSION}")
+    return obj

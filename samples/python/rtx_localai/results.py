@@ -1,0 +1,76 @@
+"""Result objects returned by the client."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, List, Mapping, Optional
+
+__all__ = ["Metrics", "Generation", "CallResult", "STOP_REASONS"]
+
+# done.stop values of generations (section 6.3); "" for requests that do
+# not generate. An unknown reason is treated like "eog" by the protocol.
+STOP_REASONS = ("eog", "max_tokens", "stop_string", "context", "cancelled")
+
+
+def _num(m: Mapping[str, Any], key: str, kind: type) -> Any:
+    v = m.get(key)
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return kind(0)
+    return kind(v)
+
+
+@dataclass(frozen=True)
+class Metrics:
+    """The ``metrics`` of a ``done`` frame (section 6.3)."""
+
+    queue_ms: float = 0.0       #: time between arrival and start of processing
+    ttft_ms: float = 0.0        #: time from start to the first token
+    prefill_tps: float = 0.0    #: prompt tokens per second
+    decode_tps: float = 0.0     #: generated tokens per second
+    prompt_tokens: int = 0      #: prompt length in tokens
+    gen_tokens: int = 0         #: tokens generated
+    reused_tokens: int = 0      #: prompt tokens served from the KV (prefix) cache
+
+    @classmethod
+    def from_wire(cls, m: Any) -> Optional["Metrics"]:
+        """Builds Metrics from a frame's metrics map (missing fields are 0,
+        unknown ones ignored); ``None`` when the frame had none."""
+        if not isinstance(m, Mapping):
+            return None
+        return cls(queue_ms=_num(m, "queue_ms", float), ttft_ms=_num(m, "ttft_ms", float),
+                   prefill_tps=_num(m, "prefill_tps", float), decode_tps=_num(m, "decode_tps", float),
+                   prompt_tokens=_num(m, "prompt_tokens", int), gen_tokens=_num(m, "gen_tokens", int),
+                   reused_tokens=_num(m, "reused_tokens", int))
+
+
+@dataclass
+class Generation:
+    """The outcome of a generate or chat request."""
+
+    id: int                         #: the request id
+    text: str                       #: the generated text (stop strings excluded)
+    stop: str                       #: why it ended: eog, max_tokens, stop_string, context, cancelled
+    metrics: Optional[Metrics]      #: the done frame's metrics (None if the engine sent none)
+    tokens: List[int] = field(default_factory=list)  #: token ids, in order
+
+    @property
+    def cancelled(self) -> bool:
+        """True when the generation was stopped by a cancel."""
+        return self.stop == "cancelled"
+
+
+@dataclass
+class CallResult:
+    """The outcome of a ``call`` of a daemon/plugin command."""
+
+    id: int                         #: the request id
+    command: str                    #: the command called
+    results: List[Any]              #: the data of every result frame, in order
+    text: str                       #: the text pieces the command streamed, joined
+    stop: str                       #: the done frame's stop ("" unless the call generated)
+    metrics: Optional[Metrics]      #: present when the call ran an engine job
+
+    @property
+    def data(self) -> Any:
+        """The data of the last result frame (a command normally replies
+        once), or None when there was none."""
+        return self.results[-1] if self.results else None
