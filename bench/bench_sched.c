@@ -1,6 +1,6 @@
 /* bench_sched.c - prefix cache and continuous batching on a real model.
  *
- *   bench_sched [-m MODEL] [-t THREADS]
+ *   bench_sched [-m MODEL] [-t THREADS] [--streams-only] [--isa auto|scalar|avx2|avx512]
  *
  * 1. TTFT of a ~30-token user turn after a ~1,500-token lore prefix:
  *    cold (prefix cache off: the baseline, same run) versus cached, and
@@ -85,7 +85,14 @@ int main(int argc, char **argv)
     const char *model = getenv("RLAI_MODEL");
     int threads = 2;
     bool streams_only = false;
+    rlai_isa isa = RLAI_ISA_AUTO;
     for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--isa") && i + 1 < argc) {
+            const char *n = argv[++i];
+            isa = !strcmp(n, "scalar") ? RLAI_ISA_SCALAR : !strcmp(n, "avx2") ? RLAI_ISA_AVX2
+                : !strcmp(n, "avx512") ? RLAI_ISA_AVX512 : RLAI_ISA_AUTO;
+            continue;
+        }
         if (!strcmp(argv[i], "--streams-only")) {
             streams_only = true;
             continue;
@@ -100,6 +107,7 @@ int main(int argc, char **argv)
     rlai_engine_params ep;
     rlai_engine_params_init(&ep);
     ep.n_threads = threads;
+    ep.isa = isa;
     ep.n_ctx = 2048;
     ep.kv_blocks = 8 * 2048 / 16 + 64;
     rlai_engine *e;
@@ -117,6 +125,9 @@ int main(int argc, char **argv)
             return 1;
         }
     }
+    rlai_model_info info;
+    rlai_engine_info(e, &info);
+    printf("kernels %s\n", info.isa);
     printf("model %s, %d threads; lore prompts of %d..%d tokens (lore ~%d + user turn ~30)\n\n", model, threads,
            n[0], n[7], n[0] - 30);
 

@@ -607,9 +607,27 @@ static void admit(rlai_engine *e, rlai_req **finished)
 }
 
 /* Handles the logits of a request's newest position: sample, stream, stop. */
-static void req_sample(rlai_engine *e, rlai_req *r, float *logits)
+/* Parallel phase of sampling: every row's sampler is independent (own
+ * RNG, candidates and history), so rows are sampled on the thread pool and
+ * the result is the same as sampling them one after the other. */
+typedef struct sample_job {
+    rlai_req **rows;
+    const float *logits;
+    size_t n_vocab;
+    int n_rows;
+    int32_t *out;
+} sample_job;
+
+static void sample_rows(void *arg, int ith, int nth)
 {
-    int32_t tok = rlai_sampler_sample(r->smp, logits);
+    sample_job *j = arg;
+    for (int i = ith; i < j->n_rows; i += nth)
+        j->out[i] = rlai_sampler_sample(j->rows[i]->smp, (float *)j->logits + (size_t)i * j->n_vocab);
+}
+
+/* Serial phase: record the sampled token, stream it, stop. */
+static void req_sample(rlai_engine *e, rlai_req *r, int32_t tok)
+{
     if (r->t_first == 0)
         r->t_first = now_ms();
     if (!r->gp.ignore_eos && rlai_tokenizer_is_eog(e->tok, tok)) {
@@ -749,16 +767,25 @@ static int step_locked(rlai_engine *e)
                         r->t_prefill_end = now_ms();
                     si++;
                 }
-                int row = 0;
+                int32_t sampled_stack[64];
+                int32_t *sampled = n_rows <= 64 ? sampled_stack : malloc(sizeof(int32_t) * (size_t)n_rows);
+                if (sampled) {
+                    sample_job sj = { rows, e->step_logits, (size_t)hp->n_vocab, n_rows, sampled };
+                    rlai_threadpool_run(n_rows > 1 ? e->tp : NULL, sample_rows, &sj);
+                }
                 for (int i = 0; i < n_rows; i++) {
                     rlai_req *r = rows[i];
                     if (r->seq.n_tokens > r->n_prompt)
                         r->n_decode++;
                     if (r->t_prefill_end == 0)
                         r->t_prefill_end = now_ms();
-                    req_sample(e, r, e->step_logits + (size_t)row * hp->n_vocab);
-                    row++;
+                    if (sampled)
+                        req_sample(e, r, sampled[i]);
+                    else
+                        req_finish(e, r, RLAI_STOP_NONE, RLAI_ERR_NOMEM);
                 }
+                if (sampled != sampled_stack)
+                    free(sampled);
             } else {
                 for (rlai_req *r = e->running; r; r = r->next)
                     req_finish(e, r, RLAI_STOP_NONE, rc);

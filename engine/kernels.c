@@ -16,7 +16,8 @@
  * the thread count. Activations are quantized per token row with the same
  * function whatever T; the scalar kernels compute each (row, token) dot
  * product on its own in a fixed order; kernels_avx2.c documents its
- * canonical order; the AVX-512 level uses the AVX2 matmul. Work items only
+ * canonical order, which the AVX-512 VNNI kernels (kernels_avx512.c) follow
+ * too, so quantized results are bit-identical across ISAs. Work items only
  * choose which outputs a thread computes, never split one output. */
 #include "kernels.h"
 #include "kernels_impl.h"
@@ -71,9 +72,10 @@ static void detect(void)
             mask |= 1u << RLAI_ISA_AVX2;
             bool f = b7 & (1u << 16), dq = b7 & (1u << 17);
             bool bw = b7 & (1u << 30), vl = b7 & (1u << 31);
-            if (os_avx512 && f && dq && bw && vl) {
+            bool vnni = c7 & (1u << 11);   /* AVX512_VNNI: kernels_avx512.c uses vpdpbusd */
+            if (os_avx512 && f && dq && bw && vl && vnni) {
                 mask |= 1u << RLAI_ISA_AVX512;
-                g_vnni = c7 & (1u << 11);
+                g_vnni = true;
             }
         }
     }
@@ -148,8 +150,8 @@ static void set_ops(rlai_kernels *k, rlai_isa isa)
         k->dot_f16 = rlai__dot_f16_f32_avx2;
         k->mad_f16 = rlai__mad_f16_avx2;
         k->to_f16 = rlai__f32_to_f16_avx2;
-        k->attn_dot = rlai__attn_dot_f16_avx2;
-        k->attn_mad = rlai__attn_mad_f16_avx2;
+        k->attn_dot = rlai__attn_dot_f16_avx512;
+        k->attn_mad = rlai__attn_mad_f16_avx512;
         k->exp_sum = rlai__exp_sum_avx2;
         break;
     case RLAI_ISA_AVX2:
@@ -231,7 +233,8 @@ static int tok_pad(int T)
 static size_t act_bytes(int T, int64_t cols)
 {
     size_t Tp = (size_t)tok_pad(T), nb = (size_t)cols / RLAI_QK;
-    return align64(Tp * (size_t)cols) + 3 * align64(Tp * nb * 2 * sizeof(float)) + 64;
+    return align64(Tp * (size_t)cols) + 3 * align64(Tp * nb * 2 * sizeof(float)) +
+           align64(Tp * nb * sizeof(int32_t)) + 64;
 }
 
 int rlai_kernels_reserve(rlai_kernels *k, int n_threads, int64_t max_cols, int max_T)
@@ -273,6 +276,15 @@ static void qact_token(const struct qact_task *q, int t)
             size_t o = ((size_t)g * (size_t)nb + (size_t)b) * 8 + (size_t)i;
             a->dv[o] = ds[2 * b];
             a->sv[o] = ds[2 * b + 1];
+        }
+    }
+    if (a->qsum) {
+        int32_t *qs = a->qsum + (size_t)t * (size_t)nb;
+        for (int64_t b = 0; b < nb; b++) {
+            int32_t sum = 0;
+            for (int e = 0; e < RLAI_QK; e++)
+                sum += qr[b * RLAI_QK + e];
+            qs[b] = sum;
         }
     }
 }
@@ -372,11 +384,15 @@ void rlai_matmul(rlai_kernels *k, rlai_threadpool *tp, const rlai_weight *w,
         act.ds = (float *)p;
         p += align64((size_t)Tp * nb * 2 * sizeof(float));
         act.dv = act.sv = NULL;
+        act.qsum = NULL;
         if (T > RLAI_MV_MAX_T && k->isa != RLAI_ISA_SCALAR) {   /* tile layout */
             act.dv = (float *)p;
             p += align64((size_t)Tp * nb * sizeof(float));
             act.sv = (float *)p;
+            p += align64((size_t)Tp * nb * sizeof(float));
         }
+        if (k->isa == RLAI_ISA_AVX512 && w->type == RLAI_DT_Q8_0)   /* VNNI bias term */
+            act.qsum = (int32_t *)(void *)p;
         struct qact_task qt = { .k = k, .x = x, .ldx = ldx, .act = &act };
         if (Tp <= 2 || nth == 1)
             qact_task_fn(&qt, 0, 1);

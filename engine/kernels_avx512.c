@@ -1,21 +1,452 @@
-/* kernels_avx512.c - AVX-512 level of rlai_matmul.
+/* kernels_avx512.c - AVX-512 (F/BW/VL/DQ + VNNI) level of rlai_matmul and
+ * of the attention helpers. Compiled with those flags only for this file;
+ * kernels.c selects this level only when cpuid reports all of them, VNNI
+ * included, and XCR0 shows the OS saves the ZMM and opmask state.
  *
- * The development machine has no AVX-512, so no AVX-512 kernel can be
- * verified there. Batch invariance (kernels_avx2.c: every output's float
- * accumulation is the same sequence whatever T, its position in the
- * batch, the work split or the thread count) must hold on every level, so
- * until AVX-512 kernels can be run and checked against that contract the
- * AVX-512 level uses the AVX2 matmul for every type, mode and T (valid on
- * any AVX-512 CPU; kernels.c selects this level only when cpuid and XCR0
- * report AVX-512F/BW/VL/DQ with OS-enabled ZMM state). The earlier
- * unverified T == 1 kernels for Q4_0/Q4_1/Q8_0 (two blocks per 512-bit
- * register, 16-lane accumulator) summed blocks in a different order than
- * the T > 1 tiles and were removed. A future kernel here must follow the
- * canonical per-output sequence of kernels_avx2.c (e.g. 16 rows per zmm
- * lane for T == 1), which makes its results bit-identical to AVX2's. */
+ * Quantized path, Q4_0 / Q4_1 / Q8_0 weights, every T (decode, batched
+ * decode and prefill), 16 rows at a time, row i of the group in dword
+ * lane i of every zmm:
+ *  - stage (pass 1): the 16 rows are streamed in 16-byte chunks; each
+ *    chunk of the 16 rows goes through a 4x4 dword transpose inside each
+ *    128-bit lane, giving 4 "raw planes" (dword q of all 16 rows) in
+ *    per-thread scratch. The f16 block headers come out of the same
+ *    transposes (no gather: vpgatherdd cost more than the rest of the
+ *    packing). The last, partial chunk of a row is read with masked loads,
+ *    so nothing past the row is touched. The next 16 rows are prefetched
+ *    in step, as in the AVX2 matvec.
+ *  - fields (pass 2): per block, 8 weight planes (plane k: elements
+ *    4k..4k+3 of each row as unsigned bytes: Q4 nibbles, Q8_0 q ^ 0x80 =
+ *    q + 128) and the rows' d and m as f32 (Q4_0: m = -8d) are picked out
+ *    of the raw planes (Q4_0 / Q8_0 blocks are only 2-byte aligned: even
+ *    blocks take a 16-bit shift across two raw planes).
+ *  - dot products: the exact int32 block sums of the 16 rows for one token
+ *    are 8 vpdpbusd (u8 weight plane x the token's activation dword,
+ *    broadcast from memory), with no horizontal reduction; for Q8_0 the
+ *    +128 bias is removed exactly by starting the sum at -128 * sum(q_x)
+ *    (rlai_act.qsum, built by kernels.c for this level). Up to MM_NT
+ *    tokens (decode, batched decode) use the fields straight from
+ *    registers (fused_group); more tokens (prefill) store the planes once
+ *    per 16-row group and rerun them from L1/L2 for every MM_NT tokens
+ *    (pack_group + compute_group).
+ *  - floats: each lane then takes the canonical per-output sequence of
+ *    kernels_avx2.c,
+ *        acc = fma((float)isum, d_w * d_x, acc); acc = fma(m_w, s_x, acc)
+ *    so every output is bit-identical to the scalar reference and to the
+ *    AVX2 kernels, whatever T, the token's position, the split or the
+ *    thread count (batch invariance, tests/test_kernels.c).
+ * Q5_0 / Q5_1, the f32 (precise) path and F32/F16/BF16 weights use the
+ * AVX2 kernels (valid on every CPU this level is selected for). The
+ * attention dot/mad helpers are 16-wide versions with the AVX2 helpers'
+ * exact float sequences; the other vector helpers are the AVX2 ones. */
 #include "kernels_impl.h"
+#include "dtype.h"
+
+#include <immintrin.h>
+#include <string.h>
+
+#define AI __attribute__((always_inline)) static inline
+
+#define MM_ROWS 16   /* rows per packed group: one per zmm lane */
+#define MM_NT   8    /* tokens per compute pass over a packed group */
+#define PLANE   64   /* bytes per plane (16 rows x 4 bytes) */
+
+AI __m128i ld128(const uint8_t *p)
+{
+    return _mm_loadu_si128((const __m128i *)(const void *)p);
+}
+
+/* Packed 16-row group in scratch: nb x 8 planes, d and m per block, and
+ * the staging area of pack_group's first pass. */
+typedef struct {
+    uint8_t *w;    /* [nb][8][64] */
+    float *d;      /* [nb][16] */
+    float *m;      /* [nb][16] */
+    uint8_t *raw;  /* [ceil(row_bytes / 16) * 4][64]: dword q of the 16 rows */
+} packed;
+
+static size_t packed_bytes(int64_t nb, size_t row_bytes)
+{
+    return (size_t)nb * (8 * PLANE + 2 * MM_ROWS * sizeof(float)) + (row_bytes + 15) / 16 * 4 * PLANE;
+}
+
+static packed packed_of(void *scratch, int64_t nb)
+{
+    packed p;
+    p.w = scratch;
+    p.d = (float *)(void *)(p.w + (size_t)nb * 8 * PLANE);
+    p.m = p.d + (size_t)nb * MM_ROWS;
+    p.raw = (uint8_t *)(void *)(p.m + (size_t)nb * MM_ROWS);
+    return p;
+}
+
+/* One 128-bit lane per row: lane L of v[g] = the 16 bytes at w[g + 4L] + o
+ * (only the bytes in `mask`; the others read as zero and are not touched
+ * in memory). After the in-lane 4x4 dword transpose, dword lane 4L + p of
+ * a[k] holds dword k of row 4L + p: row i sits in dword lane i. */
+AI void load_transpose(const uint8_t *const w[MM_ROWS], size_t o, __mmask16 mask, bool full, __m512i a[4])
+{
+    __m512i v[4];
+#pragma GCC unroll 4
+    for (int g = 0; g < 4; g++) {
+        __m128i l[4];
+#pragma GCC unroll 4
+        for (int L = 0; L < 4; L++)
+            l[L] = full ? ld128(w[g + 4 * L] + o) : _mm_maskz_loadu_epi8(mask, w[g + 4 * L] + o);
+        __m512i t = _mm512_castsi128_si512(l[0]);
+        t = _mm512_inserti32x4(t, l[1], 1);
+        t = _mm512_inserti32x4(t, l[2], 2);
+        v[g] = _mm512_inserti32x4(t, l[3], 3);
+    }
+    __m512i t0 = _mm512_unpacklo_epi32(v[0], v[1]), t1 = _mm512_unpackhi_epi32(v[0], v[1]);
+    __m512i t2 = _mm512_unpacklo_epi32(v[2], v[3]), t3 = _mm512_unpackhi_epi32(v[2], v[3]);
+    a[0] = _mm512_unpacklo_epi64(t0, t2);
+    a[1] = _mm512_unpackhi_epi64(t0, t2);
+    a[2] = _mm512_unpacklo_epi64(t1, t3);
+    a[3] = _mm512_unpackhi_epi64(t1, t3);
+}
+
+#define MV_PREFETCH(pf, pfo, upto)                                       \
+    do {                                                                 \
+        for (; (pfo) < (upto); (pfo) += 64)                              \
+            _mm_prefetch((const char *)((pf) + (pfo)), _MM_HINT_T0);     \
+    } while (0)
+
+AI __m512i raw_at(const packed *p, size_t q)
+{
+    return _mm512_load_si512(p->raw + q * PLANE);
+}
+
+/* Dword q of the 16 rows' data at byte offset 4q + 2 (a 2-byte shift:
+ * Q4_0 / Q8_0 blocks are 2-byte aligned only). */
+AI __m512i raw_at2(const packed *p, size_t q)
+{
+    return _mm512_or_si512(_mm512_srli_epi32(raw_at(p, q), 16), _mm512_slli_epi32(raw_at(p, q + 1), 16));
+}
+
+/* Row pointers of the 16-row group at r (rows past nr repeat the last
+ * one: computed, never stored). Pass 1 of the packing: streams the rows
+ * in 16-byte chunks and transposes each chunk of the 16 rows into 4 dword
+ * planes in p->raw (the f16 block headers come out of the same
+ * transposes), prefetching the following 16 rows in step. */
+AI void stage_group(const rlai_mm_job *j, int64_t r, int nr, const packed *p)
+{
+    const size_t rb = j->row_bytes;
+    const uint8_t *w0 = j->w + (size_t)r * rb;
+    const uint8_t *w[MM_ROWS];
+    for (int i = 0; i < MM_ROWS; i++)
+        w[i] = w0 + (size_t)(i < nr ? i : nr - 1) * rb;
+    const uint8_t *pf = w0 + (size_t)MM_ROWS * rb;
+    size_t pfo = 0;
+    const size_t full = rb / 16, tail = rb % 16;
+    for (size_t c = 0; c < full; c++) {
+        MV_PREFETCH(pf, pfo, MM_ROWS * 16 * (c + 1));
+        __m512i a[4];
+        load_transpose(w, 16 * c, 0xFFFF, true, a);
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++)
+            _mm512_store_si512(p->raw + (4 * c + (size_t)k) * PLANE, a[k]);
+    }
+    if (tail) {   /* the row's last bytes: masked loads never read past it */
+        MV_PREFETCH(pf, pfo, MM_ROWS * rb);
+        __m512i a[4];
+        load_transpose(w, 16 * full, (__mmask16)((1u << tail) - 1u), false, a);
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++)
+            _mm512_store_si512(p->raw + (4 * full + (size_t)k) * PLANE, a[k]);
+    }
+}
+
+AI size_t blk_bytes(uint32_t type)
+{
+    return type == RLAI_DT_Q4_0 ? sizeof(rlai_block_q4_0)
+         : type == RLAI_DT_Q4_1 ? sizeof(rlai_block_q4_1) : sizeof(rlai_block_q8_0);
+}
+
+/* Pass 2 for block b: its 8 weight planes W (plane k: elements 4k..4k+3
+ * of each row, unsigned) and the 16 rows' d and m (Q8_0: m unused). */
+AI void block_fields(const packed *p, uint32_t type, int64_t b, __m512i W[8], __m512 *d, __m512 *m)
+{
+    const size_t o = (size_t)b * blk_bytes(type);
+    const size_t q0 = o / 4;
+    const bool odd = o % 4 != 0;   /* Q4_0 / Q8_0 odd blocks: header in the high half */
+    /* f16 d in the low half of h, f16 m (Q4_1) in the high half */
+    __m512i h = raw_at(p, q0);
+    if (odd)
+        h = _mm512_srli_epi32(h, 16);
+    *d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h));
+    if (type == RLAI_DT_Q8_0) {
+        const __m512i x80 = _mm512_set1_epi8((char)0x80);
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; k++) {
+            __m512i v = odd ? raw_at(p, q0 + 1 + (size_t)k) : raw_at2(p, q0 + (size_t)k);
+            W[k] = _mm512_xor_si512(v, x80);
+        }
+        *m = _mm512_setzero_ps();
+        return;
+    }
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    *m = type == RLAI_DT_Q4_1 ? _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(h, 16)))
+                              : _mm512_mul_ps(*d, _mm512_set1_ps(-8.0f));
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) {
+        /* qs byte 4k+e: low nibble = element 4k+e, high = 16+4k+e */
+        __m512i v = type == RLAI_DT_Q4_1 || odd ? raw_at(p, q0 + 1 + (size_t)k) : raw_at2(p, q0 + (size_t)k);
+        W[k] = _mm512_and_si512(v, m4);
+        W[4 + k] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+    }
+}
+
+/* Packs rows [r, r + nr) for the multi-token kernel. */
+AI void pack_group(const rlai_mm_job *j, uint32_t type, int64_t r, int nr, const packed *p)
+{
+    stage_group(j, r, nr, p);
+    for (int64_t b = 0; b < j->nb; b++) {
+        __m512i W[8];
+        __m512 d, m;
+        block_fields(p, type, b, W, &d, &m);
+        uint8_t *pw = p->w + (size_t)b * 8 * PLANE;
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; k++)
+            _mm512_store_si512(pw + k * PLANE, W[k]);
+        _mm512_store_ps(p->d + 16 * b, d);
+        _mm512_store_ps(p->m + 16 * b, m);
+    }
+}
+
+/* acc + vpdpbusd(w, the dword at p broadcast to 16 lanes); the embedded
+ * broadcast form, which GCC does not generate from the intrinsics. */
+AI __m512i dpbusd_b(__m512i acc, __m512i w, const uint8_t *p)
+{
+    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*(const uint32_t *)(const void *)p));
+    return acc;
+}
+
+/* NT tokens [t, t + NT) over a packed group at rows [r, r + nr). */
+AI void compute_group(const rlai_mm_job *j, bool q8, const packed *p, int64_t r, int nr,
+                      int t, const int NT)
+{
+    const rlai_act *a = j->act;
+    const int64_t nb = j->nb, cols = j->cols;
+    const int8_t *xq = a->q + (size_t)t * (size_t)cols;
+    const float *ds = a->ds + (size_t)t * (size_t)nb * 2;
+    const int32_t *qs = q8 ? a->qsum + (size_t)t * (size_t)nb : NULL;
+    __m512 acc[MM_NT];
+#pragma GCC unroll 8
+    for (int i = 0; i < NT; i++)
+        acc[i] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *pw = p->w + (size_t)b * 8 * PLANE;
+        const uint8_t *xb = (const uint8_t *)(xq + 32 * b);
+        __m512i s[MM_NT];
+        /* exact: |sum| <= 32 * 255 * 127 */
+#pragma GCC unroll 8
+        for (int i = 0; i < NT; i++)
+            s[i] = q8 ? _mm512_set1_epi32(-128 * qs[(size_t)i * (size_t)nb + (size_t)b]) : _mm512_setzero_si512();
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; k++) {
+            __m512i W = _mm512_load_si512(pw + k * PLANE);
+#pragma GCC unroll 8
+            for (int i = 0; i < NT; i++)
+                s[i] = dpbusd_b(s[i], W, xb + (size_t)i * (size_t)cols + 4 * k);
+        }
+        __m512 d = _mm512_load_ps(p->d + 16 * b);
+        __m512 m = q8 ? _mm512_setzero_ps() : _mm512_load_ps(p->m + 16 * b);
+#pragma GCC unroll 8
+        for (int i = 0; i < NT; i++) {
+            const float *dsb = ds + (size_t)i * (size_t)nb * 2 + 2 * b;
+            acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[i]), _mm512_mul_ps(d, _mm512_set1_ps(dsb[0])), acc[i]);
+            if (!q8)
+                acc[i] = _mm512_fmadd_ps(m, _mm512_set1_ps(dsb[1]), acc[i]);
+        }
+    }
+    const __mmask16 mask = (__mmask16)(nr >= MM_ROWS ? 0xFFFFu : (1u << nr) - 1u);
+#pragma GCC unroll 8
+    for (int i = 0; i < NT; i++)
+        _mm512_mask_storeu_ps(j->y + (size_t)(t + i) * (size_t)j->ldy + (size_t)r, mask, acc[i]);
+}
+
+/* Up to MM_NT tokens (decode and batched decode): pass 2 feeds the dot
+ * products directly instead of storing the planes; the same operations
+ * as compute_group (bit-identical to it). */
+AI void fused_group(const rlai_mm_job *j, uint32_t type, const packed *p, int64_t r, int nr,
+                    int t, const int NT)
+{
+    const bool q8 = type == RLAI_DT_Q8_0;
+    const rlai_act *a = j->act;
+    const int64_t nb = j->nb, cols = j->cols;
+    const uint8_t *xq = (const uint8_t *)(a->q + (size_t)t * (size_t)cols);
+    const float *ds = a->ds + (size_t)t * (size_t)nb * 2;
+    const int32_t *qs = q8 ? a->qsum + (size_t)t * (size_t)nb : NULL;
+    stage_group(j, r, nr, p);
+    __m512 acc[MM_NT];
+#pragma GCC unroll 8
+    for (int i = 0; i < NT; i++)
+        acc[i] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        __m512i W[8];
+        __m512 d, m;
+        block_fields(p, type, b, W, &d, &m);
+        const uint8_t *xb = xq + 32 * b;
+        __m512i s[MM_NT];
+#pragma GCC unroll 8
+        for (int i = 0; i < NT; i++)
+            s[i] = q8 ? _mm512_set1_epi32(-128 * qs[(size_t)i * (size_t)nb + (size_t)b]) : _mm512_setzero_si512();
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; k++) {
+#pragma GCC unroll 8
+            for (int i = 0; i < NT; i++)
+                s[i] = dpbusd_b(s[i], W[k], xb + (size_t)i * (size_t)cols + 4 * k);
+        }
+#pragma GCC unroll 8
+        for (int i = 0; i < NT; i++) {
+            const float *dsb = ds + (size_t)i * (size_t)nb * 2 + 2 * b;
+            acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[i]), _mm512_mul_ps(d, _mm512_set1_ps(dsb[0])), acc[i]);
+            if (!q8)
+                acc[i] = _mm512_fmadd_ps(m, _mm512_set1_ps(dsb[1]), acc[i]);
+        }
+    }
+    const __mmask16 mask = (__mmask16)(nr >= MM_ROWS ? 0xFFFFu : (1u << nr) - 1u);
+#pragma GCC unroll 8
+    for (int i = 0; i < NT; i++)
+        _mm512_mask_storeu_ps(j->y + (size_t)(t + i) * (size_t)j->ldy + (size_t)r, mask, acc[i]);
+}
+
+#define FUSED_CASE(n)                                     \
+    case n:                                               \
+        fused_group(j, type, &p, r, nr, t0, n);           \
+        break
+#define COMPUTE_CASE(n)                                   \
+    case n:                                               \
+        compute_group(j, q8, &p, r, nr, t, n);            \
+        break
+
+AI void mm_q(const rlai_mm_job *j, uint32_t type, int64_t r0, int64_t r1, int t0, int t1, void *scratch)
+{
+    const bool q8 = type == RLAI_DT_Q8_0;
+    packed p = packed_of(scratch, j->nb);
+    for (int64_t r = r0; r < r1; r += MM_ROWS) {
+        int nr = (int)(r1 - r < MM_ROWS ? r1 - r : MM_ROWS);
+        if (t1 - t0 <= MM_NT) {
+            switch (t1 - t0) {
+            FUSED_CASE(1);
+            FUSED_CASE(2);
+            FUSED_CASE(3);
+            FUSED_CASE(4);
+            FUSED_CASE(5);
+            FUSED_CASE(6);
+            FUSED_CASE(7);
+            FUSED_CASE(8);
+            default: break;
+            }
+            continue;
+        }
+        pack_group(j, type, r, nr, &p);
+        for (int t = t0; t < t1; t += MM_NT) {
+            int nt = t1 - t < MM_NT ? t1 - t : MM_NT;
+            switch (nt) {
+            COMPUTE_CASE(1);
+            COMPUTE_CASE(2);
+            COMPUTE_CASE(3);
+            COMPUTE_CASE(4);
+            COMPUTE_CASE(5);
+            COMPUTE_CASE(6);
+            COMPUTE_CASE(7);
+            COMPUTE_CASE(8);
+            default: break;
+            }
+        }
+    }
+}
+#undef COMPUTE_CASE
+#undef FUSED_CASE
+
+_Static_assert(MM_NT == 8, "COMPUTE_CASE list covers 1..8 tokens");
 
 void rlai__mm_avx512(const rlai_mm_job *j, int64_t r0, int64_t r1, int t0, int t1, void *scratch)
 {
+    /* the scratch holds a packed group for any quant row (about 37 bytes
+     * per column against 64); checked anyway */
+    const bool packable = j->act && packed_bytes(j->nb, j->row_bytes) <= rlai__scratch_bytes(j->cols);
+    if (packable) {
+        switch (j->type) {
+        case RLAI_DT_Q4_0: mm_q(j, RLAI_DT_Q4_0, r0, r1, t0, t1, scratch); return;
+        case RLAI_DT_Q4_1: mm_q(j, RLAI_DT_Q4_1, r0, r1, t0, t1, scratch); return;
+        case RLAI_DT_Q8_0:
+            if (j->act->qsum) {
+                mm_q(j, RLAI_DT_Q8_0, r0, r1, t0, t1, scratch);
+                return;
+            }
+            break;
+        default: break;
+        }
+    }
     rlai__mm_avx2(j, r0, r1, t0, t1, scratch);
+}
+
+/* ------------------------------------------------------------------ */
+/* attention helpers: the AVX2 helpers' exact float sequences, 16 wide */
+
+/* hsum8 of kernels_avx2.c: (v0+v4 + v2+v6) + (v1+v5 + v3+v7). */
+AI float hsum8(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* rlai__attn_dot_f16_avx2 keeps two 8-lane sums, s0 over elements
+ * 16i..16i+7 and s1 over 16i+8..16i+15 (a last group of 8 goes to s0);
+ * one zmm holds [s0 | s1] and takes the same fmas, so the results are
+ * bit-identical to the AVX2 (and scalar) helper. */
+void rlai__attn_dot_f16_avx512(int n, int d, const uint16_t *k, size_t stride, const float *q, float scale,
+                               float *out)
+{
+    if (d % 8 != 0 || d > 256) {
+        rlai__attn_dot_f16_avx2(n, d, k, stride, q, scale, out);
+        return;
+    }
+    for (int j = 0; j < n; j++) {
+        const uint16_t *r = k + (size_t)j * stride;
+        __m512 s = _mm512_setzero_ps();
+        int i = 0;
+        for (; i + 16 <= d; i += 16)
+            s = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(r + i))),
+                                _mm512_loadu_ps(q + i), s);
+        __m256 s0 = _mm512_castps512_ps256(s), s1 = _mm512_extractf32x8_ps(s, 1);
+        if (i < d)
+            s0 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(r + i))),
+                                 _mm256_loadu_ps(q + i), s0);
+        out[j] = scale * hsum8(_mm256_add_ps(s0, s1));
+    }
+}
+
+/* y[e] = fma(p_j, row_j[e], y[e]) for j in order: element-wise, so any
+ * width gives the AVX2 helper's results. */
+void rlai__attn_mad_f16_avx512(int n, int d, const uint16_t *v, size_t stride, const float *p, float *y)
+{
+    if (d % 8 != 0 || d > 256) {
+        rlai__attn_mad_f16_avx2(n, d, v, stride, p, y);
+        return;
+    }
+    __m512 acc[16];
+    const int nv = d / 16;
+    const bool half = d % 16 != 0;
+    __m256 acc8 = half ? _mm256_loadu_ps(y + 16 * nv) : _mm256_setzero_ps();
+    for (int c = 0; c < nv; c++)
+        acc[c] = _mm512_loadu_ps(y + 16 * c);
+    for (int j = 0; j < n; j++) {
+        const uint16_t *r = v + (size_t)j * stride;
+        __m512 pj = _mm512_set1_ps(p[j]);
+        for (int c = 0; c < nv; c++)
+            acc[c] = _mm512_fmadd_ps(pj, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(r + 16 * c))),
+                                     acc[c]);
+        if (half)
+            acc8 = _mm256_fmadd_ps(_mm512_castps512_ps256(pj),
+                                   _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(r + 16 * nv))), acc8);
+    }
+    for (int c = 0; c < nv; c++)
+        _mm512_storeu_ps(y + 16 * c, acc[c]);
+    if (half)
+        _mm256_storeu_ps(y + 16 * nv, acc8);
 }

@@ -40,6 +40,11 @@ typedef struct rlai_act {
      * tokens: 0). NULL when not built. */
     float *dv;
     float *sv;
+    /* Integer block sums of q, qsum[t*nb + b] = sum_e q[t][b][e] (padding
+     * tokens: 0): built for the AVX-512 level with Q8_0 weights, whose
+     * VNNI kernel biases the weights to unsigned (see kernels_avx512.c).
+     * NULL when not built. */
+    int32_t *qsum;
 } rlai_act;
 
 typedef struct rlai_mm_job {
@@ -53,8 +58,8 @@ typedef struct rlai_mm_job {
     float *y;
     int64_t ldy;
     int T;
-    bool vnni;              /* AVX-512 VNNI usable (unused while the AVX-512
-                             * level runs the AVX2 matmul) */
+    bool vnni;              /* AVX-512 VNNI usable (always true on the
+                             * AVX-512 level, which requires it) */
 } rlai_mm_job;
 
 /* Per-thread scratch bytes the mm functions may use for a job with `cols`. */
@@ -99,5 +104,7 @@ float rlai__exp_sum_scalar(int n, float *x, float max);
 void rlai__attn_dot_f16_avx2(int n, int d, const uint16_t *k, size_t stride, const float *q, float scale, float *out);
 void rlai__attn_mad_f16_avx2(int n, int d, const uint16_t *v, size_t stride, const float *p, float *y);
 float rlai__exp_sum_avx2(int n, float *x, float max);
+void rlai__attn_dot_f16_avx512(int n, int d, const uint16_t *k, size_t stride, const float *q, float scale, float *out);
+void rlai__attn_mad_f16_avx512(int n, int d, const uint16_t *v, size_t stride, const float *p, float *y);
 
 #endif

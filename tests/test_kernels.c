@@ -2,7 +2,8 @@
  * x every available ISA x T in {1,3,17,64} x rows {37,200} x cols
  * {32,64,576}, single-threaded and with a 2-thread pool, against a
  * double-precision reference; SIMD vs scalar agreement; activation
- * quantizer bit-identity; f16 vector helpers; API edge cases.
+ * quantizer bit-identity; f16 vector helpers; API edge cases; the AVX-512
+ * VNNI kernels bitwise against the scalar reference.
  *
  * Error measure: for an output y = sum_c w_c x_c we compare against
  * norm = sum_c |w_c x_c| (the condition-aware scale of a dot product).
@@ -476,6 +477,11 @@ START_TEST(test_api)
     ck_assert_int_eq(!!(m & (1u << RLAI_ISA_AVX2)), avx2);
     if (!__builtin_cpu_supports("avx512f"))
         ck_assert(!(m & (1u << RLAI_ISA_AVX512)));
+    /* the AVX-512 level runs vpdpbusd: it must never be offered without VNNI */
+    bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                  __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+                  __builtin_cpu_supports("avx512vnni");
+    ck_assert_int_eq(!!(m & (1u << RLAI_ISA_AVX512)), avx512 && avx2);
 #endif
     rlai_isa got = RLAI_ISA_AUTO;
     ck_assert_int_eq(rlai_kernels_resolve(RLAI_ISA_AUTO, &got), RLAI_OK);
@@ -609,8 +615,8 @@ START_TEST(test_attn_helpers)
         }
         ref_dot[j] = 0.125 * a;
     }
-    rlai_isa isas[2] = { RLAI_ISA_SCALAR, RLAI_ISA_AVX2 };
-    for (int k = 0; k < 2; k++) {
+    rlai_isa isas[3] = { RLAI_ISA_SCALAR, RLAI_ISA_AVX2, RLAI_ISA_AVX512 };
+    for (int k = 0; k < 3; k++) {
         if (!(rlai_kernels_available() & (1u << isas[k])))
             continue;
         rlai_kernels *kc;
@@ -647,37 +653,150 @@ START_TEST(test_helpers_isa_identical)
 {
     if (!(rlai_kernels_available() & (1u << RLAI_ISA_AVX2)))
         return;
-    rng_state = 11;
-    rlai_kernels *ks = NULL, *ka = NULL;
+    const rlai_isa simd[2] = { RLAI_ISA_AVX2, RLAI_ISA_AVX512 };
+    for (int si = 0; si < 2; si++) {
+        if (!(rlai_kernels_available() & (1u << simd[si])))
+            continue;
+        rng_state = 11;
+        rlai_kernels *ks = NULL, *ka = NULL;
+        ck_assert_int_eq(rlai_kernels_create(RLAI_ISA_SCALAR, false, &ks), RLAI_OK);
+        ck_assert_int_eq(rlai_kernels_create(simd[si], false, &ka), RLAI_OK);
+        enum { MAXD = 272, NR = 21 };
+        static uint16_t rows[NR * MAXD];
+        static float q[MAXD], o1[NR], o2[NR], e1[300], e2[300], m1[MAXD], m2[MAXD], pj[NR];
+        for (int i = 0; i < NR * MAXD; i++)
+            rows[i] = rlai_f32_to_fp16(rndf(-2, 2));
+        for (int i = 0; i < MAXD; i++)
+            q[i] = rndf(-3, 3);
+        for (int j = 0; j < NR; j++)
+            pj[j] = rndf(0, 1);
+        const int ds[] = { 1, 7, 8, 16, 24, 40, 64, 100, 128, 136, 256, 272 };
+        for (int di = 0; di < 12; di++) {
+            int d = ds[di];
+            rlai_attn_dot_f16(ks, NR, d, rows, MAXD, q, 0.125f, o1);
+            rlai_attn_dot_f16(ka, NR, d, rows, MAXD, q, 0.125f, o2);
+            ck_assert_msg(memcmp(o1, o2, sizeof o1) == 0, "attn_dot %s d=%d", rlai_isa_name(simd[si]), d);
+            float a = rlai_vec_dot_f16_f32(ks, d, rows, q), b = rlai_vec_dot_f16_f32(ka, d, rows, q);
+            ck_assert_msg(memcmp(&a, &b, sizeof a) == 0, "dot d=%d", d);
+            for (int i = 0; i < d; i++)
+                m1[i] = m2[i] = q[i];
+            rlai_attn_mad_f16(ks, NR, d, rows, MAXD, pj, m1);
+            rlai_attn_mad_f16(ka, NR, d, rows, MAXD, pj, m2);
+            ck_assert_msg(memcmp(m1, m2, sizeof(float) * (size_t)d) == 0, "attn_mad %s d=%d",
+                          rlai_isa_name(simd[si]), d);
+        }
+        const int ns[] = { 1, 7, 8, 9, 64, 203, 300 };
+        for (int ni = 0; ni < 7; ni++) {
+            int n = ns[ni];
+            for (int i = 0; i < n; i++)
+                e1[i] = e2[i] = i % 17 == 3 ? -100.0f : rndf(-30, 0.5f);
+            float s1 = rlai_vec_exp_sum(ks, n, e1, 0.5f), s2 = rlai_vec_exp_sum(ka, n, e2, 0.5f);
+            ck_assert_msg(memcmp(&s1, &s2, sizeof s1) == 0 && memcmp(e1, e2, sizeof(float) * (size_t)n) == 0,
+                          "exp_sum n=%d", n);
+        }
+        rlai_kernels_destroy(ks);
+        rlai_kernels_destroy(ka);
+    }
+}
+END_TEST
+
+/* The AVX-512 VNNI kernels (kernels_avx512.c) against the scalar
+ * reference, bitwise: every T across the matvec, small-batch and prefill
+ * ranges (and the 8-token passes' remainders), row counts around the
+ * 16-row groups, rows whose byte length is not a multiple of 16 (the
+ * masked tail chunk), weights that end exactly at the end of their
+ * allocation (ASan catches a read past it), extreme values (Q8_0 -128 and
+ * 127, nibbles 0 and 15, saturated activations), no pool and a 2-thread
+ * pool. On a CPU without AVX-512 VNNI the test checks that the level is
+ * refused. */
+static void check_avx512_exact(rlai_kernels *ks, rlai_kernels *kv, rlai_threadpool *tp2, uint32_t type,
+                               int64_t rows, int64_t cols, int extreme)
+{
+    size_t rb = rlai_dtype_row_bytes(type, cols), bytes = rb * (size_t)rows;
+    uint8_t *wd = malloc(bytes);   /* no slack: the last row ends the block */
+    float *tmp = malloc(sizeof(float) * (size_t)cols);
+    ck_assert(wd && tmp);
+    for (int64_t r = 0; r < rows; r++) {
+        for (int64_t c = 0; c < cols; c++)
+            tmp[c] = (r % 3 == 1 ? 0.5f : 0.0f) + rndf(-1.0f, 1.0f) * (r % 5 == 2 ? 40.0f : 1.0f);
+        rlai_quantize_row(type, tmp, wd + (size_t)r * rb, cols);
+    }
+    if (extreme) {   /* raw extreme quants, keeping the f16 scales */
+        size_t bb = rlai_dtype_block_bytes(type), hdr = type == RLAI_DT_Q4_1 || type == RLAI_DT_Q5_1 ? 4 : 2;
+        for (size_t o = 0; o + bb <= bytes; o += bb)
+            for (size_t e = hdr; e < bb; e++)
+                wd[o + e] = (uint8_t)(extreme == 1 ? (type == RLAI_DT_Q8_0 ? 0x80 : 0xFF)   /* -128 / 15,15 */
+                                                   : (rnd64() & 1 ? 0x7F : 0x80));            /* 127 / -128 */
+    }
+    rlai_weight w = { .type = type, .rows = rows, .cols = cols, .data = wd };
+    enum { MAXT = 40 };
+    const int64_t ldx = cols + 1, ldy = rows + 3;
+    float *x = malloc(sizeof(float) * (size_t)(MAXT * ldx));
+    float *y1 = malloc(sizeof(float) * (size_t)(MAXT * ldy)), *y2 = malloc(sizeof(float) * (size_t)(MAXT * ldy));
+    ck_assert(x && y1 && y2);
+    for (int t = 0; t < MAXT; t++)
+        for (int64_t c = 0; c < ldx; c++)
+            x[t * ldx + c] = extreme && t % 2 ? (c % 2 ? 127.0f : -127.0f) * (t % 4 == 1 ? 1.0f : 1e-3f)
+                                              : rndf(-1.0f, 1.0f) * (t % 3 == 2 ? 50.0f : 1.0f);
+    const int Ts[] = { 1, 2, 7, 8, 9, 16, 17, 31, 32, 33, MAXT };
+    for (int ti = 0; ti < (int)(sizeof Ts / sizeof Ts[0]); ti++) {
+        int T = Ts[ti];
+        rlai_matmul(ks, NULL, &w, x, ldx, T, y1, ldy);
+        for (int pi = 0; pi < 2; pi++) {
+            for (int64_t i = 0; i < (int64_t)T * ldy; i++)
+                y2[i] = SENTINEL;
+            rlai_matmul(kv, pi ? tp2 : NULL, &w, x, ldx, T, y2, ldy);
+            for (int t = 0; t < T; t++) {
+                for (int64_t r = 0; r < ldy; r++) {
+                    float a = y1[t * ldy + r], b = y2[t * ldy + r];
+                    if (r >= rows) {
+                        ck_assert_msg(b == SENTINEL, "avx512 wrote past rows");
+                        continue;
+                    }
+                    ck_assert_msg(memcmp(&a, &b, sizeof a) == 0,
+                                  "%s avx512 vs scalar: rows=%ld cols=%ld T=%d pool=%d extreme=%d t=%d r=%ld: %a vs %a",
+                                  rlai_dtype_name(type), (long)rows, (long)cols, T, pi, extreme, t, (long)r,
+                                  (double)b, (double)a);
+                }
+            }
+        }
+    }
+    free(x);
+    free(y1);
+    free(y2);
+    free(tmp);
+    free(wd);
+}
+
+START_TEST(test_avx512_vnni_exact)
+{
+    rng_state = 0x512ull;
+    if (!(rlai_kernels_available() & (1u << RLAI_ISA_AVX512))) {
+        rlai_kernels *k = NULL;
+        ck_assert_int_eq(rlai_kernels_create(RLAI_ISA_AVX512, false, &k), RLAI_ERR_UNSUPPORTED);
+        fprintf(stderr, "test_avx512_vnni_exact: no AVX-512 VNNI on this CPU, kernels not run\n");
+        return;
+    }
+    rlai_kernels *ks = NULL, *kv = NULL;
+    rlai_threadpool *tp2 = NULL;
     ck_assert_int_eq(rlai_kernels_create(RLAI_ISA_SCALAR, false, &ks), RLAI_OK);
-    ck_assert_int_eq(rlai_kernels_create(RLAI_ISA_AVX2, false, &ka), RLAI_OK);
-    enum { MAXD = 256, NR = 21 };
-    static uint16_t rows[NR * MAXD];
-    static float q[MAXD], o1[NR], o2[NR], e1[300], e2[300];
-    for (int i = 0; i < NR * MAXD; i++)
-        rows[i] = rlai_f32_to_fp16(rndf(-2, 2));
-    for (int i = 0; i < MAXD; i++)
-        q[i] = rndf(-3, 3);
-    const int ds[] = { 1, 7, 8, 16, 24, 40, 64, 100, 128, 256 };
-    for (int di = 0; di < 10; di++) {
-        int d = ds[di];
-        rlai_attn_dot_f16(ks, NR, d, rows, MAXD, q, 0.125f, o1);
-        rlai_attn_dot_f16(ka, NR, d, rows, MAXD, q, 0.125f, o2);
-        ck_assert_msg(memcmp(o1, o2, sizeof o1) == 0, "attn_dot d=%d", d);
-        float a = rlai_vec_dot_f16_f32(ks, d, rows, q), b = rlai_vec_dot_f16_f32(ka, d, rows, q);
-        ck_assert_msg(memcmp(&a, &b, sizeof a) == 0, "dot d=%d", d);
+    ck_assert_int_eq(rlai_kernels_create(RLAI_ISA_AVX512, false, &kv), RLAI_OK);
+    ck_assert_int_eq(rlai_threadpool_create(2, &tp2), RLAI_OK);
+    const uint32_t types[] = { RLAI_DT_Q4_0, RLAI_DT_Q4_1, RLAI_DT_Q8_0, RLAI_DT_Q5_0, RLAI_DT_Q5_1 };
+    const int64_t rows_l[] = { 1, 15, 16, 17, 50 };
+    const int64_t cols_l[] = { 32, 64, 96, 160, 576 };
+    for (int ty = 0; ty < 5; ty++) {
+        for (int ri = 0; ri < 5; ri++)
+            for (int ci = 0; ci < 5; ci++)
+                check_avx512_exact(ks, kv, tp2, types[ty], rows_l[ri], cols_l[ci], 0);
+        check_avx512_exact(ks, kv, tp2, types[ty], 33, 1536, 0);
+        check_avx512_exact(ks, kv, tp2, types[ty], 300, 64, 0);   /* several groups per work item */
+        check_avx512_exact(ks, kv, tp2, types[ty], 17, 96, 1);
+        check_avx512_exact(ks, kv, tp2, types[ty], 17, 160, 2);
     }
-    const int ns[] = { 1, 7, 8, 9, 64, 203, 300 };
-    for (int ni = 0; ni < 7; ni++) {
-        int n = ns[ni];
-        for (int i = 0; i < n; i++)
-            e1[i] = e2[i] = i % 17 == 3 ? -100.0f : rndf(-30, 0.5f);
-        float s1 = rlai_vec_exp_sum(ks, n, e1, 0.5f), s2 = rlai_vec_exp_sum(ka, n, e2, 0.5f);
-        ck_assert_msg(memcmp(&s1, &s2, sizeof s1) == 0 && memcmp(e1, e2, sizeof(float) * (size_t)n) == 0,
-                      "exp_sum n=%d", n);
-    }
+    rlai_threadpool_destroy(tp2);
     rlai_kernels_destroy(ks);
-    rlai_kernels_destroy(ka);
+    rlai_kernels_destroy(kv);
 }
 END_TEST
 
@@ -697,6 +816,7 @@ static Suite *kernels_suite(void)
     tcase_add_loop_test(mm, test_matmul_type, 0, N_TYPES);
     tcase_add_test(mm, test_matmul_shapes);
     tcase_add_loop_test(mm, test_matmul_batch_invariance, 0, N_TYPES);
+    tcase_add_test(mm, test_avx512_vnni_exact);
     suite_add_tcase(s, mm);
     return s;
 }
