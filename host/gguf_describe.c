@@ -75,8 +75,8 @@ static bool add_str(cJSON *o, const rlai_gguf *g, const char *key, const char *f
     buf[n] = '\0';
     if (memchr(buf, '\0', n))        /* embedded NUL: not a usable name */
         return true;
-    if (copy)
-        snprintf(copy, cap, "%s", buf);
+    if (copy && snprintf(copy, cap, "%s", buf) >= (int)cap)
+        copy[0] = '\0';                /* too long to be a key prefix: treated as unknown */
     return cJSON_AddStringToObject(o, field, buf) != NULL;
 }
 
