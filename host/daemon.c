@@ -288,6 +288,9 @@ static void on_done(void *user, uint64_t engine_id, int status, const rlai_gen_m
     job *j = user;
     rlai_daemon *d = j->d;
     int cancel = atomic_load(&j->cancel);
+    /* Before the reply: a client that reads /metrics after its done frame sees it. */
+    rlai_metrics_count_request(d->metrics, "generate", "ipc");
+    rlai_metrics_observe_generation(d->metrics, "ipc", cancel == RLAI_PE_SHUTDOWN ? RLAI_ERR_CANCELLED : status, gm);
     if (cancel == RLAI_PE_SHUTDOWN) {
         send_error(d, j->conn, j->id, RLAI_PE_SHUTDOWN, "engine shutting down: request ended");
     } else if (status < 0) {
@@ -300,8 +303,6 @@ static void on_done(void *user, uint64_t engine_id, int status, const rlai_gen_m
         };
         send_done(d, j->conn, j->id, cancel ? "cancelled" : stop_name(gm->stop), &mm);
     }
-    rlai_metrics_count_request(d->metrics, "generate", "ipc");
-    rlai_metrics_observe_generation(d->metrics, "ipc", cancel == RLAI_PE_SHUTDOWN ? RLAI_ERR_CANCELLED : status, gm);
     pthread_mutex_lock(&d->mu);
     unlink_job(d, j);
     pthread_mutex_unlock(&d->mu);

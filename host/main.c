@@ -3,11 +3,14 @@
  * serve runs the engine daemon; run, chat and stats are clients of a
  * running engine (run and chat take --local to load the model in-process);
  * tokenize and info read a model file directly; call and plugins are
- * clients for plugin commands (cli_call.c). bench answers with a clear
+ * clients for plugin commands (cli_call.c); fit estimates memory and
+ * speed through the fit plugin, in-process (fit_cli.c). bench answers with a clear
  * "not implemented" error in this build. */
 #include "rlai/client.h"
 #include "rlai/engine.h"
 #include "cli_call.h"
+#include "fit_cli.h"
+#include "gassist_manifest.h"
 #include "config.h"
 #include "daemon.h"
 #include "gguf.h"
@@ -41,6 +44,8 @@ static void usage(FILE *f)
         "  info [-m FILE]               print model hyperparameters and kernel choice\n"
         "  call plugin.verb '{json}'    call a plugin command of the running engine\n"
         "  plugins                      list loaded plugins and their commands\n"
+        "  fit MODEL --gpu NAME         can it run? memory and speed estimate (rlai fit --help)\n"
+        "  gassist manifest [-o FILE]   G-Assist plugin manifest.json from the engine's commands\n"
         "  bench                        (not implemented in this build; see build/bench/)\n"
         "\n"
         "run options:\n"
@@ -62,8 +67,9 @@ static void usage(FILE *f)
 }
 
 /* Default plugin folder: $RLAI_PLUGIN_DIR, else plugins/ next to the
- * binary's folder (<exe>/../plugins: build/plugins in the build tree).
- * Returns buf, or NULL when there is none. */
+ * binary's folder (<exe>/../plugins: build/plugins in the build tree),
+ * else the install folder (<libdir>/rlai/plugins). Returns buf, or NULL
+ * when there is none. */
 static const char *default_plugins_dir(char *buf, size_t cap)
 {
     const char *env = getenv("RLAI_PLUGIN_DIR");
@@ -81,9 +87,14 @@ static const char *default_plugins_dir(char *buf, size_t cap)
         return NULL;
     *slash = 0;
     int w = snprintf(buf, cap, "%s/../plugins", exe);
-    if (w <= 0 || (size_t)w >= cap || access(buf, R_OK | X_OK) != 0)
-        return NULL;
-    return buf;
+    if (w > 0 && (size_t)w < cap && access(buf, R_OK | X_OK) == 0)
+        return buf;
+#ifdef RLAI_PLUGIN_INSTALL_DIR
+    w = snprintf(buf, cap, "%s", RLAI_PLUGIN_INSTALL_DIR);
+    if (w > 0 && (size_t)w < cap && access(buf, R_OK | X_OK) == 0)
+        return buf;
+#endif
+    return NULL;
 }
 
 /* Finds the default model: $RLAI_MODEL, ./models/, or models/ next to the
@@ -770,7 +781,11 @@ int main(int argc, char **argv)
         return rlai_cli_call_main(argc - 1, argv + 1);
     if (!strcmp(cmd, "plugins"))
         return rlai_cli_plugins_main(argc - 1, argv + 1);
-    static const char *const later[] = { "fit", "bench" };
+    if (!strcmp(cmd, "fit"))
+        return rlai_fit_cli_main(argc - 1, argv + 1);
+    if (!strcmp(cmd, "gassist"))
+        return rlai_gassist_manifest_main(argc - 1, argv + 1);
+    static const char *const later[] = { "bench" };
     for (size_t i = 0; i < sizeof(later) / sizeof(later[0]); i++) {
         if (!strcmp(cmd, later[i])) {
             fprintf(stderr, "rlai %s: not implemented in this build (%s)\n", cmd,

@@ -83,7 +83,50 @@ START_TEST(remote_tcp_needs_opt_in)
     rlai_config_set_str(&c.zmq, NULL);
     rlai_config_set_str(&c.zmq_tcp, NULL);
     rlai_config_set_str(&c.pipe, "");
+    rlai_config_set_str(&c.http, NULL);
     ck_assert_int_eq(rlai_config_validate(&c, err, sizeof(err)), RLAI_ERR_INVALID_ARG);
+    rlai_config_free(&c);
+}
+END_TEST
+
+START_TEST(http_endpoint)
+{
+    rlai_config c;
+    char err[256];
+    ck_assert_int_eq(rlai_config_defaults(&c, "m.gguf"), 0);
+    ck_assert_str_eq(c.http, "127.0.0.1:5676");
+    ck_assert_str_eq(c.http, RLAI_HTTP_DEFAULT);
+    ck_assert_int_eq(rlai_config_load_json(&c, "{\"endpoints\":{\"http\":\"localhost:8080\"}}", err, sizeof(err)), 0);
+    ck_assert_str_eq(c.http, "localhost:8080");
+    ck_assert_int_eq(rlai_config_validate(&c, err, sizeof(err)), 0);
+    ck_assert_int_eq(rlai_config_load_json(&c, "{\"endpoints\":{\"http\":\"[::1]:80\"}}", err, sizeof(err)), 0);
+    ck_assert_int_eq(rlai_config_validate(&c, err, sizeof(err)), 0);
+    /* "" and null disable it; HTTP alone is a valid set of endpoints. */
+    ck_assert_int_eq(rlai_config_load_json(&c, "{\"endpoints\":{\"http\":\"\"}}", err, sizeof(err)), 0);
+    ck_assert_ptr_null(c.http);
+    ck_assert_int_eq(rlai_config_load_json(&c, "{\"endpoints\":{\"http\":\"127.0.0.1:1\",\"zmq\":null,"
+                                               "\"pipe\":null}}", err, sizeof(err)), 0);
+    ck_assert_int_eq(rlai_config_validate(&c, err, sizeof(err)), 0);
+    ck_assert_int_eq(rlai_config_load_json(&c, "{\"endpoints\":{\"http\":null}}", err, sizeof(err)), 0);
+    ck_assert_ptr_null(c.http);
+    ck_assert_int_eq(rlai_config_validate(&c, err, sizeof(err)), RLAI_ERR_INVALID_ARG);
+    /* Wrong type names the key. */
+    ck_assert_int_eq(rlai_config_load_json(&c, "{\"endpoints\":{\"http\":5676}}", err, sizeof(err)), RLAI_ERR_FORMAT);
+    ck_assert_ptr_nonnull(strstr(err, "endpoints.http"));
+    /* Malformed addresses. */
+    const char *bad[] = { "127.0.0.1", "127.0.0.1:", "127.0.0.1:http", "127.0.0.1:70000", ":5676", "[::1]5676" };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        ck_assert_int_eq(rlai_config_set_str(&c.http, bad[i]), 0);
+        err[0] = 0;
+        ck_assert_int_eq(rlai_config_validate(&c, err, sizeof(err)), RLAI_ERR_INVALID_ARG);
+        ck_assert_msg(strstr(err, "ADDR:PORT") != NULL, "'%s' -> '%s'", bad[i], err);
+    }
+    /* Non-loopback needs allow_remote, like zmq_tcp. */
+    ck_assert_int_eq(rlai_config_set_str(&c.http, "0.0.0.0:5676"), 0);
+    ck_assert_int_eq(rlai_config_validate(&c, err, sizeof(err)), RLAI_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(err, "allow_remote"));
+    c.allow_remote = true;
+    ck_assert_int_eq(rlai_config_validate(&c, err, sizeof(err)), 0);
     rlai_config_free(&c);
 }
 END_TEST
@@ -115,6 +158,7 @@ int main(void)
     tcase_add_test(tc, defaults_are_private_and_limited);
     tcase_add_test(tc, json_overrides_and_errors);
     tcase_add_test(tc, remote_tcp_needs_opt_in);
+    tcase_add_test(tc, http_endpoint);
     tcase_add_test(tc, file_loading);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);

@@ -1,0 +1,2028 @@
+/* http.c - OpenAI-compatible HTTP front (see http.h). */
+#include "http.h"
+#include "rlai/error.h"
+#include "rlai/protocol.h"
+
+#include <arpa/inet.h>
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <microhttpd.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#define WAIT_SLICE_MS 50          /* condition-variable wait between hang-up checks */
+#define STOP_WAIT_MS 10000        /* rlai_http_stop: longest wait for engine callbacks */
+#define MAX_STOPS 16
+#define MAX_STOP_LEN 256
+#define LORE_COMMAND "loremaster.talk"
+#define LORE_PREFIX "loremaster/"
+
+/* ---------------------------------------------------------- small helpers */
+
+static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
+{
+    if (err && errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return code;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void deadline_in(struct timespec *ts, int ms)
+{
+    clock_gettime(CLOCK_MONOTONIC, ts);
+    ts->tv_sec += ms / 1000;
+    ts->tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (ts->tv_nsec >= 1000000000L) {
+        ts->tv_sec++;
+        ts->tv_nsec -= 1000000000L;
+    }
+}
+
+static void cond_init_monotonic(pthread_cond_t *cv)
+{
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(cv, &ca);
+    pthread_condattr_destroy(&ca);
+}
+
+/* Growable byte buffer. */
+typedef struct bytes {
+    char *p;
+    size_t len, cap;
+} bytes;
+
+static int bytes_add(bytes *b, const void *data, size_t n)
+{
+    if (b->len + n + 1 > b->cap) {
+        size_t ncap = b->cap ? b->cap : 256;
+        while (ncap < b->len + n + 1)
+            ncap *= 2;
+        char *np = realloc(b->p, ncap);
+        if (!np)
+            return RLAI_ERR_NOMEM;
+        b->p = np;
+        b->cap = ncap;
+    }
+    memcpy(b->p + b->len, data, n);
+    b->len += n;
+    b->p[b->len] = 0;
+    return 0;
+}
+
+static int bytes_str(bytes *b, const char *s)
+{
+    return bytes_add(b, s, strlen(s));
+}
+
+static void bytes_free(bytes *b)
+{
+    free(b->p);
+    memset(b, 0, sizeof(*b));
+}
+
+/* Appends "data: <json>\n\n" (or "event: NAME\ndata: ...") and frees j. */
+static void sse_event(bytes *b, const char *event, cJSON *j)
+{
+    char *s = j ? cJSON_PrintUnformatted(j) : NULL;
+    cJSON_Delete(j);
+    if (event) {
+        bytes_str(b, "event: ");
+        bytes_str(b, event);
+        bytes_str(b, "\n");
+    }
+    bytes_str(b, "data: ");
+    bytes_str(b, s ? s : "{}");
+    bytes_str(b, "\n\n");
+    free(s);
+}
+
+/* ---------------------------------------------------------- objects */
+
+typedef enum req_kind {
+    K_NONE = 0,
+    K_CHAT,         /* chat.completion via the engine */
+    K_COMPLETION,   /* text_completion via the engine */
+    K_LORE,         /* chat.completion answered by loremaster.talk */
+    K_PLUGIN,       /* POST /v1/plugins/{command} */
+} req_kind;
+
+typedef enum end_why { END_NONE = 0, END_GONE, END_SHUTDOWN } end_why;
+
+typedef struct hreq hreq;
+
+struct rlai_http {
+    struct MHD_Daemon *mhd;
+    int listen_fd;
+    int port;
+    rlai_engine *engine;
+    rlai_plugin_host *plugins;
+    rlai_metrics *metrics;
+    size_t max_body;
+    int max_prompt_tokens;
+    int max_inflight;
+    bool allow_remote;
+    bool quiet;
+    char *model_id;
+    double t_start;
+    long long created;           /* wall clock at start, for "created" fields */
+    int n_ctx;
+
+    pthread_mutex_t mu;
+    pthread_cond_t cv;           /* signalled when n_live drops */
+    hreq *live;                  /* requests with an engine job or plugin call in flight */
+    int n_live;
+    int n_streams;               /* SSE responses not yet finished */
+    bool stopping;
+    atomic_ullong seq;           /* ids and default seeds */
+};
+
+struct hreq {
+    rlai_http *h;
+    struct MHD_Connection *conn;
+    int fd;
+    int refs;                    /* under mu: MHD request, response, engine job / plugin call */
+
+    /* request body */
+    bytes body;
+    bool too_large;
+    bool answered;
+    const char *allow;           /* Allow header of a 405 */
+
+    /* what it is */
+    req_kind kind;
+    bool stream, include_usage;
+    char id[48];
+    char *model;                 /* echoed "model" value */
+    char *command;               /* K_PLUGIN */
+
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    /* filled by the engine thread / plugin worker (under mu) */
+    bytes pending;               /* text not yet turned into output */
+    bytes sse;                   /* K_PLUGIN streaming: ready events */
+    cJSON *results;              /* K_PLUGIN non-streaming: result values */
+    bool done;                   /* terminal callback seen */
+    int status;                  /* 0 or a negative rlai_error */
+    char errmsg[300];
+    rlai_gen_metrics gm;
+    bool have_gm;
+    char stop[32];               /* plugin calls: the stop string of done */
+    char *lore_reply;            /* K_LORE: "reply" of the talk result */
+    bool streamed;               /* some text went out as chunks */
+    end_why why;                 /* set by the connection thread / stop */
+    uint64_t engine_id, call_id;
+    bool live;                   /* in h->live */
+    hreq *next_live;
+
+    /* connection thread only */
+    bytes out;
+    size_t opos;
+    int phase;                   /* 0 = first chunk not sent, 1 = streaming, 2 = ended */
+    bool counted_stream;
+};
+
+static void hreq_unref(hreq *r)
+{
+    pthread_mutex_lock(&r->mu);
+    int left = --r->refs;
+    pthread_mutex_unlock(&r->mu);
+    if (left > 0)
+        return;
+    bytes_free(&r->body);
+    bytes_free(&r->pending);
+    bytes_free(&r->sse);
+    bytes_free(&r->out);
+    cJSON_Delete(r->results);
+    free(r->model);
+    free(r->command);
+    free(r->lore_reply);
+    pthread_cond_destroy(&r->cv);
+    pthread_mutex_destroy(&r->mu);
+    free(r);
+}
+
+static void hreq_ref(hreq *r)
+{
+    pthread_mutex_lock(&r->mu);
+    r->refs++;
+    pthread_mutex_unlock(&r->mu);
+}
+
+/* Registers r as having work in flight. Returns 0, RLAI_ERR_CANCELLED
+ * (stopping) or RLAI_ERR_BUSY (max_inflight reached). */
+static int track(rlai_http *h, hreq *r)
+{
+    int rc = 0;
+    pthread_mutex_lock(&h->mu);
+    if (h->stopping) {
+        rc = RLAI_ERR_CANCELLED;
+    } else if (h->n_live >= h->max_inflight) {
+        rc = RLAI_ERR_BUSY;
+    } else {
+        r->live = true;
+        r->next_live = h->live;
+        h->live = r;
+        h->n_live++;
+    }
+    pthread_mutex_unlock(&h->mu);
+    return rc;
+}
+
+static void untrack(rlai_http *h, hreq *r)
+{
+    pthread_mutex_lock(&h->mu);
+    if (r->live) {
+        for (hreq **pp = &h->live; *pp; pp = &(*pp)->next_live) {
+            if (*pp == r) {
+                *pp = r->next_live;
+                break;
+            }
+        }
+        r->live = false;
+        h->n_live--;
+        pthread_cond_broadcast(&h->cv);
+    }
+    pthread_mutex_unlock(&h->mu);
+}
+
+/* Marks the request ended by the client (or the server) and cancels its
+ * engine job / plugin call. Safe to call more than once. */
+static void end_request(hreq *r, end_why why)
+{
+    pthread_mutex_lock(&r->mu);
+    if (r->why == END_NONE)
+        r->why = why;
+    bool running = !r->done;
+    uint64_t eid = r->engine_id, cid = r->call_id;
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+    if (!running)
+        return;
+    if (eid)
+        rlai_engine_cancel(r->h->engine, eid);
+    if (cid && r->h->plugins)
+        rlai_plugin_host_cancel(r->h->plugins, cid);
+}
+
+/* True when the peer has closed its side of the connection. */
+static bool peer_gone(int fd)
+{
+    if (fd < 0)
+        return false;
+    struct pollfd p = { .fd = fd, .events = POLLRDHUP };
+    if (poll(&p, 1, 0) <= 0)
+        return false;
+    return (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
+}
+
+/* Waits (r->mu held) until there is output, the request is done or the
+ * server is stopping. Returns false when the client went away. */
+static bool wait_progress(hreq *r)
+{
+    while (!r->pending.len && !r->sse.len && !r->done && r->why == END_NONE) {
+        struct timespec ts;
+        deadline_in(&ts, WAIT_SLICE_MS);
+        pthread_cond_timedwait(&r->cv, &r->mu, &ts);
+        if (r->why == END_NONE && peer_gone(r->fd))
+            return false;
+    }
+    return r->why != END_GONE;
+}
+
+/* ---------------------------------------------------------- responses */
+
+static const char *error_type(int status)
+{
+    switch (status) {
+    case 400: case 404: case 405: case 413: return "invalid_request_error";
+    case 403: return "permission_error";
+    case 429: return "rate_limit_error";
+    case 501: return "not_implemented_error";
+    default: return "server_error";
+    }
+}
+
+static cJSON *error_json(int status, const char *code, const char *param, const char *msg)
+{
+    cJSON *root = cJSON_CreateObject();
+    cJSON *e = cJSON_AddObjectToObject(root, "error");
+    cJSON_AddStringToObject(e, "message", msg);
+    cJSON_AddStringToObject(e, "type", error_type(status));
+    if (param)
+        cJSON_AddStringToObject(e, "param", param);
+    else
+        cJSON_AddNullToObject(e, "param");
+    if (code)
+        cJSON_AddStringToObject(e, "code", code);
+    else
+        cJSON_AddNullToObject(e, "code");
+    return root;
+}
+
+static enum MHD_Result send_json(hreq *r, int status, cJSON *j)
+{
+    char *s = j ? cJSON_PrintUnformatted(j) : NULL;
+    cJSON_Delete(j);
+    if (!s)
+        s = strdup("{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"param\":null,\"code\":null}}");
+    size_t n = s ? strlen(s) : 0;
+    struct MHD_Response *resp = MHD_create_response_from_buffer(n, s, MHD_RESPMEM_MUST_FREE);
+    if (!resp) {
+        free(s);
+        return MHD_NO;
+    }
+    MHD_add_response_header(resp, "Content-Type", "application/json");
+    if (status == 405 && r->allow)
+        MHD_add_response_header(resp, "Allow", r->allow);
+    enum MHD_Result rc = MHD_queue_response(r->conn, (unsigned)status, resp);
+    MHD_destroy_response(resp);
+    rlai_metrics_count_http_status(r->h->metrics, status);
+    r->answered = true;
+    return rc;
+}
+
+static enum MHD_Result send_error(hreq *r, int status, const char *code, const char *param, const char *fmt, ...)
+{
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    return send_json(r, status, error_json(status, code, param, msg));
+}
+
+static enum MHD_Result send_text(hreq *r, int status, const char *ctype, char *text)
+{
+    size_t n = text ? strlen(text) : 0;
+    struct MHD_Response *resp = MHD_create_response_from_buffer(n, text ? text : (char *)"",
+                                                                text ? MHD_RESPMEM_MUST_FREE : MHD_RESPMEM_PERSISTENT);
+    if (!resp) {
+        free(text);
+        return MHD_NO;
+    }
+    MHD_add_response_header(resp, "Content-Type", ctype);
+    enum MHD_Result rc = MHD_queue_response(r->conn, (unsigned)status, resp);
+    MHD_destroy_response(resp);
+    rlai_metrics_count_http_status(r->h->metrics, status);
+    r->answered = true;
+    return rc;
+}
+
+/* HTTP status and error code for an engine / plugin error. */
+static int status_of(int rc, const char **code)
+{
+    *code = NULL;
+    switch (rc) {
+    case RLAI_ERR_INVALID_ARG: case RLAI_ERR_TOKENIZER: case RLAI_ERR_FORMAT: return 400;
+    case RLAI_ERR_CONTEXT_FULL: case RLAI_ERR_KV_FULL: *code = "context_length_exceeded"; return 400;
+    case RLAI_ERR_TOO_LARGE: return 413;
+    case RLAI_ERR_NOT_FOUND: return 404;
+    case RLAI_ERR_NOT_IMPLEMENTED: case RLAI_ERR_UNSUPPORTED: return 501;
+    case RLAI_ERR_BUSY: *code = "rate_limit_exceeded"; return 429;
+    case RLAI_ERR_CANCELLED: *code = "shutdown"; return 503;
+    default: return 500;
+    }
+}
+
+/* ---------------------------------------------------------- OpenAI objects */
+
+static const char *finish_reason(const hreq *r)
+{
+    if (r->kind == K_LORE) {
+        if (!strcmp(r->stop, "max_tokens") || !strcmp(r->stop, "context") || !strcmp(r->stop, "length"))
+            return "length";
+        return "stop";
+    }
+    switch (r->gm.stop) {
+    case RLAI_STOP_MAX_TOKENS: case RLAI_STOP_CONTEXT: return "length";
+    default: return "stop";
+    }
+}
+
+static cJSON *usage_json(const hreq *r)
+{
+    cJSON *u = cJSON_CreateObject();
+    int pt = r->have_gm ? r->gm.prompt_tokens : 0, ct = r->have_gm ? r->gm.gen_tokens : 0;
+    cJSON_AddNumberToObject(u, "prompt_tokens", pt);
+    cJSON_AddNumberToObject(u, "completion_tokens", ct);
+    cJSON_AddNumberToObject(u, "total_tokens", pt + ct);
+    cJSON *d = cJSON_AddObjectToObject(u, "prompt_tokens_details");
+    cJSON_AddNumberToObject(d, "cached_tokens", r->have_gm ? r->gm.reused_tokens : 0);
+    return u;
+}
+
+static cJSON *timings_json(const hreq *r)
+{
+    if (!r->have_gm)
+        return cJSON_CreateNull();
+    cJSON *t = cJSON_CreateObject();
+    cJSON_AddNumberToObject(t, "queue_ms", r->gm.queue_ms);
+    cJSON_AddNumberToObject(t, "ttft_ms", r->gm.ttft_ms);
+    cJSON_AddNumberToObject(t, "prefill_tokens_per_second", r->gm.prefill_tps);
+    cJSON_AddNumberToObject(t, "decode_tokens_per_second", r->gm.decode_tps);
+    return t;
+}
+
+static bool is_chat(const hreq *r)
+{
+    return r->kind == K_CHAT || r->kind == K_LORE;
+}
+
+/* The envelope shared by every chunk / body. */
+static cJSON *envelope(const hreq *r, bool chunk)
+{
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "id", r->id);
+    cJSON_AddStringToObject(j, "object", is_chat(r) ? (chunk ? "chat.completion.chunk" : "chat.completion")
+                                                    : "text_completion");
+    cJSON_AddNumberToObject(j, "created", (double)r->h->created);
+    cJSON_AddStringToObject(j, "model", r->model);
+    cJSON_AddStringToObject(j, "system_fingerprint", "rtx-localai-0.1.0");
+    return j;
+}
+
+/* One streaming chunk: text (may be NULL) and finish (NULL while running). */
+static cJSON *chunk_json(const hreq *r, const char *text, size_t len, bool role, const char *finish)
+{
+    cJSON *j = envelope(r, true);
+    cJSON *choices = cJSON_AddArrayToObject(j, "choices");
+    cJSON *c = cJSON_CreateObject();
+    cJSON_AddItemToArray(choices, c);
+    cJSON_AddNumberToObject(c, "index", 0);
+    char *t = NULL;
+    if (text) {
+        t = malloc(len + 1);
+        if (t) {
+            memcpy(t, text, len);
+            t[len] = 0;
+        }
+    }
+    if (is_chat(r)) {
+        cJSON *d = cJSON_AddObjectToObject(c, "delta");
+        if (role)
+            cJSON_AddStringToObject(d, "role", "assistant");
+        if (text || role)
+            cJSON_AddStringToObject(d, "content", t ? t : "");
+    } else {
+        cJSON_AddStringToObject(c, "text", t ? t : "");
+    }
+    cJSON_AddNullToObject(c, "logprobs");
+    if (finish)
+        cJSON_AddStringToObject(c, "finish_reason", finish);
+    else
+        cJSON_AddNullToObject(c, "finish_reason");
+    free(t);
+    return j;
+}
+
+static cJSON *final_body(const hreq *r, const char *text)
+{
+    cJSON *j = envelope(r, false);
+    cJSON *choices = cJSON_AddArrayToObject(j, "choices");
+    cJSON *c = cJSON_CreateObject();
+    cJSON_AddItemToArray(choices, c);
+    cJSON_AddNumberToObject(c, "index", 0);
+    if (is_chat(r)) {
+        cJSON *m = cJSON_AddObjectToObject(c, "message");
+        cJSON_AddStringToObject(m, "role", "assistant");
+        cJSON_AddStringToObject(m, "content", text ? text : "");
+    } else {
+        cJSON_AddStringToObject(c, "text", text ? text : "");
+    }
+    cJSON_AddNullToObject(c, "logprobs");
+    cJSON_AddStringToObject(c, "finish_reason", finish_reason(r));
+    cJSON_AddItemToObject(j, "usage", usage_json(r));
+    cJSON_AddItemToObject(j, "timings", timings_json(r));
+    return j;
+}
+
+/* Error object for a request that failed after it started. */
+static cJSON *late_error(const hreq *r)
+{
+    if (r->why == END_SHUTDOWN || r->status == 0)
+        return error_json(503, "shutdown", NULL, "server shutting down: request ended");
+    const char *code;
+    int st = status_of(r->status, &code);
+    if (r->status == RLAI_ERR_NOT_FOUND)
+        code = r->kind == K_LORE ? "model_not_found" : "command_not_found";
+    return error_json(st, code, NULL, r->errmsg[0] ? r->errmsg : rlai_strerror(r->status));
+}
+
+static bool ended_badly(const hreq *r)
+{
+    if (r->status < 0 || r->why == END_SHUTDOWN)
+        return true;
+    /* An engine request cancelled by someone other than its client. */
+    return r->kind != K_PLUGIN && r->kind != K_LORE && r->have_gm && r->gm.stop == RLAI_STOP_CANCELLED;
+}
+
+/* ---------------------------------------------------------- engine callbacks (engine thread) */
+
+static int gen_on_token(void *user, rlai_token tok, const char *text, size_t len)
+{
+    (void)tok;
+    hreq *r = user;
+    pthread_mutex_lock(&r->mu);
+    int stop = r->why != END_NONE;
+    if (!stop && len) {
+        if (bytes_add(&r->pending, text, len) < 0)
+            stop = 1;
+        pthread_cond_broadcast(&r->cv);
+    }
+    pthread_mutex_unlock(&r->mu);
+    return stop;
+}
+
+static void gen_on_done(void *user, uint64_t id, int status, const rlai_gen_metrics *m)
+{
+    (void)id;
+    hreq *r = user;
+    rlai_http *h = r->h;
+    rlai_metrics_observe_generation(h->metrics, "http", status, m);
+    pthread_mutex_lock(&r->mu);
+    r->done = true;
+    r->status = status;
+    if (status == 0 && m) {
+        r->gm = *m;
+        r->have_gm = true;
+    } else if (status < 0) {
+        snprintf(r->errmsg, sizeof(r->errmsg), "generation failed: %s", rlai_strerror(status));
+    }
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+    untrack(h, r);
+    hreq_unref(r);
+}
+
+/* ---------------------------------------------------------- plugin sink (worker thread) */
+
+static int sink_token(void *user, const char *text, size_t len)
+{
+    hreq *r = user;
+    pthread_mutex_lock(&r->mu);
+    int stop = r->why != END_NONE;
+    if (!stop && len) {
+        if (r->kind == K_PLUGIN && r->stream) {
+            cJSON *j = cJSON_CreateObject();
+            char *t = malloc(len + 1);
+            if (t) {
+                memcpy(t, text, len);
+                t[len] = 0;
+                cJSON_AddStringToObject(j, "text", t);
+                free(t);
+            }
+            sse_event(&r->sse, "token", j);
+        } else if (bytes_add(&r->pending, text, len) < 0) {
+            stop = 1;
+        }
+        pthread_cond_broadcast(&r->cv);
+    }
+    pthread_mutex_unlock(&r->mu);
+    return stop;
+}
+
+static int sink_result(void *user, const cJSON *value)
+{
+    hreq *r = user;
+    if (r->kind != K_PLUGIN) {
+        /* Character chats carry the text; keep the reply in case the
+         * command did not stream it. */
+        const cJSON *rep = cJSON_GetObjectItemCaseSensitive(value, "reply");
+        if (cJSON_IsString(rep)) {
+            pthread_mutex_lock(&r->mu);
+            free(r->lore_reply);
+            r->lore_reply = strdup(rep->valuestring);
+            pthread_mutex_unlock(&r->mu);
+        }
+        return 0;
+    }
+    pthread_mutex_lock(&r->mu);
+    int stop = r->why != END_NONE;
+    if (!stop) {
+        cJSON *copy = cJSON_Duplicate(value, true);
+        if (r->stream) {
+            sse_event(&r->sse, "result", copy);
+        } else {
+            if (!r->results)
+                r->results = cJSON_CreateArray();
+            cJSON_AddItemToArray(r->results, copy);
+        }
+        pthread_cond_broadcast(&r->cv);
+    }
+    pthread_mutex_unlock(&r->mu);
+    return stop;
+}
+
+static void sink_end(hreq *r, int status, const char *stop, const rlai_call_metrics *m, const char *msg)
+{
+    rlai_http *h = r->h;
+    if (m && m->valid) {
+        rlai_gen_metrics gm = { .prompt_tokens = m->prompt_tokens, .reused_tokens = m->reused_tokens,
+                                .gen_tokens = m->gen_tokens, .queue_ms = m->queue_ms, .ttft_ms = m->ttft_ms,
+                                .prefill_tps = m->prefill_tps, .decode_tps = m->decode_tps };
+        rlai_metrics_observe_generation(h->metrics, "http", 0, &gm);
+    }
+    pthread_mutex_lock(&r->mu);
+    r->done = true;
+    r->status = status;
+    snprintf(r->stop, sizeof(r->stop), "%s", stop ? stop : "");
+    if (msg)
+        snprintf(r->errmsg, sizeof(r->errmsg), "%s", msg);
+    if (m && m->valid) {
+        r->have_gm = true;
+        r->gm.prompt_tokens = m->prompt_tokens;
+        r->gm.reused_tokens = m->reused_tokens;
+        r->gm.gen_tokens = m->gen_tokens;
+        r->gm.queue_ms = m->queue_ms;
+        r->gm.ttft_ms = m->ttft_ms;
+        r->gm.prefill_tps = m->prefill_tps;
+        r->gm.decode_tps = m->decode_tps;
+    }
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+    untrack(h, r);
+    hreq_unref(r);
+}
+
+static void sink_done(void *user, const char *stop, const rlai_call_metrics *m)
+{
+    sink_end(user, 0, stop, m, NULL);
+}
+
+static void sink_error(void *user, int code, const char *msg)
+{
+    sink_end(user, code < 0 ? code : RLAI_ERR_INVALID_ARG, "", NULL, msg ? msg : rlai_strerror(code));
+}
+
+/* ---------------------------------------------------------- streaming reader (connection thread) */
+
+/* Builds the next output into r->out. Returns false when the stream is
+ * over (nothing more to send). */
+static bool produce(hreq *r)
+{
+    r->out.len = 0;
+    r->opos = 0;
+    if (r->phase == 2)
+        return false;
+    if (r->phase == 0 && is_chat(r)) {
+        sse_event(&r->out, NULL, chunk_json(r, NULL, 0, true, NULL));
+        r->phase = 1;
+        return true;
+    }
+    r->phase = 1;
+    pthread_mutex_lock(&r->mu);
+    bool alive = wait_progress(r);
+    bytes text = r->pending, events = r->sse;
+    memset(&r->pending, 0, sizeof(r->pending));
+    memset(&r->sse, 0, sizeof(r->sse));
+    bool done = r->done || r->why == END_SHUTDOWN;
+    pthread_mutex_unlock(&r->mu);
+    if (!alive) {
+        bytes_free(&text);
+        bytes_free(&events);
+        end_request(r, END_GONE);
+        return false;
+    }
+    if (r->kind == K_PLUGIN) {
+        if (events.len)
+            bytes_add(&r->out, events.p, events.len);
+    } else if (text.len) {
+        sse_event(&r->out, NULL, chunk_json(r, text.p, text.len, false, NULL));
+        r->streamed = true;
+    }
+    bytes_free(&text);
+    bytes_free(&events);
+    if (done) {
+        pthread_mutex_lock(&r->mu);
+        bool finished = r->done;
+        pthread_mutex_unlock(&r->mu);
+        if (!finished) {
+            /* Server stopping: the cancel is on its way; report it now. */
+            sse_event(&r->out, NULL, error_json(503, "shutdown", NULL, "server shutting down: request ended"));
+        } else if (r->kind == K_PLUGIN) {
+            if (r->status < 0 || r->why == END_SHUTDOWN) {
+                sse_event(&r->out, "error", late_error(r));
+            } else {
+                cJSON *d = cJSON_CreateObject();
+                cJSON_AddStringToObject(d, "stop", r->stop);
+                cJSON_AddItemToObject(d, "usage", r->have_gm ? usage_json(r) : cJSON_CreateNull());
+                sse_event(&r->out, "done", d);
+            }
+        } else if (ended_badly(r)) {
+            sse_event(&r->out, NULL, late_error(r));
+        } else {
+            if (!r->streamed && r->lore_reply && r->lore_reply[0])
+                sse_event(&r->out, NULL, chunk_json(r, r->lore_reply, strlen(r->lore_reply), false, NULL));
+            cJSON *fin = chunk_json(r, NULL, 0, false, finish_reason(r));
+            cJSON_AddItemToObject(fin, "timings", timings_json(r));
+            sse_event(&r->out, NULL, fin);
+            if (r->include_usage) {
+                cJSON *u = envelope(r, true);
+                cJSON_AddArrayToObject(u, "choices");
+                cJSON_AddItemToObject(u, "usage", usage_json(r));
+                sse_event(&r->out, NULL, u);
+            }
+        }
+        bytes_str(&r->out, "data: [DONE]\n\n");
+        r->phase = 2;
+    }
+    return true;
+}
+
+static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)
+{
+    (void)pos;
+    hreq *r = cls;
+    while (r->opos >= r->out.len) {
+        if (!produce(r))
+            /* Also when the client is gone: nobody reads the rest, and an
+             * error return would only add a log line per disconnect. */
+            return MHD_CONTENT_READER_END_OF_STREAM;
+    }
+    size_t n = r->out.len - r->opos;
+    if (n > max)
+        n = max;
+    memcpy(buf, r->out.p + r->opos, n);
+    r->opos += n;
+    return (ssize_t)n;
+}
+
+static void stream_free(void *cls)
+{
+    hreq *r = cls;
+    rlai_http *h = r->h;
+    pthread_mutex_lock(&h->mu);
+    h->n_streams--;
+    pthread_cond_broadcast(&h->cv);
+    pthread_mutex_unlock(&h->mu);
+    hreq_unref(r);
+}
+
+static enum MHD_Result start_stream(hreq *r)
+{
+    struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, stream_reader, r,
+                                                                  stream_free);
+    if (!resp) {
+        end_request(r, END_GONE);
+        return MHD_NO;
+    }
+    hreq_ref(r);
+    pthread_mutex_lock(&r->h->mu);
+    r->h->n_streams++;
+    pthread_mutex_unlock(&r->h->mu);
+    MHD_add_response_header(resp, "Content-Type", "text/event-stream");
+    MHD_add_response_header(resp, "Cache-Control", "no-cache");
+    MHD_add_response_header(resp, "X-Accel-Buffering", "no");
+    enum MHD_Result rc = MHD_queue_response(r->conn, MHD_HTTP_OK, resp);
+    MHD_destroy_response(resp);
+    rlai_metrics_count_http_status(r->h->metrics, 200);
+    r->answered = true;
+    return rc;
+}
+
+/* Non-streaming: blocks until the request is done (or the client left),
+ * then answers with one JSON body. */
+static enum MHD_Result finish_blocking(hreq *r)
+{
+    pthread_mutex_lock(&r->mu);
+    bool alive = true;
+    /* Text accumulates in r->pending until done. */
+    while (!r->done && r->why == END_NONE) {
+        struct timespec ts;
+        deadline_in(&ts, WAIT_SLICE_MS);
+        pthread_cond_timedwait(&r->cv, &r->mu, &ts);
+        if (!r->done && r->why == END_NONE && peer_gone(r->fd)) {
+            alive = false;
+            break;
+        }
+    }
+    alive = alive && r->why != END_GONE;
+    pthread_mutex_unlock(&r->mu);
+    if (!alive) {
+        end_request(r, END_GONE);
+        return MHD_NO;
+    }
+    if (!r->done || ended_badly(r)) {
+        cJSON *e = late_error(r);
+        const char *code;
+        int st = r->done && r->status < 0 ? status_of(r->status, &code) : 503;
+        return send_json(r, st, e);
+    }
+    if (r->kind == K_PLUGIN) {
+        cJSON *j = cJSON_CreateObject();
+        cJSON_AddStringToObject(j, "command", r->command);
+        cJSON_AddItemToObject(j, "results", r->results ? r->results : cJSON_CreateArray());
+        r->results = NULL;
+        cJSON_AddStringToObject(j, "text", r->pending.p ? r->pending.p : "");
+        cJSON_AddStringToObject(j, "stop", r->stop);
+        cJSON_AddItemToObject(j, "usage", r->have_gm ? usage_json(r) : cJSON_CreateNull());
+        return send_json(r, 200, j);
+    }
+    const char *text = r->pending.len ? r->pending.p : r->lore_reply;
+    return send_json(r, 200, final_body(r, text));
+}
+
+/* ---------------------------------------------------------- request parsing */
+
+typedef struct gen_request {
+    rlai_gen_params gp;
+    const char *stops[MAX_STOPS + 1];
+} gen_request;
+
+static bool json_is_int(const cJSON *v)
+{
+    return cJSON_IsNumber(v) && v->valuedouble == (double)(long long)v->valuedouble;
+}
+
+/* Reads one optional number field in [lo, hi]; returns false (and answers
+ * 400) when it is present but wrong. */
+static bool opt_number(hreq *r, const cJSON *body, const char *key, double lo, double hi, double *out, bool *present)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(body, key);
+    *present = false;
+    if (!v || cJSON_IsNull(v))
+        return true;
+    if (!cJSON_IsNumber(v) || v->valuedouble < lo || v->valuedouble > hi) {
+        send_error(r, 400, "invalid_value", key, "'%s' must be a number in [%g, %g]", key, lo, hi);
+        return false;
+    }
+    *out = v->valuedouble;
+    *present = true;
+    return true;
+}
+
+/* Maps the OpenAI sampling fields onto gen params. Returns false after
+ * answering 400. Strings in g->stops point into body. */
+static bool parse_sampling(hreq *r, const cJSON *body, gen_request *g)
+{
+    rlai_gen_params_init(&g->gp);
+    rlai_sampler_params *s = &g->gp.sampling;
+    /* OpenAI defaults: temperature 1, top_p 1, a fresh seed per request. */
+    s->temperature = 1.0f;
+    s->top_p = 1.0f;
+    uint64_t seq = atomic_fetch_add(&r->h->seq, 1);
+    s->seed = (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ull ^ (seq * 0xBF58476D1CE4E5B9ull) ^ (uint64_t)getpid();
+    double v;
+    bool has;
+    if (!opt_number(r, body, "temperature", 0, 100, &v, &has))
+        return false;
+    if (has)
+        s->temperature = (float)v;
+    if (!opt_number(r, body, "top_p", 0, 1, &v, &has))
+        return false;
+    if (has)
+        s->top_p = v > 0 ? (float)v : 1e-6f;
+    if (!opt_number(r, body, "presence_penalty", -2, 2, &v, &has))
+        return false;
+    if (has)
+        s->presence_penalty = (float)v;
+    if (!opt_number(r, body, "frequency_penalty", -2, 2, &v, &has))
+        return false;
+    if (has)
+        s->frequency_penalty = (float)v;
+    /* Extensions (llama.cpp-style). */
+    if (!opt_number(r, body, "min_p", 0, 1, &v, &has))
+        return false;
+    if (has)
+        s->min_p = (float)v;
+    if (!opt_number(r, body, "repeat_penalty", 0, 10, &v, &has))
+        return false;
+    if (has)
+        s->repeat_penalty = (float)v;
+    const cJSON *it;
+    if ((it = cJSON_GetObjectItemCaseSensitive(body, "top_k")) && !cJSON_IsNull(it)) {
+        if (!json_is_int(it) || it->valuedouble < 0 || it->valuedouble > 1e6)
+            return send_error(r, 400, "invalid_value", "top_k", "'top_k' must be a non-negative integer"), false;
+        s->top_k = (int)it->valuedouble;
+    }
+    if ((it = cJSON_GetObjectItemCaseSensitive(body, "seed")) && !cJSON_IsNull(it)) {
+        if (!json_is_int(it))
+            return send_error(r, 400, "invalid_value", "seed", "'seed' must be an integer"), false;
+        s->seed = (uint64_t)(long long)it->valuedouble;
+    }
+    const char *mt_key = "max_completion_tokens";
+    it = cJSON_GetObjectItemCaseSensitive(body, mt_key);
+    if (!it || cJSON_IsNull(it)) {
+        mt_key = "max_tokens";
+        it = cJSON_GetObjectItemCaseSensitive(body, mt_key);
+    }
+    if (it && !cJSON_IsNull(it)) {
+        if (!json_is_int(it) || it->valuedouble < 1 || it->valuedouble > r->h->n_ctx)
+            return send_error(r, 400, "invalid_value", mt_key, "'%s' must be an integer in [1, %d]", mt_key,
+                              r->h->n_ctx), false;
+        g->gp.max_tokens = (int)it->valuedouble;
+    }
+    int n_stop = 0;
+    it = cJSON_GetObjectItemCaseSensitive(body, "stop");
+    if (it && !cJSON_IsNull(it)) {
+        if (cJSON_IsString(it)) {
+            if (it->valuestring[0])
+                g->stops[n_stop++] = it->valuestring;
+        } else if (cJSON_IsArray(it)) {
+            const cJSON *e;
+            cJSON_ArrayForEach(e, it) {
+                if (!cJSON_IsString(e) || !e->valuestring[0] || strlen(e->valuestring) > MAX_STOP_LEN)
+                    return send_error(r, 400, "invalid_value", "stop",
+                                      "'stop' entries must be non-empty strings of at most %d bytes",
+                                      MAX_STOP_LEN), false;
+                if (n_stop == MAX_STOPS)
+                    return send_error(r, 400, "invalid_value", "stop", "at most %d stop strings", MAX_STOPS), false;
+                g->stops[n_stop++] = e->valuestring;
+            }
+        } else {
+            return send_error(r, 400, "invalid_type", "stop", "'stop' must be a string or an array of strings"),
+                   false;
+        }
+        if (cJSON_IsString(it) && strlen(it->valuestring) > MAX_STOP_LEN)
+            return send_error(r, 400, "invalid_value", "stop", "a stop string may have at most %d bytes",
+                              MAX_STOP_LEN), false;
+    }
+    g->stops[n_stop] = NULL;
+    g->gp.stop = n_stop ? g->stops : NULL;
+    if ((it = cJSON_GetObjectItemCaseSensitive(body, "n")) && !cJSON_IsNull(it) &&
+        !(json_is_int(it) && it->valuedouble == 1))
+        return send_error(r, 400, "unsupported_value", "n", "only n = 1 is supported"), false;
+    if ((it = cJSON_GetObjectItemCaseSensitive(body, "best_of")) && !cJSON_IsNull(it) &&
+        !(json_is_int(it) && it->valuedouble == 1))
+        return send_error(r, 400, "unsupported_value", "best_of", "only best_of = 1 is supported"), false;
+    if ((it = cJSON_GetObjectItemCaseSensitive(body, "logprobs")) && !cJSON_IsNull(it) && !cJSON_IsFalse(it))
+        return send_error(r, 400, "unsupported_value", "logprobs", "logprobs are not supported"), false;
+    if ((it = cJSON_GetObjectItemCaseSensitive(body, "echo")) && cJSON_IsTrue(it))
+        return send_error(r, 400, "unsupported_value", "echo", "echo is not supported"), false;
+    const char *no_tools[] = { "tools", "functions" };
+    for (size_t i = 0; i < 2; i++) {
+        it = cJSON_GetObjectItemCaseSensitive(body, no_tools[i]);
+        if (it && cJSON_IsArray(it) && cJSON_GetArraySize(it) > 0)
+            return send_error(r, 400, "unsupported_value", no_tools[i], "'%s' (function calling) is not supported",
+                              no_tools[i]), false;
+    }
+    it = cJSON_GetObjectItemCaseSensitive(body, "response_format");
+    if (it && cJSON_IsObject(it)) {
+        const cJSON *t = cJSON_GetObjectItemCaseSensitive(it, "type");
+        if (!cJSON_IsString(t) || strcmp(t->valuestring, "text") != 0)
+            return send_error(r, 400, "unsupported_value", "response_format",
+                              "only response_format {\"type\": \"text\"} is supported"), false;
+    }
+    it = cJSON_GetObjectItemCaseSensitive(body, "ignore_eos");   /* extension */
+    if (it && !cJSON_IsNull(it) && !cJSON_IsBool(it))
+        return send_error(r, 400, "invalid_type", "ignore_eos", "'ignore_eos' must be a boolean"), false;
+    g->gp.ignore_eos = cJSON_IsTrue(it);
+    it = cJSON_GetObjectItemCaseSensitive(body, "stream");
+    if (it && !cJSON_IsNull(it) && !cJSON_IsBool(it))
+        return send_error(r, 400, "invalid_type", "stream", "'stream' must be a boolean"), false;
+    r->stream = cJSON_IsTrue(it);
+    it = cJSON_GetObjectItemCaseSensitive(body, "stream_options");
+    if (it && cJSON_IsObject(it))
+        r->include_usage = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(it, "include_usage"));
+    return true;
+}
+
+/* Checks "model": absent, null, "default", the model id, or (chat only)
+ * "loremaster/<character>" (*character set). Returns false after 404/400. */
+static bool check_model(hreq *r, const cJSON *body, bool allow_lore, const char **character)
+{
+    const cJSON *m = cJSON_GetObjectItemCaseSensitive(body, "model");
+    *character = NULL;
+    if (!m || cJSON_IsNull(m)) {
+        r->model = strdup(r->h->model_id);
+        return true;
+    }
+    if (!cJSON_IsString(m))
+        return send_error(r, 400, "invalid_type", "model", "'model' must be a string"), false;
+    const char *v = m->valuestring;
+    if (allow_lore && !strncmp(v, LORE_PREFIX, strlen(LORE_PREFIX)) && v[strlen(LORE_PREFIX)])
+        *character = v + strlen(LORE_PREFIX);
+    else if (strcmp(v, r->h->model_id) != 0 && strcmp(v, "default") != 0)
+        return send_error(r, 404, "model_not_found", "model",
+                          "The model '%.200s' does not exist: this server serves '%s' (also reachable as 'default')",
+                          v, r->h->model_id), false;
+    r->model = strdup(v);
+    return true;
+}
+
+/* Text of one message's content: a string or an array of text parts.
+ * *out malloc'd. Returns false after answering 400. */
+static bool content_text(hreq *r, const cJSON *content, int idx, char **out)
+{
+    bytes b = { 0 };
+    if (!content || cJSON_IsNull(content)) {
+        *out = strdup("");
+        return true;
+    }
+    if (cJSON_IsString(content)) {
+        *out = strdup(content->valuestring);
+        return true;
+    }
+    if (cJSON_IsArray(content)) {
+        const cJSON *part;
+        cJSON_ArrayForEach(part, content) {
+            const cJSON *t = cJSON_GetObjectItemCaseSensitive(part, "type");
+            const cJSON *tx = cJSON_GetObjectItemCaseSensitive(part, "text");
+            if (!cJSON_IsString(t) || strcmp(t->valuestring, "text") != 0 || !cJSON_IsString(tx)) {
+                bytes_free(&b);
+                send_error(r, 400, "unsupported_value", "messages",
+                           "messages[%d]: only text content parts are supported", idx);
+                return false;
+            }
+            bytes_str(&b, tx->valuestring);
+        }
+        *out = b.p ? b.p : strdup("");
+        return true;
+    }
+    send_error(r, 400, "invalid_type", "messages", "messages[%d].content must be a string or an array of parts", idx);
+    return false;
+}
+
+typedef struct chat_msgs {
+    rlai_chat_message *m;
+    char **texts;
+    int n;
+} chat_msgs;
+
+static void chat_msgs_free(chat_msgs *c)
+{
+    for (int i = 0; i < c->n; i++)
+        free(c->texts[i]);
+    free(c->texts);
+    free(c->m);
+    memset(c, 0, sizeof(*c));
+}
+
+static bool parse_messages(hreq *r, const cJSON *body, chat_msgs *out)
+{
+    memset(out, 0, sizeof(*out));
+    const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(body, "messages");
+    if (!cJSON_IsArray(msgs) || cJSON_GetArraySize(msgs) == 0)
+        return send_error(r, 400, "invalid_value", "messages", "'messages' must be a non-empty array"), false;
+    int n = cJSON_GetArraySize(msgs);
+    out->m = calloc((size_t)n, sizeof(*out->m));
+    out->texts = calloc((size_t)n, sizeof(char *));
+    if (!out->m || !out->texts) {
+        chat_msgs_free(out);
+        return send_error(r, 500, NULL, NULL, "out of memory"), false;
+    }
+    const cJSON *e;
+    cJSON_ArrayForEach(e, msgs) {
+        int i = out->n;
+        const cJSON *role = cJSON_GetObjectItemCaseSensitive(e, "role");
+        if (!cJSON_IsObject(e) || !cJSON_IsString(role)) {
+            chat_msgs_free(out);
+            return send_error(r, 400, "invalid_value", "messages", "messages[%d] needs a string 'role'", i), false;
+        }
+        const char *rl = role->valuestring;
+        if (!strcmp(rl, "developer"))
+            rl = "system";
+        if (strcmp(rl, "system") && strcmp(rl, "user") && strcmp(rl, "assistant")) {
+            chat_msgs_free(out);
+            return send_error(r, 400, "unsupported_value", "messages",
+                              "messages[%d]: role '%.40s' is not supported (system, developer, user, assistant)",
+                              i, role->valuestring), false;
+        }
+        if (!content_text(r, cJSON_GetObjectItemCaseSensitive(e, "content"), i, &out->texts[i])) {
+            chat_msgs_free(out);
+            return false;
+        }
+        if (!out->texts[i]) {
+            chat_msgs_free(out);
+            return send_error(r, 500, NULL, NULL, "out of memory"), false;
+        }
+        out->m[i].role = rl;
+        out->m[i].content = out->texts[i];
+        out->n++;
+    }
+    return true;
+}
+
+static int tokenize_all(rlai_engine *e, const char *text, rlai_token **out)
+{
+    size_t len = strlen(text);
+    int n = rlai_engine_tokenize(e, text, len, true, true, NULL, 0);
+    if (n < 0)
+        return n;
+    rlai_token *t = malloc(sizeof(rlai_token) * (size_t)(n > 0 ? n : 1));
+    if (!t)
+        return RLAI_ERR_NOMEM;
+    n = rlai_engine_tokenize(e, text, len, true, true, t, n);
+    *out = t;
+    return n;
+}
+
+static void make_id(hreq *r, const char *prefix)
+{
+    uint64_t seq = atomic_fetch_add(&r->h->seq, 1);
+    uint64_t x = seq * 0x9E3779B97F4A7C15ull ^ (uint64_t)time(NULL) * 0xD6E8FEB86659FD93ull;
+    snprintf(r->id, sizeof(r->id), "%s%016llx%04llx", prefix, (unsigned long long)x,
+             (unsigned long long)(seq & 0xffff));
+}
+
+/* Submits prompt tokens to the engine and answers (stream or blocking). */
+static enum MHD_Result run_generation(hreq *r, const rlai_token *toks, int n, gen_request *g)
+{
+    rlai_http *h = r->h;
+    if (n == 0)
+        return send_error(r, 400, "invalid_value", "prompt", "the prompt is empty");
+    if (n > h->max_prompt_tokens)
+        return send_error(r, 400, "context_length_exceeded", r->kind == K_CHAT ? "messages" : "prompt",
+                          "This model's maximum prompt length is %d tokens; the prompt has %d tokens",
+                          h->max_prompt_tokens, n);
+    int rc = track(h, r);
+    if (rc == RLAI_ERR_BUSY)
+        return send_error(r, 429, "rate_limit_exceeded", NULL, "too many requests in flight (limit %d); retry later",
+                          h->max_inflight);
+    if (rc < 0)
+        return send_error(r, 503, "shutdown", NULL, "server shutting down");
+    rlai_request_params rp;
+    memset(&rp, 0, sizeof(rp));
+    rp.prompt = toks;
+    rp.n_prompt = n;
+    rp.gen = g->gp;
+    rp.on_token = gen_on_token;
+    rp.on_done = gen_on_done;
+    rp.user = r;
+    hreq_ref(r);                       /* the engine's reference, dropped in gen_on_done */
+    uint64_t eid = 0;
+    rc = rlai_engine_submit(h->engine, &rp, &eid);
+    if (rc < 0) {
+        untrack(h, r);
+        hreq_unref(r);
+        const char *code;
+        int st = status_of(rc, &code);
+        if (rc == RLAI_ERR_BUSY)
+            st = 429;
+        if (rc == RLAI_ERR_KV_FULL)
+            return send_error(r, 400, "context_length_exceeded", NULL,
+                              "the prompt plus max_tokens can never fit the KV cache: %s", rlai_strerror(rc));
+        return send_error(r, st, code, NULL, "engine refused the request: %s", rlai_strerror(rc));
+    }
+    pthread_mutex_lock(&r->mu);
+    r->engine_id = eid;
+    bool cancel = r->why != END_NONE && !r->done;
+    pthread_mutex_unlock(&r->mu);
+    if (cancel)
+        rlai_engine_cancel(h->engine, eid);
+    return r->stream ? start_stream(r) : finish_blocking(r);
+}
+
+/* Starts a plugin call with r's sink and answers (stream or blocking). */
+static enum MHD_Result run_call(hreq *r, const char *command, const char *params_json)
+{
+    rlai_http *h = r->h;
+    int rc = track(h, r);
+    if (rc == RLAI_ERR_BUSY)
+        return send_error(r, 429, "rate_limit_exceeded", NULL, "too many requests in flight (limit %d); retry later",
+                          h->max_inflight);
+    if (rc < 0)
+        return send_error(r, 503, "shutdown", NULL, "server shutting down");
+    rlai_call_sink sink = { sink_token, sink_result, sink_done, sink_error, r };
+    char err[300] = "";
+    uint64_t cid = 0;
+    hreq_ref(r);                       /* the call's reference, dropped in sink_end */
+    rc = rlai_plugin_host_call(h->plugins, command, params_json, &sink, &cid, err, sizeof(err));
+    if (rc < 0) {
+        untrack(h, r);
+        hreq_unref(r);
+        const char *code;
+        int st = status_of(rc, &code);
+        if (rc == RLAI_ERR_NOT_FOUND)
+            code = r->kind == K_LORE ? "model_not_found" : "command_not_found";
+        return send_error(r, st, code, NULL, "%s", err[0] ? err : rlai_strerror(rc));
+    }
+    pthread_mutex_lock(&r->mu);
+    r->call_id = cid;
+    bool cancel = r->why != END_NONE && !r->done;
+    pthread_mutex_unlock(&r->mu);
+    if (cancel)
+        rlai_plugin_host_cancel(h->plugins, cid);
+    return r->stream ? start_stream(r) : finish_blocking(r);
+}
+
+/* ---------------------------------------------------------- endpoints */
+
+static cJSON *parse_body(hreq *r)
+{
+    if (!r->body.len) {
+        send_error(r, 400, "invalid_json", NULL, "the request body is empty (expected a JSON object)");
+        return NULL;
+    }
+    const char *end = NULL;
+    cJSON *j = cJSON_ParseWithLengthOpts(r->body.p, r->body.len, &end, false);
+    if (!j) {
+        size_t at = end && end >= r->body.p ? (size_t)(end - r->body.p) : 0;
+        send_error(r, 400, "invalid_json", NULL, "the request body is not valid JSON (error near byte %zu)", at);
+        return NULL;
+    }
+    if (!cJSON_IsObject(j)) {
+        cJSON_Delete(j);
+        send_error(r, 400, "invalid_json", NULL, "the request body must be a JSON object");
+        return NULL;
+    }
+    return j;
+}
+
+/* Character chat through loremaster.talk: the last user message, a
+ * session (from "session" or "user") and the sampling fields it knows. */
+static enum MHD_Result lore_chat(hreq *r, const cJSON *body, const char *character, const chat_msgs *cm)
+{
+    if (!r->h->plugins)
+        return send_error(r, 404, "model_not_found", "model",
+                          "character chat needs the loremaster plugin, and no plugins are loaded");
+    const char *last = NULL;
+    for (int i = cm->n - 1; i >= 0 && !last; i--)
+        if (!strcmp(cm->m[i].role, "user"))
+            last = cm->m[i].content;
+    if (!last)
+        return send_error(r, 400, "invalid_value", "messages", "a character chat needs a user message");
+    cJSON *p = cJSON_CreateObject();
+    cJSON_AddStringToObject(p, "character", character);
+    cJSON_AddStringToObject(p, "message", last);
+    const cJSON *s = cJSON_GetObjectItemCaseSensitive(body, "session");
+    if (!cJSON_IsString(s))
+        s = cJSON_GetObjectItemCaseSensitive(body, "user");
+    if (cJSON_IsString(s) && s->valuestring[0])
+        cJSON_AddStringToObject(p, "session", s->valuestring);
+    const char *pass[] = { "max_tokens", "temperature", "seed" };
+    for (size_t i = 0; i < sizeof(pass) / sizeof(pass[0]); i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(body, pass[i]);
+        if (cJSON_IsNumber(v))
+            cJSON_AddNumberToObject(p, pass[i], v->valuedouble);
+    }
+    const cJSON *mct = cJSON_GetObjectItemCaseSensitive(body, "max_completion_tokens");
+    if (cJSON_IsNumber(mct)) {
+        cJSON_DeleteItemFromObjectCaseSensitive(p, "max_tokens");
+        cJSON_AddNumberToObject(p, "max_tokens", mct->valuedouble);
+    }
+    char *pj = cJSON_PrintUnformatted(p);
+    cJSON_Delete(p);
+    if (!pj)
+        return send_error(r, 500, NULL, NULL, "out of memory");
+    r->kind = K_LORE;
+    enum MHD_Result rc = run_call(r, LORE_COMMAND, pj);
+    free(pj);
+    return rc;
+}
+
+static enum MHD_Result chat_completions(hreq *r)
+{
+    r->kind = K_CHAT;
+    cJSON *body = parse_body(r);
+    if (!body)
+        return MHD_YES;
+    gen_request g;
+    const char *character = NULL;
+    chat_msgs cm = { 0 };
+    enum MHD_Result ret = MHD_YES;
+    if (!check_model(r, body, true, &character) || !parse_sampling(r, body, &g) || !parse_messages(r, body, &cm))
+        goto out;
+    make_id(r, "chatcmpl-");
+    const cJSON *ch = cJSON_GetObjectItemCaseSensitive(body, "character");
+    if (ch && !cJSON_IsNull(ch)) {
+        if (!cJSON_IsString(ch) || !ch->valuestring[0]) {
+            send_error(r, 400, "invalid_type", "character", "'character' must be a non-empty string");
+            goto out;
+        }
+        character = ch->valuestring;
+        char name[300];
+        snprintf(name, sizeof(name), LORE_PREFIX "%s", character);
+        free(r->model);
+        r->model = strdup(name);
+    }
+    if (character) {
+        ret = lore_chat(r, body, character, &cm);
+        goto out;
+    }
+    char *prompt = NULL;
+    int rc = rlai_engine_apply_chat(r->h->engine, cm.m, cm.n, true, &prompt);
+    if (rc < 0) {
+        send_error(r, 400, "invalid_value", "messages", "the chat template refused these messages: %s",
+                   rlai_strerror(rc));
+        goto out;
+    }
+    rlai_token *toks = NULL;
+    int n = tokenize_all(r->h->engine, prompt, &toks);
+    free(prompt);
+    if (n < 0) {
+        const char *code;
+        int st = status_of(n, &code);
+        send_error(r, st, code, "messages", "cannot tokenize the messages: %s", rlai_strerror(n));
+        goto out;
+    }
+    ret = run_generation(r, toks, n, &g);
+    free(toks);
+out:
+    chat_msgs_free(&cm);
+    cJSON_Delete(body);
+    return ret;
+}
+
+static enum MHD_Result completions(hreq *r)
+{
+    r->kind = K_COMPLETION;
+    cJSON *body = parse_body(r);
+    if (!body)
+        return MHD_YES;
+    gen_request g;
+    const char *character;
+    enum MHD_Result ret = MHD_YES;
+    rlai_token *toks = NULL;
+    int n = 0;
+    if (!check_model(r, body, false, &character) || !parse_sampling(r, body, &g))
+        goto out;
+    make_id(r, "cmpl-");
+    const cJSON *p = cJSON_GetObjectItemCaseSensitive(body, "prompt");
+    /* One prompt: a string, [string], [token ids] or [[token ids]]. */
+    if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1 &&
+        (cJSON_IsString(p->child) || cJSON_IsArray(p->child)))
+        p = p->child;
+    if (cJSON_IsString(p)) {
+        n = tokenize_all(r->h->engine, p->valuestring, &toks);
+        if (n < 0) {
+            const char *code;
+            int st = status_of(n, &code);
+            send_error(r, st, code, "prompt", "cannot tokenize the prompt: %s", rlai_strerror(n));
+            goto out;
+        }
+    } else if (cJSON_IsArray(p) && cJSON_GetArraySize(p) > 0 && cJSON_IsNumber(p->child)) {
+        int cap = cJSON_GetArraySize(p);
+        rlai_model_info info;
+        rlai_engine_info(r->h->engine, &info);
+        toks = malloc(sizeof(rlai_token) * (size_t)cap);
+        if (!toks) {
+            send_error(r, 500, NULL, NULL, "out of memory");
+            goto out;
+        }
+        const cJSON *t;
+        cJSON_ArrayForEach(t, p) {
+            if (!json_is_int(t) || t->valuedouble < 0 || t->valuedouble >= info.n_vocab) {
+                send_error(r, 400, "invalid_value", "prompt", "prompt token ids must be integers in [0, %d)",
+                           info.n_vocab);
+                goto out;
+            }
+            toks[n++] = (rlai_token)t->valuedouble;
+        }
+    } else if (cJSON_IsArray(p) && cJSON_GetArraySize(p) > 1) {
+        send_error(r, 400, "unsupported_value", "prompt", "only one prompt per request is supported");
+        goto out;
+    } else {
+        send_error(r, 400, "invalid_value", "prompt", "'prompt' must be a string or an array of token ids");
+        goto out;
+    }
+    ret = run_generation(r, toks, n, &g);
+out:
+    free(toks);
+    cJSON_Delete(body);
+    return ret;
+}
+
+static cJSON *model_object(rlai_http *h, const char *id)
+{
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "id", id);
+    cJSON_AddStringToObject(m, "object", "model");
+    cJSON_AddNumberToObject(m, "created", (double)h->created);
+    cJSON_AddStringToObject(m, "owned_by", "rtx-localai");
+    return m;
+}
+
+/* A short plugin call answered in place: collects the first result. */
+typedef struct quick_call {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int refs;                    /* caller + sink */
+    bool done;
+    cJSON *result;
+} quick_call;
+
+static void quick_unref(quick_call *q)
+{
+    pthread_mutex_lock(&q->mu);
+    int left = --q->refs;
+    pthread_mutex_unlock(&q->mu);
+    if (left)
+        return;
+    cJSON_Delete(q->result);
+    pthread_cond_destroy(&q->cv);
+    pthread_mutex_destroy(&q->mu);
+    free(q);
+}
+
+static int quick_token(void *user, const char *text, size_t len)
+{
+    (void)user;
+    (void)text;
+    (void)len;
+    return 0;
+}
+
+static int quick_result(void *user, const cJSON *value)
+{
+    quick_call *q = user;
+    pthread_mutex_lock(&q->mu);
+    if (!q->result)
+        q->result = cJSON_Duplicate(value, true);
+    pthread_mutex_unlock(&q->mu);
+    return 0;
+}
+
+static void quick_end(quick_call *q)
+{
+    pthread_mutex_lock(&q->mu);
+    q->done = true;
+    pthread_cond_broadcast(&q->cv);
+    pthread_mutex_unlock(&q->mu);
+    quick_unref(q);
+}
+
+static void quick_done(void *user, const char *stop, const rlai_call_metrics *m)
+{
+    (void)stop;
+    (void)m;
+    quick_end(user);
+}
+
+static void quick_error(void *user, int code, const char *msg)
+{
+    (void)code;
+    (void)msg;
+    quick_end(user);
+}
+
+/* Calls command with params "{}" and waits up to timeout_ms. Returns the
+ * first result (caller owns) or NULL. */
+static cJSON *call_quick(rlai_http *h, const char *command, int timeout_ms)
+{
+    if (!h->plugins)
+        return NULL;
+    quick_call *q = calloc(1, sizeof(*q));
+    if (!q)
+        return NULL;
+    pthread_mutex_init(&q->mu, NULL);
+    cond_init_monotonic(&q->cv);
+    q->refs = 2;
+    rlai_call_sink sink = { quick_token, quick_result, quick_done, quick_error, q };
+    char err[200];
+    if (rlai_plugin_host_call(h->plugins, command, "{}", &sink, NULL, err, sizeof(err)) < 0) {
+        q->refs = 1;
+        quick_unref(q);
+        return NULL;
+    }
+    struct timespec ts;
+    deadline_in(&ts, timeout_ms);
+    pthread_mutex_lock(&q->mu);
+    while (!q->done)
+        if (pthread_cond_timedwait(&q->cv, &q->mu, &ts) == ETIMEDOUT)
+            break;
+    cJSON *res = q->done ? q->result : NULL;
+    if (res)
+        q->result = NULL;
+    pthread_mutex_unlock(&q->mu);
+    quick_unref(q);
+    return res;
+}
+
+/* Appends "loremaster/<id>" for every character LoreMaster plays. */
+static void add_characters(rlai_http *h, cJSON *data)
+{
+    cJSON *res = call_quick(h, "loremaster.characters", 2000);
+    const cJSON *chars = cJSON_GetObjectItemCaseSensitive(res, "characters");
+    const cJSON *c;
+    cJSON_ArrayForEach(c, chars) {
+        const cJSON *id = cJSON_GetObjectItemCaseSensitive(c, "id");
+        if (!cJSON_IsString(id))
+            continue;
+        char name[300];
+        snprintf(name, sizeof(name), LORE_PREFIX "%s", id->valuestring);
+        cJSON *m = model_object(h, name);
+        cJSON_ReplaceItemInObject(m, "owned_by", cJSON_CreateString("loremaster"));
+        cJSON_AddItemToArray(data, m);
+    }
+    cJSON_Delete(res);
+}
+
+static enum MHD_Result models(hreq *r, const char *which)
+{
+    rlai_http *h = r->h;
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "object", "list");
+    cJSON *data = cJSON_AddArrayToObject(j, "data");
+    cJSON_AddItemToArray(data, model_object(h, h->model_id));
+    cJSON_AddItemToArray(data, model_object(h, "default"));
+    add_characters(h, data);
+    if (!which)
+        return send_json(r, 200, j);
+    const cJSON *m;
+    cJSON_ArrayForEach(m, data) {
+        const cJSON *id = cJSON_GetObjectItemCaseSensitive(m, "id");
+        if (cJSON_IsString(id) && !strcmp(id->valuestring, which)) {
+            cJSON *one = cJSON_Duplicate(m, true);
+            cJSON_Delete(j);
+            return send_json(r, 200, one);
+        }
+    }
+    cJSON_Delete(j);
+    return send_error(r, 404, "model_not_found", "model", "The model '%.200s' does not exist", which);
+}
+
+static enum MHD_Result health(hreq *r)
+{
+    rlai_http *h = r->h;
+    rlai_engine_stats es;
+    rlai_engine_get_stats(h->engine, &es);
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "status", "ok");
+    cJSON_AddStringToObject(j, "model", h->model_id);
+    cJSON_AddNumberToObject(j, "uptime", now_s() - h->t_start);
+    cJSON_AddNumberToObject(j, "running", es.running);
+    cJSON_AddNumberToObject(j, "queued", es.queued);
+    cJSON_AddNumberToObject(j, "plugin_commands", h->plugins ? rlai_plugin_host_n_commands(h->plugins) : 0);
+    return send_json(r, 200, j);
+}
+
+static enum MHD_Result metrics(hreq *r)
+{
+    rlai_http *h = r->h;
+    rlai_engine_stats es;
+    rlai_engine_get_stats(h->engine, &es);
+    char *text = rlai_metrics_render(h->metrics, &es, now_s() - h->t_start);
+    if (!text)
+        return send_error(r, 500, NULL, NULL, "out of memory");
+    return send_text(r, 200, "text/plain; version=0.0.4; charset=utf-8", text);
+}
+
+static enum MHD_Result plugins_list(hreq *r)
+{
+    if (!r->h->plugins) {
+        cJSON *j = cJSON_CreateObject();
+        cJSON_AddArrayToObject(j, "commands");
+        return send_json(r, 200, j);
+    }
+    cJSON *j = rlai_plugin_host_commands_json(r->h->plugins);
+    if (!j)
+        return send_error(r, 500, NULL, NULL, "out of memory");
+    return send_json(r, 200, j);
+}
+
+static bool wants_stream(hreq *r)
+{
+    const char *q = MHD_lookup_connection_value(r->conn, MHD_GET_ARGUMENT_KIND, "stream");
+    if (q && (!strcmp(q, "true") || !strcmp(q, "1")))
+        return true;
+    const char *acc = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "Accept");
+    return acc && strstr(acc, "text/event-stream") != NULL;
+}
+
+static enum MHD_Result plugin_call(hreq *r, const char *command)
+{
+    r->kind = K_PLUGIN;
+    r->command = strdup(command);
+    if (!r->command)
+        return send_error(r, 500, NULL, NULL, "out of memory");
+    if (!r->h->plugins)
+        return send_error(r, 404, "command_not_found", NULL, "unknown command '%.200s' (no plugins are loaded)",
+                          command);
+    const char *params = "{}";
+    if (r->body.len) {
+        cJSON *body = parse_body(r);
+        if (!body)
+            return MHD_YES;
+        cJSON_Delete(body);
+        params = r->body.p;
+    }
+    r->stream = wants_stream(r);
+    make_id(r, "call-");
+    return run_call(r, command, params);
+}
+
+/* ---------------------------------------------------------- routing */
+
+/* Host header check against DNS rebinding when bound to loopback: a web
+ * page must not be able to reach the model by rebinding its own name. */
+static bool host_allowed(hreq *r)
+{
+    if (r->h->allow_remote)
+        return true;
+    const char *host = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "Host");
+    if (!host)
+        return true;                   /* HTTP/1.0 without Host */
+    char name[128];
+    const char *end;
+    if (host[0] == '[') {
+        end = strchr(host, ']');
+        if (!end || (size_t)(end - host - 1) >= sizeof(name))
+            return false;
+        memcpy(name, host + 1, (size_t)(end - host - 1));
+        name[end - host - 1] = 0;
+        end++;
+    } else {
+        end = strchr(host, ':');
+        if (!end)
+            end = host + strlen(host);
+        if ((size_t)(end - host) >= sizeof(name))
+            return false;
+        memcpy(name, host, (size_t)(end - host));
+        name[end - host] = 0;
+    }
+    if (*end && (*end != ':' || strspn(end + 1, "0123456789") != strlen(end + 1)))
+        return false;
+    if (!strcasecmp(name, "localhost"))
+        return true;
+    struct in_addr a4;
+    struct in6_addr a6;
+    if (inet_pton(AF_INET, name, &a4) == 1)
+        return (ntohl(a4.s_addr) >> 24) == 127;
+    if (inet_pton(AF_INET6, name, &a6) == 1)
+        return IN6_IS_ADDR_LOOPBACK(&a6);
+    return false;
+}
+
+static enum MHD_Result route(hreq *r, const char *url, const char *method)
+{
+    bool get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
+    const char *ep = "other";
+    enum MHD_Result rc;
+    if (!host_allowed(r)) {
+        rlai_metrics_count_request(r->h->metrics, ep, "http");
+        return send_error(r, 403, "host_not_allowed", NULL,
+                          "this server answers only to localhost names (Host header refused)");
+    }
+    if (r->too_large) {
+        rlai_metrics_count_request(r->h->metrics, ep, "http");
+        return send_error(r, 413, "request_too_large", NULL, "the request body is larger than the limit of %zu bytes",
+                          r->h->max_body);
+    }
+    struct { const char *path; const char *ep; bool get, post; } routes[] = {
+        { "/v1/chat/completions", "chat_completions", false, true },
+        { "/v1/completions", "completions", false, true },
+        { "/v1/models", "models", true, false },
+        { "/v1/plugins", "plugins", true, false },
+        { "/health", "health", true, false },
+        { "/metrics", "metrics", true, false },
+    };
+    int hit = -1;
+    for (size_t i = 0; i < sizeof(routes) / sizeof(routes[0]); i++)
+        if (!strcmp(url, routes[i].path))
+            hit = (int)i;
+    const char *sub = NULL;
+    bool sub_post = false;
+    if (hit < 0 && !strncmp(url, "/v1/models/", 11) && url[11]) {
+        hit = 2;
+        sub = url + 11;
+    } else if (hit < 0 && !strncmp(url, "/v1/plugins/", 12) && url[12]) {
+        sub = url + 12;
+        sub_post = true;
+    }
+    if (sub_post) {
+        ep = "plugin_call";
+        rlai_metrics_count_request(r->h->metrics, ep, "http");
+        if (!post) {
+            r->allow = "POST";
+            return send_error(r, 405, "method_not_allowed", NULL, "%s %s: use POST", method, url);
+        }
+        return plugin_call(r, sub);
+    }
+    if (hit < 0) {
+        rlai_metrics_count_request(r->h->metrics, ep, "http");
+        return send_error(r, 404, "not_found", NULL, "no route %s %.200s", method, url);
+    }
+    ep = routes[hit].ep;
+    rlai_metrics_count_request(r->h->metrics, ep, "http");
+    if ((routes[hit].get && !get) || (routes[hit].post && !post)) {
+        r->allow = routes[hit].get ? "GET" : "POST";
+        rc = send_error(r, 405, "method_not_allowed", NULL, "%s %s: use %s", method, url,
+                        routes[hit].get ? "GET" : "POST");
+        return rc;
+    }
+    switch (hit) {
+    case 0: return chat_completions(r);
+    case 1: return completions(r);
+    case 2: return models(r, sub);
+    case 3: return plugins_list(r);
+    case 4: return health(r);
+    default: return metrics(r);
+    }
+}
+
+static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
+                                 const char *version, const char *upload_data, size_t *upload_data_size,
+                                 void **con_cls)
+{
+    (void)version;
+    rlai_http *h = cls;
+    hreq *r = *con_cls;
+    if (!r) {
+        r = calloc(1, sizeof(*r));
+        if (!r)
+            return MHD_NO;
+        r->h = h;
+        r->conn = conn;
+        r->refs = 1;                   /* MHD's, dropped in on_completed */
+        pthread_mutex_init(&r->mu, NULL);
+        cond_init_monotonic(&r->cv);
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+        r->fd = ci ? ci->connect_fd : -1;
+        *con_cls = r;
+        const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Content-Length");
+        if (cl) {
+            char *end;
+            unsigned long long v = strtoull(cl, &end, 10);
+            if (end != cl && v > h->max_body) {
+                r->too_large = true;
+                /* A client that waits for "100 Continue" gets the 413 before
+                 * sending the body; others send it and it is discarded. */
+                const char *expect = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Expect");
+                if (expect && !strcasecmp(expect, "100-continue"))
+                    return route(r, url, method);
+            }
+        }
+        return MHD_YES;
+    }
+    if (*upload_data_size) {
+        if (!r->too_large && !r->answered) {
+            if (r->body.len + *upload_data_size > h->max_body) {
+                r->too_large = true;
+                bytes_free(&r->body);
+            } else if (bytes_add(&r->body, upload_data, *upload_data_size) < 0) {
+                return MHD_NO;
+            }
+        }
+        *upload_data_size = 0;
+        return MHD_YES;
+    }
+    if (r->answered)
+        return MHD_YES;
+    return route(r, url, method);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls, enum MHD_RequestTerminationCode toe)
+{
+    (void)cls;
+    (void)conn;
+    hreq *r = *con_cls;
+    if (!r)
+        return;
+    *con_cls = NULL;
+    /* Nobody reads this request's output any more: stop what still runs
+     * (a no-op for a request that has finished). */
+    end_request(r, toe == MHD_REQUEST_TERMINATED_DAEMON_SHUTDOWN ? END_SHUTDOWN : END_GONE);
+    hreq_unref(r);
+}
+
+/* ---------------------------------------------------------- lifecycle */
+
+static void mhd_log(void *cls, const char *fmt, va_list ap)
+{
+    (void)cls;
+    char msg[512];
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    size_t n = strlen(msg);
+    while (n && (msg[n - 1] == '\n' || msg[n - 1] == '\r'))
+        msg[--n] = 0;
+    fprintf(stderr, "rlai serve: http: %s\n", msg);
+}
+
+static bool addr_is_loopback(const struct sockaddr *sa)
+{
+    if (sa->sa_family == AF_INET) {
+        const struct sockaddr_in *in = (const struct sockaddr_in *)sa;
+        return (ntohl(in->sin_addr.s_addr) >> 24) == 127;
+    }
+    if (sa->sa_family == AF_INET6) {
+        const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)sa;
+        if (IN6_IS_ADDR_LOOPBACK(&in6->sin6_addr))
+            return true;
+        if (IN6_IS_ADDR_V4MAPPED(&in6->sin6_addr))
+            return in6->sin6_addr.s6_addr[12] == 127;
+    }
+    return false;
+}
+
+/* Creates the listening socket for "ADDR:PORT". Returns the fd or a
+ * negative error with a message. */
+static int open_listener(const char *bind_s, bool allow_remote, bool *v6, char *err, size_t errlen)
+{
+    char host[256];
+    const char *colon;
+    const char *port_s;
+    if (bind_s[0] == '[') {
+        const char *close = strchr(bind_s, ']');
+        if (!close || close[1] != ':' || (size_t)(close - bind_s - 1) >= sizeof(host))
+            return fail(err, errlen, RLAI_ERR_INVALID_ARG, "http: '%s' is not ADDR:PORT", bind_s);
+        memcpy(host, bind_s + 1, (size_t)(close - bind_s - 1));
+        host[close - bind_s - 1] = 0;
+        port_s = close + 2;
+    } else {
+        colon = strrchr(bind_s, ':');
+        if (!colon || colon == bind_s || (size_t)(colon - bind_s) >= sizeof(host))
+            return fail(err, errlen, RLAI_ERR_INVALID_ARG, "http: '%s' is not ADDR:PORT", bind_s);
+        memcpy(host, bind_s, (size_t)(colon - bind_s));
+        host[colon - bind_s] = 0;
+        port_s = colon + 1;
+    }
+    char *end;
+    long port = strtol(port_s, &end, 10);
+    if (!*port_s || *end || port < 0 || port > 65535)
+        return fail(err, errlen, RLAI_ERR_INVALID_ARG, "http: bad port in '%s'", bind_s);
+    struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV };
+    struct addrinfo *res = NULL;
+    int gai = getaddrinfo(host, port_s, &hints, &res);
+    if (gai != 0 || !res)
+        return fail(err, errlen, RLAI_ERR_INVALID_ARG, "http: cannot resolve '%s': %s", host, gai_strerror(gai));
+    /* Prefer IPv4 (what "localhost" users expect from curl and browsers). */
+    struct addrinfo *pick = res;
+    for (struct addrinfo *a = res; a; a = a->ai_next)
+        if (a->ai_family == AF_INET) {
+            pick = a;
+            break;
+        }
+    if (!allow_remote && !addr_is_loopback(pick->ai_addr)) {
+        freeaddrinfo(res);
+        return fail(err, errlen, RLAI_ERR_INVALID_ARG,
+                    "http: %s is not a loopback address; set endpoints.allow_remote (or --allow-remote) "
+                    "to expose the engine beyond this machine", bind_s);
+    }
+    int fd = socket(pick->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        freeaddrinfo(res);
+        return fail(err, errlen, RLAI_ERR_IO, "http: socket: %s", strerror(errno));
+    }
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    *v6 = pick->ai_family == AF_INET6;
+    if (*v6)
+        setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof(one));
+    if (bind(fd, pick->ai_addr, pick->ai_addrlen) < 0 || listen(fd, 64) < 0) {
+        int e = errno;
+        close(fd);
+        freeaddrinfo(res);
+        return fail(err, errlen, e == EADDRINUSE ? RLAI_ERR_BUSY : RLAI_ERR_IO, "http: cannot listen on %s: %s",
+                    bind_s, strerror(e));
+    }
+    freeaddrinfo(res);
+    return fd;
+}
+
+static char *model_id_from_path(const char *path)
+{
+    const char *base = path ? strrchr(path, '/') : NULL;
+    base = base ? base + 1 : (path ? path : "model");
+    size_t n = strlen(base);
+    if (n > 5 && !strcasecmp(base + n - 5, ".gguf"))
+        n -= 5;
+    if (n == 0)
+        return strdup("model");
+    return strndup(base, n);
+}
+
+int rlai_http_start(const rlai_http_params *p, rlai_http **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    if (!p || !p->bind || !p->engine)
+        return fail(err, errlen, RLAI_ERR_INVALID_ARG, "http: bind address and engine are required");
+    rlai_http *h = calloc(1, sizeof(*h));
+    if (!h)
+        return RLAI_ERR_NOMEM;
+    h->engine = p->engine;
+    h->plugins = p->plugins;
+    h->metrics = p->metrics;
+    h->max_body = p->max_body ? p->max_body : RLAI_PROTO_MAX_FRAME;
+    h->max_inflight = p->max_inflight > 0 ? p->max_inflight : 64;
+    h->allow_remote = p->allow_remote;
+    h->quiet = p->quiet;
+    h->t_start = now_s();
+    h->created = (long long)time(NULL);
+    rlai_model_info info;
+    rlai_engine_info(p->engine, &info);
+    h->n_ctx = info.n_ctx > 0 ? info.n_ctx : 2048;
+    h->max_prompt_tokens = p->max_prompt_tokens > 0 ? p->max_prompt_tokens : h->n_ctx;
+    h->model_id = model_id_from_path(p->model_path);
+    pthread_mutex_init(&h->mu, NULL);
+    cond_init_monotonic(&h->cv);
+    atomic_init(&h->seq, 1);
+    h->listen_fd = -1;
+    if (!h->model_id) {
+        rlai_http_stop(&h);
+        return RLAI_ERR_NOMEM;
+    }
+    bool v6 = false;
+    int fd = open_listener(p->bind, p->allow_remote, &v6, err, errlen);
+    if (fd < 0) {
+        rlai_http_stop(&h);
+        return fd;
+    }
+    h->listen_fd = fd;
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof(ss);
+    if (getsockname(fd, (struct sockaddr *)&ss, &sl) == 0)
+        h->port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                                                 : ((struct sockaddr_in *)&ss)->sin_port);
+    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ITC |
+                     MHD_USE_ERROR_LOG | (v6 ? MHD_USE_IPv6 : 0);
+    h->mhd = MHD_start_daemon(flags, 0, NULL, NULL, on_access, h,
+                              MHD_OPTION_EXTERNAL_LOGGER, mhd_log, h,
+                              MHD_OPTION_LISTEN_SOCKET, (MHD_socket)fd,
+                              MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
+                              MHD_OPTION_CONNECTION_LIMIT, (unsigned)(p->max_connections > 0 ? p->max_connections : 256),
+                              MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120,
+                              MHD_OPTION_END);
+    if (!h->mhd) {
+        /* Whether libmicrohttpd closed the socket on failure is not
+         * documented: leave it open rather than risk a double close. */
+        h->listen_fd = -1;
+        rlai_http_stop(&h);
+        return fail(err, errlen, RLAI_ERR_IO, "http: libmicrohttpd failed to start on %s", p->bind);
+    }
+    h->listen_fd = -1;                 /* owned by libmicrohttpd until quiesced */
+    *out = h;
+    return 0;
+}
+
+int rlai_http_port(const rlai_http *h)
+{
+    return h ? h->port : 0;
+}
+
+void rlai_http_stop(rlai_http **self_p)
+{
+    if (!self_p || !*self_p)
+        return;
+    rlai_http *h = *self_p;
+    *self_p = NULL;
+    if (h->mhd) {
+        /* No new connections; the listening socket is ours again. */
+        int lfd = (int)MHD_quiesce_daemon(h->mhd);
+        if (lfd >= 0) {
+            close(lfd);
+            h->listen_fd = -1;
+        }
+    }
+    /* End every request with work in flight. */
+    pthread_mutex_lock(&h->mu);
+    h->stopping = true;
+    int n = 0;
+    for (hreq *r = h->live; r; r = r->next_live)
+        n++;
+    hreq **all = calloc((size_t)(n ? n : 1), sizeof(*all));
+    int k = 0;
+    for (hreq *r = h->live; r && all; r = r->next_live) {
+        hreq_ref(r);
+        all[k++] = r;
+    }
+    pthread_mutex_unlock(&h->mu);
+    for (int i = 0; i < k; i++) {
+        end_request(all[i], END_SHUTDOWN);
+        hreq_unref(all[i]);
+    }
+    free(all);
+    /* Wait for their engine callbacks (the engine thread is still running),
+     * then give the streams a moment to write their closing event. */
+    pthread_mutex_lock(&h->mu);
+    struct timespec ts;
+    deadline_in(&ts, STOP_WAIT_MS);
+    while (h->n_live > 0)
+        if (pthread_cond_timedwait(&h->cv, &h->mu, &ts) == ETIMEDOUT)
+            break;
+    bool stuck = h->n_live > 0;
+    deadline_in(&ts, 1000);
+    while (h->n_streams > 0)
+        if (pthread_cond_timedwait(&h->cv, &h->mu, &ts) == ETIMEDOUT)
+            break;
+    pthread_mutex_unlock(&h->mu);
+    if (h->mhd)
+        MHD_stop_daemon(h->mhd);
+    if (h->listen_fd >= 0)
+        close(h->listen_fd);
+    if (stuck) {
+        /* Engine callbacks still reference h: leak it rather than crash. */
+        fprintf(stderr, "rlai serve: http: %d request(s) did not end in %d ms; not freeing the HTTP front\n",
+                h->n_live, STOP_WAIT_MS);
+        return;
+    }
+    free(h->model_id);
+    pthread_cond_destroy(&h->cv);
+    pthread_mutex_destroy(&h->mu);
+    free(h);
+}

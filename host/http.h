@@ -1,0 +1,67 @@
+/* http.h - the OpenAI-compatible HTTP front of `rlai serve` (libmicrohttpd).
+ *
+ * Routes (docs/SERVE.md has the details and examples):
+ *   POST /v1/chat/completions   chat; "stream": true answers Server-Sent Events
+ *   POST /v1/completions        raw-prompt completion, same streaming rules
+ *   GET  /v1/models, /v1/models/{id}
+ *   GET  /v1/plugins            the command registry
+ *   POST /v1/plugins/{command}  a plugin command (body = params; SSE with
+ *                               ?stream=true or Accept: text/event-stream)
+ *   GET  /health, /metrics      liveness and Prometheus text
+ * Errors use OpenAI's shape {"error": {"message", "type", "param", "code"}}.
+ *
+ * Threads: libmicrohttpd runs one thread per connection. Generations go to
+ * the shared engine with rlai_engine_submit; their callbacks (on the
+ * daemon's engine thread) only append text to a per-request queue under a
+ * mutex and signal a condition variable, which the connection thread turns
+ * into SSE chunks or one JSON body. A client that disconnects has its
+ * engine request (or plugin call) cancelled: the connection thread watches
+ * the socket for a hang-up while it waits, and a failed write ends the
+ * request through libmicrohttpd's completion callback.
+ */
+#ifndef RLAI_HOST_HTTP_H
+#define RLAI_HOST_HTTP_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "metrics.h"
+#include "plugin_host.h"
+#include "rlai/engine.h"
+
+typedef struct rlai_http rlai_http;
+
+typedef struct rlai_http_params {
+    const char *bind;             /* "ADDR:PORT": "127.0.0.1:5676", "localhost:8080",
+                                     "[::1]:5676", "0.0.0.0:80"; port 0 = any free port */
+    bool allow_remote;            /* permit a non-loopback bind address */
+    rlai_engine *engine;          /* borrowed; someone else runs rlai_engine_step */
+    const char *model_path;       /* the model file; its basename without .gguf is the model id */
+    rlai_plugin_host *plugins;    /* borrowed; NULL = plugin routes answer 404 */
+    rlai_metrics *metrics;        /* borrowed; may be NULL */
+    size_t max_body;              /* request body limit in bytes (413 above); 0 = 4 MiB */
+    int max_prompt_tokens;        /* 400 context_length_exceeded above; 0 = engine context */
+    int max_inflight;             /* generations + plugin calls at once (429 above); 0 = 64 */
+    int max_connections;          /* simultaneous connections; 0 = 256 */
+    bool quiet;                   /* no per-request log lines (errors still go to stderr) */
+} rlai_http_params;
+
+/* Binds p->bind and starts serving. p and its strings are copied; the
+ * borrowed objects (engine, plugins, metrics) must outlive rlai_http_stop.
+ * Returns 0 or a negative rlai_error with a message in err:
+ * RLAI_ERR_INVALID_ARG (bad address, non-loopback without allow_remote),
+ * RLAI_ERR_BUSY (address in use), RLAI_ERR_IO (other bind failures).
+ * *out owned by the caller (rlai_http_stop). */
+int rlai_http_start(const rlai_http_params *p, rlai_http **out, char *err, size_t errlen);
+
+/* The TCP port actually bound (useful with port 0). */
+int rlai_http_port(const rlai_http *h);
+
+/* Stops accepting connections, ends every running stream with an error
+ * event (and cancels its engine request or plugin call), waits for the
+ * engine callbacks of those requests to finish (the engine thread must
+ * still be running), closes the connections and frees. Accepts NULL;
+ * nulls *self_p. */
+void rlai_http_stop(rlai_http **self_p);
+
+#endif

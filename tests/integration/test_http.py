@@ -1,0 +1,584 @@
+"""Integration tests of the OpenAI-compatible HTTP front: a real `rlai serve`
+on the default model with --http on a free loopback port (ZeroMQ and the
+pipe private to a temp dir), spoken to with the official `openai` package,
+curl, raw sockets and urllib. Paths come from meson: RLAI_BIN,
+RLAI_MODELS_DIR, RLAI_TEST_PLUGINS (build/tests/plugins), RLAI_PLUGINS
+(build/plugins)."""
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import msgpack
+import pytest
+
+openai = pytest.importorskip("openai")
+
+RLAI = os.environ.get("RLAI_BIN")
+MODELS = Path(os.environ.get("RLAI_MODELS_DIR", "models"))
+MODEL = MODELS / "SmolLM2-135M-Instruct.Q4_1.gguf"
+MODEL_ID = "SmolLM2-135M-Instruct.Q4_1"
+TEST_PLUGINS = os.environ.get("RLAI_TEST_PLUGINS")
+SHIPPED_PLUGINS = os.environ.get("RLAI_PLUGINS")
+MAX_FRAME = 65536
+MAX_PROMPT = 1000
+
+pytestmark = [
+    pytest.mark.skipif(not RLAI, reason="RLAI_BIN not set (run through meson test)"),
+    pytest.mark.skipif(not MODEL.exists(), reason="default model not fetched (scripts/setup.sh)"),
+]
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+class Engine:
+    """`rlai serve` with HTTP on a free port; stopped with SIGTERM."""
+
+    def __init__(self, tmp, plugins=None, extra=()):
+        self.dir = Path(tmp) / "rt"
+        self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.sock_path = self.dir / "rlai" / "engine.sock"
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        env = dict(os.environ, XDG_RUNTIME_DIR=str(self.dir))
+        env.pop("RLAI_PLUGIN_DIR", None)
+        plug = ["--plugins", str(plugins)] if plugins else ["--no-plugins"]
+        self.args = [RLAI, "serve", "-m", str(MODEL), "-t", "2", "-c", "2048",
+                     "--http", f"127.0.0.1:{self.port}", "--max-frame-bytes", str(MAX_FRAME),
+                     "--max-prompt-tokens", str(MAX_PROMPT), *plug, *extra]
+        self.log = open(Path(tmp) / "serve.log", "w+b")
+        self.proc = subprocess.Popen(self.args, env=env, stderr=self.log, stdout=subprocess.DEVNULL)
+        deadline = time.time() + 600
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError("engine exited: " + self.read_log())
+            try:
+                if self.get_json("/health")["status"] == "ok":
+                    return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError("engine did not come up: " + self.read_log())
+
+    def read_log(self):
+        self.log.flush()
+        self.log.seek(0)
+        return self.log.read().decode(errors="replace")
+
+    def request(self, method, path, body=None, headers=None, timeout=120):
+        data = body if body is None or isinstance(body, bytes) else json.dumps(body).encode()
+        req = urllib.request.Request(self.base + path, data=data, method=method, headers=headers or {})
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as r:
+                return r.status, dict(r.headers), r.read()
+        except urllib.error.HTTPError as e:
+            return e.code, dict(e.headers), e.read()
+
+    def get_json(self, path):
+        st, _, body = self.request("GET", path, timeout=10)
+        assert st == 200, (path, st, body)
+        return json.loads(body)
+
+    def metrics(self):
+        st, hdr, body = self.request("GET", "/metrics")
+        assert st == 200
+        assert hdr["Content-Type"].startswith("text/plain")
+        return parse_prometheus(body.decode())
+
+    def client(self):
+        return openai.OpenAI(base_url=self.base + "/v1", api_key="unused", max_retries=0, timeout=300)
+
+    def stop(self, timeout=60):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+
+def parse_prometheus(text):
+    """Parses the text exposition format strictly enough to catch mistakes:
+    returns {"types": {family: type}, "samples": {(name, frozenset(labels)): value}}."""
+    types, samples = {}, {}
+    line_re = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})? (-?[0-9.eE+-]+|\+Inf|NaN)$')
+    label_re = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+    for line in text.splitlines():
+        if not line:
+            continue
+        if line.startswith("# TYPE "):
+            _, _, fam, typ = line.split(" ", 3)
+            assert typ in ("counter", "gauge", "histogram", "summary", "untyped"), line
+            types[fam] = typ
+            continue
+        if line.startswith("# HELP "):
+            continue
+        assert not line.startswith("#"), line
+        m = line_re.match(line)
+        assert m, f"not a Prometheus sample line: {line!r}"
+        labels = frozenset(label_re.findall(m.group(3) or ""))
+        samples[(m.group(1), labels)] = float(m.group(4))
+    return {"types": types, "samples": samples}
+
+
+def sample(metrics, name, **labels):
+    return metrics["samples"].get((name, frozenset(labels.items())), 0.0)
+
+
+def pipe_chat(sock_path, messages, max_tokens):
+    """One greedy chat over the named pipe (msgpack protocol); returns the text."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(120)
+    s.connect(str(sock_path))
+    payload = msgpack.packb({"v": 1, "id": 7, "type": "chat", "messages": messages, "max_tokens": max_tokens})
+    s.sendall(struct.pack(">I", len(payload)) + payload)
+    buf, text = b"", []
+    while True:
+        while len(buf) < 4 or len(buf) < 4 + struct.unpack(">I", buf[:4])[0]:
+            chunk = s.recv(65536)
+            assert chunk, "pipe closed"
+            buf += chunk
+        n = struct.unpack(">I", buf[:4])[0]
+        f = msgpack.unpackb(buf[4:4 + n], raw=False)
+        buf = buf[4 + n:]
+        if f["type"] == "token":
+            text.append(f["text"])
+        elif f["type"] == "done":
+            s.close()
+            return "".join(text)
+        else:
+            raise AssertionError(f"pipe chat failed: {f}")
+
+
+@pytest.fixture(scope="module")
+def plugin_dir(tmp_path_factory):
+    if not TEST_PLUGINS or not (Path(TEST_PLUGINS) / "good" / "manifest.json").exists():
+        return None
+    d = tmp_path_factory.mktemp("plugins")
+    shutil.copytree(Path(TEST_PLUGINS) / "good", d / "good")
+    return d
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory, plugin_dir):
+    e = Engine(tmp_path_factory.mktemp("http"), plugins=plugin_dir)
+    yield e
+    rc = e.stop()
+    assert rc == 0, e.read_log()
+
+
+HELLO = [{"role": "user", "content": "Name three planets."}]
+
+
+# ---------------------------------------------------------------- models, health
+
+def test_models_list_and_retrieve(engine):
+    c = engine.client()
+    ids = [m.id for m in c.models.list().data]
+    assert ids[:2] == [MODEL_ID, "default"]
+    m = c.models.retrieve("default")
+    assert m.id == "default" and m.object == "model"
+    with pytest.raises(openai.NotFoundError):
+        c.models.retrieve("gpt-4o")
+
+
+def test_health(engine):
+    h = engine.get_json("/health")
+    assert h["status"] == "ok"
+    assert h["model"] == MODEL_ID
+    assert isinstance(h["uptime"], (int, float)) and h["uptime"] >= 0
+    time.sleep(0.2)
+    assert engine.get_json("/health")["uptime"] > h["uptime"]
+
+
+# ---------------------------------------------------------------- chat
+
+def test_chat_non_streaming_matches_pipe(engine):
+    c = engine.client()
+    r = c.chat.completions.create(model=MODEL_ID, messages=HELLO, max_tokens=24, temperature=0)
+    assert r.object == "chat.completion"
+    assert r.id.startswith("chatcmpl-")
+    assert r.model == MODEL_ID
+    ch = r.choices[0]
+    assert ch.message.role == "assistant"
+    assert ch.message.content
+    assert ch.finish_reason in ("stop", "length")
+    u = r.usage
+    assert u.prompt_tokens > 5 and 1 <= u.completion_tokens <= 24
+    assert u.total_tokens == u.prompt_tokens + u.completion_tokens
+    if ch.finish_reason == "length":
+        assert u.completion_tokens == 24
+    # Greedy: the same text as the same chat over the named pipe.
+    assert pipe_chat(engine.sock_path, HELLO, 24) == ch.message.content
+    # "default" and an absent model name the same model.
+    r2 = c.chat.completions.create(model="default", messages=HELLO, max_tokens=24, temperature=0)
+    assert r2.choices[0].message.content == ch.message.content
+
+
+def test_chat_streaming(engine):
+    c = engine.client()
+    full = c.chat.completions.create(model=MODEL_ID, messages=HELLO, max_tokens=20, temperature=0)
+    chunks = list(c.chat.completions.create(model=MODEL_ID, messages=HELLO, max_tokens=20, temperature=0,
+                                            stream=True, stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert all(k.object == "chat.completion.chunk" for k in chunks)
+    assert len({k.id for k in chunks}) == 1
+    text = "".join(k.choices[0].delta.content or "" for k in chunks if k.choices)
+    assert text == full.choices[0].message.content
+    finals = [k for k in chunks if k.choices and k.choices[0].finish_reason]
+    assert len(finals) == 1 and finals[0].choices[0].finish_reason == full.choices[0].finish_reason
+    # include_usage: a last chunk with no choices and the usage.
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == full.usage.completion_tokens
+    # More than one content chunk: tokens really stream.
+    assert sum(1 for k in chunks if k.choices and k.choices[0].delta.content) >= 3
+
+
+def test_chat_params_map(engine):
+    c = engine.client()
+    # max_tokens bounds the answer: finish "length" at exactly that count.
+    r = c.chat.completions.create(model="default", messages=HELLO, max_tokens=3, temperature=0)
+    assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 3
+    r = c.chat.completions.create(model="default", messages=HELLO, max_completion_tokens=2, temperature=0)
+    assert r.usage.completion_tokens == 2
+    # Same seed, same sampled text; sampling is on (temperature 1).
+    a = c.chat.completions.create(model="default", messages=HELLO, max_tokens=16, temperature=1.0, top_p=0.9, seed=1234)
+    b = c.chat.completions.create(model="default", messages=HELLO, max_tokens=16, temperature=1.0, top_p=0.9, seed=1234)
+    assert a.choices[0].message.content == b.choices[0].message.content
+    # Penalties are accepted (and validated).
+    c.chat.completions.create(model="default", messages=HELLO, max_tokens=4, presence_penalty=0.5, frequency_penalty=0.5)
+    with pytest.raises(openai.BadRequestError):
+        c.chat.completions.create(model="default", messages=HELLO, max_tokens=4, presence_penalty=5)
+    with pytest.raises(openai.BadRequestError):
+        c.chat.completions.create(model="default", messages=HELLO, n=2)
+    # Content parts are accepted as text.
+    r = c.chat.completions.create(model="default", messages=[{"role": "user", "content": [{"type": "text", "text": "Name three planets."}]}],
+                                  max_tokens=24, temperature=0)
+    assert r.choices[0].message.content == pipe_chat(engine.sock_path, HELLO, 24)
+
+
+def test_stop_strings(engine):
+    c = engine.client()
+    base = c.completions.create(model=MODEL_ID, prompt="The planets of the solar system are", max_tokens=24,
+                                temperature=0).choices[0].text
+    words = base.split()
+    assert len(words) >= 4, base
+    stop = " " + words[3]
+    cut = base[:base.index(stop)]
+    for s in (stop, [stop, "zzzz-never"]):
+        r = c.completions.create(model=MODEL_ID, prompt="The planets of the solar system are", max_tokens=24,
+                                 temperature=0, stop=s)
+        assert r.choices[0].text == cut
+        assert r.choices[0].finish_reason == "stop"
+
+
+# ---------------------------------------------------------------- completions
+
+def test_completions(engine):
+    c = engine.client()
+    r = c.completions.create(model=MODEL_ID, prompt="Once upon a time", max_tokens=12, temperature=0)
+    assert r.object == "text_completion" and r.id.startswith("cmpl-")
+    assert r.choices[0].text and r.choices[0].finish_reason in ("stop", "length")
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+    pieces = list(c.completions.create(model=MODEL_ID, prompt="Once upon a time", max_tokens=12, temperature=0,
+                                       stream=True))
+    assert "".join(p.choices[0].text for p in pieces) == r.choices[0].text
+    assert pieces[-1].choices[0].finish_reason == r.choices[0].finish_reason
+    # A prompt given as token ids.
+    st, _, body = engine.request("POST", "/v1/completions",
+                                 {"prompt": [1, 504, 3821], "max_tokens": 3, "temperature": 0})
+    assert st == 200, body
+    assert json.loads(body)["usage"]["prompt_tokens"] == 3
+
+
+# ---------------------------------------------------------------- errors
+
+def error_of(body):
+    e = json.loads(body)["error"]
+    assert set(e) >= {"message", "type", "code"}
+    assert e["message"]
+    return e
+
+
+def test_unknown_model_is_404(engine):
+    c = engine.client()
+    with pytest.raises(openai.NotFoundError) as ei:
+        c.chat.completions.create(model="gpt-4o", messages=HELLO, max_tokens=4)
+    assert ei.value.body["code"] == "model_not_found"
+    with pytest.raises(openai.NotFoundError):
+        c.completions.create(model="nope", prompt="x", max_tokens=4)
+
+
+def test_bad_json_and_routes(engine):
+    st, hdr, body = engine.request("POST", "/v1/chat/completions", b'{"messages": [',
+                                   {"Content-Type": "application/json"})
+    assert st == 400 and hdr["Content-Type"] == "application/json"
+    assert error_of(body)["code"] == "invalid_json"
+    st, _, body = engine.request("POST", "/v1/chat/completions", b'[1, 2]')
+    assert st == 400
+    st, _, body = engine.request("POST", "/v1/chat/completions", {"messages": "hi"})
+    assert st == 400 and error_of(body)["param"] == "messages"
+    st, _, body = engine.request("POST", "/v1/chat/completions", {"messages": [{"role": "tool", "content": "x"}]})
+    assert st == 400
+    st, _, body = engine.request("GET", "/v1/nothing-here")
+    assert st == 404 and error_of(body)["code"] == "not_found"
+    st, hdr, body = engine.request("GET", "/v1/chat/completions")
+    assert st == 405 and hdr["Allow"] == "POST"
+    st, hdr, _ = engine.request("POST", "/health", b"{}")
+    assert st == 405 and hdr["Allow"] == "GET"
+    # DNS-rebinding guard: a foreign Host name is refused on a loopback bind.
+    for host in ("evil.example", "127.0.0.1.evil.example", "127.evil.example:80", "localhost.evil.example"):
+        st, _, body = engine.request("GET", "/health", headers={"Host": host})
+        assert st == 403 and error_of(body)["code"] == "host_not_allowed", host
+    for host in ("localhost", f"localhost:{engine.port}", "127.0.0.2:1", "[::1]:80"):
+        st, _, _ = engine.request("GET", "/health", headers={"Host": host})
+        assert st == 200, host
+
+
+def test_oversized_body_is_413(engine):
+    big = json.dumps({"prompt": "x" * (MAX_FRAME + 10)}).encode()
+    st, _, body = engine.request("POST", "/v1/completions", big)
+    assert st == 413 and error_of(body)["code"] == "request_too_large"
+    # curl sends "Expect: 100-continue" for large bodies: the 413 comes first.
+    curl = shutil.which("curl")
+    if curl:
+        out = subprocess.run([curl, "-s", "-o", "/dev/null", "-w", "%{http_code}", "-X", "POST",
+                              "-H", "Content-Type: application/json", "--data-binary", "@-",
+                              engine.base + "/v1/completions"], input=big * 20, capture_output=True, timeout=60)
+        assert out.stdout == b"413"
+    # And the server still serves.
+    assert engine.get_json("/health")["status"] == "ok"
+
+
+def test_prompt_too_long_is_400(engine):
+    c = engine.client()
+    with pytest.raises(openai.BadRequestError) as ei:
+        c.chat.completions.create(model="default", messages=[{"role": "user", "content": "word " * (MAX_PROMPT + 50)}], max_tokens=4)
+    assert ei.value.body["code"] == "context_length_exceeded"
+    with pytest.raises(openai.BadRequestError) as ei:
+        c.completions.create(model=MODEL_ID, prompt="word " * (MAX_PROMPT + 50), max_tokens=4)
+    assert ei.value.body["code"] == "context_length_exceeded"
+
+
+# ---------------------------------------------------------------- SSE framing (curl)
+
+@pytest.mark.skipif(not shutil.which("curl"), reason="curl not installed")
+def test_sse_framing_with_curl(engine):
+    body = json.dumps({"messages": HELLO, "max_tokens": 8, "temperature": 0, "stream": True})
+    out = subprocess.run(["curl", "-sN", "-D", "-", "-X", "POST", "-H", "Content-Type: application/json",
+                          "-d", body, engine.base + "/v1/chat/completions"],
+                         capture_output=True, timeout=120).stdout.decode()
+    head, _, sse = out.partition("\r\n\r\n")
+    assert head.startswith("HTTP/1.1 200")
+    assert "content-type: text/event-stream" in head.lower()
+    assert sse.endswith("data: [DONE]\n\n")
+    events = sse.split("\n\n")
+    assert events[-1] == ""
+    events = events[:-1]
+    assert len(events) >= 4
+    for ev in events:
+        assert ev.startswith("data: ") and "\n" not in ev, repr(ev)
+    for ev in events[:-1]:
+        json.loads(ev[len("data: "):])
+
+
+# ---------------------------------------------------------------- metrics
+
+def test_metrics_format_and_growth(engine):
+    before = engine.metrics()
+    t = before["types"]
+    assert t["rlai_requests_total"] == "counter"
+    assert t["rlai_ttft_milliseconds"] == "histogram"
+    assert t["rlai_decode_tokens_per_second"] == "histogram"
+    assert t["rlai_kv_blocks"] == "gauge"
+    for state in ("total", "used", "cached", "pinned", "free"):
+        assert ("rlai_kv_blocks", frozenset({("state", state)})) in before["samples"]
+
+    c = engine.client()
+    r = c.chat.completions.create(model="default", messages=HELLO, max_tokens=10, temperature=0)
+    r2 = c.chat.completions.create(model="default", messages=HELLO, max_tokens=10, temperature=0)
+    pipe_chat(engine.sock_path, HELLO, 6)
+    after = engine.metrics()
+
+    def grew(name, by=None, **labels):
+        d = sample(after, name, **labels) - sample(before, name, **labels)
+        assert d > 0 if by is None else d == by, (name, labels, d)
+
+    grew("rlai_requests_total", 2, endpoint="chat_completions", transport="http")
+    grew("rlai_tokens_generated_total", r.usage.completion_tokens + r2.usage.completion_tokens, transport="http")
+    grew("rlai_generations_total", 2, transport="http")
+    grew("rlai_generations_total", 1, transport="ipc")
+    grew("rlai_tokens_generated_total", 6, transport="ipc")
+    grew("rlai_engine_tokens_generated_total")
+    assert sample(after, "rlai_kv_blocks", state="total") > 0  # the pool exists once a request ran
+    grew("rlai_http_responses_total", None, code="200")
+    # A histogram: cumulative buckets ending in +Inf == _count, and a _sum.
+    s = after["samples"]
+    buckets = sorted(((float(dict(k[1])["le"]), v) for k, v in s.items()
+                      if k[0] == "rlai_ttft_milliseconds_bucket" and dict(k[1])["transport"] == "http"))
+    assert buckets[-1][0] == float("inf")
+    assert all(a[1] <= b[1] for a, b in zip(buckets, buckets[1:]))
+    count = sample(after, "rlai_ttft_milliseconds_count", transport="http")
+    assert buckets[-1][1] == count >= 1
+    assert sample(after, "rlai_ttft_milliseconds_sum", transport="http") > 0
+    grew("rlai_ttft_milliseconds_count", 2, transport="http")
+    grew("rlai_decode_tokens_per_second_count", 2, transport="http")
+    # The repeated prompt reused the prefix cache, as its usage says.
+    assert r2.usage.prompt_tokens_details.cached_tokens > 0
+    grew("rlai_prefix_tokens_reused_total", r.usage.prompt_tokens_details.cached_tokens +
+         r2.usage.prompt_tokens_details.cached_tokens, transport="http")
+
+
+# ---------------------------------------------------------------- disconnect, concurrency
+
+def test_disconnect_mid_stream_cancels(engine):
+    body = json.dumps({"messages": [{"role": "user", "content": "Tell me a very long story about the sea."}],
+                       "max_tokens": 1500, "temperature": 0, "stream": True, "stop": []}).encode()
+    s = socket.create_connection(("127.0.0.1", engine.port))
+    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+              b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    buf = b""
+    s.settimeout(120)
+    while buf.count(b"data: ") < 5:
+        chunk = s.recv(4096)
+        assert chunk
+        buf += chunk
+    assert engine.get_json("/health")["running"] == 1
+    s.close()
+    t0 = time.time()
+    while engine.get_json("/health")["running"] != 0:
+        assert time.time() - t0 < 10, "the engine request was not cancelled"
+        time.sleep(0.02)
+    # Non-streaming too: the connection thread notices the hang-up while it waits.
+    body = json.dumps({"prompt": "Once upon a time", "max_tokens": 1500, "temperature": 0,
+                       "ignore_eos": True}).encode()
+    s = socket.create_connection(("127.0.0.1", engine.port))
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+              b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    t0 = time.time()
+    while engine.get_json("/health")["running"] != 1:
+        assert time.time() - t0 < 30
+        time.sleep(0.02)
+    s.close()
+    t0 = time.time()
+    while engine.get_json("/health")["running"] != 0:
+        assert time.time() - t0 < 10, "the non-streaming request was not cancelled"
+        time.sleep(0.02)
+    # The server keeps serving.
+    r = engine.client().chat.completions.create(model="default", messages=HELLO, max_tokens=4, temperature=0)
+    assert r.usage.completion_tokens == 4
+
+
+def test_concurrent_streams(engine):
+    c = engine.client()
+    want = c.chat.completions.create(model="default", messages=HELLO, max_tokens=16, temperature=0).choices[0].message.content
+    got = [None] * 3
+
+    def run(i):
+        got[i] = "".join(k.choices[0].delta.content or "" for k in
+                         c.chat.completions.create(model="default", messages=HELLO, max_tokens=16, temperature=0, stream=True)
+                         if k.choices)
+
+    ts = [threading.Thread(target=run, args=(i,)) for i in range(3)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(300)
+    assert got == [want] * 3
+
+
+# ---------------------------------------------------------------- plugins
+
+def test_plugin_routes(engine, plugin_dir):
+    st, _, body = engine.request("POST", "/v1/plugins/no.such", {})
+    assert st == 404 and error_of(body)["code"] == "command_not_found"
+    st, hdr, _ = engine.request("GET", "/v1/plugins/no.such")
+    assert st == 405 and hdr["Allow"] == "POST"
+    cmds = engine.get_json("/v1/plugins")["commands"]
+    if plugin_dir is None:
+        pytest.skip("test plugins not built (RLAI_TEST_PLUGINS)")
+    names = {c["name"] for c in cmds}
+    assert {"good.echo", "good.stream", "good.generate"} <= names
+
+    st, _, body = engine.request("POST", "/v1/plugins/good.echo", {"x": 5})
+    assert st == 200, body
+    j = json.loads(body)
+    assert j["results"][0]["params"] == {"x": 5} and j["text"] == "" and j["usage"] is None
+
+    st, _, body = engine.request("POST", "/v1/plugins/good.stream", {"pieces": 3})
+    j = json.loads(body)
+    assert j["text"] == "piece0 piece1 piece2 "
+    assert j["results"] == [{"pieces": 3}, ["second result"]]
+
+    st, _, body = engine.request("POST", "/v1/plugins/good.fail", {})
+    assert st == 400 and "asked to fail" in error_of(body)["message"]
+    st, _, body = engine.request("POST", "/v1/plugins/good.echo", b"[1]")
+    assert st == 400
+
+    # SSE: text pieces and results as events, in order.
+    for path, hdrs in (("/v1/plugins/good.stream?stream=true", {}),
+                       ("/v1/plugins/good.stream", {"Accept": "text/event-stream"})):
+        st, hdr, body = engine.request("POST", path, {"pieces": 2}, hdrs)
+        assert st == 200 and hdr["Content-Type"] == "text/event-stream"
+        events = []
+        for ev in body.decode().split("\n\n")[:-1]:
+            lines = dict(line.split(": ", 1) for line in ev.split("\n"))
+            events.append((lines.get("event"), lines["data"]))
+        assert [e[0] for e in events] == ["token", "token", "result", "result", "done", None]
+        assert json.loads(events[0][1]) == {"text": "piece0 "}
+        assert json.loads(events[2][1]) == {"pieces": 2}
+        assert events[-1][1] == "[DONE]"
+
+    # An engine job: usage comes from the call's metrics.
+    st, _, body = engine.request("POST", "/v1/plugins/good.generate", {"prompt": "Hi", "max_tokens": 5})
+    j = json.loads(body)
+    assert st == 200 and j["usage"]["completion_tokens"] == j["results"][0]["gen_tokens"]
+    assert j["text"] == j["results"][0]["text"]
+
+
+@pytest.fixture(scope="module")
+def lore_engine(tmp_path_factory):
+    if not SHIPPED_PLUGINS or not (Path(SHIPPED_PLUGINS) / "loremaster" / "manifest.json").exists():
+        pytest.skip("loremaster plugin not built (RLAI_PLUGINS)")
+    d = tmp_path_factory.mktemp("lore_plugins")
+    shutil.copytree(Path(SHIPPED_PLUGINS) / "loremaster", d / "loremaster", symlinks=True)
+    e = Engine(tmp_path_factory.mktemp("lore"), plugins=d)
+    yield e
+    rc = e.stop()
+    assert rc == 0, e.read_log()
+
+
+def test_character_chat(lore_engine):
+    e = lore_engine
+    c = e.client()
+    chars = [m.id for m in c.models.list().data if m.id.startswith("loremaster/")]
+    assert chars, "no characters listed"
+    who = chars[0]
+    r = c.chat.completions.create(model=who, messages=[{"role": "user", "content": "Who are you?"}],
+                                  max_tokens=8, temperature=0)
+    assert r.model == who and r.choices[0].message.content
+    assert r.usage.prompt_tokens > 100 and r.usage.prompt_tokens_details.cached_tokens > 0
+    # Same reply streamed, through the "character" extension field.
+    chunks = list(c.chat.completions.create(model=MODEL_ID, messages=[{"role": "user", "content": "Who are you?"}],
+                                            max_tokens=8, temperature=0, stream=True,
+                                            extra_body={"character": who.split("/", 1)[1]}))
+    assert "".join(k.choices[0].delta.content or "" for k in chunks if k.choices) == r.choices[0].message.content
+    with pytest.raises(openai.NotFoundError) as ei:
+        c.chat.completions.create(model="loremaster/nobody-at-all", messages=[{"role": "user", "content": "hi"}])
+    assert ei.value.body["code"] == "model_not_found"
