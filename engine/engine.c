@@ -99,6 +99,18 @@ void rlai_engine_params_init(rlai_engine_params *p)
     p->max_queue = 256;
 }
 
+const char *rlai_stop_reason_name(rlai_stop_reason r)
+{
+    switch (r) {
+    case RLAI_STOP_EOG: return "eog";
+    case RLAI_STOP_MAX_TOKENS: return "max_tokens";
+    case RLAI_STOP_STRING: return "stop_string";
+    case RLAI_STOP_CONTEXT: return "context";
+    case RLAI_STOP_CANCELLED: return "cancelled";
+    default: return "";
+    }
+}
+
 void rlai_gen_params_init(rlai_gen_params *p)
 {
     memset(p, 0, sizeof(*p));

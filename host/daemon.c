@@ -270,18 +270,6 @@ static int map_engine_error(int rc)
     }
 }
 
-static const char *stop_name(rlai_stop_reason r)
-{
-    switch (r) {
-    case RLAI_STOP_EOG: return "eog";
-    case RLAI_STOP_MAX_TOKENS: return "max_tokens";
-    case RLAI_STOP_STRING: return "stop_string";
-    case RLAI_STOP_CONTEXT: return "context";
-    case RLAI_STOP_CANCELLED: return "cancelled";
-    default: return "";
-    }
-}
-
 static void on_done(void *user, uint64_t engine_id, int status, const rlai_gen_metrics *gm)
 {
     (void)engine_id;
@@ -301,7 +289,7 @@ static void on_done(void *user, uint64_t engine_id, int status, const rlai_gen_m
             .decode_tps = gm->decode_tps, .prompt_tokens = (uint32_t)gm->prompt_tokens,
             .gen_tokens = (uint32_t)gm->gen_tokens, .reused_tokens = (uint32_t)gm->reused_tokens,
         };
-        send_done(d, j->conn, j->id, cancel ? "cancelled" : stop_name(gm->stop), &mm);
+        send_done(d, j->conn, j->id, cancel ? "cancelled" : rlai_stop_reason_name(gm->stop), &mm);
     }
     pthread_mutex_lock(&d->mu);
     unlink_job(d, j);

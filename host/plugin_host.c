@@ -489,18 +489,6 @@ static void gen_on_done(void *user, uint64_t id, int status, const rlai_gen_metr
     pthread_mutex_unlock(&w->mu);
 }
 
-static const char *stop_name(rlai_stop_reason r)
-{
-    switch (r) {
-    case RLAI_STOP_EOG: return "eog";
-    case RLAI_STOP_MAX_TOKENS: return "max_tokens";
-    case RLAI_STOP_STRING: return "stop_string";
-    case RLAI_STOP_CONTEXT: return "context";
-    case RLAI_STOP_CANCELLED: return "cancelled";
-    default: return "";
-    }
-}
-
 static int api_generate(rlai_call *call, const rlai_gen_request *req_in, size_t size, rlai_gen_result *out)
 {
     if (!call_ok(call) || !req_in || !out)
@@ -606,7 +594,7 @@ static int api_generate(rlai_call *call, const rlai_gen_request *req_in, size_t 
     out->ttft_ms = w.m.ttft_ms;
     out->prefill_tps = w.m.prefill_tps;
     out->decode_tps = w.m.decode_tps;
-    out->stop = atomic_load(&call->cancel) ? "cancelled" : stop_name(w.m.stop);
+    out->stop = atomic_load(&call->cancel) ? "cancelled" : rlai_stop_reason_name(w.m.stop);
     call->metrics = (rlai_call_metrics){
         .valid = true, .prompt_tokens = out->prompt_tokens, .reused_tokens = out->reused_tokens,
         .gen_tokens = out->gen_tokens, .queue_ms = out->queue_ms, .ttft_ms = out->ttft_ms,

@@ -142,6 +142,10 @@ typedef enum rlai_stop_reason {
     RLAI_STOP_CANCELLED = 5,   /* callback returned non-zero */
 } rlai_stop_reason;
 
+/* Wire name of a stop reason: "eog", "max_tokens", "stop_string",
+ * "context", "cancelled", or "" for NONE (static strings). */
+const char *rlai_stop_reason_name(rlai_stop_reason r);
+
 typedef struct rlai_gen_metrics {
     int prompt_tokens;
     int reused_tokens;         /* prompt tokens taken from the prefix cache */
