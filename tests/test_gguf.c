@@ -17,7 +17,7 @@
 #include "rlai/engine.h"
 
 #ifndef RLAI_TESTDATA
-#define RLAI_TESTDATA "../shared/testdata"
+#define RLAI_TESTDATA "tests/data"
 #endif
 #ifndef RLAI_MODELS_DIR
 #define RLAI_MODELS_DIR "models"

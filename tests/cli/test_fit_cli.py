@@ -10,7 +10,7 @@ import pytest
 
 RLAI = os.environ.get("RLAI_BIN")
 MODELS = Path(os.environ.get("RLAI_MODELS_DIR", "models"))
-TESTDATA = Path(os.environ.get("RLAI_TESTDATA", "../shared/testdata"))
+TESTDATA = Path(os.environ.get("RLAI_TESTDATA", Path(__file__).resolve().parents[1] / "data"))
 MODEL = MODELS / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 pytestmark = pytest.mark.skipif(not RLAI, reason="RLAI_BIN not set (run through meson test)")
