@@ -58,9 +58,11 @@ struct rlai_engine {
     rlai_tokenizer *tok;
     rlai_kernels *kern;
     rlai_threadpool *tp;
+    rlai_backend *be;
     rlai_kv_cache *kv;
     rlai_model_ctx *mctx;
     rlai_isa isa;
+    char device[32];        /* params.device points here */
     int n_ctx;
     rlai_chat_style chat_style;
     char *default_system;   /* owned, may be NULL */
@@ -203,9 +205,21 @@ int rlai_engine_open(const char *path, const rlai_engine_params *params,
         rc = RLAI_ERR_UNSUPPORTED;
         goto fail;
     }
-    if ((rc = rlai_kv_cache_create(hp->n_layer, hp->n_head_kv * hp->head_dim, blocks, kv_type, &e->kv)) < 0)
+    {
+        rlai_backend_options bo = { .device = e->params.device, .kernels = e->kern, .pool = e->tp,
+                                    .max_ctx = n_ctx };
+        char note[600];
+        if ((rc = rlai_backend_open(&bo, &e->be, err, sizeof(err), note, sizeof(note))) < 0)
+            goto fail;
+        if (note[0])
+            fprintf(stderr, "rlai: %s\n", note);
+        snprintf(e->device, sizeof(e->device), "%s", e->be->iface->name);
+        e->params.device = e->device;
+    }
+    if ((rc = rlai_kv_cache_create_on(e->be, hp->n_layer, hp->n_head_kv * hp->head_dim, blocks, kv_type,
+                                      &e->kv)) < 0)
         goto fail;
-    if ((rc = rlai_model_ctx_create(e->model, e->kern, e->tp, RLAI_MAX_BATCH, n_ctx, &e->mctx)) < 0)
+    if ((rc = rlai_model_ctx_create(e->model, e->be, RLAI_MAX_BATCH, n_ctx, &e->mctx)) < 0)
         goto fail;
     {
         /* Kernel scratch for the widest input (n_ff or n_head*head_dim) at a
@@ -271,6 +285,7 @@ void rlai_engine_close(rlai_engine *e)
     pthread_cond_destroy(&e->qcv);
     rlai_model_ctx_free(e->mctx);
     rlai_kv_cache_destroy(e->kv);
+    rlai_backend_free(e->be);
     rlai_threadpool_destroy(e->tp);
     rlai_kernels_destroy(e->kern);
     rlai_tokenizer_free(e->tok);
@@ -298,6 +313,7 @@ void rlai_engine_info(const rlai_engine *e, rlai_model_info *info)
     info->n_params = rlai_model_n_params(e->model);
     info->weight_bytes = rlai_model_weight_bytes(e->model);
     info->isa = rlai_isa_name(e->isa);
+    info->device = e->device;
     info->n_threads = e->params.n_threads;
     info->n_ctx = e->n_ctx;
 }

@@ -18,6 +18,7 @@
 #include "kv_cache.h"
 #include "rlai/engine.h"
 #include "dtype.h"
+#include "backend.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -56,6 +57,7 @@ struct rlai_kv_cache {
     uint32_t *refcount;
     unsigned char **k;     /* per layer */
     unsigned char **v;
+    rlai_backend *be;      /* owner of the page arrays; NULL = host calloc */
 
     struct kv_meta *meta;  /* per block */
     int32_t *buckets;      /* hash heads, -1 = empty */
@@ -206,7 +208,33 @@ static void block_unregister(rlai_kv_cache *kv, int32_t b)
 int rlai_kv_cache_create(int n_layer, int kv_dim, int n_blocks, uint32_t dtype,
                          rlai_kv_cache **out)
 {
+    return rlai_kv_cache_create_on(NULL, n_layer, kv_dim, n_blocks, dtype, out);
+}
+
+static void *pages_alloc(rlai_backend *be, size_t n, size_t size)
+{
+    if (size && n > SIZE_MAX / size)
+        return NULL;
+    if (!be)
+        return calloc(n, size);
+    void *p;
+    return be->iface->buffer_alloc(be, n * size, &p) < 0 ? NULL : p;
+}
+
+static void pages_free(rlai_backend *be, void *p)
+{
+    if (!be)
+        free(p);
+    else
+        be->iface->buffer_free(be, p);
+}
+
+int rlai_kv_cache_create_on(rlai_backend *be, int n_layer, int kv_dim, int n_blocks, uint32_t dtype,
+                            rlai_kv_cache **out)
+{
     *out = NULL;
+    if (be && !be->iface->host_memory && !be->iface->copy)
+        return RLAI_ERR_UNSUPPORTED;
     if (n_layer <= 0 || kv_dim <= 0 || n_blocks <= 0)
         return RLAI_ERR_INVALID_ARG;
     size_t row_bytes;
@@ -224,6 +252,7 @@ int rlai_kv_cache_create(int n_layer, int kv_dim, int n_blocks, uint32_t dtype,
     rlai_kv_cache *kv = calloc(1, sizeof(*kv));
     if (!kv)
         return RLAI_ERR_NOMEM;
+    kv->be = be;
     kv->n_layer = n_layer;
     kv->kv_dim = kv_dim;
     kv->n_blocks = n_blocks;
@@ -252,8 +281,8 @@ int rlai_kv_cache_create(int n_layer, int kv_dim, int n_blocks, uint32_t dtype,
     for (int l = 0; l < n_layer; l++) {
         /* calloc of a large size is served by fresh zero pages: nothing
          * becomes resident until a block is written. */
-        kv->k[l] = calloc((size_t)n_blocks, kv->block_bytes);
-        kv->v[l] = calloc((size_t)n_blocks, kv->block_bytes);
+        kv->k[l] = pages_alloc(be, (size_t)n_blocks, kv->block_bytes);
+        kv->v[l] = pages_alloc(be, (size_t)n_blocks, kv->block_bytes);
         if (!kv->k[l] || !kv->v[l])
             goto nomem;
     }
@@ -273,8 +302,8 @@ void rlai_kv_cache_destroy(rlai_kv_cache *kv)
     if (!kv)
         return;
     for (int l = 0; l < kv->n_layer; l++) {
-        if (kv->k) free(kv->k[l]);
-        if (kv->v) free(kv->v[l]);
+        if (kv->k) pages_free(kv->be, kv->k[l]);
+        if (kv->v) pages_free(kv->be, kv->v[l]);
     }
     free(kv->k);
     free(kv->v);
@@ -398,6 +427,13 @@ static inline size_t kv_offset(const rlai_kv_cache *kv, const rlai_kv_seq *seq, 
     return ((size_t)b * RLAI_KV_BLOCK + (size_t)(pos % RLAI_KV_BLOCK)) * kv->row_bytes;
 }
 
+void rlai_kv_cache_layer_view(rlai_kv_cache *kv, int layer, void **k, void **v, size_t *row_bytes)
+{
+    *k = kv->k[layer];
+    *v = kv->v[layer];
+    *row_bytes = kv->row_bytes;
+}
+
 void *rlai_kv_k_at(rlai_kv_cache *kv, const rlai_kv_seq *seq, int layer, int pos)
 {
     return kv->k[layer] + kv_offset(kv, seq, pos);
@@ -515,6 +551,11 @@ int rlai_kv_seq_prepare_write(rlai_kv_cache *kv, rlai_kv_seq *seq, int pos0, int
         int32_t nb = rlai_kv_block_alloc(kv); /* cannot fail: checked above; never evicts `old` (refcount > 0) */
         size_t so = (size_t)old * kv->block_bytes, d = (size_t)nb * kv->block_bytes;
         for (int l = 0; l < kv->n_layer; l++) {
+            if (kv->be && !kv->be->iface->host_memory) {
+                kv->be->iface->copy(kv->be, kv->k[l], d, kv->k[l], so, kv->block_bytes);
+                kv->be->iface->copy(kv->be, kv->v[l], d, kv->v[l], so, kv->block_bytes);
+                continue;
+            }
             memcpy(kv->k[l] + d, kv->k[l] + so, kv->block_bytes);
             memcpy(kv->v[l] + d, kv->v[l] + so, kv->block_bytes);
         }

@@ -40,6 +40,12 @@ typedef struct rlai_kv_seq {
  * *out owned by caller. */
 int rlai_kv_cache_create(int n_layer, int kv_dim, int n_blocks, uint32_t dtype,
                          rlai_kv_cache **out);
+/* As rlai_kv_cache_create, with the K/V page arrays in the backend's memory
+ * (be used, not owned; it must outlive the cache; NULL = host memory).
+ * Copy-on-write then copies pages with the backend's copy op. */
+struct rlai_backend;
+int rlai_kv_cache_create_on(struct rlai_backend *be, int n_layer, int kv_dim, int n_blocks,
+                            uint32_t dtype, rlai_kv_cache **out);
 uint32_t rlai_kv_cache_dtype(const rlai_kv_cache *kv);
 /* Frees the pool. Sequences must have been released. Accepts NULL. */
 void rlai_kv_cache_destroy(rlai_kv_cache *kv);
@@ -71,6 +77,10 @@ void rlai_kv_seq_release(rlai_kv_cache *kv, rlai_kv_seq *seq);
 
 /* Pointers to the K / V rows (kv_dim values of the cache dtype) of token
  * position `pos` of a sequence (pos < reserved capacity). */
+/* The page arrays of one layer (backend memory) and the bytes of one token
+ * row: block b, slot s is at byte (b * 16 + s) * row_bytes. */
+void rlai_kv_cache_layer_view(rlai_kv_cache *kv, int layer, void **k, void **v, size_t *row_bytes);
+/* Host pointers (host-memory caches only): */
 void *rlai_kv_k_at(rlai_kv_cache *kv, const rlai_kv_seq *seq, int layer, int pos);
 void *rlai_kv_v_at(rlai_kv_cache *kv, const rlai_kv_seq *seq, int layer, int pos);
 

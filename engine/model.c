@@ -26,16 +26,6 @@ struct rlai_model {
     uint64_t weight_bytes;
 };
 
-struct rlai_model_ctx {
-    const rlai_model *m;
-    rlai_kernels *k;
-    rlai_threadpool *tp;
-    int max_batch, max_ctx;
-    float *x, *xn, *q, *kk, *vv, *att, *o, *gate, *up, *out_rows;
-    float *scores;                          /* n_threads * max_ctx */
-    int n_threads;
-};
-
 /* ------------------------------------------------------------------ load */
 
 static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
@@ -335,14 +325,90 @@ void rlai_model_free(rlai_model *m)
 const rlai_hparams *rlai_model_hparams(const rlai_model *m) { return &m->hp; }
 uint64_t rlai_model_n_params(const rlai_model *m) { return m->n_params; }
 uint64_t rlai_model_weight_bytes(const rlai_model *m) { return m->weight_bytes; }
-
 /* ------------------------------------------------------------------ ctx */
 
-int rlai_model_ctx_create(const rlai_model *m, rlai_kernels *k, rlai_threadpool *tp,
-                          int max_batch, int max_ctx, rlai_model_ctx **out)
+/* A layer's weights as the backend sees them: the host mapping on the CPU,
+ * device copies on a backend with weight_upload. */
+typedef struct dev_layer {
+    float *attn_norm, *ffn_norm, *bq, *bk, *bv;
+    rlai_weight wq, wk, wv, wo, w_gate, w_up, w_down;
+} dev_layer;
+
+struct rlai_model_ctx {
+    const rlai_model *m;
+    rlai_backend *be;
+    int max_batch, max_ctx;
+    bool host;                              /* backend memory is host memory */
+    dev_layer *layers;
+    rlai_weight tok_embd, output;
+    float *output_norm;
+    /* activations, backend memory */
+    float *x, *xn, *q, *kk, *vv, *att, *o, *gate, *up, *out_rows, *logits;
+    /* metadata staging, host memory */
+    int32_t *pos;
+    const int32_t **tables;
+};
+
+static int dev_weight(rlai_model_ctx *c, const rlai_weight *w, rlai_weight *out)
+{
+    const rlai_backend_i *bi = c->be->iface;
+    if (!bi->weight_upload) {
+        *out = *w;
+        return 0;
+    }
+    return bi->weight_upload(c->be, w, out);
+}
+
+static void dev_weight_free(rlai_model_ctx *c, rlai_weight *w)
+{
+    const rlai_backend_i *bi = c->be->iface;
+    if (bi->weight_upload && bi->weight_free && w->data)
+        bi->weight_free(c->be, w);
+    w->data = NULL;
+}
+
+/* A host f32 vector (norm weights, biases) in backend memory. */
+static int dev_vec(rlai_model_ctx *c, const float *v, size_t n, float **out)
 {
     *out = NULL;
-    if (max_batch <= 0 || max_ctx <= 0)
+    if (!v)
+        return 0;
+    if (c->host) {
+        *out = (float *)v;
+        return 0;
+    }
+    void *buf;
+    int rc = c->be->iface->buffer_alloc(c->be, n * sizeof(float), &buf);
+    if (rc < 0)
+        return rc;
+    if ((rc = c->be->iface->upload(c->be, buf, 0, v, n * sizeof(float))) < 0) {
+        c->be->iface->buffer_free(c->be, buf);
+        return rc;
+    }
+    *out = buf;
+    return 0;
+}
+
+static void dev_vec_free(rlai_model_ctx *c, float **v)
+{
+    if (!c->host && *v)
+        c->be->iface->buffer_free(c->be, *v);
+    *v = NULL;
+}
+
+static int scratch(rlai_model_ctx *c, size_t n_floats, float **out)
+{
+    void *buf;
+    int rc = c->be->iface->buffer_alloc(c->be, n_floats * sizeof(float), &buf);
+    *out = rc < 0 ? NULL : buf;
+    return rc;
+}
+
+int rlai_model_ctx_create(const rlai_model *m, rlai_backend *be, int max_batch, int max_ctx,
+                          rlai_model_ctx **out)
+{
+    *out = NULL;
+    if (!be || max_batch <= 0 || max_ctx <= 0)
         return RLAI_ERR_INVALID_ARG;
     rlai_model_ctx *c = calloc(1, sizeof(*c));
     if (!c)
@@ -351,256 +417,162 @@ int rlai_model_ctx_create(const rlai_model *m, rlai_kernels *k, rlai_threadpool 
     size_t B = (size_t)max_batch;
     size_t Q = (size_t)hp->n_head * hp->head_dim, KV = (size_t)hp->n_head_kv * hp->head_dim;
     c->m = m;
-    c->k = k;
-    c->tp = tp;
+    c->be = be;
+    c->host = be->iface->host_memory;
     c->max_batch = max_batch;
     c->max_ctx = max_ctx;
-    c->n_threads = tp ? rlai_threadpool_size(tp) : 1;
-    c->x = malloc(sizeof(float) * B * hp->n_embd);
-    c->xn = malloc(sizeof(float) * B * (hp->n_embd > hp->n_ff ? hp->n_embd : hp->n_ff));
-    c->q = malloc(sizeof(float) * B * Q);
-    c->kk = malloc(sizeof(float) * B * KV);
-    c->vv = malloc(sizeof(float) * B * KV);
-    c->att = malloc(sizeof(float) * B * Q);
-    c->o = malloc(sizeof(float) * B * hp->n_embd);
-    c->gate = malloc(sizeof(float) * B * hp->n_ff);
-    c->up = malloc(sizeof(float) * B * hp->n_ff);
-    c->out_rows = malloc(sizeof(float) * B * hp->n_embd);
-    c->scores = malloc(sizeof(float) * (size_t)c->n_threads * (size_t)max_ctx);
-    if (!c->x || !c->xn || !c->q || !c->kk || !c->vv || !c->att || !c->o || !c->gate || !c->up ||
-        !c->out_rows || !c->scores) {
-        rlai_model_ctx_free(c);
-        return RLAI_ERR_NOMEM;
+    int rc = RLAI_ERR_NOMEM;
+    c->layers = calloc((size_t)hp->n_layer, sizeof(*c->layers));
+    c->pos = malloc(sizeof(int32_t) * B);
+    c->tables = malloc(sizeof(*c->tables) * B);
+    if (!c->layers || !c->pos || !c->tables)
+        goto fail;
+    if ((rc = dev_weight(c, &m->tok_embd, &c->tok_embd)) < 0 ||
+        (rc = hp->tied_output && be->iface->weight_upload ? 0 : dev_weight(c, &m->output, &c->output)) < 0 ||
+        (rc = dev_vec(c, m->output_norm, (size_t)hp->n_embd, &c->output_norm)) < 0)
+        goto fail;
+    if (hp->tied_output && be->iface->weight_upload)
+        c->output = c->tok_embd;
+    for (int l = 0; l < hp->n_layer; l++) {
+        const rlai_layer *L = &m->layers[l];
+        dev_layer *D = &c->layers[l];
+        if ((rc = dev_vec(c, L->attn_norm, (size_t)hp->n_embd, &D->attn_norm)) < 0 ||
+            (rc = dev_vec(c, L->ffn_norm, (size_t)hp->n_embd, &D->ffn_norm)) < 0 ||
+            (rc = dev_vec(c, L->bq, Q, &D->bq)) < 0 ||
+            (rc = dev_vec(c, L->bk, KV, &D->bk)) < 0 ||
+            (rc = dev_vec(c, L->bv, KV, &D->bv)) < 0 ||
+            (rc = dev_weight(c, &L->wq, &D->wq)) < 0 || (rc = dev_weight(c, &L->wk, &D->wk)) < 0 ||
+            (rc = dev_weight(c, &L->wv, &D->wv)) < 0 || (rc = dev_weight(c, &L->wo, &D->wo)) < 0 ||
+            (rc = dev_weight(c, &L->w_gate, &D->w_gate)) < 0 || (rc = dev_weight(c, &L->w_up, &D->w_up)) < 0 ||
+            (rc = dev_weight(c, &L->w_down, &D->w_down)) < 0)
+            goto fail;
     }
+    size_t wide = (size_t)(hp->n_embd > hp->n_ff ? hp->n_embd : hp->n_ff);
+    if ((rc = scratch(c, B * hp->n_embd, &c->x)) < 0 || (rc = scratch(c, B * wide, &c->xn)) < 0 ||
+        (rc = scratch(c, B * Q, &c->q)) < 0 || (rc = scratch(c, B * KV, &c->kk)) < 0 ||
+        (rc = scratch(c, B * KV, &c->vv)) < 0 || (rc = scratch(c, B * Q, &c->att)) < 0 ||
+        (rc = scratch(c, B * hp->n_embd, &c->o)) < 0 || (rc = scratch(c, B * hp->n_ff, &c->gate)) < 0 ||
+        (rc = scratch(c, B * hp->n_ff, &c->up)) < 0 || (rc = scratch(c, B * hp->n_embd, &c->out_rows)) < 0)
+        goto fail;
+    if (!c->host && (rc = scratch(c, B * (size_t)hp->n_vocab, &c->logits)) < 0)
+        goto fail;
     *out = c;
     return 0;
+fail:
+    rlai_model_ctx_free(c);
+    return rc;
 }
 
 void rlai_model_ctx_free(rlai_model_ctx *c)
 {
     if (!c)
         return;
-    free(c->x);
-    free(c->xn);
-    free(c->q);
-    free(c->kk);
-    free(c->vv);
-    free(c->att);
-    free(c->o);
-    free(c->gate);
-    free(c->up);
-    free(c->out_rows);
-    free(c->scores);
+    const rlai_backend_i *bi = c->be->iface;
+    float **bufs[] = { &c->x, &c->xn, &c->q, &c->kk, &c->vv, &c->att, &c->o, &c->gate, &c->up,
+                       &c->out_rows, &c->logits };
+    for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) {
+        bi->buffer_free(c->be, *bufs[i]);
+        *bufs[i] = NULL;
+    }
+    if (c->layers) {
+        for (int l = 0; l < c->m->hp.n_layer; l++) {
+            dev_layer *D = &c->layers[l];
+            dev_vec_free(c, &D->attn_norm);
+            dev_vec_free(c, &D->ffn_norm);
+            dev_vec_free(c, &D->bq);
+            dev_vec_free(c, &D->bk);
+            dev_vec_free(c, &D->bv);
+            rlai_weight *ws[] = { &D->wq, &D->wk, &D->wv, &D->wo, &D->w_gate, &D->w_up, &D->w_down };
+            for (size_t i = 0; i < sizeof(ws) / sizeof(ws[0]); i++)
+                dev_weight_free(c, ws[i]);
+        }
+    }
+    bool shared_out = c->output.data == c->tok_embd.data;
+    dev_weight_free(c, &c->tok_embd);
+    if (!shared_out)
+        dev_weight_free(c, &c->output);
+    dev_vec_free(c, &c->output_norm);
+    free(c->layers);
+    free(c->pos);
+    free((void *)c->tables);
     free(c);
 }
 
+rlai_backend *rlai_model_ctx_backend(const rlai_model_ctx *c) { return c->be; }
+
 /* -------------------------------------------------------------- forward */
-
-static void rmsnorm(float *dst, const float *x, const float *w, int n, float eps)
-{
-    double ss = 0.0;
-    for (int i = 0; i < n; i++)
-        ss += (double)x[i] * x[i];
-    float scale = (float)(1.0 / sqrt(ss / n + eps));
-    for (int i = 0; i < n; i++)
-        dst[i] = x[i] * scale * w[i];
-}
-
-static void rope(float *v, int n_heads, int head_dim, int n_rot, rlai_rope_mode mode,
-                 const float *inv_freq, int pos)
-{
-    int half = n_rot / 2;
-    for (int i = 0; i < half; i++) {
-        double ang = (double)pos * inv_freq[i];
-        float c = (float)cos(ang), s = (float)sin(ang);
-        for (int h = 0; h < n_heads; h++) {
-            float *x = v + (size_t)h * head_dim;
-            int i0 = mode == RLAI_ROPE_NEOX ? i : 2 * i;
-            int i1 = mode == RLAI_ROPE_NEOX ? i + half : 2 * i + 1;
-            float x0 = x[i0], x1 = x[i1];
-            x[i0] = x0 * c - x1 * s;
-            x[i1] = x0 * s + x1 * c;
-        }
-    }
-}
-
-typedef struct attn_task {
-    rlai_model_ctx *c;
-    rlai_kv_cache *kv;
-    rlai_kv_seq *const *seqs;
-    const rlai_batch *b;
-    int start, n;      /* batch slice of this chunk */
-    int layer;
-} attn_task;
-
-static void attn_worker(void *arg, int ith, int nth)
-{
-    attn_task *t = arg;
-    rlai_model_ctx *c = t->c;
-    const rlai_hparams *hp = &c->m->hp;
-    int H = hp->n_head, D = hp->head_dim, group = hp->n_head / hp->n_head_kv;
-    float scale = 1.0f / sqrtf((float)D);
-    float *sc = c->scores + (size_t)ith * c->max_ctx;
-    bool f16 = rlai_kv_cache_dtype(t->kv) == RLAI_DT_F16;
-    int total = t->n * H;
-    for (int job = ith; job < total; job += nth) {
-        int i = job / H, h = job % H;
-        int bi = t->start + i;
-        const rlai_kv_seq *seq = t->seqs[t->b->seq ? t->b->seq[bi] : 0];
-        int pos = t->b->pos[bi];
-        const float *q = c->q + ((size_t)i * H + h) * D;
-        float *out = c->att + ((size_t)i * H + h) * D;
-        int kvh = h / group;
-        int n = pos + 1;
-        if (f16) {
-            /* Block by block: rows of one block are contiguous (stride kv_dim). */
-            size_t stride = (size_t)hp->n_head_kv * D;
-            float mx = -INFINITY;
-            for (int j0 = 0; j0 < n; j0 += RLAI_KV_BLOCK) {
-                int m = n - j0 < RLAI_KV_BLOCK ? n - j0 : RLAI_KV_BLOCK;
-                const uint16_t *kr = (const uint16_t *)rlai_kv_k_at(t->kv, seq, t->layer, j0) + (size_t)kvh * D;
-                rlai_attn_dot_f16(c->k, m, D, kr, stride, q, scale, sc + j0);
-                for (int j = 0; j < m; j++)
-                    mx = sc[j0 + j] > mx ? sc[j0 + j] : mx;
-            }
-            float inv = 1.0f / rlai_vec_exp_sum(c->k, n, sc, mx);
-            for (int j = 0; j < n; j++)
-                sc[j] *= inv;
-            memset(out, 0, sizeof(float) * (size_t)D);
-            for (int j0 = 0; j0 < n; j0 += RLAI_KV_BLOCK) {
-                int m = n - j0 < RLAI_KV_BLOCK ? n - j0 : RLAI_KV_BLOCK;
-                const uint16_t *vr = (const uint16_t *)rlai_kv_v_at(t->kv, seq, t->layer, j0) + (size_t)kvh * D;
-                rlai_attn_mad_f16(c->k, m, D, vr, stride, sc + j0, out);
-            }
-            continue;
-        }
-        if (rlai_kv_cache_dtype(t->kv) == RLAI_DT_Q8_0) {
-            /* q8_0 cache: each head's slice is D/32 blocks of the row;
-             * dequantize a row slice, then the same math as f32. */
-            size_t hoff = (size_t)kvh * (size_t)(D / RLAI_QK) * sizeof(rlai_block_q8_0);
-            float row[256];
-            float mx = -INFINITY;
-            for (int j = 0; j < n; j++) {
-                rlai_dequantize_row(RLAI_DT_Q8_0, (const char *)rlai_kv_k_at(t->kv, seq, t->layer, j) + hoff, row, D);
-                float s = 0;
-                for (int d = 0; d < D; d++)
-                    s += row[d] * q[d];
-                sc[j] = s * scale;
-                mx = sc[j] > mx ? sc[j] : mx;
-            }
-            float inv = 1.0f / rlai_vec_exp_sum(c->k, n, sc, mx);
-            memset(out, 0, sizeof(float) * (size_t)D);
-            for (int j = 0; j < n; j++) {
-                rlai_dequantize_row(RLAI_DT_Q8_0, (const char *)rlai_kv_v_at(t->kv, seq, t->layer, j) + hoff, row, D);
-                float p = sc[j] * inv;
-                for (int d = 0; d < D; d++)
-                    out[d] += p * row[d];
-            }
-            continue;
-        }
-        /* f32 cache (precise mode): plain loops, the reference path. */
-        float mx = -INFINITY;
-        for (int j = 0; j < n; j++) {
-            const float *kf = (const float *)rlai_kv_k_at(t->kv, seq, t->layer, j) + (size_t)kvh * D;
-            float s = 0;
-            for (int d = 0; d < D; d++)
-                s += kf[d] * q[d];
-            s *= scale;
-            sc[j] = s;
-            if (s > mx)
-                mx = s;
-        }
-        float sum = 0;
-        for (int j = 0; j < n; j++) {
-            sc[j] = expf(sc[j] - mx);
-            sum += sc[j];
-        }
-        float inv = 1.0f / sum;
-        memset(out, 0, sizeof(float) * (size_t)D);
-        for (int j = 0; j < n; j++) {
-            const float *vf = (const float *)rlai_kv_v_at(t->kv, seq, t->layer, j) + (size_t)kvh * D;
-            float p = sc[j] * inv;
-            for (int d = 0; d < D; d++)
-                out[d] += p * vf[d];
-        }
-    }
-}
-
-static inline float silu(float x) { return x / (1.0f + expf(-x)); }
 
 static int forward_chunk(rlai_model_ctx *c, rlai_kv_cache *kv, rlai_kv_seq *const *seqs,
                          const rlai_batch *b, int start, int n, float **logits)
 {
     const rlai_model *m = c->m;
     const rlai_hparams *hp = &m->hp;
+    const rlai_backend_i *bi = c->be->iface;
+    rlai_backend *be = c->be;
     int E = hp->n_embd, H = hp->n_head, HKV = hp->n_head_kv, D = hp->head_dim, F = hp->n_ff;
     int Q = H * D, KVD = HKV * D;
-    uint32_t kvt = rlai_kv_cache_dtype(kv);
-    bool f16 = kvt == RLAI_DT_F16;
 
-    for (int i = 0; i < n; i++)
-        rlai_weight_get_row(&m->tok_embd, b->tokens[start + i], c->x + (size_t)i * E);
+    for (int i = 0; i < n; i++) {
+        c->pos[i] = b->pos[start + i];
+        c->tables[i] = seqs[b->seq ? b->seq[start + i] : 0]->blocks;
+    }
+    rlai_paged_rows rows = { n, c->pos, c->tables };
+
+    bi->get_rows(be, &c->tok_embd, b->tokens + start, n, c->x);
 
     for (int l = 0; l < hp->n_layer; l++) {
-        const rlai_layer *L = &m->layers[l];
-        for (int i = 0; i < n; i++)
-            rmsnorm(c->xn + (size_t)i * E, c->x + (size_t)i * E, L->attn_norm, E, hp->norm_eps);
-        rlai_matmul(c->k, c->tp, &L->wq, c->xn, E, n, c->q, Q);
-        rlai_matmul(c->k, c->tp, &L->wk, c->xn, E, n, c->kk, KVD);
-        rlai_matmul(c->k, c->tp, &L->wv, c->xn, E, n, c->vv, KVD);
-        for (int i = 0; i < n; i++) {
-            float *q = c->q + (size_t)i * Q, *k = c->kk + (size_t)i * KVD, *v = c->vv + (size_t)i * KVD;
-            if (L->bq)
-                for (int j = 0; j < Q; j++) q[j] += L->bq[j];
-            if (L->bk)
-                for (int j = 0; j < KVD; j++) k[j] += L->bk[j];
-            if (L->bv)
-                for (int j = 0; j < KVD; j++) v[j] += L->bv[j];
-            int pos = b->pos[start + i];
-            rope(q, H, D, hp->n_rot, hp->rope_mode, m->inv_freq, pos);
-            rope(k, HKV, D, hp->n_rot, hp->rope_mode, m->inv_freq, pos);
-            const rlai_kv_seq *seq = seqs[b->seq ? b->seq[start + i] : 0];
-            void *kd = rlai_kv_k_at(kv, seq, l, pos), *vd = rlai_kv_v_at(kv, seq, l, pos);
-            if (f16) {
-                rlai_f32_to_f16_row(c->k, k, kd, KVD);
-                rlai_f32_to_f16_row(c->k, v, vd, KVD);
-            } else if (kvt == RLAI_DT_Q8_0) {
-                rlai_quantize_row(RLAI_DT_Q8_0, k, kd, KVD);
-                rlai_quantize_row(RLAI_DT_Q8_0, v, vd, KVD);
-            } else {
-                memcpy(kd, k, sizeof(float) * (size_t)KVD);
-                memcpy(vd, v, sizeof(float) * (size_t)KVD);
-            }
-        }
-        attn_task at = { c, kv, seqs, b, start, n, l };
-        rlai_threadpool_run(c->tp, attn_worker, &at);
-        rlai_matmul(c->k, c->tp, &L->wo, c->att, Q, n, c->o, E);
-        for (size_t j = 0; j < (size_t)n * E; j++)
-            c->x[j] += c->o[j];
+        const dev_layer *L = &c->layers[l];
+        rlai_kv_layer_view view;
+        rlai_kv_cache_layer_view(kv, l, &view.k, &view.v, &view.row_bytes);
+        view.dtype = rlai_kv_cache_dtype(kv);
+        view.kv_dim = KVD;
 
-        for (int i = 0; i < n; i++)
-            rmsnorm(c->xn + (size_t)i * E, c->x + (size_t)i * E, L->ffn_norm, E, hp->norm_eps);
-        rlai_matmul(c->k, c->tp, &L->w_gate, c->xn, E, n, c->gate, F);
-        rlai_matmul(c->k, c->tp, &L->w_up, c->xn, E, n, c->up, F);
-        for (size_t j = 0; j < (size_t)n * F; j++)
-            c->gate[j] = silu(c->gate[j]) * c->up[j];
-        rlai_matmul(c->k, c->tp, &L->w_down, c->gate, F, n, c->o, E);
-        for (size_t j = 0; j < (size_t)n * E; j++)
-            c->x[j] += c->o[j];
+        bi->rmsnorm(be, c->xn, c->x, L->attn_norm, n, E, hp->norm_eps);
+        bi->matmul(be, &L->wq, c->xn, E, n, c->q, Q);
+        bi->matmul(be, &L->wk, c->xn, E, n, c->kk, KVD);
+        bi->matmul(be, &L->wv, c->xn, E, n, c->vv, KVD);
+        if (L->bq)
+            bi->add_row(be, c->q, L->bq, n, Q);
+        if (L->bk)
+            bi->add_row(be, c->kk, L->bk, n, KVD);
+        if (L->bv)
+            bi->add_row(be, c->vv, L->bv, n, KVD);
+        bi->rope(be, c->q, n, H, D, hp->n_rot, hp->rope_mode, m->inv_freq, c->pos);
+        bi->rope(be, c->kk, n, HKV, D, hp->n_rot, hp->rope_mode, m->inv_freq, c->pos);
+        bi->kv_store(be, &view, &rows, c->kk, c->vv);
+        bi->attention(be, &view, &rows, H, HKV, D, c->q, c->att);
+        bi->matmul(be, &L->wo, c->att, Q, n, c->o, E);
+        bi->add(be, c->x, c->o, (size_t)n * E);
+
+        bi->rmsnorm(be, c->xn, c->x, L->ffn_norm, n, E, hp->norm_eps);
+        bi->matmul(be, &L->w_gate, c->xn, E, n, c->gate, F);
+        bi->matmul(be, &L->w_up, c->xn, E, n, c->up, F);
+        bi->swiglu(be, c->gate, c->up, (size_t)n * F);
+        bi->matmul(be, &L->w_down, c->gate, F, n, c->o, E);
+        bi->add(be, c->x, c->o, (size_t)n * E);
     }
 
     /* Final norm and LM head for the rows that want logits. */
     int n_out = 0;
     for (int i = 0; i < n; i++) {
-        int bi = start + i;
-        bool want = b->want ? b->want[bi] : bi == b->n - 1;
+        int bi_ = start + i;
+        bool want = b->want ? b->want[bi_] : bi_ == b->n - 1;
         if (!want)
             continue;
-        rmsnorm(c->out_rows + (size_t)n_out * E, c->x + (size_t)i * E, m->output_norm, E, hp->norm_eps);
+        bi->rmsnorm(be, c->out_rows + (size_t)n_out * E, c->x + (size_t)i * E, c->output_norm, 1, E,
+                    hp->norm_eps);
         n_out++;
     }
     if (n_out > 0) {
-        rlai_matmul(c->k, c->tp, &m->output, c->out_rows, E, n_out, *logits, hp->n_vocab);
+        size_t bytes = sizeof(float) * (size_t)n_out * hp->n_vocab;
+        if (c->host) {
+            bi->matmul(be, &c->output, c->out_rows, E, n_out, *logits, hp->n_vocab);
+        } else {
+            bi->matmul(be, &c->output, c->out_rows, E, n_out, c->logits, hp->n_vocab);
+            int rc = bi->download(be, c->logits, 0, *logits, bytes);
+            if (rc < 0)
+                return rc;
+        }
         *logits += (size_t)n_out * hp->n_vocab;
     }
     return 0;

@@ -15,8 +15,8 @@
 #include "kernels.h"
 #include "kv_cache.h"
 #include "threadpool.h"
+#include "backend.h"
 
-typedef enum rlai_rope_mode { RLAI_ROPE_NORM = 0, RLAI_ROPE_NEOX = 2 } rlai_rope_mode;
 
 typedef struct rlai_hparams {
     char arch[32];
@@ -39,12 +39,17 @@ const rlai_hparams *rlai_model_hparams(const rlai_model *m);
 uint64_t rlai_model_n_params(const rlai_model *m);
 uint64_t rlai_model_weight_bytes(const rlai_model *m);
 
-/* Per-engine forward state: scratch buffers for up to max_batch tokens and
- * max_ctx positions. Uses (does not own) kernels and pool. */
+/* Per-engine forward state on one backend: the weights as the backend sees
+ * them (uploaded once when the backend has weight_upload, else the host
+ * mapping), and activation scratch in backend memory for up to max_batch
+ * tokens and max_ctx positions. Uses (does not own) the backend, which must
+ * outlive it; the model must too. *out owned by the caller, freed with
+ * rlai_model_ctx_free (accepts NULL). */
 typedef struct rlai_model_ctx rlai_model_ctx;
-int rlai_model_ctx_create(const rlai_model *m, rlai_kernels *k, rlai_threadpool *tp,
-                          int max_batch, int max_ctx, rlai_model_ctx **out);
+int rlai_model_ctx_create(const rlai_model *m, rlai_backend *be, int max_batch, int max_ctx,
+                          rlai_model_ctx **out);
 void rlai_model_ctx_free(rlai_model_ctx *c);
+rlai_backend *rlai_model_ctx_backend(const rlai_model_ctx *c);
 
 /* A batch of tokens from one or more sequences. Token i sits at position
  * pos[i] of sequence seqs[seq[i]]; its K/V are written there (the block
@@ -60,7 +65,9 @@ typedef struct rlai_batch {
     const bool *want;        /* NULL = last token only */
 } rlai_batch;
 
-/* Runs the forward pass (splitting into chunks of max_batch). Returns 0 or
+/* Runs the forward pass (splitting into chunks of max_batch) as a walk over
+ * the layers calling the backend's ops; the KV cache's pages must be in the
+ * same backend's memory. logits is host memory. Returns 0 or
  * RLAI_ERR_INVALID_ARG for out-of-range tokens/positions. */
 int rlai_model_forward(rlai_model_ctx *c, rlai_kv_cache *kv, rlai_kv_seq *const *seqs,
                        const rlai_batch *b, float *logits);

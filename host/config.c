@@ -60,6 +60,7 @@ void rlai_config_free(rlai_config *c)
     free(c->model);
     free(c->zmq);
     free(c->zmq_tcp);
+    free(c->device);
     free(c->pipe);
     free(c->http);
     free(c->plugins_dir);
@@ -108,6 +109,8 @@ int rlai_config_load_json(rlai_config *c, const char *json, char *err, size_t er
             rc = get_int(it, k, 0, 1 << 20, &c->context, err, errlen);
         } else if (!strcmp(k, "kv_blocks")) {
             rc = get_int(it, k, 0, 1 << 24, &c->kv_blocks, err, errlen);
+        } else if (!strcmp(k, "device")) {
+            rc = get_str(it, k, &c->device, err, errlen);
         } else if (!strcmp(k, "kv_type")) {
             if (cJSON_IsString(it) && !strcmp(it->valuestring, "f16"))
                 c->kv_q8_0 = false;

@@ -200,7 +200,7 @@ static void answer_stats(rlai_daemon *d, rlai_conn conn, uint64_t id)
     pack_str(&pk, "free");
     msgpack_pack_int(&pk, es.kv_blocks_free);
     pack_str(&pk, "model");
-    msgpack_pack_map(&pk, 6);
+    msgpack_pack_map(&pk, 7);
     pack_str(&pk, "name");
     pack_str(&pk, d->info.name);
     pack_str(&pk, "arch");
@@ -213,6 +213,8 @@ static void answer_stats(rlai_daemon *d, rlai_conn conn, uint64_t id)
     msgpack_pack_int(&pk, d->info.n_threads);
     pack_str(&pk, "kernels");
     pack_str(&pk, d->info.isa);
+    pack_str(&pk, "device");
+    pack_str(&pk, d->info.device);
     send_result_done(d, conn, id, &sb);
     msgpack_sbuffer_destroy(&sb);
 }
@@ -729,6 +731,7 @@ int rlai_daemon_start(const rlai_config *cfg, rlai_daemon **out, char *err, size
     ep.n_ctx = cfg->context;
     ep.kv_blocks = cfg->kv_blocks;
     ep.kv_type = cfg->kv_q8_0 ? RLAI_KV_Q8_0 : RLAI_KV_F16;
+    ep.device = cfg->device;
     ep.max_queue = cfg->max_inflight_total;
     int rc = rlai_engine_open(cfg->model, &ep, &d->engine, err, errlen);
     if (rc < 0)

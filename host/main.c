@@ -58,7 +58,8 @@ static void usage(FILE *f)
         "      --system TEXT     system prompt (default: the model template's own)\n"
         "      --raw             send the prompt as is, without the chat template\n"
         "      --ignore-eos      keep generating past end-of-generation tokens\n"
-        "      --isa auto|scalar|avx2|avx512\n"
+        "      --device D        compute device: auto|cpu|cuda|cuda:N (in-process; default auto)\n"
+        "      --isa auto|scalar|avx2|avx512  CPU kernels (in-process)\n"
         "      --precise         f32 activations (reference mode, slower)\n"
         "      --kv-type f16|q8_0  KV cache element type (in-process; default f16)\n"
         "      --local           load the model in this process instead of using the engine\n"
@@ -177,7 +178,7 @@ static int parse_kv_type(const char *s, rlai_kv_type *t)
 }
 
 enum { OPT_TEMP = 256, OPT_TOPK, OPT_TOPP, OPT_MINP, OPT_REP, OPT_SEED, OPT_SYSTEM, OPT_RAW,
-       OPT_ISA, OPT_PRECISE, OPT_LOCAL, OPT_ENDPOINT, OPT_IGNORE_EOS, OPT_KV };
+       OPT_ISA, OPT_PRECISE, OPT_LOCAL, OPT_ENDPOINT, OPT_IGNORE_EOS, OPT_KV, OPT_DEVICE };
 
 typedef enum { MODE_RUN, MODE_CHAT, MODE_INFO } run_mode;
 
@@ -407,11 +408,12 @@ static int cmd_run(int argc, char **argv, run_mode mode)
         { "isa", required_argument, 0, OPT_ISA }, { "precise", no_argument, 0, OPT_PRECISE },
         { "local", no_argument, 0, OPT_LOCAL }, { "endpoint", required_argument, 0, OPT_ENDPOINT },
         { "ignore-eos", no_argument, 0, OPT_IGNORE_EOS }, { "kv-type", required_argument, 0, OPT_KV },
+        { "device", required_argument, 0, OPT_DEVICE },
         { "help", no_argument, 0, 'h' }, { 0, 0, 0, 0 }
     };
     char pathbuf[PATH_MAX];
     const char *model = NULL, *system = NULL, *endpoint = NULL;
-    bool raw = false, local = mode == MODE_INFO;
+    bool raw = false, local = mode == MODE_INFO, device_set = false;
     rlai_engine_params ep;
     rlai_engine_params_init(&ep);
     session ss;
@@ -440,12 +442,18 @@ static int cmd_run(int argc, char **argv, run_mode mode)
         case OPT_ENDPOINT: endpoint = optarg; break;
         case OPT_IGNORE_EOS: ss.gp.ignore_eos = w->ignore_eos = true; break;
         case OPT_KV: bad |= parse_kv_type(optarg, &ep.kv_type); local = true; break;
+        case OPT_DEVICE: ep.device = optarg; device_set = true; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
     }
     if (bad) {
         fprintf(stderr, "rlai: invalid option value\n");
+        return 2;
+    }
+    if (device_set && !local) {
+        fprintf(stderr, "rlai: --device applies to an in-process model: add --local (the running engine "
+                        "chose its device at start: rlai serve --device)\n");
         return 2;
     }
     if (mode == MODE_RUN && optind != argc - 1) {
@@ -480,6 +488,7 @@ static int cmd_run(int argc, char **argv, run_mode mode)
             printf("layers %d  embd %d  ff %d  heads %d/%d kv  head_dim %d  vocab %d  ctx %d (trained %d)\n",
                    mi.n_layer, mi.n_embd, mi.n_ff, mi.n_head, mi.n_head_kv, mi.head_dim, mi.n_vocab,
                    mi.n_ctx, mi.n_ctx_train);
+            printf("device     %s\n", mi.device);
             printf("kernels    %s, %d threads\n", mi.isa, mi.n_threads);
             rlai_engine_close(ss.engine);
             return 0;
@@ -579,6 +588,8 @@ static void serve_usage(FILE *f)
         "  -c, --ctx N                context length per request\n"
         "      --kv-blocks N          KV cache size in 16-token blocks\n"
         "      --kv-type f16|q8_0     KV cache element type (default f16)\n"
+        "      --device D             compute device: auto|cpu|cuda|cuda:N (default auto: CUDA when\n"
+        "                             a GPU and the CUDA backend are present, else the CPU)\n"
         "      --zmq ENDPOINT         ZeroMQ endpoint (default ipc://$XDG_RUNTIME_DIR/rlai/engine.zmq; \"\" = off)\n"
         "      --zmq-tcp ENDPOINT     extra ZeroMQ TCP endpoint, e.g. tcp://127.0.0.1:5677 (default off)\n"
         "      --pipe PATH            named pipe / Unix socket (default $XDG_RUNTIME_DIR/rlai/engine.sock; \"\" = off)\n"
@@ -595,7 +606,7 @@ static void serve_usage(FILE *f)
 static int cmd_serve(int argc, char **argv)
 {
     enum { S_CONFIG = 300, S_KV, S_ZMQ, S_ZMQ_TCP, S_PIPE, S_REMOTE, S_FRAME, S_PROMPT, S_CLIENT, S_TOTAL,
-           S_KVTYPE, S_HTTP, S_PLUGINS, S_NO_PLUGINS, S_PLUGIN_WORKERS, S_NO_PREFIX };
+           S_KVTYPE, S_DEVICE, S_HTTP, S_PLUGINS, S_NO_PLUGINS, S_PLUGIN_WORKERS, S_NO_PREFIX };
     static const struct option opts[] = {
         { "config", required_argument, 0, S_CONFIG }, { "model", required_argument, 0, 'm' },
         { "threads", required_argument, 0, 't' }, { "ctx", required_argument, 0, 'c' },
@@ -605,6 +616,7 @@ static int cmd_serve(int argc, char **argv)
         { "max-prompt-tokens", required_argument, 0, S_PROMPT },
         { "max-inflight-client", required_argument, 0, S_CLIENT },
         { "max-inflight-total", required_argument, 0, S_TOTAL }, { "kv-type", required_argument, 0, S_KVTYPE },
+        { "device", required_argument, 0, S_DEVICE },
         { "http", required_argument, 0, S_HTTP },
         { "plugins", required_argument, 0, S_PLUGINS }, { "no-plugins", no_argument, 0, S_NO_PLUGINS },
         { "plugin-workers", required_argument, 0, S_PLUGIN_WORKERS },
@@ -653,6 +665,7 @@ static int cmd_serve(int argc, char **argv)
         case S_NO_PLUGINS: cfg.plugins_off = true; break;
         case S_PLUGIN_WORKERS: bad |= parse_int(optarg, 1, 64, &cfg.plugin_workers); break;
         case S_NO_PREFIX: cfg.no_prefix_cache = true; break;
+        case S_DEVICE: bad |= rlai_config_set_str(&cfg.device, optarg); break;
         case S_KVTYPE: {
             rlai_kv_type kt;
             bad |= parse_kv_type(optarg, &kt);

@@ -54,6 +54,12 @@ typedef struct rlai_engine_params {
                              (reference-exact, slower) and an f32 KV cache (kv_type
                              ignored); false: activations quantized to 8 bits */
     rlai_kv_type kv_type; /* KV element type (default f16) */
+    const char *device;   /* compute device: NULL/"auto" (CUDA when a GPU and the
+                             CUDA backend module are present, else the CPU, with
+                             one log line saying why when a GPU was seen), "cpu",
+                             "cuda" or "cuda:N" (fails with RLAI_ERR_UNSUPPORTED
+                             and a message when CUDA cannot be used). Copied.
+                             `isa` applies to the CPU backend. */
 } rlai_engine_params;
 
 /* Fills defaults (all zero/auto, precise=false). */
@@ -75,9 +81,10 @@ typedef struct rlai_model_info {
     int n_vocab, n_embd, n_layer, n_head, n_head_kv, n_ff, n_ctx_train, head_dim;
     uint64_t n_params;
     uint64_t weight_bytes;
-    const char *isa;       /* kernel path in use: "scalar", "avx2", "avx512" */
+    const char *isa;       /* CPU kernel path in use: "scalar", "avx2", "avx512" */
     int n_threads;
     int n_ctx;
+    const char *device;    /* backend in use: "cpu", "cuda" (owned by the engine) */
 } rlai_model_info;
 
 /* Fills *info; string pointers stay valid until rlai_engine_close(). */

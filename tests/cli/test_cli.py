@@ -91,3 +91,25 @@ def test_unimplemented_and_unknown_commands(tmp_path):
     assert r.returncode == 2 and b"usage: rlai call" in r.stderr
     r = run("frobnicate")
     assert r.returncode == 2 and b"unknown command" in r.stderr
+
+
+def test_device_selection():
+    """--device picks the backend: cpu runs, cuda without the CUDA backend
+    module is a clear refusal (never a silent CPU run), a bad name is named,
+    and --device without --local is refused instead of switching modes."""
+    r = run("info", "-m", str(MODEL), "--device", "cpu")
+    assert r.returncode == 0, r.stderr
+    assert re.search(rb"^device\s+cpu$", r.stdout, re.M), r.stdout
+    r = run("run", "--local", "-m", str(MODEL), "--device", "cpu", "-n", "4", "Hi")
+    assert r.returncode == 0, r.stderr
+    env_dir = Path(RLAI).resolve().parent.parent / "engine"
+    if not (env_dir / "rlai-backend-cuda.so").exists():
+        r = run("run", "--local", "-m", str(MODEL), "--device", "cuda", "-n", "4", "Hi")
+        assert r.returncode != 0
+        assert b"CUDA backend" in r.stderr and b"rlai-backend-cuda.so" in r.stderr, r.stderr
+    r = run("run", "--local", "-m", str(MODEL), "--device", "gpu", "-n", "4", "Hi")
+    assert r.returncode != 0
+    assert b"'gpu' is not one of auto, cpu, cuda, cuda:N" in r.stderr, r.stderr
+    r = run("run", "--device", "cpu", "Hi")
+    assert r.returncode == 2
+    assert b"--device applies to an in-process model" in r.stderr

@@ -1,0 +1,340 @@
+/* backend_cpu.c - the CPU backend: the reference implementation of the
+ * backend interface (backend.h) on the run-time dispatched SIMD kernels
+ * (kernels.h) and the engine's thread pool. Backend memory is host memory
+ * and weights are used in place in the GGUF mapping. */
+#include "backend.h"
+#include "dtype.h"
+#include "kv_cache.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct cpu_backend {
+    rlai_backend base;
+    rlai_kernels *k;
+    rlai_threadpool *tp;
+    int n_threads;
+    int max_ctx;
+    float *scores;          /* n_threads * max_ctx, attention scratch */
+    char desc[64];
+} cpu_backend;
+
+static cpu_backend *cpu(rlai_backend *be) { return (cpu_backend *)be; }
+
+static void cpu_free(rlai_backend *be)
+{
+    cpu_backend *c = cpu(be);
+    if (!c)
+        return;
+    free(c->scores);
+    free(c);
+}
+
+static const char *cpu_describe(rlai_backend *be) { return cpu(be)->desc; }
+
+static int cpu_buffer_alloc(rlai_backend *be, size_t size, void **out)
+{
+    (void)be;
+    *out = calloc(1, size ? size : 1);
+    return *out ? 0 : RLAI_ERR_NOMEM;
+}
+
+static void cpu_buffer_free(rlai_backend *be, void *buf)
+{
+    (void)be;
+    free(buf);
+}
+
+static int cpu_upload(rlai_backend *be, void *buf, size_t off, const void *src, size_t n)
+{
+    (void)be;
+    memcpy((char *)buf + off, src, n);
+    return 0;
+}
+
+static int cpu_download(rlai_backend *be, const void *buf, size_t off, void *dst, size_t n)
+{
+    (void)be;
+    memcpy(dst, (const char *)buf + off, n);
+    return 0;
+}
+
+static void cpu_get_rows(rlai_backend *be, const rlai_weight *w, const int32_t *ids, int n, float *dst)
+{
+    (void)be;
+    for (int i = 0; i < n; i++)
+        rlai_weight_get_row(w, ids[i], dst + (size_t)i * (size_t)w->cols);
+}
+
+static void cpu_rmsnorm(rlai_backend *be, float *dst, const float *x, const float *w, int n, int d, float eps)
+{
+    (void)be;
+    for (int r = 0; r < n; r++) {
+        const float *xr = x + (size_t)r * d;
+        float *yr = dst + (size_t)r * d;
+        double ss = 0.0;
+        for (int i = 0; i < d; i++)
+            ss += (double)xr[i] * xr[i];
+        float scale = (float)(1.0 / sqrt(ss / d + eps));
+        for (int i = 0; i < d; i++)
+            yr[i] = xr[i] * scale * w[i];
+    }
+}
+
+static void cpu_matmul(rlai_backend *be, const rlai_weight *w, const float *x, int64_t ldx, int T,
+                       float *y, int64_t ldy)
+{
+    rlai_matmul(cpu(be)->k, cpu(be)->tp, w, x, ldx, T, y, ldy);
+}
+
+static void cpu_add_row(rlai_backend *be, float *x, const float *b, int n, int d)
+{
+    (void)be;
+    for (int r = 0; r < n; r++) {
+        float *xr = x + (size_t)r * d;
+        for (int j = 0; j < d; j++)
+            xr[j] += b[j];
+    }
+}
+
+static void cpu_add(rlai_backend *be, float *x, const float *y, size_t n)
+{
+    (void)be;
+    for (size_t j = 0; j < n; j++)
+        x[j] += y[j];
+}
+
+static inline float silu(float x) { return x / (1.0f + expf(-x)); }
+
+static void cpu_swiglu(rlai_backend *be, float *gate, const float *up, size_t n)
+{
+    (void)be;
+    for (size_t j = 0; j < n; j++)
+        gate[j] = silu(gate[j]) * up[j];
+}
+
+static void rope_row(float *v, int n_heads, int head_dim, int n_rot, rlai_rope_mode mode,
+                     const float *inv_freq, int pos)
+{
+    int half = n_rot / 2;
+    for (int i = 0; i < half; i++) {
+        double ang = (double)pos * inv_freq[i];
+        float c = (float)cos(ang), s = (float)sin(ang);
+        for (int h = 0; h < n_heads; h++) {
+            float *x = v + (size_t)h * head_dim;
+            int i0 = mode == RLAI_ROPE_NEOX ? i : 2 * i;
+            int i1 = mode == RLAI_ROPE_NEOX ? i + half : 2 * i + 1;
+            float x0 = x[i0], x1 = x[i1];
+            x[i0] = x0 * c - x1 * s;
+            x[i1] = x0 * s + x1 * c;
+        }
+    }
+}
+
+static void cpu_rope(rlai_backend *be, float *x, int n, int n_heads, int head_dim, int n_rot,
+                     rlai_rope_mode mode, const float *inv_freq, const int32_t *pos)
+{
+    (void)be;
+    size_t stride = (size_t)n_heads * head_dim;
+    for (int i = 0; i < n; i++)
+        rope_row(x + (size_t)i * stride, n_heads, head_dim, n_rot, mode, inv_freq, pos[i]);
+}
+
+static inline char *page_row(void *base, const rlai_kv_layer_view *kv, const int32_t *table, int pos)
+{
+    size_t b = (size_t)table[pos / RLAI_KV_BLOCK];
+    return (char *)base + (b * RLAI_KV_BLOCK + (size_t)(pos % RLAI_KV_BLOCK)) * kv->row_bytes;
+}
+
+static void cpu_kv_store(rlai_backend *be, const rlai_kv_layer_view *kv, const rlai_paged_rows *rows,
+                         const float *k, const float *v)
+{
+    rlai_kernels *kern = cpu(be)->k;
+    int KVD = kv->kv_dim;
+    for (int i = 0; i < rows->n; i++) {
+        const float *kr = k + (size_t)i * KVD, *vr = v + (size_t)i * KVD;
+        void *kd = page_row(kv->k, kv, rows->tables[i], rows->pos[i]);
+        void *vd = page_row(kv->v, kv, rows->tables[i], rows->pos[i]);
+        if (kv->dtype == RLAI_DT_F16) {
+            rlai_f32_to_f16_row(kern, kr, kd, KVD);
+            rlai_f32_to_f16_row(kern, vr, vd, KVD);
+        } else if (kv->dtype == RLAI_DT_Q8_0) {
+            rlai_quantize_row(RLAI_DT_Q8_0, kr, kd, KVD);
+            rlai_quantize_row(RLAI_DT_Q8_0, vr, vd, KVD);
+        } else {
+            memcpy(kd, kr, sizeof(float) * (size_t)KVD);
+            memcpy(vd, vr, sizeof(float) * (size_t)KVD);
+        }
+    }
+}
+
+typedef struct attn_task {
+    cpu_backend *c;
+    const rlai_kv_layer_view *kv;
+    const rlai_paged_rows *rows;
+    int H, HKV, D;
+    const float *q;
+    float *out;
+} attn_task;
+
+static void attn_worker(void *arg, int ith, int nth)
+{
+    attn_task *t = arg;
+    cpu_backend *c = t->c;
+    const rlai_kv_layer_view *kv = t->kv;
+    int H = t->H, D = t->D, group = t->H / t->HKV;
+    float scale = 1.0f / sqrtf((float)D);
+    float *sc = c->scores + (size_t)ith * c->max_ctx;
+    int total = t->rows->n * H;
+    for (int job = ith; job < total; job += nth) {
+        int i = job / H, h = job % H;
+        const int32_t *table = t->rows->tables[i];
+        int pos = t->rows->pos[i];
+        const float *q = t->q + ((size_t)i * H + h) * D;
+        float *out = t->out + ((size_t)i * H + h) * D;
+        int kvh = h / group;
+        int n = pos + 1;
+        if (kv->dtype == RLAI_DT_F16) {
+            /* Block by block: rows of one block are contiguous (stride kv_dim). */
+            size_t stride = (size_t)kv->kv_dim;
+            float mx = -INFINITY;
+            for (int j0 = 0; j0 < n; j0 += RLAI_KV_BLOCK) {
+                int m = n - j0 < RLAI_KV_BLOCK ? n - j0 : RLAI_KV_BLOCK;
+                const uint16_t *kr = (const uint16_t *)page_row(kv->k, kv, table, j0) + (size_t)kvh * D;
+                rlai_attn_dot_f16(c->k, m, D, kr, stride, q, scale, sc + j0);
+                for (int j = 0; j < m; j++)
+                    mx = sc[j0 + j] > mx ? sc[j0 + j] : mx;
+            }
+            float inv = 1.0f / rlai_vec_exp_sum(c->k, n, sc, mx);
+            for (int j = 0; j < n; j++)
+                sc[j] *= inv;
+            memset(out, 0, sizeof(float) * (size_t)D);
+            for (int j0 = 0; j0 < n; j0 += RLAI_KV_BLOCK) {
+                int m = n - j0 < RLAI_KV_BLOCK ? n - j0 : RLAI_KV_BLOCK;
+                const uint16_t *vr = (const uint16_t *)page_row(kv->v, kv, table, j0) + (size_t)kvh * D;
+                rlai_attn_mad_f16(c->k, m, D, vr, stride, sc + j0, out);
+            }
+            continue;
+        }
+        if (kv->dtype == RLAI_DT_Q8_0) {
+            /* q8_0 cache: each head's slice is D/32 blocks of the row;
+             * dequantize a row slice, then the same math as f32. */
+            size_t hoff = (size_t)kvh * (size_t)(D / RLAI_QK) * sizeof(rlai_block_q8_0);
+            float row[256];
+            float mx = -INFINITY;
+            for (int j = 0; j < n; j++) {
+                rlai_dequantize_row(RLAI_DT_Q8_0, page_row(kv->k, kv, table, j) + hoff, row, D);
+                float s = 0;
+                for (int d = 0; d < D; d++)
+                    s += row[d] * q[d];
+                sc[j] = s * scale;
+                mx = sc[j] > mx ? sc[j] : mx;
+            }
+            float inv = 1.0f / rlai_vec_exp_sum(c->k, n, sc, mx);
+            memset(out, 0, sizeof(float) * (size_t)D);
+            for (int j = 0; j < n; j++) {
+                rlai_dequantize_row(RLAI_DT_Q8_0, page_row(kv->v, kv, table, j) + hoff, row, D);
+                float p = sc[j] * inv;
+                for (int d = 0; d < D; d++)
+                    out[d] += p * row[d];
+            }
+            continue;
+        }
+        /* f32 cache (precise mode): plain loops, the reference path. */
+        float mx = -INFINITY;
+        for (int j = 0; j < n; j++) {
+            const float *kf = (const float *)page_row(kv->k, kv, table, j) + (size_t)kvh * D;
+            float s = 0;
+            for (int d = 0; d < D; d++)
+                s += kf[d] * q[d];
+            s *= scale;
+            sc[j] = s;
+            if (s > mx)
+                mx = s;
+        }
+        float sum = 0;
+        for (int j = 0; j < n; j++) {
+            sc[j] = expf(sc[j] - mx);
+            sum += sc[j];
+        }
+        float inv = 1.0f / sum;
+        memset(out, 0, sizeof(float) * (size_t)D);
+        for (int j = 0; j < n; j++) {
+            const float *vf = (const float *)page_row(kv->v, kv, table, j) + (size_t)kvh * D;
+            float p = sc[j] * inv;
+            for (int d = 0; d < D; d++)
+                out[d] += p * vf[d];
+        }
+    }
+}
+
+static void cpu_attention(rlai_backend *be, const rlai_kv_layer_view *kv, const rlai_paged_rows *rows,
+                          int n_head, int n_head_kv, int head_dim, const float *q, float *out)
+{
+    attn_task at = { cpu(be), kv, rows, n_head, n_head_kv, head_dim, q, out };
+    rlai_threadpool_run(cpu(be)->tp, attn_worker, &at);
+}
+
+static int cpu_argmax(rlai_backend *be, const float *logits, int n, int n_vocab, int32_t *out)
+{
+    (void)be;
+    for (int i = 0; i < n; i++) {
+        const float *r = logits + (size_t)i * n_vocab;
+        int best = 0;
+        for (int j = 1; j < n_vocab; j++)
+            if (r[j] > r[best])
+                best = j;
+        out[i] = best;
+    }
+    return 0;
+}
+
+static const rlai_backend_i cpu_iface = {
+    .version = RLAI_BACKEND_IFACE_VERSION,
+    .struct_size = sizeof(rlai_backend_i),
+    .name = "cpu",
+    .host_memory = true,
+    .free = cpu_free,
+    .describe = cpu_describe,
+    .buffer_alloc = cpu_buffer_alloc,
+    .buffer_free = cpu_buffer_free,
+    .upload = cpu_upload,
+    .download = cpu_download,
+    .weight_upload = NULL,          /* weights are used in place in the mapping */
+    .weight_free = NULL,
+    .get_rows = cpu_get_rows,
+    .rmsnorm = cpu_rmsnorm,
+    .matmul = cpu_matmul,
+    .add_row = cpu_add_row,
+    .add = cpu_add,
+    .swiglu = cpu_swiglu,
+    .rope = cpu_rope,
+    .kv_store = cpu_kv_store,
+    .attention = cpu_attention,
+    .argmax = cpu_argmax,
+};
+
+int rlai_backend_cpu_new(rlai_kernels *k, rlai_threadpool *tp, int max_ctx, rlai_backend **out)
+{
+    *out = NULL;
+    if (!k || max_ctx <= 0)
+        return RLAI_ERR_INVALID_ARG;
+    cpu_backend *c = calloc(1, sizeof(*c));
+    if (!c)
+        return RLAI_ERR_NOMEM;
+    c->base.iface = &cpu_iface;
+    c->k = k;
+    c->tp = tp;
+    c->n_threads = tp ? rlai_threadpool_size(tp) : 1;
+    c->max_ctx = max_ctx;
+    c->scores = malloc(sizeof(float) * (size_t)c->n_threads * (size_t)max_ctx);
+    if (!c->scores) {
+        free(c);
+        return RLAI_ERR_NOMEM;
+    }
+    snprintf(c->desc, sizeof(c->desc), "cpu, %d thread%s", c->n_threads, c->n_threads == 1 ? "" : "s");
+    *out = &c->base;
+    return 0;
+}
