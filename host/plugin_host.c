@@ -7,6 +7,7 @@
 #include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -123,24 +124,93 @@ static bool call_ok(const rlai_call *c)
     return c && c->magic == CALL_MAGIC;
 }
 
-static char *read_small_file(const char *path, size_t max, char *err, size_t errlen)
+/* The ownership/permission rule for a plugin file or folder (already
+ * fstat'd): owned by the effective user or root, not writable by group or
+ * others. A root-owned sticky folder (/tmp) is accepted as the plugin root
+ * only (others cannot rename or replace entries they do not own there). */
+static int check_mode(const struct stat *st, const char *path, bool root_dir, char *err, size_t errlen)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        set_err(err, errlen, "%s: %s", path, strerror(errno));
-        return NULL;
+    uid_t me = geteuid();
+    if (st->st_uid != me && st->st_uid != 0) {
+        set_err(err, errlen, "%s: refused: owned by uid %u, not by this user (%u) or root", path,
+                (unsigned)st->st_uid, (unsigned)me);
+        return RLAI_ERR_INVALID_ARG;
     }
-    char *buf = malloc(max + 1);
-    size_t n = buf ? fread(buf, 1, max + 1, f) : 0;
-    fclose(f);
+    if (st->st_mode & (S_IWGRP | S_IWOTH)) {
+        if (root_dir && S_ISDIR(st->st_mode) && (st->st_mode & S_ISVTX) && st->st_uid == 0)
+            return 0;
+        set_err(err, errlen, "%s: refused: the %s is %s-writable (chmod go-w)", path,
+                S_ISDIR(st->st_mode) ? "folder" : "file", (st->st_mode & S_IWOTH) ? "world" : "group");
+        return RLAI_ERR_INVALID_ARG;
+    }
+    return 0;
+}
+
+/* Opens `name` inside the folder dirfd without following a symbolic link
+ * and without blocking (a FIFO or device never hangs the loader), accepts
+ * a regular file only and applies check_mode. Returns the fd or a
+ * negative error with a message naming `path`. */
+static int open_plugin_file(int dirfd, const char *name, const char *path, char *err, size_t errlen)
+{
+    struct stat st;
+    if (fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
+        set_err(err, errlen, "%s: %s", path, strerror(errno));
+        return RLAI_ERR_IO;
+    }
+    if (S_ISLNK(st.st_mode)) {
+        set_err(err, errlen, "%s: refused: it is a symbolic link (put the file itself in the plugin folder)", path);
+        return RLAI_ERR_INVALID_ARG;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        set_err(err, errlen, "%s: refused: not a regular file", path);
+        return RLAI_ERR_INVALID_ARG;
+    }
+    int fd = openat(dirfd, name, O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY);
+    if (fd < 0) {
+        int e = errno;
+        set_err(err, errlen, e == ELOOP ? "%s: refused: it is a symbolic link" : "%s: %s", path, strerror(e));
+        return e == ELOOP ? RLAI_ERR_INVALID_ARG : RLAI_ERR_IO;
+    }
+    struct stat fst;
+    if (fstat(fd, &fst) != 0 || !S_ISREG(fst.st_mode) || fst.st_ino != st.st_ino || fst.st_dev != st.st_dev) {
+        set_err(err, errlen, "%s: refused: not a regular file (or replaced while opening)", path);
+        close(fd);
+        return RLAI_ERR_INVALID_ARG;
+    }
+    int rc = check_mode(&fst, path, false, err, errlen);
+    if (rc < 0) {
+        close(fd);
+        return rc;
+    }
+    return fd;
+}
+
+/* Reads at most max bytes of an open regular file; NUL-terminated. */
+static char *read_fd_small(int fd, const char *path, size_t max, char *err, size_t errlen)
+{
+    char *buf = malloc(max + 2);
     if (!buf) {
         set_err(err, errlen, "out of memory");
         return NULL;
     }
-    if (n > max) {
-        free(buf);
-        set_err(err, errlen, "%s: larger than %zu bytes", path, max);
-        return NULL;
+    size_t n = 0;
+    for (;;) {
+        ssize_t r = read(fd, buf + n, max + 1 - n);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0) {
+            set_err(err, errlen, "%s: %s", path, strerror(errno));
+            free(buf);
+            return NULL;
+        }
+        if (r == 0)
+            break;
+        n += (size_t)r;
+        if (n > max) {
+            free(buf);
+            set_err(err, errlen, "%s: larger than %zu bytes", path, max);
+            return NULL;
+        }
     }
     buf[n] = 0;
     return buf;
@@ -924,11 +994,15 @@ void rlai_plugin_host_destroy(rlai_plugin_host **self_p)
 
 /* Validates manifest.json of folder dir; fills name/version/description/
  * entry/config. Returns 0 or RLAI_ERR_FORMAT with a message. */
-static int read_manifest(const char *dir, cJSON **root_out, char *err, size_t errlen)
+static int read_manifest(int dirfd, const char *dir, cJSON **root_out, char *err, size_t errlen)
 {
     char path[PATH_MAX + 32];
     snprintf(path, sizeof(path), "%s/manifest.json", dir);
-    char *text = read_small_file(path, MAX_MANIFEST_BYTES, err, errlen);
+    int fd = open_plugin_file(dirfd, "manifest.json", path, err, errlen);
+    if (fd < 0)
+        return fd;
+    char *text = read_fd_small(fd, path, MAX_MANIFEST_BYTES, err, errlen);
+    close(fd);
     if (!text)
         return RLAI_ERR_IO;
     const char *end = NULL;
@@ -1006,28 +1080,15 @@ static int read_manifest(const char *dir, cJSON **root_out, char *err, size_t er
     return 0;
 }
 
-/* Refuses files others could have replaced. */
-static int check_file_safety(const char *path, char *err, size_t errlen)
+/* check_mode for an open folder. */
+static int check_dir_fd(int fd, const char *path, bool root_dir, char *err, size_t errlen)
 {
     struct stat st;
-    if (stat(path, &st) != 0) {
+    if (fstat(fd, &st) != 0) {
         set_err(err, errlen, "%s: %s", path, strerror(errno));
         return RLAI_ERR_IO;
     }
-    if (!S_ISREG(st.st_mode)) {
-        set_err(err, errlen, "%s: not a regular file", path);
-        return RLAI_ERR_INVALID_ARG;
-    }
-    if (st.st_uid != getuid() && st.st_uid != 0) {
-        set_err(err, errlen, "%s: refused: owned by uid %u, not by this user (%u) or root", path,
-                (unsigned)st.st_uid, (unsigned)getuid());
-        return RLAI_ERR_INVALID_ARG;
-    }
-    if (st.st_mode & S_IWOTH) {
-        set_err(err, errlen, "%s: refused: the file is world-writable (chmod o-w)", path);
-        return RLAI_ERR_INVALID_ARG;
-    }
-    return 0;
+    return check_mode(&st, path, root_dir, err, errlen);
 }
 
 static cJSON *merge_config(const cJSON *base, const cJSON *over)
@@ -1056,10 +1117,37 @@ int rlai_plugin_host_load(rlai_plugin_host *h, const char *dir, char *err, size_
         set_err(err, errlen, "%s: %s", dir, strerror(errno));
         return RLAI_ERR_IO;
     }
+    /* The folder and its parent (the plugin root) must be ours or root's
+     * and not writable by others; files are then opened relative to the
+     * folder's fd, never through a symbolic link. */
+    int dirfd = open(absdir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (dirfd < 0) {
+        set_err(err, errlen, "%s: %s", absdir, strerror(errno));
+        return RLAI_ERR_IO;
+    }
+    int rc = check_dir_fd(dirfd, absdir, false, err, errlen);
+    if (rc == 0) {
+        int pfd = openat(dirfd, "..", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        char parent[PATH_MAX];
+        snprintf(parent, sizeof(parent), "%s", absdir);
+        char *slash = strrchr(parent, '/');
+        if (slash)
+            *(slash == parent ? slash + 1 : slash) = 0;
+        if (pfd < 0) {
+            set_err(err, errlen, "%s: %s", parent, strerror(errno));
+            rc = RLAI_ERR_IO;
+        } else {
+            rc = check_dir_fd(pfd, parent, true, err, errlen);
+            close(pfd);
+        }
+    }
     cJSON *man = NULL;
-    int rc = read_manifest(absdir, &man, err, errlen);
-    if (rc < 0)
+    if (rc == 0)
+        rc = read_manifest(dirfd, absdir, &man, err, errlen);
+    if (rc < 0) {
+        close(dirfd);
         return rc;
+    }
     const char *name = cJSON_GetObjectItemCaseSensitive(man, "name")->valuestring;
     char file[PATH_MAX + 64];
     snprintf(file, sizeof(file), "%s/%s", absdir, cJSON_GetObjectItemCaseSensitive(man, "entry")->valuestring);
@@ -1067,12 +1155,19 @@ int rlai_plugin_host_load(rlai_plugin_host *h, const char *dir, char *err, size_
         if (strcmp(q->name, name) == 0) {
             set_err(err, errlen, "%s: a plugin named '%s' is already loaded from %s", file, name, q->dir);
             cJSON_Delete(man);
+            close(dirfd);
             return RLAI_ERR_EXISTS;
         }
-    if ((rc = check_file_safety(file, err, errlen)) < 0) {
+    int efd = open_plugin_file(dirfd, cJSON_GetObjectItemCaseSensitive(man, "entry")->valuestring, file, err,
+                               errlen);
+    close(dirfd);
+    if (efd < 0) {
         cJSON_Delete(man);
-        return rc;
+        return efd;
     }
+    /* dlopen goes by path: the checks above make sure only this user or
+     * root can change what the path names. */
+    close(efd);
     rlai_plugin *p = calloc(1, sizeof(*p));
     if (!p) {
         cJSON_Delete(man);

@@ -341,6 +341,108 @@ START_TEST(world_writable_plugin_file_is_refused)
 }
 END_TEST
 
+/* A copy of the good plugin at <root>/p (root 0755, folder 0755, files
+ * 0644/0755) for the file-safety cases. */
+static void make_copy(char *root, char *pdir, size_t plen)
+{
+    ck_assert_ptr_nonnull(mkdtemp(root));
+    ck_assert_int_eq(chmod(root, 0755), 0);
+    snprintf(pdir, plen, "%s/p", root);
+    ck_assert_int_eq(mkdir(pdir, 0755), 0);
+    char cmd[2400];
+    snprintf(cmd, sizeof(cmd), "cp '%s/good/libgood.so' '%s/libgood.so' && chmod 0755 '%s/libgood.so'",
+             RLAI_TEST_PLUGINS, pdir, pdir);
+    ck_assert_int_eq(system(cmd), 0);
+    write_file(pdir, "manifest.json",
+               "{\"name\":\"good\",\"version\":\"1.0.0\",\"entry\":\"libgood.so\",\"description\":\"copy\"}");
+    char m[1300];
+    snprintf(m, sizeof(m), "%s/manifest.json", pdir);
+    ck_assert_int_eq(chmod(m, 0644), 0);
+}
+
+static void expect_refused(rlai_plugin_host *h, const char *pdir, const char *needle1, const char *needle2)
+{
+    char err[1024] = "";
+    int rc = rlai_plugin_host_load(h, pdir, err, sizeof(err));
+    if (rc == 0)
+        ck_abort_msg("loaded although it should be refused for '%s'", needle2);
+    if (!strstr(err, needle1) || !strstr(err, needle2))
+        ck_abort_msg("'%s' lacks '%s' / '%s'", err, needle1, needle2);
+}
+
+START_TEST(group_writable_and_special_files_are_refused)
+{
+    char root[] = "/tmp/rlai-gw-XXXXXX", pdir[1100], path[1300], cmd[2400];
+    make_copy(root, pdir, sizeof(pdir));
+    rlai_plugin_host *h = new_host(NULL, NULL);
+
+    /* group-writable entry file, manifest, plugin folder, plugin root */
+    snprintf(path, sizeof(path), "%s/libgood.so", pdir);
+    ck_assert_int_eq(chmod(path, 0775), 0);
+    expect_refused(h, pdir, "libgood.so", "group-writable");
+    ck_assert_int_eq(chmod(path, 0755), 0);
+    snprintf(path, sizeof(path), "%s/manifest.json", pdir);
+    ck_assert_int_eq(chmod(path, 0666), 0);
+    expect_refused(h, pdir, "manifest.json", "world-writable");
+    ck_assert_int_eq(chmod(path, 0664), 0);
+    expect_refused(h, pdir, "manifest.json", "group-writable");
+    ck_assert_int_eq(chmod(path, 0644), 0);
+    ck_assert_int_eq(chmod(pdir, 0777), 0);
+    expect_refused(h, pdir, "/p", "world-writable");
+    ck_assert_int_eq(chmod(pdir, 0775), 0);
+    expect_refused(h, pdir, "/p", "group-writable");
+    ck_assert_int_eq(chmod(pdir, 0755), 0);
+    ck_assert_int_eq(chmod(root, 0775), 0);
+    expect_refused(h, pdir, root, "group-writable");
+    ck_assert_int_eq(chmod(root, 0755), 0);
+
+    /* owned by another user (root can make one) */
+    if (geteuid() == 0) {
+        snprintf(path, sizeof(path), "%s/libgood.so", pdir);
+        ck_assert_int_eq(chown(path, 65534, 65534), 0);
+        expect_refused(h, pdir, "libgood.so", "owned by uid 65534");
+        ck_assert_int_eq(chown(path, 0, 0), 0);
+        snprintf(path, sizeof(path), "%s/manifest.json", pdir);
+        ck_assert_int_eq(chown(path, 65534, 65534), 0);
+        expect_refused(h, pdir, "manifest.json", "owned by uid 65534");
+        ck_assert_int_eq(chown(path, 0, 0), 0);
+    }
+
+    /* symlinked entry and manifest */
+    snprintf(cmd, sizeof(cmd), "cd '%s' && mv libgood.so real.so && ln -s real.so libgood.so", pdir);
+    ck_assert_int_eq(system(cmd), 0);
+    expect_refused(h, pdir, "libgood.so", "symbolic link");
+    snprintf(cmd, sizeof(cmd), "cd '%s' && rm libgood.so && mv real.so libgood.so && mv manifest.json m.json && "
+             "ln -s m.json manifest.json", pdir);
+    ck_assert_int_eq(system(cmd), 0);
+    expect_refused(h, pdir, "manifest.json", "symbolic link");
+
+    /* a FIFO named manifest.json must not hang the loader; a folder named
+     * like the entry is not a regular file either */
+    snprintf(cmd, sizeof(cmd), "cd '%s' && rm manifest.json && mkfifo -m 0644 manifest.json", pdir);
+    ck_assert_int_eq(system(cmd), 0);
+    expect_refused(h, pdir, "manifest.json", "not a regular file");
+    /* load_all skips it and keeps going with the others */
+    char good[1100];
+    snprintf(good, sizeof(good), "%s/zgood", root);
+    snprintf(cmd, sizeof(cmd), "cp -r '%s/good' '%s' && chmod -R go-w '%s'", RLAI_TEST_PLUGINS, good, good);
+    ck_assert_int_eq(system(cmd), 0);
+    ck_assert_int_eq(rlai_plugin_host_load_all(h, root), 1);
+    ck_assert(has_command(h, "good.echo"));
+    rlai_plugin_host_destroy(&h);
+
+    /* everything fixed: it loads */
+    h = new_host(NULL, NULL);
+    snprintf(cmd, sizeof(cmd), "cd '%s' && rm manifest.json && mv m.json manifest.json", pdir);
+    ck_assert_int_eq(system(cmd), 0);
+    char err[1024] = "";
+    ck_assert_msg(rlai_plugin_host_load(h, pdir, err, sizeof(err)) == 0, "%s", err);
+    rlai_plugin_host_destroy(&h);
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", root);
+    ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
 START_TEST(load_all_loads_only_the_good_ones)
 {
     rlai_plugin_host *h = new_host(NULL, NULL);
@@ -644,6 +746,7 @@ int main(void)
     tcase_add_test(tc, broken_plugins_and_manifests_are_refused);
     tcase_add_test(tc, manifest_validation_names_the_key);
     tcase_add_test(tc, world_writable_plugin_file_is_refused);
+    tcase_add_test(tc, group_writable_and_special_files_are_refused);
     tcase_add_test(tc, load_all_loads_only_the_good_ones);
     tcase_add_test(tc, calls_reply_stream_and_fail);
     tcase_add_test(tc, cancel_and_receiver_gone_end_calls);

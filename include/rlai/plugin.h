@@ -30,8 +30,9 @@
  * Loading, in order (the host refuses with a log line naming the file and
  * the values involved, and keeps serving without that plugin):
  *   1. manifest.json is read and validated (name, version, entry, ...).
- *   2. The entry file must be a regular file owned by the user or root and
- *      not group/world-writable (nor its folder).
+ *   2. The entry file and manifest.json must be regular files (not
+ *      symbolic links) owned by the user or root and not group/world-
+ *      writable, and so must the plugin folder and its parent.
  *   3. dlopen(RTLD_NOW | RTLD_LOCAL); the symbol `rlai_plugin_abi_record`
  *      (from RLAI_PLUGIN_DECLARE) must exist; its major must equal the
  *      host's, its minor must not be newer than the host's, and its build
