@@ -116,7 +116,7 @@ def test_bad_frames_raise_protocol_error(data):
 def test_every_protocol_code_has_its_class():
     names = {1: "BAD_FRAME", 2: "BAD_VERSION", 3: "BAD_REQUEST", 4: "TOO_LARGE", 5: "BUSY", 6: "NOT_FOUND",
              7: "CANCELLED", 8: "CONTEXT_FULL", 9: "ENGINE", 10: "DUPLICATE_ID", 11: "SHUTDOWN",
-             12: "INTERNAL", 13: "NOT_IMPLEMENTED"}
+             12: "INTERNAL", 13: "NOT_IMPLEMENTED", 14: "TIMEOUT"}
     # The table of section 8 lists exactly these.
     table = dict(re.findall(r"^\| (\d+)\s+\| `([A-Z_]+)`", PROTOCOL_MD.read_text(), re.M)) if PROTOCOL_MD.exists() else {}
     if table:
