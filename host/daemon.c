@@ -717,7 +717,7 @@ static void *engine_main(void *arg)
 
 /* ---------------------------------------------------------- lifecycle */
 
-static rlai_metrics *abandoned_metrics;   /* see rlai_daemon_shutdown */
+static rlai_metrics *volatile abandoned_metrics;   /* see rlai_daemon_shutdown */
 
 static int shutdown_ms(const rlai_config *cfg)
 {
@@ -813,7 +813,7 @@ fail:
 
 /* Engines whose plugin host was abandoned at shutdown (handlers stuck in
  * plugin code may still call into them): kept reachable, never closed. */
-static rlai_engine *abandoned_engines[8];
+static rlai_engine *volatile abandoned_engines[8];   /* volatile: the stores must stay */
 static int n_abandoned_engines;
 
 static double now_ms(void)

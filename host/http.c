@@ -1992,6 +1992,10 @@ int rlai_http_port(const rlai_http *h)
     return h ? h->port : 0;
 }
 
+/* Fronts rlai_http_stop gave up on (volatile: the stores must stay). */
+static rlai_http *volatile abandoned_fronts[8];
+static int n_abandoned_fronts;
+
 void rlai_http_stop(rlai_http **self_p)
 {
     if (!self_p || !*self_p)
@@ -2043,7 +2047,10 @@ void rlai_http_stop(rlai_http **self_p)
     if (h->listen_fd >= 0)
         close(h->listen_fd);
     if (stuck) {
-        /* Engine callbacks still reference h: leak it rather than crash. */
+        /* Engine callbacks still reference h: leak it rather than crash
+         * (kept reachable: it is meant to outlive the daemon). */
+        if (n_abandoned_fronts < 8)
+            abandoned_fronts[n_abandoned_fronts++] = h;
         fprintf(stderr, "rlai serve: http: %d request(s) did not end in %d ms; not freeing the HTTP front\n",
                 h->n_live, h->stop_wait_ms);
         return;

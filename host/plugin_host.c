@@ -453,13 +453,16 @@ static bool end_with_error(rlai_call *c, int code, const char *msg)
     return first;
 }
 
-static bool end_with_done(rlai_call *c, const char *stop)
+/* own_thread: called by the handler's worker (c->metrics is then stable);
+ * stop() ending a call whose handler may still run passes no metrics. */
+static bool end_with_done(rlai_call *c, const char *stop, bool own_thread)
 {
     pthread_mutex_lock(&c->sink_mu);
     bool first = !atomic_load(&c->ended);
     if (first) {
         atomic_store(&c->ended, true);
-        c->sink.done(c->sink.user, stop, &c->metrics);
+        static const rlai_call_metrics none = { .valid = false };
+        c->sink.done(c->sink.user, stop, own_thread ? &c->metrics : &none);
     }
     pthread_mutex_unlock(&c->sink_mu);
     return first;
@@ -1048,11 +1051,11 @@ static void run_call(rlai_call *c)
         rc = c->cmd->handler(c, c->params, c->cmd->user);
     }
     if (atomic_load(&c->cancel))
-        end_with_done(c, "cancelled");
+        end_with_done(c, "cancelled", true);
     else if (rc < 0)
         end_with_error(c, rc, rlai_strerror(rc));
     else
-        end_with_done(c, c->stop);
+        end_with_done(c, c->stop, true);
 }
 
 static void remove_from(rlai_call **list, rlai_call *c)
@@ -1307,7 +1310,7 @@ static void plugin_unload(rlai_plugin_host *h, rlai_plugin *p, bool run_fini)
 /* Hosts given up on because handlers still ran in them: kept reachable
  * (never freed, plugins never unloaded) so a late handler finds valid
  * memory and code until the process exits. */
-static rlai_plugin_host *abandoned_hosts;
+static rlai_plugin_host *volatile abandoned_hosts;
 static pthread_mutex_t abandoned_mu = PTHREAD_MUTEX_INITIALIZER;
 
 int rlai_plugin_host_stop(rlai_plugin_host *h, int timeout_ms)
@@ -1382,7 +1385,7 @@ int rlai_plugin_host_stop(rlai_plugin_host *h, int timeout_ms)
         if (i >= n_queued_left)
             fprintf(stderr, "rlai: plugin command '%s' ignored the shutdown; its call is ended, its handler left "
                     "running\n", left[i]->cmd->name);
-        end_with_done(left[i], "cancelled");
+        end_with_done(left[i], "cancelled", false);
         call_unref(left[i]);
     }
     return running;

@@ -8,6 +8,7 @@ Paths from meson: RLAI_BIN, RLAI_MODELS_DIR, RLAI_TEST_PLUGINS."""
 import json
 import os
 import signal
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -126,6 +127,17 @@ def test_sigterm_with_stuck_handlers_exits_within_the_deadline(tmp_path):
     c = ZmqClient(e.zmq_ipc)
     for i in range(1, 5):
         c.request("call", i, command="stuck.spin" if i % 2 else "stuck.sleep", params='{"ms": 60000}')
+    # and one stuck over HTTP (it waits in the queue behind the two workers)
+    answer = {}
+
+    def over_http():
+        try:
+            answer["status"] = http(e, "POST", "/v1/plugins/stuck.sleep", {"ms": 60000}, timeout=30)[0]
+        except Exception as err:   # the connection may simply close
+            answer["error"] = repr(err)
+
+    t = threading.Thread(target=over_http)
+    t.start()
     time.sleep(0.5)
     assert e.sock_path.exists() and e.zmq_path.exists()
     t0 = time.time()
@@ -135,6 +147,9 @@ def test_sigterm_with_stuck_handlers_exits_within_the_deadline(tmp_path):
         assert frames[i][-1]["type"] == "error" and frames[i][-1]["name"] == "SHUTDOWN", frames[i]
     rc = e.stop(timeout=15)
     took = time.time() - t0
+    t.join(20)
+    assert not t.is_alive()
+    assert answer.get("status", 503) == 503, answer
     c.close()
     assert rc == 0, e.stderr[-3000:]
     assert took < 2 + 5, took          # the deadline plus the socket teardown, not 60 s
