@@ -82,6 +82,15 @@ def test_bad_options_are_refused_before_sending():
         encode_request("stats", 1, {"verbose": True})
 
 
+def test_call_deadline_is_an_optional_uint():
+    m = msgpack.unpackb(encode_request("call", 3, {"command": "x.y", "timeout_ms": 1500}), raw=False)
+    assert m["timeout_ms"] == 1500 and m["command"] == "x.y"
+    assert "timeout_ms" not in msgpack.unpackb(encode_request("call", 3, {"command": "x.y"}), raw=False)
+    for bad in (0, -5, 86400001, 1.5, "100"):
+        with pytest.raises((TypeError, ValueError)):
+            encode_request("call", 3, {"command": "x.y", "timeout_ms": bad})
+
+
 def test_oversized_request_raises_too_large_locally():
     with pytest.raises(rl.TooLarge) as ei:
         encode_request("generate", 1, {"prompt": "a" * (4 << 20)})
