@@ -123,7 +123,9 @@ int rlai_plugin_host_running(rlai_plugin_host *h);
 int rlai_plugin_host_stuck(rlai_plugin_host *h);
 
 /* Asks a call to stop (its engine job is cancelled; the handler sees
- * cancelled() true). Returns 0 or RLAI_ERR_NOT_FOUND once it has ended. */
+ * cancelled() true). Returns 0 or RLAI_ERR_NOT_FOUND once its handler has
+ * returned (a call that timed out counts as present while its handler
+ * still runs). */
 int rlai_plugin_host_cancel(rlai_plugin_host *h, uint64_t call_id);
 
 /* The registry as JSON: {"commands": [{"name", "description",
