@@ -1163,6 +1163,19 @@ static void *watchdog_main(void *arg)
         pthread_cond_timedwait(&h->wd_cv, &h->mu, &ts);
         if (h->stopping)
             break;
+        /* Reap threads that left (a replaced worker whose handler finally
+         * returned): exited is set under h->mu just before the thread
+         * returns, so the join is immediate. */
+        for (worker **wp = &h->workers; *wp;) {
+            worker *w = *wp;
+            if (w->exited) {
+                *wp = w->next;
+                pthread_join(w->t, NULL);
+                free(w);
+            } else {
+                wp = &w->next;
+            }
+        }
         double now = mono_now();
         rlai_call *expired = NULL;     /* linked through ->next (queued) */
         rlai_call *stuck[64];
