@@ -199,3 +199,36 @@ def test_invalid_plugin_output_is_an_error_on_every_transport(tmp_path, cmd, kin
         c.close()
     finally:
         assert e.stop() == 0
+
+
+def test_unsafe_plugin_files_are_refused_at_start_and_the_engine_serves(tmp_path):
+    """A group-writable entry, a world-writable folder and a FIFO named
+    manifest.json (which used to hang start-up) are each refused with a log
+    line naming the file; a clean copy next to them loads."""
+    import shutil
+    root = tmp_path / "plugins"
+    root.mkdir(mode=0o755)
+    os.chmod(root, 0o755)
+    for name in ("a_groupw", "b_worldw", "c_fifo", "d_ok"):
+        d = root / name
+        shutil.copytree(os.path.join(TEST_PLUGINS, "good"), d, ignore=shutil.ignore_patterns("*.p"))
+        os.chmod(d, 0o755)
+        for f in d.iterdir():
+            os.chmod(f, 0o644 if f.name == "manifest.json" else 0o755)
+    os.chmod(root / "a_groupw" / "libgood.so", 0o775)
+    os.chmod(root / "b_worldw", 0o777)
+    (root / "c_fifo" / "manifest.json").unlink()
+    os.mkfifo(root / "c_fifo" / "manifest.json", 0o644)
+    e = Engine(tmp_path, extra=("--plugins", str(root), "--http", ""))   # returns once serving
+    try:
+        c = ZmqClient(e.zmq_ipc)
+        c.request("commands", 1)
+        data = ends(c, [1], timeout=10)[1][0]["data"]
+        assert [p["dir"].rsplit("/", 1)[-1] for p in data["plugins"]] == ["d_ok"]
+        c.close()
+    finally:
+        assert e.stop() == 0
+    log = e.stderr
+    assert "a_groupw/libgood.so: refused: the file is group-writable" in log
+    assert "b_worldw: refused: the folder is world-writable" in log
+    assert "c_fifo/manifest.json: refused: not a regular file" in log
