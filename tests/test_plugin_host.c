@@ -778,14 +778,14 @@ START_TEST(stuck_calls_time_out_and_the_pool_keeps_serving)
 {
     rlai_metrics *m = NULL;
     ck_assert_int_eq(rlai_metrics_new(&m), 0);
-    rlai_plugin_host *h = new_stuck_host(2, 16, 300, m);
+    rlai_plugin_host *h = new_stuck_host(2, 16, 60000, m);
     capture c[4];
     char err[512];
     for (int i = 0; i < 4; i++) {
         cap_init(&c[i]);
         rlai_call_sink s = sink_of(&c[i]);
-        ck_assert_int_eq(rlai_plugin_host_call(h, i % 2 ? "stuck.spin" : "stuck.sleep", "{\"ms\":2500}", &s, NULL,
-                                               err, sizeof(err)), 0);
+        ck_assert_int_eq(rlai_plugin_host_call_timed(h, i % 2 ? "stuck.spin" : "stuck.sleep", "{\"ms\":4000}", 300,
+                                                     &s, NULL, err, sizeof(err)), 0);
     }
     /* every stuck call ends with TIMEOUT naming its command, queued ones too */
     for (int i = 0; i < 4; i++) {
