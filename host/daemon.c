@@ -515,8 +515,10 @@ static int call_result(void *user, const cJSON *value)
         if (rc == RLAI_ERR_DISCONNECTED)
             atomic_store(&j->cancel, RLAI_PE_CANCELLED);
     } else {
-        /* A result the client could not receive: dropped, and said. */
-        fprintf(stderr, "rlai serve: a plugin result could not be encoded (too deep or too large)\n");
+        /* A result the client could not receive: the host ends the call
+         * with this error (client and plugin both get it). */
+        msgpack_sbuffer_destroy(&sb);
+        return rc < 0 ? rc : RLAI_ERR_TOO_LARGE;
     }
     msgpack_sbuffer_destroy(&sb);
     return atomic_load(&j->cancel) ? 1 : 0;

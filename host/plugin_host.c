@@ -593,14 +593,18 @@ static int api_reply_json(rlai_call *call, cJSON *value)
         if (rc < 0) {
             refuse_output(call, rc, "reply_json", why);
         } else {
+            int src = 0;
             pthread_mutex_lock(&call->sink_mu);
             if (atomic_load(&call->ended) || atomic_load(&call->cancel)) {
                 rc = RLAI_ERR_CANCELLED;
-            } else if (call->sink.result(call->sink.user, value) != 0) {
+            } else if ((src = call->sink.result(call->sink.user, value)) > 0) {
                 atomic_store(&call->cancel, true);
                 rc = RLAI_ERR_CANCELLED;
             }
             pthread_mutex_unlock(&call->sink_mu);
+            if (src < 0)   /* the transport cannot carry it (e.g. over its frame limit) */
+                rc = refuse_output(call, src, "reply_json", "the transport cannot carry the value (over its "
+                                                            "frame limit)");
         }
     }
     cJSON_Delete(value);

@@ -40,7 +40,10 @@ typedef struct rlai_call_sink {
     /* A text piece (whole UTF-8 characters). Returns 0, or non-zero when
      * the receiver is gone (the call is then cancelled). */
     int (*token)(void *user, const char *text, size_t len);
-    /* One result value (borrowed for the callback). */
+    /* One result value (borrowed for the callback). Returns 0, > 0 when
+     * the receiver is gone (the call is cancelled), or a negative
+     * rlai_error when this transport cannot carry the value (the call then
+     * ends with that error and the plugin gets it back). */
     int (*result)(void *user, const cJSON *value);
     /* Terminal: success. m->valid tells whether metrics exist. */
     void (*done)(void *user, const char *stop, const rlai_call_metrics *m);

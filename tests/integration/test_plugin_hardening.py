@@ -232,3 +232,22 @@ def test_unsafe_plugin_files_are_refused_at_start_and_the_engine_serves(tmp_path
     assert "a_groupw/libgood.so: refused: the file is group-writable" in log
     assert "b_worldw: refused: the folder is world-writable" in log
     assert "c_fifo/manifest.json: refused: not a regular file" in log
+
+
+def test_a_result_over_the_frame_limit_is_an_error_not_a_silent_loss(tmp_path):
+    e = start(tmp_path, limits={"max_frame_bytes": 4096})
+    try:
+        c = ZmqClient(e.zmq_ipc)
+        # 4 bytes a number in the request's JSON text, 5-9 in the result's msgpack:
+        # the request fits the frame limit, the echo does not
+        params = json.dumps({"f": [0.5] * 850}, separators=(",", ":"))
+        assert len(params) < 3900
+        c.request("call", 1, command="good.echo", params=params)
+        f = ends(c, [1], timeout=10)[1]
+        assert [x["type"] for x in f] == ["error"], f
+        assert f[-1]["name"] == "TOO_LARGE" and "transport cannot carry" in f[-1]["msg"]
+        c.request("call", 2, command="good.echo", params="{}")   # still serving
+        assert ends(c, [2], timeout=10)[2][-1]["type"] == "done"
+        c.close()
+    finally:
+        assert e.stop() == 0
