@@ -52,6 +52,8 @@ int rlai_config_defaults(rlai_config *c, const char *default_model)
     c->max_prompt_tokens = 4096;
     c->max_inflight_client = 8;
     c->max_inflight_total = 64;
+    c->plugin_call_timeout_s = 60;
+    c->shutdown_timeout_s = 5;
     return rc;
 }
 
@@ -160,6 +162,8 @@ int rlai_config_load_json(rlai_config *c, const char *json, char *err, size_t er
                 if (rc < 0)
                     goto out;
             }
+        } else if (!strcmp(k, "shutdown_timeout_s")) {
+            rc = get_int(it, "shutdown_timeout_s", 1, 3600, &c->shutdown_timeout_s, err, errlen);
         } else if (!strcmp(k, "prefix_cache")) {
             if (!cJSON_IsBool(it))
                 rc = fail(err, errlen, RLAI_ERR_FORMAT, "config: 'prefix_cache' must be a boolean");
@@ -178,6 +182,10 @@ int rlai_config_load_json(rlai_config *c, const char *json, char *err, size_t er
                         c->plugins_off = !cJSON_IsTrue(pl);
                 } else if (!strcmp(pk, "workers")) {
                     rc = get_int(pl, "plugins.workers", 1, 64, &c->plugin_workers, err, errlen);
+                } else if (!strcmp(pk, "call_timeout_s")) {
+                    rc = get_int(pl, "plugins.call_timeout_s", 0, 86400, &c->plugin_call_timeout_s, err, errlen);
+                } else if (!strcmp(pk, "max_queue")) {
+                    rc = get_int(pl, "plugins.max_queue", 1, 65536, &c->plugin_max_queue, err, errlen);
                 } else if (!strcmp(pk, "config")) {
                     if (!cJSON_IsObject(pl)) {
                         rc = fail(err, errlen, RLAI_ERR_FORMAT, "config: 'plugins.config' must be an object");

@@ -9,7 +9,9 @@
  *     "limits": { "max_frame_bytes": 4194304, "max_prompt_tokens": 4096,
  *                 "max_inflight_per_client": 8, "max_inflight_total": 64 },
  *     "prefix_cache": true,
- *     "plugins": { "dir": "PATH", "enabled": true, "workers": 4,
+ *     "shutdown_timeout_s": 5,
+ *     "plugins": { "dir": "PATH", "enabled": true, "workers": 4, "max_queue": 64,
+ *                  "call_timeout_s": 60,
  *                  "config": { "<plugin>": { overrides of its manifest config } } } }
  * An endpoint set to "" (or null) is disabled.
  */
@@ -44,6 +46,12 @@ typedef struct rlai_config {
     bool plugins_off;        /* "plugins": {"enabled": false} / --no-plugins */
     int plugin_workers;      /* "plugins": {"workers"}; 0 = 4 */
     char *plugin_config;     /* "plugins": {"config": {...}} as JSON text, or NULL */
+    int plugin_call_timeout_s; /* "plugins": {"call_timeout_s"}: deadline of a plugin call
+                                  (request and manifest may set their own); 0 = none; default 60 */
+    int plugin_max_queue;    /* "plugins": {"max_queue"}: calls waiting for a worker before
+                                BUSY; 0 = limits.max_inflight_total */
+    int shutdown_timeout_s;  /* "shutdown_timeout_s": SIGTERM to exit at most (plus the
+                                server's socket teardown); default 5 */
 } rlai_config;
 
 /* Fills defaults: default model path, default private endpoints, limits.

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define ENGINE_NAME "rtx-localai 0.1.0"
 
@@ -469,6 +470,7 @@ static int map_call_error(int rc)
     case RLAI_ERR_NOT_FOUND: return RLAI_PE_NOT_FOUND;
     case RLAI_ERR_NOT_IMPLEMENTED: return RLAI_PE_NOT_IMPLEMENTED;
     case RLAI_ERR_CANCELLED: return RLAI_PE_CANCELLED;
+    case RLAI_ERR_TIMEOUT: return RLAI_PE_TIMEOUT;
     case RLAI_ERR_NOMEM: return RLAI_PE_INTERNAL;
     default: return map_engine_error(rc);
     }
@@ -515,8 +517,10 @@ static int call_result(void *user, const cJSON *value)
         if (rc == RLAI_ERR_DISCONNECTED)
             atomic_store(&j->cancel, RLAI_PE_CANCELLED);
     } else {
-        /* A result the client could not receive: dropped, and said. */
-        fprintf(stderr, "rlai serve: a plugin result could not be encoded (too deep or too large)\n");
+        /* A result the client could not receive: the host ends the call
+         * with this error (client and plugin both get it). */
+        msgpack_sbuffer_destroy(&sb);
+        return rc < 0 ? rc : RLAI_ERR_TOO_LARGE;
     }
     msgpack_sbuffer_destroy(&sb);
     return atomic_load(&j->cancel) ? 1 : 0;
@@ -573,8 +577,9 @@ static void submit_call(rlai_daemon *d, rlai_conn conn, const rlai_msg *m)
     d->jobs = j;
     d->n_jobs++;
     j->call_id = UINT64_MAX;   /* marks a call until the host gives its id */
-    int rc = d->plugins ? rlai_plugin_host_call(d->plugins, m->u.call.command, m->u.call.params_json, &sink,
-                                                &j->call_id, err, sizeof(err))
+    int rc = d->plugins ? rlai_plugin_host_call_timed(d->plugins, m->u.call.command, m->u.call.params_json,
+                                                      (int)m->u.call.timeout_ms, &sink, &j->call_id, err,
+                                                      sizeof(err))
                         : RLAI_ERR_NOT_FOUND;
     if (rc < 0) {
         unlink_job(d, j);
@@ -716,6 +721,13 @@ static void *engine_main(void *arg)
 
 /* ---------------------------------------------------------- lifecycle */
 
+static rlai_metrics *volatile abandoned_metrics;   /* see rlai_daemon_shutdown */
+
+static int shutdown_ms(const rlai_config *cfg)
+{
+    return (cfg->shutdown_timeout_s > 0 ? cfg->shutdown_timeout_s : 5) * 1000;
+}
+
 int rlai_daemon_start(const rlai_config *cfg, rlai_daemon **out, char *err, size_t errlen)
 {
     *out = NULL;
@@ -745,13 +757,18 @@ int rlai_daemon_start(const rlai_config *cfg, rlai_daemon **out, char *err, size
         goto fail;
     }
     d->engine_started = true;
+    if ((rc = rlai_metrics_new(&d->metrics)) < 0)
+        goto fail;
     if (!cfg->plugins_off) {
         /* Plugins load with the engine thread running (they may pin
          * prefixes) and before any transport accepts a call. */
         cJSON *pconf = cfg->plugin_config ? cJSON_Parse(cfg->plugin_config) : NULL;
         rlai_plugin_host_params hp = {
-            .engine = d->engine, .workers = cfg->plugin_workers, .max_queue = cfg->max_inflight_total,
+            .engine = d->engine, .workers = cfg->plugin_workers,
+            .max_queue = cfg->plugin_max_queue > 0 ? cfg->plugin_max_queue : cfg->max_inflight_total,
             .max_prompt_tokens = cfg->max_prompt_tokens, .plugin_config = pconf,
+            .call_timeout_ms = cfg->plugin_call_timeout_s > 0 ? cfg->plugin_call_timeout_s * 1000 : -1,
+            .metrics = d->metrics,
         };
         rc = rlai_plugin_host_new(&hp, &d->plugins);
         cJSON_Delete(pconf);
@@ -769,13 +786,12 @@ int rlai_daemon_start(const rlai_config *cfg, rlai_daemon **out, char *err, size
                         cfg->plugins_dir, rlai_plugin_host_n_commands(d->plugins));
         }
     }
-    if ((rc = rlai_metrics_new(&d->metrics)) < 0)
-        goto fail;
     if (cfg->http) {
         rlai_http_params hp = {
             .bind = cfg->http, .allow_remote = cfg->allow_remote, .engine = d->engine, .model_path = cfg->model,
             .plugins = d->plugins, .metrics = d->metrics, .max_body = cfg->max_frame,
             .max_prompt_tokens = cfg->max_prompt_tokens, .max_inflight = cfg->max_inflight_total,
+            .stop_wait_ms = shutdown_ms(cfg) / 2,
         };
         rc = rlai_http_start(&hp, &d->http, err, errlen);
         if (rc == RLAI_ERR_BUSY && !strcmp(cfg->http, RLAI_HTTP_DEFAULT)) {
@@ -800,11 +816,28 @@ fail:
     return rc;
 }
 
+/* Engines whose plugin host was abandoned at shutdown (handlers stuck in
+ * plugin code may still call into them): kept reachable, never closed. */
+static rlai_engine *volatile abandoned_engines[8];   /* volatile: the stores must stay */
+static int n_abandoned_engines;
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
 void rlai_daemon_shutdown(rlai_daemon *d)
 {
     if (!d)
         return;
-    /* HTTP first: it ends its requests while the engine and plugins run. */
+    /* The whole shutdown is bounded by shutdown_timeout_s (plus the
+     * server's own teardown): what has not ended by then is ended for the
+     * client and left behind, and the sockets are removed anyway. */
+    double deadline = now_ms() + shutdown_ms(&d->cfg);
+    /* HTTP first: it ends its requests while the engine and plugins run
+     * (it waits at most half the budget: stop_wait_ms). */
     rlai_http_stop(&d->http);
     /* No new requests; every in-flight one ends with a SHUTDOWN error. */
     atomic_store(&d->stopping, true);
@@ -822,24 +855,41 @@ void rlai_daemon_shutdown(rlai_daemon *d)
         rlai_engine_cancel(d->engine, ids[i]);
     free(ids);
     /* Plugin calls end (SHUTDOWN) and plugins unload while the engine
-     * thread still runs, so their engine jobs can finish cancelling. */
+     * thread still runs, so their engine jobs can finish cancelling. A
+     * handler that ignores the cancel past the deadline is left running:
+     * its call is ended for the client and its host is abandoned. */
     pthread_mutex_lock(&d->mu);
     rlai_plugin_host *plugins = d->plugins;
     d->plugins = NULL;
     pthread_mutex_unlock(&d->mu);
-    rlai_plugin_host_destroy(&plugins);
+    int left = 0;
+    if (plugins) {
+        double wait = deadline - now_ms();
+        left = rlai_plugin_host_stop(plugins, wait > 100 ? (int)wait : 100);
+        if (left > 0)
+            fprintf(stderr, "rlai serve: %d plugin handler%s did not stop within shutdown_timeout_s (%d s); "
+                    "exiting without waiting for %s\n", left, left == 1 ? "" : "s", shutdown_ms(&d->cfg) / 1000,
+                    left == 1 ? "it" : "them");
+        rlai_plugin_host_destroy(&plugins);
+    }
     if (d->engine_started) {
         rlai_engine_wakeup(d->engine);
         pthread_join(d->engine_thread, NULL);
     }
     rlai_server_stop(d->server, 1000);
-    rlai_engine_close(d->engine);
+    if (left > 0 && n_abandoned_engines < 8)
+        abandoned_engines[n_abandoned_engines++] = d->engine;   /* a stuck handler may still use it */
+    else
+        rlai_engine_close(d->engine);
     while (d->jobs) {
         job *j = d->jobs;
         d->jobs = j->next;
         free_job(j);
     }
-    rlai_metrics_destroy(&d->metrics);
+    if (left == 0)
+        rlai_metrics_destroy(&d->metrics);   /* else the abandoned host may still count into it */
+    else
+        abandoned_metrics = d->metrics;
     pthread_mutex_destroy(&d->mu);
     free(d);
 }

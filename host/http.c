@@ -145,6 +145,7 @@ struct rlai_http {
     size_t max_body;
     int max_prompt_tokens;
     int max_inflight;
+    int stop_wait_ms;
     bool allow_remote;
     bool quiet;
     char *model_id;
@@ -405,6 +406,7 @@ static int status_of(int rc, const char **code)
     case RLAI_ERR_NOT_IMPLEMENTED: case RLAI_ERR_UNSUPPORTED: return 501;
     case RLAI_ERR_BUSY: *code = "rate_limit_exceeded"; return 429;
     case RLAI_ERR_CANCELLED: *code = "shutdown"; return 503;
+    case RLAI_ERR_TIMEOUT: *code = "timeout"; return 504;
     default: return 500;
     }
 }
@@ -1189,7 +1191,7 @@ static enum MHD_Result run_generation(hreq *r, const rlai_token *toks, int n, ge
 }
 
 /* Starts a plugin call with r's sink and answers (stream or blocking). */
-static enum MHD_Result run_call(hreq *r, const char *command, const char *params_json)
+static enum MHD_Result run_call(hreq *r, const char *command, const char *params_json, int timeout_ms)
 {
     rlai_http *h = r->h;
     int rc = track(h, r);
@@ -1202,7 +1204,7 @@ static enum MHD_Result run_call(hreq *r, const char *command, const char *params
     char err[300] = "";
     uint64_t cid = 0;
     hreq_ref(r);                       /* the call's reference, dropped in sink_end */
-    rc = rlai_plugin_host_call(h->plugins, command, params_json, &sink, &cid, err, sizeof(err));
+    rc = rlai_plugin_host_call_timed(h->plugins, command, params_json, timeout_ms, &sink, &cid, err, sizeof(err));
     if (rc < 0) {
         untrack(h, r);
         hreq_unref(r);
@@ -1281,7 +1283,7 @@ static enum MHD_Result lore_chat(hreq *r, const cJSON *body, const char *charact
     if (!pj)
         return send_error(r, 500, NULL, NULL, "out of memory");
     r->kind = K_LORE;
-    enum MHD_Result rc = run_call(r, LORE_COMMAND, pj);
+    enum MHD_Result rc = run_call(r, LORE_COMMAND, pj, 0);
     free(pj);
     return rc;
 }
@@ -1605,16 +1607,40 @@ static enum MHD_Result plugin_call(hreq *r, const char *command)
         return send_error(r, 404, "command_not_found", NULL, "unknown command '%.200s' (no plugins are loaded)",
                           command);
     const char *params = "{}";
+    char *owned = NULL;
+    int timeout_ms = 0;
     if (r->body.len) {
         cJSON *body = parse_body(r);
         if (!body)
             return MHD_YES;
+        /* A top-level "timeout_ms" is the call's deadline, for the host,
+         * not a parameter of the command. */
+        cJSON *t = cJSON_GetObjectItemCaseSensitive(body, "timeout_ms");
+        if (t) {
+            if (!cJSON_IsNumber(t) || t->valuedouble < 1 || t->valuedouble > 86400000 ||
+                t->valuedouble != (double)(int)t->valuedouble) {
+                cJSON_Delete(body);
+                return send_error(r, 400, "invalid_request_error", "timeout_ms",
+                                  "timeout_ms must be an integer number of milliseconds in [1, 86400000]");
+            }
+            timeout_ms = (int)t->valuedouble;
+            cJSON_DeleteItemFromObjectCaseSensitive(body, "timeout_ms");
+            owned = cJSON_PrintUnformatted(body);
+            if (!owned) {
+                cJSON_Delete(body);
+                return send_error(r, 500, NULL, NULL, "out of memory");
+            }
+            params = owned;
+        } else {
+            params = r->body.p;
+        }
         cJSON_Delete(body);
-        params = r->body.p;
     }
     r->stream = wants_stream(r);
     make_id(r, "call-");
-    return run_call(r, command, params);
+    enum MHD_Result res = run_call(r, command, params, timeout_ms);
+    free(owned);
+    return res;
 }
 
 /* ---------------------------------------------------------- routing */
@@ -1910,6 +1936,7 @@ int rlai_http_start(const rlai_http_params *p, rlai_http **out, char *err, size_
     h->metrics = p->metrics;
     h->max_body = p->max_body ? p->max_body : RLAI_PROTO_MAX_FRAME;
     h->max_inflight = p->max_inflight > 0 ? p->max_inflight : 64;
+    h->stop_wait_ms = p->stop_wait_ms > 0 ? p->stop_wait_ms : STOP_WAIT_MS;
     h->allow_remote = p->allow_remote;
     h->quiet = p->quiet;
     h->t_start = now_s();
@@ -1965,6 +1992,10 @@ int rlai_http_port(const rlai_http *h)
     return h ? h->port : 0;
 }
 
+/* Fronts rlai_http_stop gave up on (volatile: the stores must stay). */
+static rlai_http *volatile abandoned_fronts[8];
+static int n_abandoned_fronts;
+
 void rlai_http_stop(rlai_http **self_p)
 {
     if (!self_p || !*self_p)
@@ -2001,7 +2032,7 @@ void rlai_http_stop(rlai_http **self_p)
      * then give the streams a moment to write their closing event. */
     pthread_mutex_lock(&h->mu);
     struct timespec ts;
-    deadline_in(&ts, STOP_WAIT_MS);
+    deadline_in(&ts, h->stop_wait_ms);
     while (h->n_live > 0)
         if (pthread_cond_timedwait(&h->cv, &h->mu, &ts) == ETIMEDOUT)
             break;
@@ -2016,9 +2047,12 @@ void rlai_http_stop(rlai_http **self_p)
     if (h->listen_fd >= 0)
         close(h->listen_fd);
     if (stuck) {
-        /* Engine callbacks still reference h: leak it rather than crash. */
+        /* Engine callbacks still reference h: leak it rather than crash
+         * (kept reachable: it is meant to outlive the daemon). */
+        if (n_abandoned_fronts < 8)
+            abandoned_fronts[n_abandoned_fronts++] = h;
         fprintf(stderr, "rlai serve: http: %d request(s) did not end in %d ms; not freeing the HTTP front\n",
-                h->n_live, STOP_WAIT_MS);
+                h->n_live, h->stop_wait_ms);
         return;
     }
     free(h->model_id);

@@ -46,6 +46,9 @@ struct rlai_metrics {
     int n_tr;
     struct { int code; uint64_t n; } codes[MAX_CODES];
     int n_codes;
+    struct { char command[LABEL_MAX * 2]; uint64_t n; } timeouts[MAX_PAIRS];
+    int n_timeouts;
+    int workers_stuck;
 };
 
 int rlai_metrics_new(rlai_metrics **out)
@@ -108,6 +111,47 @@ void rlai_metrics_count_request(rlai_metrics *m, const char *endpoint, const cha
         }
     }
     slot->n++;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void rlai_metrics_count_plugin_timeout(rlai_metrics *m, const char *command)
+{
+    if (!m)
+        return;
+    char name[LABEL_MAX * 2];
+    size_t i = 0;
+    for (; command && command[i] && i < sizeof(name) - 1; i++) {
+        char c = command[i];
+        bool ok = (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_' || c == '.';
+        name[i] = ok ? c : '_';
+    }
+    name[i] = 0;
+    pthread_mutex_lock(&m->mu);
+    int k = 0;
+    while (k < m->n_timeouts && strcmp(m->timeouts[k].command, name) != 0)
+        k++;
+    if (k == m->n_timeouts) {
+        if (m->n_timeouts < MAX_PAIRS - 1) {
+            m->n_timeouts++;
+        } else {
+            /* the last slot is for everything that did not fit */
+            k = MAX_PAIRS - 1;
+            snprintf(name, sizeof(name), "other");
+            if (m->n_timeouts < MAX_PAIRS)
+                m->n_timeouts = MAX_PAIRS;
+        }
+        memcpy(m->timeouts[k].command, name, sizeof(name));
+    }
+    m->timeouts[k].n++;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void rlai_metrics_set_plugin_workers_stuck(rlai_metrics *m, int n)
+{
+    if (!m)
+        return;
+    pthread_mutex_lock(&m->mu);
+    m->workers_stuck = n;
     pthread_mutex_unlock(&m->mu);
 }
 
@@ -262,6 +306,13 @@ char *rlai_metrics_render(rlai_metrics *m, const rlai_engine_stats *es, double u
         for (int i = 0; i < m->n_codes; i++)
             sb_printf(&b, "rlai_http_responses_total{code=\"%d\"} %llu\n", m->codes[i].code,
                       (unsigned long long)m->codes[i].n);
+        sb_printf(&b, "# HELP rlai_plugin_calls_timed_out_total Plugin calls ended with TIMEOUT, by command.\n"
+                      "# TYPE rlai_plugin_calls_timed_out_total counter\n");
+        for (int i = 0; i < m->n_timeouts; i++)
+            sb_printf(&b, "rlai_plugin_calls_timed_out_total{command=\"%s\"} %llu\n", m->timeouts[i].command,
+                      (unsigned long long)m->timeouts[i].n);
+        sb_printf(&b, "# HELP rlai_plugin_workers_stuck Plugin handlers still running past their deadline.\n"
+                      "# TYPE rlai_plugin_workers_stuck gauge\nrlai_plugin_workers_stuck %d\n", m->workers_stuck);
         RENDER_PER_TRANSPORT(&b, m, "rlai_generations_total", "Generations that finished.", "counter",
                              generations);
         RENDER_PER_TRANSPORT(&b, m, "rlai_generation_errors_total", "Generations that ended with an error.",

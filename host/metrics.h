@@ -32,6 +32,13 @@ void rlai_metrics_destroy(rlai_metrics **self_p);
  * transport "http" or "ipc". Strings are copied. m may be NULL (no-op). */
 void rlai_metrics_count_request(rlai_metrics *m, const char *endpoint, const char *transport);
 
+/* Counts one plugin call that ended with TIMEOUT (command name copied,
+ * sanitised; past 63 distinct names they count as "other"). m may be NULL. */
+void rlai_metrics_count_plugin_timeout(rlai_metrics *m, const char *command);
+
+/* Sets the gauge of plugin handlers running past their deadline. m may be NULL. */
+void rlai_metrics_set_plugin_workers_stuck(rlai_metrics *m, int n);
+
 /* Counts one HTTP response by status code (200, 400, ...). m may be NULL. */
 void rlai_metrics_count_http_status(rlai_metrics *m, int status);
 

@@ -3,10 +3,13 @@
 #include "plugin_host.h"
 #include "rlai/plugin.h"
 #include "gguf_describe.h"
+#include "metrics.h"
+#include "rlai/protocol.h"
 
 #include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -24,6 +27,10 @@
 #define DEAD_MAGIC 0xdeadbeefu
 #define MAX_MANIFEST_BYTES (64u << 10)
 #define MAX_NAME 32
+/* Largest text piece / result (estimated printed size) a plugin may send:
+ * the protocol's string limit, which every transport carries. Results
+ * nest at most RLAI_PROTO_MAX_DEPTH containers (json_msgpack's rule). */
+#define RLAI_PLUGIN_MAX_OUTPUT RLAI_PROTO_MAX_STR
 
 typedef struct command {
     char *name, *description;
@@ -52,6 +59,7 @@ struct rlai_plugin {
     bool refused;                   /* a registration was refused during init */
     pin *pins;                      /* prefixes this plugin pinned */
     pthread_mutex_t pin_mu;
+    cJSON *timeouts;                /* manifest "timeout_ms" object (owned) or NULL */
 };
 
 struct rlai_call {
@@ -63,7 +71,14 @@ struct rlai_call {
     cJSON *params;
     rlai_call_sink sink;
     atomic_bool cancel;
-    atomic_bool ended;              /* terminal frame sent (reply_error) */
+    atomic_bool ended;              /* terminal sent (set under sink_mu) */
+    atomic_int refs;                /* queue/worker 1, watchdog or stop while ending it */
+    pthread_mutex_t sink_mu;        /* every sink callback runs under it */
+    int timeout_ms;                 /* this call's deadline, from acceptance; 0 = none */
+    double deadline;                /* CLOCK_MONOTONIC seconds; 0 = none */
+    bool running;                   /* its handler runs (under h->mu) */
+    bool timed_out;                 /* the watchdog ended it (under h->mu) */
+    bool replaced;                  /* its worker was replaced (under h->mu) */
     pthread_mutex_t mu;             /* guards engine_id */
     uint64_t engine_id;             /* running engine job, 0 = none */
     rlai_call_metrics metrics;
@@ -84,9 +99,25 @@ struct rlai_plugin_host {
     rlai_call *active;
     uint64_t next_id;
     bool stopping;
-    pthread_t *threads;
-    int n_threads;
+    struct worker *workers;         /* every thread started, exited ones included */
+    struct rlai_plugin_host *next_abandoned;
+    int n_alive;                    /* worker threads not yet exited */
+    int n_running;                  /* handlers running now */
+    int n_stuck;                    /* handlers running past their deadline */
+    int n_replaced;                 /* extra threads started for stuck ones, still stuck */
+    pthread_t watchdog;
+    pthread_cond_t wd_cv;           /* the watchdog's tick / stop */
+    bool watchdog_started;
+    bool stopped;                   /* rlai_plugin_host_stop ran */
+    int left_running;               /* handlers still running when stop gave up */
 };
+
+typedef struct worker {
+    struct worker *next;
+    rlai_plugin_host *h;
+    pthread_t t;
+    bool exited;                    /* under h->mu */
+} worker;
 
 static const rlai_host_api host_api;
 
@@ -123,24 +154,93 @@ static bool call_ok(const rlai_call *c)
     return c && c->magic == CALL_MAGIC;
 }
 
-static char *read_small_file(const char *path, size_t max, char *err, size_t errlen)
+/* The ownership/permission rule for a plugin file or folder (already
+ * fstat'd): owned by the effective user or root, not writable by group or
+ * others. A root-owned sticky folder (/tmp) is accepted as the plugin root
+ * only (others cannot rename or replace entries they do not own there). */
+static int check_mode(const struct stat *st, const char *path, bool root_dir, char *err, size_t errlen)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        set_err(err, errlen, "%s: %s", path, strerror(errno));
-        return NULL;
+    uid_t me = geteuid();
+    if (st->st_uid != me && st->st_uid != 0) {
+        set_err(err, errlen, "%s: refused: owned by uid %u, not by this user (%u) or root", path,
+                (unsigned)st->st_uid, (unsigned)me);
+        return RLAI_ERR_INVALID_ARG;
     }
-    char *buf = malloc(max + 1);
-    size_t n = buf ? fread(buf, 1, max + 1, f) : 0;
-    fclose(f);
+    if (st->st_mode & (S_IWGRP | S_IWOTH)) {
+        if (root_dir && S_ISDIR(st->st_mode) && (st->st_mode & S_ISVTX) && st->st_uid == 0)
+            return 0;
+        set_err(err, errlen, "%s: refused: the %s is %s-writable (chmod go-w)", path,
+                S_ISDIR(st->st_mode) ? "folder" : "file", (st->st_mode & S_IWOTH) ? "world" : "group");
+        return RLAI_ERR_INVALID_ARG;
+    }
+    return 0;
+}
+
+/* Opens `name` inside the folder dirfd without following a symbolic link
+ * and without blocking (a FIFO or device never hangs the loader), accepts
+ * a regular file only and applies check_mode. Returns the fd or a
+ * negative error with a message naming `path`. */
+static int open_plugin_file(int dirfd, const char *name, const char *path, char *err, size_t errlen)
+{
+    struct stat st;
+    if (fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
+        set_err(err, errlen, "%s: %s", path, strerror(errno));
+        return RLAI_ERR_IO;
+    }
+    if (S_ISLNK(st.st_mode)) {
+        set_err(err, errlen, "%s: refused: it is a symbolic link (put the file itself in the plugin folder)", path);
+        return RLAI_ERR_INVALID_ARG;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        set_err(err, errlen, "%s: refused: not a regular file", path);
+        return RLAI_ERR_INVALID_ARG;
+    }
+    int fd = openat(dirfd, name, O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY);
+    if (fd < 0) {
+        int e = errno;
+        set_err(err, errlen, e == ELOOP ? "%s: refused: it is a symbolic link" : "%s: %s", path, strerror(e));
+        return e == ELOOP ? RLAI_ERR_INVALID_ARG : RLAI_ERR_IO;
+    }
+    struct stat fst;
+    if (fstat(fd, &fst) != 0 || !S_ISREG(fst.st_mode) || fst.st_ino != st.st_ino || fst.st_dev != st.st_dev) {
+        set_err(err, errlen, "%s: refused: not a regular file (or replaced while opening)", path);
+        close(fd);
+        return RLAI_ERR_INVALID_ARG;
+    }
+    int rc = check_mode(&fst, path, false, err, errlen);
+    if (rc < 0) {
+        close(fd);
+        return rc;
+    }
+    return fd;
+}
+
+/* Reads at most max bytes of an open regular file; NUL-terminated. */
+static char *read_fd_small(int fd, const char *path, size_t max, char *err, size_t errlen)
+{
+    char *buf = malloc(max + 2);
     if (!buf) {
         set_err(err, errlen, "out of memory");
         return NULL;
     }
-    if (n > max) {
-        free(buf);
-        set_err(err, errlen, "%s: larger than %zu bytes", path, max);
-        return NULL;
+    size_t n = 0;
+    for (;;) {
+        ssize_t r = read(fd, buf + n, max + 1 - n);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0) {
+            set_err(err, errlen, "%s: %s", path, strerror(errno));
+            free(buf);
+            return NULL;
+        }
+        if (r == 0)
+            break;
+        n += (size_t)r;
+        if (n > max) {
+            free(buf);
+            set_err(err, errlen, "%s: larger than %zu bytes", path, max);
+            return NULL;
+        }
     }
     buf[n] = 0;
     return buf;
@@ -335,6 +435,146 @@ static const char *api_plugin_dir(rlai_plugin *self)
 
 /* ---------------------------------------------------------- host API: replies */
 
+/* Sink access. Every sink callback runs under call->sink_mu and only while
+ * the call has not ended, so the watchdog (TIMEOUT), a shutdown and the
+ * handler never race on a sink whose receiver is gone after its terminal. */
+
+/* Ends the call with an error unless it already ended. Returns true when
+ * this sent the terminal. */
+static bool end_with_error(rlai_call *c, int code, const char *msg)
+{
+    pthread_mutex_lock(&c->sink_mu);
+    bool first = !atomic_load(&c->ended);
+    if (first) {
+        atomic_store(&c->ended, true);
+        c->sink.error(c->sink.user, code, msg && *msg ? msg : rlai_strerror(code));
+    }
+    pthread_mutex_unlock(&c->sink_mu);
+    return first;
+}
+
+/* own_thread: called by the handler's worker (c->metrics is then stable);
+ * stop() ending a call whose handler may still run passes no metrics. */
+static bool end_with_done(rlai_call *c, const char *stop, bool own_thread)
+{
+    pthread_mutex_lock(&c->sink_mu);
+    bool first = !atomic_load(&c->ended);
+    if (first) {
+        atomic_store(&c->ended, true);
+        static const rlai_call_metrics none = { .valid = false };
+        c->sink.done(c->sink.user, stop, own_thread ? &c->metrics : &none);
+    }
+    pthread_mutex_unlock(&c->sink_mu);
+    return first;
+}
+
+/* A token piece to the sink (handler or engine thread). Returns 0 or
+ * RLAI_ERR_CANCELLED (ended, cancelled or receiver gone). */
+static int send_token(rlai_call *c, const char *text, size_t len)
+{
+    int rc = 0;
+    pthread_mutex_lock(&c->sink_mu);
+    if (atomic_load(&c->ended) || atomic_load(&c->cancel)) {
+        rc = RLAI_ERR_CANCELLED;
+    } else if (c->sink.token(c->sink.user, text, len) != 0) {
+        atomic_store(&c->cancel, true);
+        rc = RLAI_ERR_CANCELLED;
+    }
+    pthread_mutex_unlock(&c->sink_mu);
+    return rc;
+}
+
+/* Strict UTF-8 (no overlong forms, surrogates or code points past
+ * U+10FFFF) without NUL. Returns the offset of the first bad byte, or
+ * len when all is well; *nul tells a NUL apart. */
+static size_t utf8_check(const unsigned char *s, size_t len, bool *nul)
+{
+    *nul = false;
+    size_t i = 0;
+    while (i < len) {
+        unsigned char b = s[i];
+        if (b == 0) {
+            *nul = true;
+            return i;
+        }
+        if (b < 0x80) {
+            i++;
+            continue;
+        }
+        size_t n;
+        uint32_t cp, min;
+        if ((b & 0xe0) == 0xc0) { n = 2; cp = b & 0x1f; min = 0x80; }
+        else if ((b & 0xf0) == 0xe0) { n = 3; cp = b & 0x0f; min = 0x800; }
+        else if ((b & 0xf8) == 0xf0) { n = 4; cp = b & 0x07; min = 0x10000; }
+        else return i;
+        if (len - i < n)
+            return i;
+        for (size_t k = 1; k < n; k++) {
+            if ((s[i + k] & 0xc0) != 0x80)
+                return i;
+            cp = cp << 6 | (s[i + k] & 0x3f);
+        }
+        if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
+            return i;
+        i += n;
+    }
+    return len;
+}
+
+/* Checks a result value: nesting, strings and keys (UTF-8, no NUL), and
+ * the printed size. Returns 0 or an error with a message in why. */
+static int check_json(const cJSON *v, int depth, size_t *budget, char *why, size_t whylen)
+{
+    for (const cJSON *it = v; it; it = depth ? it->next : NULL) {
+        if ((cJSON_IsArray(it) || cJSON_IsObject(it)) && depth >= RLAI_PROTO_MAX_DEPTH) {
+            set_err(why, whylen, "the value nests deeper than %d levels", RLAI_PROTO_MAX_DEPTH);
+            return RLAI_ERR_TOO_LARGE;
+        }
+        bool nul;
+        const char *strs[2] = { it->string, cJSON_IsString(it) ? it->valuestring : NULL };
+        for (int k = 0; k < 2; k++) {
+            if (!strs[k])
+                continue;
+            size_t n = strlen(strs[k]);
+            if (utf8_check((const unsigned char *)strs[k], n, &nul) != n) {
+                set_err(why, whylen, "a %s is not valid UTF-8", k ? "string" : "key");
+                return RLAI_ERR_INVALID_ARG;
+            }
+            if (n + 8 > *budget) {
+                set_err(why, whylen, "the value is larger than %u bytes", RLAI_PLUGIN_MAX_OUTPUT);
+                return RLAI_ERR_TOO_LARGE;
+            }
+            *budget -= n + 8;
+        }
+        if (*budget < 16) {
+            set_err(why, whylen, "the value is larger than %u bytes", RLAI_PLUGIN_MAX_OUTPUT);
+            return RLAI_ERR_TOO_LARGE;
+        }
+        *budget -= 16;
+        if ((cJSON_IsArray(it) || cJSON_IsObject(it)) && it->child) {
+            int rc = check_json(it->child, depth + 1, budget, why, whylen);
+            if (rc < 0)
+                return rc;
+        }
+        if (!depth)
+            break;
+    }
+    return 0;
+}
+
+/* Output a plugin sends that no transport could carry ends the call with
+ * an error (the same on every transport) and the code goes back to the
+ * plugin. */
+static int refuse_output(rlai_call *c, int code, const char *what, const char *why)
+{
+    char msg[512];
+    snprintf(msg, sizeof(msg), "plugin output refused: %s of '%s': %s", what, c->cmd ? c->cmd->name : "?", why);
+    if (c->cmd && c->cmd->owner)
+        api_log(c->cmd->owner, RLAI_LOG_ERROR, "%s", msg);
+    end_with_error(c, code, msg);
+    return code;
+}
+
 static int api_reply_json(rlai_call *call, cJSON *value)
 {
     if (!call_ok(call)) {
@@ -342,13 +582,30 @@ static int api_reply_json(rlai_call *call, cJSON *value)
         return RLAI_ERR_INVALID_ARG;
     }
     int rc = 0;
-    if (!value)
+    if (!value) {
         rc = RLAI_ERR_INVALID_ARG;
-    else if (atomic_load(&call->ended) || atomic_load(&call->cancel))
+    } else if (atomic_load(&call->ended) || atomic_load(&call->cancel)) {
         rc = RLAI_ERR_CANCELLED;
-    else if (call->sink.result(call->sink.user, value) != 0) {
-        atomic_store(&call->cancel, true);
-        rc = RLAI_ERR_CANCELLED;
+    } else {
+        char why[200];
+        size_t budget = RLAI_PLUGIN_MAX_OUTPUT;
+        rc = check_json(value, 0, &budget, why, sizeof(why));
+        if (rc < 0) {
+            refuse_output(call, rc, "reply_json", why);
+        } else {
+            int src = 0;
+            pthread_mutex_lock(&call->sink_mu);
+            if (atomic_load(&call->ended) || atomic_load(&call->cancel)) {
+                rc = RLAI_ERR_CANCELLED;
+            } else if ((src = call->sink.result(call->sink.user, value)) > 0) {
+                atomic_store(&call->cancel, true);
+                rc = RLAI_ERR_CANCELLED;
+            }
+            pthread_mutex_unlock(&call->sink_mu);
+            if (src < 0)   /* the transport cannot carry it (e.g. over its frame limit) */
+                rc = refuse_output(call, src, "reply_json", "the transport cannot carry the value (over its "
+                                                            "frame limit)");
+        }
     }
     cJSON_Delete(value);
     return rc;
@@ -360,7 +617,7 @@ static int api_reply_error(rlai_call *call, int code, const char *fmt, ...)
         return code;
     if (code >= 0)
         code = RLAI_ERR_INVALID_ARG;
-    if (atomic_exchange(&call->ended, true))
+    if (atomic_load(&call->ended))
         return code;
     char msg[1024] = "";
     if (fmt) {
@@ -369,7 +626,12 @@ static int api_reply_error(rlai_call *call, int code, const char *fmt, ...)
         vsnprintf(msg, sizeof(msg), fmt, ap);
         va_end(ap);
     }
-    call->sink.error(call->sink.user, code, msg[0] ? msg : rlai_strerror(code));
+    /* the message goes into an error frame: make it valid UTF-8 */
+    bool nul;
+    size_t n = strlen(msg), at;
+    while ((at = utf8_check((const unsigned char *)msg, n, &nul)) < n)
+        msg[at] = '?';
+    end_with_error(call, code, msg);
     return code;
 }
 
@@ -379,11 +641,20 @@ static int api_stream_text(rlai_call *call, const char *text, size_t len)
         return RLAI_ERR_INVALID_ARG;
     if (atomic_load(&call->ended) || atomic_load(&call->cancel))
         return RLAI_ERR_CANCELLED;
-    if (call->sink.token(call->sink.user, text ? text : "", len) != 0) {
-        atomic_store(&call->cancel, true);
-        return RLAI_ERR_CANCELLED;
+    if (len > RLAI_PLUGIN_MAX_OUTPUT) {
+        char why[96];
+        snprintf(why, sizeof(why), "%zu bytes, larger than %u", len, RLAI_PLUGIN_MAX_OUTPUT);
+        return refuse_output(call, RLAI_ERR_TOO_LARGE, "stream_text", why);
     }
-    return 0;
+    bool nul;
+    size_t at = utf8_check((const unsigned char *)(text ? text : ""), len, &nul);
+    if (at < len) {
+        char why[96];
+        snprintf(why, sizeof(why), nul ? "the text holds a NUL byte (at byte %zu)"
+                                       : "the text is not valid UTF-8 (at byte %zu)", at);
+        return refuse_output(call, RLAI_ERR_INVALID_ARG, "stream_text", why);
+    }
+    return send_token(call, text ? text : "", len);
 }
 
 static bool api_cancelled(rlai_call *call)
@@ -469,9 +740,8 @@ static int gen_on_token(void *user, rlai_token tok, const char *text, size_t len
         memcpy(w->text + w->len, text, len);
         w->len += len;
         w->text[w->len] = 0;
-        if (w->stream && !atomic_load(&w->call->ended) &&
-            w->call->sink.token(w->call->sink.user, text, len) != 0)
-            atomic_store(&w->call->cancel, true);
+        if (w->stream)
+            send_token(w->call, text, len);
     }
     return atomic_load(&w->call->cancel) ? 1 : 0;
 }
@@ -758,15 +1028,25 @@ static const rlai_host_api host_api = {
 
 /* ---------------------------------------------------------- workers */
 
-static void call_free(rlai_call *c)
+static double mono_now(void)
 {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static void call_unref(rlai_call *c)
+{
+    if (atomic_fetch_sub(&c->refs, 1) != 1)
+        return;
     cJSON_Delete(c->params);
     pthread_mutex_destroy(&c->mu);
+    pthread_mutex_destroy(&c->sink_mu);
     c->magic = DEAD_MAGIC;
     free(c);
 }
 
-static void run_call(rlai_plugin_host *h, rlai_call *c)
+static void run_call(rlai_call *c)
 {
     int rc;
     if (atomic_load(&c->cancel)) {
@@ -774,20 +1054,35 @@ static void run_call(rlai_plugin_host *h, rlai_call *c)
     } else {
         rc = c->cmd->handler(c, c->params, c->cmd->user);
     }
-    if (!atomic_exchange(&c->ended, true)) {
-        if (atomic_load(&c->cancel))
-            c->sink.done(c->sink.user, "cancelled", &c->metrics);
-        else if (rc < 0)
-            c->sink.error(c->sink.user, rc, rlai_strerror(rc));
-        else
-            c->sink.done(c->sink.user, c->stop, &c->metrics);
-    }
-    (void)h;
+    if (atomic_load(&c->cancel))
+        end_with_done(c, "cancelled", true);
+    else if (rc < 0)
+        end_with_error(c, rc, rlai_strerror(rc));
+    else
+        end_with_done(c, c->stop, true);
 }
+
+static void remove_from(rlai_call **list, rlai_call *c)
+{
+    for (rlai_call **pp = list; *pp; pp = &(*pp)->next)
+        if (*pp == c) {
+            *pp = c->next;
+            c->next = NULL;
+            return;
+        }
+}
+
+static void publish_stuck(rlai_plugin_host *h)
+{
+    rlai_metrics_set_plugin_workers_stuck(h->p.metrics, h->n_stuck);
+}
+
+static int start_worker(rlai_plugin_host *h);
 
 static void *worker_main(void *arg)
 {
-    rlai_plugin_host *h = arg;
+    worker *self = arg;
+    rlai_plugin_host *h = self->h;
     pthread_mutex_lock(&h->mu);
     for (;;) {
         while (!h->queue && !h->stopping)
@@ -803,16 +1098,152 @@ static void *worker_main(void *arg)
             atomic_store(&c->cancel, true);
         c->next = h->active;
         h->active = c;
+        c->running = true;
+        h->n_running++;
         pthread_mutex_unlock(&h->mu);
-        run_call(h, c);
+        run_call(c);
         pthread_mutex_lock(&h->mu);
-        for (rlai_call **pp = &h->active; *pp; pp = &(*pp)->next)
-            if (*pp == c) {
-                *pp = c->next;
-                break;
+        remove_from(&h->active, c);
+        c->running = false;
+        h->n_running--;
+        bool leave = false;
+        if (c->timed_out) {
+            h->n_stuck--;
+            if (c->replaced) {
+                h->n_replaced--;
+                leave = true;   /* a replacement took this thread's place */
             }
-        call_free(c);
+            publish_stuck(h);
+        }
         pthread_cond_broadcast(&h->cv);
+        pthread_mutex_unlock(&h->mu);
+        call_unref(c);
+        pthread_mutex_lock(&h->mu);
+        if (leave)
+            break;
+    }
+    self->exited = true;
+    h->n_alive--;
+    pthread_cond_broadcast(&h->cv);
+    pthread_mutex_unlock(&h->mu);
+    return NULL;
+}
+
+/* Under h->mu. */
+static int start_worker(rlai_plugin_host *h)
+{
+    worker *w = calloc(1, sizeof(*w));
+    if (!w)
+        return RLAI_ERR_NOMEM;
+    w->h = h;
+    if (pthread_create(&w->t, NULL, worker_main, w) != 0) {
+        free(w);
+        return RLAI_ERR_NOMEM;
+    }
+    w->next = h->workers;
+    h->workers = w;
+    h->n_alive++;
+    return 0;
+}
+
+/* Fails calls past their deadline with RLAI_ERR_TIMEOUT: queued ones are
+ * dropped from the queue; running ones are ended, their engine job
+ * cancelled, and their worker replaced (up to max_stuck extra threads) so
+ * the pool keeps serving while the handler is stuck. The handler's late
+ * output is dropped (the call has ended) and the call is freed when the
+ * handler finally returns (refcount). */
+static void *watchdog_main(void *arg)
+{
+    rlai_plugin_host *h = arg;
+    pthread_mutex_lock(&h->mu);
+    while (!h->stopping) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 50 * 1000 * 1000;
+        if (ts.tv_nsec >= 1000000000) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000;
+        }
+        pthread_cond_timedwait(&h->wd_cv, &h->mu, &ts);
+        if (h->stopping)
+            break;
+        /* Reap threads that left (a replaced worker whose handler finally
+         * returned): exited is set under h->mu just before the thread
+         * returns, so the join is immediate. */
+        for (worker **wp = &h->workers; *wp;) {
+            worker *w = *wp;
+            if (w->exited) {
+                *wp = w->next;
+                pthread_join(w->t, NULL);
+                free(w);
+            } else {
+                wp = &w->next;
+            }
+        }
+        double now = mono_now();
+        rlai_call *expired = NULL;     /* linked through ->next (queued) */
+        rlai_call *stuck[64];
+        int n_stuck = 0;
+        for (rlai_call **pp = &h->queue; *pp;) {
+            rlai_call *c = *pp;
+            if (c->deadline > 0 && now >= c->deadline) {
+                *pp = c->next;
+                if (h->queue_tail == c)
+                    h->queue_tail = NULL;
+                h->n_queued--;
+                c->next = expired;
+                expired = c;
+            } else {
+                pp = &c->next;
+            }
+        }
+        if (!h->queue)
+            h->queue_tail = NULL;
+        else if (!h->queue_tail)
+            for (h->queue_tail = h->queue; h->queue_tail->next;)
+                h->queue_tail = h->queue_tail->next;
+        for (rlai_call *c = h->active; c && n_stuck < 64; c = c->next) {
+            if (c->timed_out || c->deadline <= 0 || now < c->deadline)
+                continue;
+            c->timed_out = true;
+            h->n_stuck++;
+            if (h->n_replaced < h->p.max_stuck && start_worker(h) == 0) {
+                c->replaced = true;
+                h->n_replaced++;
+            }
+            atomic_fetch_add(&c->refs, 1);
+            stuck[n_stuck++] = c;
+        }
+        if (n_stuck)
+            publish_stuck(h);
+        pthread_mutex_unlock(&h->mu);
+        for (rlai_call *c = expired, *next; c; c = next) {
+            next = c->next;
+            char msg[400];
+            snprintf(msg, sizeof(msg), "command '%s' waited past its deadline of %d ms for a free plugin worker",
+                     c->cmd->name, c->timeout_ms);
+            fprintf(stderr, "rlai: plugin call timed out: %s\n", msg);
+            rlai_metrics_count_plugin_timeout(h->p.metrics, c->cmd->name);
+            end_with_error(c, RLAI_ERR_TIMEOUT, msg);
+            call_unref(c);
+        }
+        for (int i = 0; i < n_stuck; i++) {
+            rlai_call *c = stuck[i];
+            atomic_store(&c->cancel, true);
+            pthread_mutex_lock(&c->mu);
+            if (c->engine_id && h->p.engine)
+                rlai_engine_cancel(h->p.engine, c->engine_id);
+            pthread_mutex_unlock(&c->mu);
+            char msg[400];
+            snprintf(msg, sizeof(msg), "command '%s' (plugin %s) did not finish within its deadline of %d ms",
+                     c->cmd->name, c->cmd->owner->name, c->timeout_ms);
+            fprintf(stderr, "rlai: plugin call timed out: %s; its handler is still running (%s)\n", msg,
+                    c->replaced ? "worker replaced" : "no worker replaced: limit of stuck workers reached");
+            rlai_metrics_count_plugin_timeout(h->p.metrics, c->cmd->name);
+            end_with_error(c, RLAI_ERR_TIMEOUT, msg);
+            call_unref(c);
+        }
+        pthread_mutex_lock(&h->mu);
     }
     pthread_mutex_unlock(&h->mu);
     return NULL;
@@ -836,22 +1267,31 @@ int rlai_plugin_host_new(const rlai_plugin_host_params *p, rlai_plugin_host **ou
         h->p.workers = 64;
     if (h->p.max_queue <= 0)
         h->p.max_queue = 64;
+    if (h->p.call_timeout_ms == 0)
+        h->p.call_timeout_ms = RLAI_PLUGIN_DEFAULT_TIMEOUT_MS;
+    if (h->p.max_stuck <= 0)
+        h->p.max_stuck = h->p.workers;
+    if (h->p.max_stuck > 256)
+        h->p.max_stuck = 256;
     h->plugin_config = p && p->plugin_config ? cJSON_Duplicate(p->plugin_config, true) : NULL;
     h->p.plugin_config = h->plugin_config;
     h->next_id = 1;
     pthread_mutex_init(&h->mu, NULL);
     pthread_cond_init(&h->cv, NULL);
-    h->threads = calloc((size_t)h->p.workers, sizeof(pthread_t));
-    if (!h->threads) {
+    pthread_cond_init(&h->wd_cv, NULL);
+    pthread_mutex_lock(&h->mu);
+    int rc = 0;
+    for (int i = 0; i < h->p.workers && rc == 0; i++)
+        rc = start_worker(h);
+    if (rc == 0 && pthread_create(&h->watchdog, NULL, watchdog_main, h) != 0)
+        rc = RLAI_ERR_NOMEM;
+    else if (rc == 0)
+        h->watchdog_started = true;
+    pthread_mutex_unlock(&h->mu);
+    publish_stuck(h);
+    if (rc < 0) {
         rlai_plugin_host_destroy(&h);
-        return RLAI_ERR_NOMEM;
-    }
-    for (int i = 0; i < h->p.workers; i++) {
-        if (pthread_create(&h->threads[i], NULL, worker_main, h) != 0) {
-            rlai_plugin_host_destroy(&h);
-            return RLAI_ERR_NOMEM;
-        }
-        h->n_threads++;
+        return rc;
     }
     *out = h;
     return 0;
@@ -873,6 +1313,7 @@ static void plugin_unload(rlai_plugin_host *h, rlai_plugin *p, bool run_fini)
     if (p->dl)
         dlclose(p->dl);
     cJSON_Delete(p->config);
+    cJSON_Delete(p->timeouts);
     free(p->name);
     free(p->version);
     free(p->description);
@@ -883,16 +1324,25 @@ static void plugin_unload(rlai_plugin_host *h, rlai_plugin *p, bool run_fini)
     free(p);
 }
 
-void rlai_plugin_host_destroy(rlai_plugin_host **self_p)
+/* Hosts given up on because handlers still ran in them: kept reachable
+ * (never freed, plugins never unloaded) so a late handler finds valid
+ * memory and code until the process exits. */
+static rlai_plugin_host *volatile abandoned_hosts;
+static pthread_mutex_t abandoned_mu = PTHREAD_MUTEX_INITIALIZER;
+
+int rlai_plugin_host_stop(rlai_plugin_host *h, int timeout_ms)
 {
-    if (!self_p || !*self_p)
-        return;
-    rlai_plugin_host *h = *self_p;
-    *self_p = NULL;
+    if (!h)
+        return 0;
+    pthread_mutex_lock(&h->mu);
+    if (h->stopped) {
+        int left = h->left_running;
+        pthread_mutex_unlock(&h->mu);
+        return left;
+    }
     /* Cancel queued and running calls; workers end queued ones with a
      * "cancelled" terminal, running handlers see cancelled() and their
      * engine jobs are cancelled. */
-    pthread_mutex_lock(&h->mu);
     h->stopping = true;
     for (rlai_call *c = h->queue; c; c = c->next)
         atomic_store(&c->cancel, true);
@@ -904,10 +1354,81 @@ void rlai_plugin_host_destroy(rlai_plugin_host **self_p)
         pthread_mutex_unlock(&c->mu);
     }
     pthread_cond_broadcast(&h->cv);
+    pthread_cond_broadcast(&h->wd_cv);
     pthread_mutex_unlock(&h->mu);
-    for (int i = 0; i < h->n_threads; i++)
-        pthread_join(h->threads[i], NULL);
-    free(h->threads);
+    if (h->watchdog_started) {
+        pthread_join(h->watchdog, NULL);
+        h->watchdog_started = false;
+    }
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    if (timeout_ms >= 0) {
+        ts.tv_sec += timeout_ms / 1000;
+        ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+        if (ts.tv_nsec >= 1000000000) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000;
+        }
+    }
+    pthread_mutex_lock(&h->mu);
+    while (h->n_alive > 0) {
+        if (timeout_ms < 0)
+            pthread_cond_wait(&h->cv, &h->mu);
+        else if (pthread_cond_timedwait(&h->cv, &h->mu, &ts) == ETIMEDOUT)
+            break;
+    }
+    /* Past the deadline: end what is left ourselves (each caller gets its
+     * terminal now), and leave the stuck handlers running. */
+    rlai_call *left[256];
+    int n = 0;
+    while (h->queue && n < 256) {
+        rlai_call *c = h->queue;
+        h->queue = c->next;
+        h->n_queued--;
+        left[n++] = c;              /* the queue's reference moves to us */
+    }
+    if (!h->queue)
+        h->queue_tail = NULL;
+    int n_queued_left = n;
+    for (rlai_call *c = h->active; c && n < 256; c = c->next) {
+        atomic_fetch_add(&c->refs, 1);
+        left[n++] = c;
+    }
+    h->stopped = true;
+    h->left_running = h->n_running;
+    int running = h->n_running;
+    pthread_mutex_unlock(&h->mu);
+    for (int i = 0; i < n; i++) {
+        if (i >= n_queued_left)
+            fprintf(stderr, "rlai: plugin command '%s' ignored the shutdown; its call is ended, its handler left "
+                    "running\n", left[i]->cmd->name);
+        end_with_done(left[i], "cancelled", false);
+        call_unref(left[i]);
+    }
+    return running;
+}
+
+void rlai_plugin_host_destroy(rlai_plugin_host **self_p)
+{
+    if (!self_p || !*self_p)
+        return;
+    rlai_plugin_host *h = *self_p;
+    *self_p = NULL;
+    if (rlai_plugin_host_stop(h, -1) > 0) {
+        /* Handlers still run plugin code with their calls: keep the host,
+         * its commands and the libraries. */
+        pthread_mutex_lock(&abandoned_mu);
+        h->next_abandoned = abandoned_hosts;
+        abandoned_hosts = h;
+        pthread_mutex_unlock(&abandoned_mu);
+        return;
+    }
+    while (h->workers) {
+        worker *w = h->workers;
+        h->workers = w->next;
+        pthread_join(w->t, NULL);
+        free(w);
+    }
     while (h->plugins) {
         rlai_plugin *p = h->plugins;
         h->plugins = p->next;
@@ -919,16 +1440,56 @@ void rlai_plugin_host_destroy(rlai_plugin_host **self_p)
     cJSON_Delete(h->plugin_config);
     pthread_mutex_destroy(&h->mu);
     pthread_cond_destroy(&h->cv);
+    pthread_cond_destroy(&h->wd_cv);
     free(h);
+}
+
+int rlai_plugin_host_running(rlai_plugin_host *h)
+{
+    if (!h)
+        return 0;
+    pthread_mutex_lock(&h->mu);
+    int n = h->n_running;
+    pthread_mutex_unlock(&h->mu);
+    return n;
+}
+
+int rlai_plugin_host_stuck(rlai_plugin_host *h)
+{
+    if (!h)
+        return 0;
+    pthread_mutex_lock(&h->mu);
+    int n = h->n_stuck;
+    pthread_mutex_unlock(&h->mu);
+    return n;
+}
+
+/* "timeout_ms": {"*" | "<name>.<verb>": ms}. */
+static bool timeouts_ok(const cJSON *t, const char *name)
+{
+    if (!t)
+        return true;
+    size_t nlen = strlen(name);
+    for (const cJSON *it = t->child; it; it = it->next) {
+        bool key_ok = strcmp(it->string, "*") == 0 ||
+                      (strncmp(it->string, name, nlen) == 0 && it->string[nlen] == '.');
+        if (!key_ok || !cJSON_IsNumber(it) || it->valuedouble < 1 || it->valuedouble > 86400000)
+            return false;
+    }
+    return true;
 }
 
 /* Validates manifest.json of folder dir; fills name/version/description/
  * entry/config. Returns 0 or RLAI_ERR_FORMAT with a message. */
-static int read_manifest(const char *dir, cJSON **root_out, char *err, size_t errlen)
+static int read_manifest(int dirfd, const char *dir, cJSON **root_out, char *err, size_t errlen)
 {
     char path[PATH_MAX + 32];
     snprintf(path, sizeof(path), "%s/manifest.json", dir);
-    char *text = read_small_file(path, MAX_MANIFEST_BYTES, err, errlen);
+    int fd = open_plugin_file(dirfd, "manifest.json", path, err, errlen);
+    if (fd < 0)
+        return fd;
+    char *text = read_fd_small(fd, path, MAX_MANIFEST_BYTES, err, errlen);
+    close(fd);
     if (!text)
         return RLAI_ERR_IO;
     const char *end = NULL;
@@ -946,6 +1507,7 @@ static int read_manifest(const char *dir, cJSON **root_out, char *err, size_t er
         { "abi", false, cJSON_Number }, { "config", false, cJSON_Object },
         { "commands", false, cJSON_Array }, { "author", false, cJSON_String },
         { "license", false, cJSON_String }, { "homepage", false, cJSON_String },
+        { "timeout_ms", false, cJSON_Object }, { "isolation", false, cJSON_String },
     };
     const char *why = NULL, *key = NULL;
     if (!cJSON_IsObject(root))
@@ -968,7 +1530,7 @@ static int read_manifest(const char *dir, cJSON **root_out, char *err, size_t er
             if (!known) {
                 key = it->string;
                 why = "is not a manifest key (name, version, entry, description, abi, config, "
-                      "commands, author, license, homepage)";
+                      "commands, author, license, homepage, timeout_ms, isolation)";
             }
         }
     }
@@ -977,6 +1539,7 @@ static int read_manifest(const char *dir, cJSON **root_out, char *err, size_t er
         const char *entry = cJSON_GetObjectItemCaseSensitive(root, "entry")->valuestring;
         const char *version = cJSON_GetObjectItemCaseSensitive(root, "version")->valuestring;
         cJSON *abi = cJSON_GetObjectItemCaseSensitive(root, "abi");
+        cJSON *isolation = cJSON_GetObjectItemCaseSensitive(root, "isolation");
         if (!valid_ident(name, MAX_NAME)) {
             key = "name";
             why = "must be 1-32 characters of a-z, 0-9, _ starting with a letter";
@@ -987,6 +1550,17 @@ static int read_manifest(const char *dir, cJSON **root_out, char *err, size_t er
         } else if (!*version || strlen(version) > 32) {
             key = "version";
             why = "must be a version such as \"1.0.0\"";
+        } else if (!timeouts_ok(cJSON_GetObjectItemCaseSensitive(root, "timeout_ms"), name)) {
+            key = "timeout_ms";
+            why = "must map \"*\" or \"<name>.<verb>\" command names to milliseconds (1 to 86400000)";
+        } else if (isolation && strcmp(isolation->valuestring, "in-process") != 0) {
+            bool process = strcmp(isolation->valuestring, "process") == 0;
+            set_err(err, errlen, process ? "%s: \"isolation\": \"process\" is not implemented in this build "
+                                           "(plugins run inside the engine process; see docs/PLUGINS.md)"
+                                         : "%s: \"isolation\" must be \"in-process\" (\"process\" is not "
+                                           "implemented in this build)", path);
+            cJSON_Delete(root);
+            return process ? RLAI_ERR_NOT_IMPLEMENTED : RLAI_ERR_FORMAT;
         } else if (abi && abi->valuedouble != RLAI_PLUGIN_ABI_MAJOR) {
             set_err(err, errlen, "%s: \"abi\" is %g but this host speaks plugin ABI %d.%d", path,
                     abi->valuedouble, RLAI_PLUGIN_ABI_MAJOR, RLAI_PLUGIN_ABI_MINOR);
@@ -1006,28 +1580,15 @@ static int read_manifest(const char *dir, cJSON **root_out, char *err, size_t er
     return 0;
 }
 
-/* Refuses files others could have replaced. */
-static int check_file_safety(const char *path, char *err, size_t errlen)
+/* check_mode for an open folder. */
+static int check_dir_fd(int fd, const char *path, bool root_dir, char *err, size_t errlen)
 {
     struct stat st;
-    if (stat(path, &st) != 0) {
+    if (fstat(fd, &st) != 0) {
         set_err(err, errlen, "%s: %s", path, strerror(errno));
         return RLAI_ERR_IO;
     }
-    if (!S_ISREG(st.st_mode)) {
-        set_err(err, errlen, "%s: not a regular file", path);
-        return RLAI_ERR_INVALID_ARG;
-    }
-    if (st.st_uid != getuid() && st.st_uid != 0) {
-        set_err(err, errlen, "%s: refused: owned by uid %u, not by this user (%u) or root", path,
-                (unsigned)st.st_uid, (unsigned)getuid());
-        return RLAI_ERR_INVALID_ARG;
-    }
-    if (st.st_mode & S_IWOTH) {
-        set_err(err, errlen, "%s: refused: the file is world-writable (chmod o-w)", path);
-        return RLAI_ERR_INVALID_ARG;
-    }
-    return 0;
+    return check_mode(&st, path, root_dir, err, errlen);
 }
 
 static cJSON *merge_config(const cJSON *base, const cJSON *over)
@@ -1056,10 +1617,37 @@ int rlai_plugin_host_load(rlai_plugin_host *h, const char *dir, char *err, size_
         set_err(err, errlen, "%s: %s", dir, strerror(errno));
         return RLAI_ERR_IO;
     }
+    /* The folder and its parent (the plugin root) must be ours or root's
+     * and not writable by others; files are then opened relative to the
+     * folder's fd, never through a symbolic link. */
+    int dirfd = open(absdir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (dirfd < 0) {
+        set_err(err, errlen, "%s: %s", absdir, strerror(errno));
+        return RLAI_ERR_IO;
+    }
+    int rc = check_dir_fd(dirfd, absdir, false, err, errlen);
+    if (rc == 0) {
+        int pfd = openat(dirfd, "..", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        char parent[PATH_MAX];
+        snprintf(parent, sizeof(parent), "%s", absdir);
+        char *slash = strrchr(parent, '/');
+        if (slash)
+            *(slash == parent ? slash + 1 : slash) = 0;
+        if (pfd < 0) {
+            set_err(err, errlen, "%s: %s", parent, strerror(errno));
+            rc = RLAI_ERR_IO;
+        } else {
+            rc = check_dir_fd(pfd, parent, true, err, errlen);
+            close(pfd);
+        }
+    }
     cJSON *man = NULL;
-    int rc = read_manifest(absdir, &man, err, errlen);
-    if (rc < 0)
+    if (rc == 0)
+        rc = read_manifest(dirfd, absdir, &man, err, errlen);
+    if (rc < 0) {
+        close(dirfd);
         return rc;
+    }
     const char *name = cJSON_GetObjectItemCaseSensitive(man, "name")->valuestring;
     char file[PATH_MAX + 64];
     snprintf(file, sizeof(file), "%s/%s", absdir, cJSON_GetObjectItemCaseSensitive(man, "entry")->valuestring);
@@ -1067,12 +1655,19 @@ int rlai_plugin_host_load(rlai_plugin_host *h, const char *dir, char *err, size_
         if (strcmp(q->name, name) == 0) {
             set_err(err, errlen, "%s: a plugin named '%s' is already loaded from %s", file, name, q->dir);
             cJSON_Delete(man);
+            close(dirfd);
             return RLAI_ERR_EXISTS;
         }
-    if ((rc = check_file_safety(file, err, errlen)) < 0) {
+    int efd = open_plugin_file(dirfd, cJSON_GetObjectItemCaseSensitive(man, "entry")->valuestring, file, err,
+                               errlen);
+    close(dirfd);
+    if (efd < 0) {
         cJSON_Delete(man);
-        return rc;
+        return efd;
     }
+    /* dlopen goes by path: the checks above make sure only this user or
+     * root can change what the path names. */
+    close(efd);
     rlai_plugin *p = calloc(1, sizeof(*p));
     if (!p) {
         cJSON_Delete(man);
@@ -1088,6 +1683,7 @@ int rlai_plugin_host_load(rlai_plugin_host *h, const char *dir, char *err, size_
     p->file = strdup(file);
     const cJSON *over = h->plugin_config ? cJSON_GetObjectItemCaseSensitive(h->plugin_config, name) : NULL;
     p->config = merge_config(cJSON_GetObjectItemCaseSensitive(man, "config"), over);
+    p->timeouts = cJSON_DetachItemFromObjectCaseSensitive(man, "timeout_ms");
     cJSON_Delete(man);
     if (!p->name || !p->version || !p->description || !p->dir || !p->file || !p->config) {
         plugin_unload(h, p, false);
@@ -1210,6 +1806,28 @@ int rlai_plugin_host_load_all(rlai_plugin_host *h, const char *root)
 int rlai_plugin_host_call(rlai_plugin_host *h, const char *command_name, const char *params_json,
                           const rlai_call_sink *sink, uint64_t *call_id, char *err, size_t errlen)
 {
+    return rlai_plugin_host_call_timed(h, command_name, params_json, 0, sink, call_id, err, errlen);
+}
+
+/* The deadline of a call of cmd: the request's, else the manifest's
+ * "timeout_ms" for the command (or "*"), else the host's. 0 = none. */
+static int call_timeout(const rlai_plugin_host *h, const command *cmd, int request_ms)
+{
+    if (request_ms > 0)
+        return request_ms;
+    const cJSON *t = cmd->owner ? cmd->owner->timeouts : NULL;
+    const cJSON *v = t ? cJSON_GetObjectItemCaseSensitive(t, cmd->name) : NULL;
+    if (!v && t)
+        v = cJSON_GetObjectItemCaseSensitive(t, "*");
+    if (cJSON_IsNumber(v) && v->valuedouble >= 1)
+        return (int)v->valuedouble;
+    return h->p.call_timeout_ms > 0 ? h->p.call_timeout_ms : 0;
+}
+
+int rlai_plugin_host_call_timed(rlai_plugin_host *h, const char *command_name, const char *params_json,
+                                int timeout_ms, const rlai_call_sink *sink, uint64_t *call_id, char *err,
+                                size_t errlen)
+{
     if (call_id)
         *call_id = 0;
     if (!h || !command_name || !sink || !sink->token || !sink->result || !sink->done || !sink->error) {
@@ -1245,7 +1863,9 @@ int rlai_plugin_host_call(rlai_plugin_host *h, const char *command_name, const c
     c->stop = "";
     atomic_init(&c->cancel, false);
     atomic_init(&c->ended, false);
+    atomic_init(&c->refs, 1);
     pthread_mutex_init(&c->mu, NULL);
+    pthread_mutex_init(&c->sink_mu, NULL);
     int rc = 0;
     pthread_mutex_lock(&h->mu);
     command *cmd = find_cmd(h, command_name);
@@ -1267,6 +1887,8 @@ int rlai_plugin_host_call(rlai_plugin_host *h, const char *command_name, const c
     } else {
         c->cmd = cmd;
         c->id = h->next_id++;
+        c->timeout_ms = call_timeout(h, cmd, timeout_ms);
+        c->deadline = c->timeout_ms > 0 ? mono_now() + c->timeout_ms / 1000.0 : 0;
         if (h->queue_tail)
             h->queue_tail->next = c;
         else
@@ -1279,7 +1901,7 @@ int rlai_plugin_host_call(rlai_plugin_host *h, const char *command_name, const c
     }
     pthread_mutex_unlock(&h->mu);
     if (rc < 0)
-        call_free(c);
+        call_unref(c);
     return rc;
 }
 

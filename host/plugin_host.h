@@ -21,6 +21,12 @@
 
 #include "rlai/engine.h"
 
+struct rlai_metrics;
+
+/* Deadline of a plugin call when neither the request, the manifest nor
+ * the configuration gives one. */
+#define RLAI_PLUGIN_DEFAULT_TIMEOUT_MS 60000
+
 typedef struct rlai_plugin_host rlai_plugin_host;
 
 /* Metrics of the engine jobs a call ran (the last generate of the call). */
@@ -34,7 +40,10 @@ typedef struct rlai_call_sink {
     /* A text piece (whole UTF-8 characters). Returns 0, or non-zero when
      * the receiver is gone (the call is then cancelled). */
     int (*token)(void *user, const char *text, size_t len);
-    /* One result value (borrowed for the callback). */
+    /* One result value (borrowed for the callback). Returns 0, > 0 when
+     * the receiver is gone (the call is cancelled), or a negative
+     * rlai_error when this transport cannot carry the value (the call then
+     * ends with that error and the plugin gets it back). */
     int (*result)(void *user, const cJSON *value);
     /* Terminal: success. m->valid tells whether metrics exist. */
     void (*done)(void *user, const char *stop, const rlai_call_metrics *m);
@@ -47,7 +56,15 @@ typedef struct rlai_plugin_host_params {
     rlai_engine *engine;            /* shared engine, borrowed; NULL = no model (engine
                                        jobs answer RLAI_ERR_NOT_IMPLEMENTED) */
     int workers;                    /* worker threads; 0 = 4 */
-    int max_queue;                  /* calls waiting for a worker; 0 = 64 */
+    int max_queue;                  /* calls waiting for a worker; 0 = 64; past it calls
+                                       are refused at once with RLAI_ERR_BUSY */
+    int call_timeout_ms;            /* deadline of a call from its acceptance, unless the
+                                       request or the manifest's "timeout_ms" gives one;
+                                       0 = RLAI_PLUGIN_DEFAULT_TIMEOUT_MS, < 0 = none */
+    int max_stuck;                  /* extra worker threads started to replace workers whose
+                                       handler runs past its deadline; 0 = workers */
+    struct rlai_metrics *metrics;   /* timed-out calls and stuck workers go here; borrowed,
+                                       may be NULL, must outlive the host */
     int max_prompt_tokens;          /* limit for engine jobs; 0 = engine context */
     const cJSON *plugin_config;     /* {"<plugin name>": {overrides}} or NULL; copied */
     bool quiet;                     /* no info log lines (errors still go to stderr) */
@@ -57,9 +74,20 @@ typedef struct rlai_plugin_host_params {
  * caller (rlai_plugin_host_destroy). */
 int rlai_plugin_host_new(const rlai_plugin_host_params *p, rlai_plugin_host **out);
 
-/* Stops accepting calls, cancels the running ones and waits for them,
- * runs each plugin's fini, unpins what plugins pinned, unloads, frees.
- * Accepts NULL; nulls *self_p. */
+/* Stops accepting calls, cancels the queued and running ones and waits up
+ * to timeout_ms (< 0: for ever) for every worker to finish. Past that, the
+ * calls still queued or running are ended by the host (done "cancelled"
+ * to their sinks, so every caller gets its terminal) and their handlers
+ * are left running. Returns the number of handlers still running (0 when
+ * all ended). Idempotent: a second call returns the first one's count. */
+int rlai_plugin_host_stop(rlai_plugin_host *h, int timeout_ms);
+
+/* rlai_plugin_host_stop(h, -1) unless stop already ran, then, when no
+ * handler runs any more, runs each plugin's fini, unpins what plugins
+ * pinned, unloads and frees. When stop left handlers running, the host is
+ * abandoned instead: nothing is freed or unloaded (a late handler still
+ * finds its call, the host and its library) and the memory stays
+ * reachable until the process exits. Accepts NULL; nulls *self_p. */
 void rlai_plugin_host_destroy(rlai_plugin_host **self_p);
 
 /* Loads one plugin folder (holding manifest.json). Returns 0, or a negative
@@ -83,8 +111,24 @@ int rlai_plugin_host_load_all(rlai_plugin_host *h, const char *root);
 int rlai_plugin_host_call(rlai_plugin_host *h, const char *command, const char *params_json,
                           const rlai_call_sink *sink, uint64_t *call_id, char *err, size_t errlen);
 
+/* rlai_plugin_host_call with a deadline for this call: timeout_ms > 0
+ * overrides the manifest's and the host's (0 = those). A call past its
+ * deadline, queued or running, ends with RLAI_ERR_TIMEOUT and a message
+ * naming the command and the deadline; a running handler keeps its worker
+ * until it returns (its late output is dropped) and a replacement worker
+ * serves the queue meanwhile (up to max_stuck of them). */
+int rlai_plugin_host_call_timed(rlai_plugin_host *h, const char *command, const char *params_json,
+                                int timeout_ms, const rlai_call_sink *sink, uint64_t *call_id, char *err,
+                                size_t errlen);
+
+/* Handlers running now / running past their deadline now. */
+int rlai_plugin_host_running(rlai_plugin_host *h);
+int rlai_plugin_host_stuck(rlai_plugin_host *h);
+
 /* Asks a call to stop (its engine job is cancelled; the handler sees
- * cancelled() true). Returns 0 or RLAI_ERR_NOT_FOUND once it has ended. */
+ * cancelled() true). Returns 0 or RLAI_ERR_NOT_FOUND once its handler has
+ * returned (a call that timed out counts as present while its handler
+ * still runs). */
 int rlai_plugin_host_cancel(rlai_plugin_host *h, uint64_t call_id);
 
 /* The registry as JSON: {"commands": [{"name", "description",

@@ -46,6 +46,7 @@ const char *rlai_proto_code_name(int code)
     case RLAI_PE_SHUTDOWN: return "SHUTDOWN";
     case RLAI_PE_INTERNAL: return "INTERNAL";
     case RLAI_PE_NOT_IMPLEMENTED: return "NOT_IMPLEMENTED";
+    case RLAI_PE_TIMEOUT: return "TIMEOUT";
     default: return "UNKNOWN";
     }
 }
@@ -398,6 +399,7 @@ enum fid {
     F_CODE, F_NAME, F_MSG,
     F_MAX_TOKENS, F_TEMPERATURE, F_TOP_K, F_TOP_P, F_MIN_P, F_REPEAT_PENALTY,
     F_PRESENCE_PENALTY, F_FREQUENCY_PENALTY, F_SEED, F_IGNORE_EOS,
+    F_TIMEOUT_MS,
     F_COUNT
 };
 
@@ -408,6 +410,7 @@ static const char *const field_names[F_COUNT] = {
     "code", "name", "msg",
     "max_tokens", "temperature", "top_k", "top_p", "min_p", "repeat_penalty",
     "presence_penalty", "frequency_penalty", "seed", "ignore_eos",
+    "timeout_ms",
 };
 
 #define FB(f) (UINT64_C(1) << (f))
@@ -422,7 +425,7 @@ static uint64_t type_fields(rlai_msg_type t)
     case RLAI_MSG_HELLO: return f | FB(F_CLIENT);
     case RLAI_MSG_GENERATE: return f | FB(F_PROMPT) | GEN_FIELDS;
     case RLAI_MSG_CHAT: return f | FB(F_MESSAGES) | GEN_FIELDS;
-    case RLAI_MSG_CALL: return f | FB(F_COMMAND) | FB(F_PARAMS);
+    case RLAI_MSG_CALL: return f | FB(F_COMMAND) | FB(F_PARAMS) | FB(F_TIMEOUT_MS);
     case RLAI_MSG_CANCEL: return f | FB(F_TARGET);
     case RLAI_MSG_TOKENIZE: return f | FB(F_TEXT) | FB(F_ADD_SPECIAL) | FB(F_PARSE_SPECIAL);
     case RLAI_MSG_TOKEN: return f | FB(F_TEXT) | FB(F_TOKENS);
@@ -724,6 +727,11 @@ static int decode_fields(dctx *c, const unsigned char *buf, const frame_spans *s
             return rc;
         if ((o = opt(f[F_PARAMS])))
             rc = get_str(c, o, "params", RLAI_PROTO_MAX_STR, false, &m->u.call.params_json);
+        if (!rc && (o = opt(f[F_TIMEOUT_MS]))) {
+            uint64_t t = 0;
+            rc = get_u64(c, o, "timeout_ms", RLAI_PROTO_MAX_CALL_TIMEOUT_MS, &t);
+            m->u.call.timeout_ms = (uint32_t)t;
+        }
         return rc;
     case RLAI_MSG_CANCEL:
         return get_u64(c, f[F_TARGET], "target", UINT64_MAX, &m->u.cancel.target);
@@ -1194,10 +1202,11 @@ int rlai_proto_encode(const rlai_msg *m, rlai_buf *out)
         p_gen(&e, &m->u.chat.gen);
         break;
     case RLAI_MSG_CALL:
-        p_head(&e, 1 + (m->u.call.params_json != NULL), v, m->id, m->type);
+        p_head(&e, 1 + (m->u.call.params_json != NULL) + (m->u.call.timeout_ms != 0), v, m->id, m->type);
         p_key(&e, "command");
         p_key(&e, m->u.call.command);
         if (m->u.call.params_json) { p_key(&e, "params"); p_key(&e, m->u.call.params_json); }
+        if (m->u.call.timeout_ms) { p_key(&e, "timeout_ms"); msgpack_pack_uint32(&e.pk, m->u.call.timeout_ms); }
         break;
     case RLAI_MSG_CANCEL:
         p_head(&e, 1, v, m->id, m->type);

@@ -131,6 +131,27 @@ START_TEST(http_endpoint)
 }
 END_TEST
 
+START_TEST(plugin_deadlines_queue_and_shutdown)
+{
+    rlai_config c;
+    char err[256];
+    ck_assert_int_eq(rlai_config_defaults(&c, "m.gguf"), 0);
+    ck_assert_int_eq(c.plugin_call_timeout_s, 60);
+    ck_assert_int_eq(c.shutdown_timeout_s, 5);
+    ck_assert_int_eq(c.plugin_max_queue, 0);
+    ck_assert_int_eq(rlai_config_load_json(&c, "{\"shutdown_timeout_s\":2,\"plugins\":{\"call_timeout_s\":0,"
+                                               "\"max_queue\":3}}", err, sizeof(err)), 0);
+    ck_assert_int_eq(c.shutdown_timeout_s, 2);
+    ck_assert_int_eq(c.plugin_call_timeout_s, 0);
+    ck_assert_int_eq(c.plugin_max_queue, 3);
+    static const char *bad[] = { "{\"shutdown_timeout_s\":0}", "{\"shutdown_timeout_s\":\"5\"}",
+                                 "{\"plugins\":{\"call_timeout_s\":-1}}", "{\"plugins\":{\"max_queue\":0}}" };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+        ck_assert_int_eq(rlai_config_load_json(&c, bad[i], err, sizeof(err)), RLAI_ERR_FORMAT);
+    rlai_config_free(&c);
+}
+END_TEST
+
 START_TEST(file_loading)
 {
     rlai_config c;
@@ -160,6 +181,7 @@ int main(void)
     tcase_add_test(tc, remote_tcp_needs_opt_in);
     tcase_add_test(tc, http_endpoint);
     tcase_add_test(tc, file_loading);
+    tcase_add_test(tc, plugin_deadlines_queue_and_shutdown);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -15,6 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "metrics.h"
 #include "plugin_host.h"
 #include "rlai/error.h"
 
@@ -341,12 +342,114 @@ START_TEST(world_writable_plugin_file_is_refused)
 }
 END_TEST
 
+/* A copy of the good plugin at <root>/p (root 0755, folder 0755, files
+ * 0644/0755) for the file-safety cases. */
+static void make_copy(char *root, char *pdir, size_t plen)
+{
+    ck_assert_ptr_nonnull(mkdtemp(root));
+    ck_assert_int_eq(chmod(root, 0755), 0);
+    snprintf(pdir, plen, "%s/p", root);
+    ck_assert_int_eq(mkdir(pdir, 0755), 0);
+    char cmd[2400];
+    snprintf(cmd, sizeof(cmd), "cp '%s/good/libgood.so' '%s/libgood.so' && chmod 0755 '%s/libgood.so'",
+             RLAI_TEST_PLUGINS, pdir, pdir);
+    ck_assert_int_eq(system(cmd), 0);
+    write_file(pdir, "manifest.json",
+               "{\"name\":\"good\",\"version\":\"1.0.0\",\"entry\":\"libgood.so\",\"description\":\"copy\"}");
+    char m[1300];
+    snprintf(m, sizeof(m), "%s/manifest.json", pdir);
+    ck_assert_int_eq(chmod(m, 0644), 0);
+}
+
+static void expect_refused(rlai_plugin_host *h, const char *pdir, const char *needle1, const char *needle2)
+{
+    char err[1024] = "";
+    int rc = rlai_plugin_host_load(h, pdir, err, sizeof(err));
+    if (rc == 0)
+        ck_abort_msg("loaded although it should be refused for '%s'", needle2);
+    if (!strstr(err, needle1) || !strstr(err, needle2))
+        ck_abort_msg("'%s' lacks '%s' / '%s'", err, needle1, needle2);
+}
+
+START_TEST(group_writable_and_special_files_are_refused)
+{
+    char root[] = "/tmp/rlai-gw-XXXXXX", pdir[1100], path[1300], cmd[2400];
+    make_copy(root, pdir, sizeof(pdir));
+    rlai_plugin_host *h = new_host(NULL, NULL);
+
+    /* group-writable entry file, manifest, plugin folder, plugin root */
+    snprintf(path, sizeof(path), "%s/libgood.so", pdir);
+    ck_assert_int_eq(chmod(path, 0775), 0);
+    expect_refused(h, pdir, "libgood.so", "group-writable");
+    ck_assert_int_eq(chmod(path, 0755), 0);
+    snprintf(path, sizeof(path), "%s/manifest.json", pdir);
+    ck_assert_int_eq(chmod(path, 0666), 0);
+    expect_refused(h, pdir, "manifest.json", "world-writable");
+    ck_assert_int_eq(chmod(path, 0664), 0);
+    expect_refused(h, pdir, "manifest.json", "group-writable");
+    ck_assert_int_eq(chmod(path, 0644), 0);
+    ck_assert_int_eq(chmod(pdir, 0777), 0);
+    expect_refused(h, pdir, "/p", "world-writable");
+    ck_assert_int_eq(chmod(pdir, 0775), 0);
+    expect_refused(h, pdir, "/p", "group-writable");
+    ck_assert_int_eq(chmod(pdir, 0755), 0);
+    ck_assert_int_eq(chmod(root, 0775), 0);
+    expect_refused(h, pdir, root, "group-writable");
+    ck_assert_int_eq(chmod(root, 0755), 0);
+
+    /* owned by another user (root can make one) */
+    if (geteuid() == 0) {
+        snprintf(path, sizeof(path), "%s/libgood.so", pdir);
+        ck_assert_int_eq(chown(path, 65534, 65534), 0);
+        expect_refused(h, pdir, "libgood.so", "owned by uid 65534");
+        ck_assert_int_eq(chown(path, 0, 0), 0);
+        snprintf(path, sizeof(path), "%s/manifest.json", pdir);
+        ck_assert_int_eq(chown(path, 65534, 65534), 0);
+        expect_refused(h, pdir, "manifest.json", "owned by uid 65534");
+        ck_assert_int_eq(chown(path, 0, 0), 0);
+    }
+
+    /* symlinked entry and manifest */
+    snprintf(cmd, sizeof(cmd), "cd '%s' && mv libgood.so real.so && ln -s real.so libgood.so", pdir);
+    ck_assert_int_eq(system(cmd), 0);
+    expect_refused(h, pdir, "libgood.so", "symbolic link");
+    snprintf(cmd, sizeof(cmd), "cd '%s' && rm libgood.so && mv real.so libgood.so && mv manifest.json m.json && "
+             "ln -s m.json manifest.json", pdir);
+    ck_assert_int_eq(system(cmd), 0);
+    expect_refused(h, pdir, "manifest.json", "symbolic link");
+
+    /* a FIFO named manifest.json must not hang the loader; a folder named
+     * like the entry is not a regular file either */
+    snprintf(cmd, sizeof(cmd), "cd '%s' && rm manifest.json && mkfifo -m 0644 manifest.json", pdir);
+    ck_assert_int_eq(system(cmd), 0);
+    expect_refused(h, pdir, "manifest.json", "not a regular file");
+    /* load_all skips it and keeps going with the others */
+    char good[1100];
+    snprintf(good, sizeof(good), "%s/zgood", root);
+    snprintf(cmd, sizeof(cmd), "cp -r '%s/good' '%s' && chmod -R go-w '%s'", RLAI_TEST_PLUGINS, good, good);
+    ck_assert_int_eq(system(cmd), 0);
+    ck_assert_int_eq(rlai_plugin_host_load_all(h, root), 1);
+    ck_assert(has_command(h, "good.echo"));
+    rlai_plugin_host_destroy(&h);
+
+    /* everything fixed: it loads */
+    h = new_host(NULL, NULL);
+    snprintf(cmd, sizeof(cmd), "cd '%s' && rm manifest.json && mv m.json manifest.json", pdir);
+    ck_assert_int_eq(system(cmd), 0);
+    char err[1024] = "";
+    ck_assert_msg(rlai_plugin_host_load(h, pdir, err, sizeof(err)) == 0, "%s", err);
+    rlai_plugin_host_destroy(&h);
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", root);
+    ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
 START_TEST(load_all_loads_only_the_good_ones)
 {
     rlai_plugin_host *h = new_host(NULL, NULL);
-    /* stderr gets one line per refused folder; the good one loads */
-    ck_assert_int_eq(rlai_plugin_host_load_all(h, RLAI_TEST_PLUGINS), 1);
-    ck_assert_int_eq(rlai_plugin_host_n_commands(h), 8);
+    /* stderr gets one line per refused folder; the good ones (good, stuck) load */
+    ck_assert_int_eq(rlai_plugin_host_load_all(h, RLAI_TEST_PLUGINS), 2);
+    ck_assert_int_eq(rlai_plugin_host_n_commands(h), 8 + 7);
     ck_assert_int_eq(rlai_plugin_host_load_all(h, "/nonexistent/rlai"), RLAI_ERR_IO);
     rlai_plugin_host_destroy(&h);
 }
@@ -632,6 +735,235 @@ START_TEST(engine_jobs_stream_and_reuse_a_pinned_prefix)
 }
 END_TEST
 
+/* ---------------------------------------------------------- stuck plugins, bad output */
+
+static rlai_plugin_host *new_stuck_host(int workers, int max_queue, int timeout_ms, rlai_metrics *m)
+{
+    rlai_plugin_host_params p = { .workers = workers, .max_queue = max_queue, .quiet = true,
+                                  .call_timeout_ms = timeout_ms, .metrics = m };
+    rlai_plugin_host *h = NULL;
+    ck_assert_int_eq(rlai_plugin_host_new(&p, &h), 0);
+    char err[1024];
+    ck_assert_msg(load(h, "stuck", err, sizeof(err)) == 0, "%s", err);
+    return h;
+}
+
+static cJSON *status_of_stuck(rlai_plugin_host *h)
+{
+    capture c;
+    cap_init(&c);
+    ck_assert_int_eq(call_sync(h, "stuck.status", "{}", &c), 0);
+    ck_assert_int_eq(c.ended, 1);
+    cJSON *r = cJSON_Duplicate(cJSON_GetArrayItem(c.results, 0), true);
+    cap_free(&c);
+    return r;
+}
+
+/* Waits (bounded) until no stuck handler runs any more. */
+static cJSON *wait_handlers_gone(rlai_plugin_host *h)
+{
+    for (int i = 0; i < 600; i++) {
+        cJSON *st = status_of_stuck(h);
+        if (cJSON_GetObjectItem(st, "running")->valueint == 0)
+            return st;
+        cJSON_Delete(st);
+        struct timespec ts = { 0, 50 * 1000 * 1000 };
+        nanosleep(&ts, NULL);
+    }
+    ck_abort_msg("stuck handlers never returned");
+    return NULL;
+}
+
+START_TEST(stuck_calls_time_out_and_the_pool_keeps_serving)
+{
+    rlai_metrics *m = NULL;
+    ck_assert_int_eq(rlai_metrics_new(&m), 0);
+    rlai_plugin_host *h = new_stuck_host(2, 16, 60000, m);
+    capture c[4];
+    char err[512];
+    for (int i = 0; i < 4; i++) {
+        cap_init(&c[i]);
+        rlai_call_sink s = sink_of(&c[i]);
+        ck_assert_int_eq(rlai_plugin_host_call_timed(h, i % 2 ? "stuck.spin" : "stuck.sleep", "{\"ms\":4000}", 300,
+                                                     &s, NULL, err, sizeof(err)), 0);
+    }
+    /* every stuck call ends with TIMEOUT naming its command, queued ones too */
+    for (int i = 0; i < 4; i++) {
+        cap_wait(&c[i]);
+        ck_assert_int_eq(c[i].ended, 2);
+        ck_assert_int_eq(c[i].code, RLAI_ERR_TIMEOUT);
+        ck_assert_ptr_nonnull(strstr(c[i].msg, i % 2 ? "stuck.spin" : "stuck.sleep"));
+    }
+    /* the pool still serves while the handlers are stuck */
+    ck_assert_int_gt(rlai_plugin_host_stuck(h), 0);
+    capture p;
+    cap_init(&p);
+    ck_assert_int_eq(call_sync(h, "stuck.ping", "{}", &p), 0);
+    ck_assert_int_eq(p.ended, 1);
+    ck_assert(cJSON_IsTrue(cJSON_GetObjectItem(cJSON_GetArrayItem(p.results, 0), "pong")));
+    cap_free(&p);
+    char *text = rlai_metrics_render(m, NULL, 1.0);
+    ck_assert_ptr_nonnull(strstr(text, "rlai_plugin_calls_timed_out_total{command=\"stuck.sleep\"} 2"));
+    ck_assert_ptr_nonnull(strstr(text, "rlai_plugin_calls_timed_out_total{command=\"stuck.spin\"} 2"));
+    ck_assert_ptr_nonnull(strstr(text, "rlai_plugin_workers_stuck "));
+    free(text);
+    /* the late replies are dropped (the client saw one terminal only) */
+    cJSON *st = wait_handlers_gone(h);
+    ck_assert_int_eq(cJSON_GetObjectItem(st, "late_rc")->valueint, RLAI_ERR_CANCELLED);
+    cJSON_Delete(st);
+    ck_assert_int_eq(rlai_plugin_host_stuck(h), 0);
+    text = rlai_metrics_render(m, NULL, 1.0);
+    ck_assert_ptr_nonnull(strstr(text, "rlai_plugin_workers_stuck 0"));
+    free(text);
+    for (int i = 0; i < 4; i++)
+        cap_free(&c[i]);
+    rlai_plugin_host_destroy(&h);
+    rlai_metrics_destroy(&m);
+}
+END_TEST
+
+START_TEST(deadlines_come_from_manifest_request_and_host)
+{
+    rlai_plugin_host *h = new_stuck_host(2, 16, 60000, NULL);
+    /* the manifest's 300 ms for stuck.short beats the host's 60 s */
+    capture c;
+    cap_init(&c);
+    ck_assert_int_eq(call_sync(h, "stuck.short", "{\"ms\":2000}", &c), 0);
+    ck_assert_int_eq(c.ended, 2);
+    ck_assert_int_eq(c.code, RLAI_ERR_TIMEOUT);
+    ck_assert_ptr_nonnull(strstr(c.msg, "300 ms"));
+    cap_free(&c);
+    /* the request's own timeout_ms */
+    cap_init(&c);
+    rlai_call_sink s = sink_of(&c);
+    char err[512];
+    ck_assert_int_eq(rlai_plugin_host_call_timed(h, "stuck.sleep", "{\"ms\":2000}", 200, &s, NULL, err, sizeof(err)),
+                     0);
+    cap_wait(&c);
+    ck_assert_int_eq(c.ended, 2);
+    ck_assert_int_eq(c.code, RLAI_ERR_TIMEOUT);
+    ck_assert_ptr_nonnull(strstr(c.msg, "200 ms"));
+    cap_free(&c);
+    /* a call inside its deadline ends normally */
+    cap_init(&c);
+    ck_assert_int_eq(call_sync(h, "stuck.sleep", "{\"ms\":20}", &c), 0);
+    ck_assert_int_eq(c.ended, 1);
+    ck_assert_int_eq(cJSON_GetArraySize(c.results), 1);
+    cap_free(&c);
+    cJSON_Delete(wait_handlers_gone(h));
+    rlai_plugin_host_destroy(&h);
+}
+END_TEST
+
+START_TEST(a_full_queue_answers_busy_at_once)
+{
+    rlai_plugin_host *h = new_stuck_host(1, 1, 60000, NULL);
+    capture a, b, x;
+    cap_init(&a);
+    cap_init(&b);
+    cap_init(&x);
+    rlai_call_sink sa = sink_of(&a), sb = sink_of(&b), sx = sink_of(&x);
+    char err[512];
+    uint64_t ida = 0, idb = 0;
+    ck_assert_int_eq(rlai_plugin_host_call(h, "stuck.sleep", "{\"ms\":600}", &sa, &ida, err, sizeof(err)), 0);
+    /* wait until it runs, so the next one is the queued one */
+    for (int i = 0; i < 400; i++) {
+        if (rlai_plugin_host_running(h) == 1)
+            break;
+        struct timespec ts = { 0, 5 * 1000 * 1000 };
+        nanosleep(&ts, NULL);
+    }
+    ck_assert_int_eq(rlai_plugin_host_call(h, "stuck.ping", "{}", &sb, &idb, err, sizeof(err)), 0);
+    ck_assert_int_eq(rlai_plugin_host_call(h, "stuck.ping", "{}", &sx, NULL, err, sizeof(err)), RLAI_ERR_BUSY);
+    ck_assert_ptr_nonnull(strstr(err, "waiting"));
+    cap_wait(&a);
+    cap_wait(&b);
+    ck_assert_int_eq(b.ended, 1);
+    ck_assert_int_eq(x.ended, 0);
+    cap_free(&a);
+    cap_free(&b);
+    cap_free(&x);
+    rlai_plugin_host_destroy(&h);
+}
+END_TEST
+
+START_TEST(stop_gives_up_on_stuck_handlers_at_its_deadline)
+{
+    rlai_plugin_host *h = new_stuck_host(2, 16, 60000, NULL);
+    capture c;
+    cap_init(&c);
+    rlai_call_sink s = sink_of(&c);
+    char err[512];
+    ck_assert_int_eq(rlai_plugin_host_call(h, "stuck.sleep", "{\"ms\":1500}", &s, NULL, err, sizeof(err)), 0);
+    for (int i = 0; i < 400 && rlai_plugin_host_running(h) < 1; i++) {
+        struct timespec ts = { 0, 5 * 1000 * 1000 };
+        nanosleep(&ts, NULL);
+    }
+    /* the handler ignores the cancel: stop ends the call itself and says
+     * one handler is left running */
+    ck_assert_int_eq(rlai_plugin_host_stop(h, 200), 1);
+    ck_assert_int_eq(c.ended, 1);
+    ck_assert_str_eq(c.stop, "cancelled");
+    capture n;
+    cap_init(&n);
+    s = sink_of(&n);
+    ck_assert_int_eq(rlai_plugin_host_call(h, "stuck.ping", "{}", &s, NULL, err, sizeof(err)), RLAI_ERR_CANCELLED);
+    rlai_plugin_host_destroy(&h);   /* abandons the host: the handler still runs in it */
+    /* the late reply lands on the abandoned host after this (ASan would
+     * report a use after free) */
+    struct timespec ts = { 1, 600 * 1000 * 1000 };
+    nanosleep(&ts, NULL);
+    ck_assert_int_eq(c.ended, 1);
+    cap_free(&c);
+    cap_free(&n);
+}
+END_TEST
+
+START_TEST(invalid_plugin_output_is_an_error_for_plugin_and_client)
+{
+    /* one worker: stuck.status runs after the bad command's handler returned */
+    rlai_plugin_host *h = new_stuck_host(1, 16, 60000, NULL);
+    static const struct { const char *cmd, *kind; int code; const char *needle; } cases[] = {
+        { "stuck.badtext", "utf8", RLAI_ERR_INVALID_ARG, "not valid UTF-8" },
+        { "stuck.badtext", "overlong", RLAI_ERR_INVALID_ARG, "not valid UTF-8" },
+        { "stuck.badtext", "nul", RLAI_ERR_INVALID_ARG, "NUL" },
+        { "stuck.badtext", "big", RLAI_ERR_TOO_LARGE, "larger than" },
+        { "stuck.badjson", "deep", RLAI_ERR_TOO_LARGE, "nests deeper" },
+        { "stuck.badjson", "big", RLAI_ERR_TOO_LARGE, "larger than" },
+        { "stuck.badjson", "utf8", RLAI_ERR_INVALID_ARG, "not valid UTF-8" },
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        char params[64];
+        snprintf(params, sizeof(params), "{\"kind\":\"%s\"}", cases[i].kind);
+        capture c;
+        cap_init(&c);
+        ck_assert_int_eq(call_sync(h, cases[i].cmd, params, &c), 0);
+        if (c.ended != 2 || c.code != cases[i].code || !strstr(c.msg, cases[i].needle))
+            ck_abort_msg("case %zu (%s %s): ended %d code %d msg '%s'", i, cases[i].cmd, cases[i].kind, c.ended,
+                         c.code, c.msg);
+        ck_assert_int_eq(cJSON_GetArraySize(c.results), 0);
+        if (!strcmp(cases[i].cmd, "stuck.badtext"))
+            ck_assert_str_eq(c.text, "ok ");          /* what came before still went out */
+        cap_free(&c);
+        cJSON *st = status_of_stuck(h);
+        ck_assert_int_eq(cJSON_GetObjectItem(st, "last_rc")->valueint, cases[i].code);
+        cJSON_Delete(st);
+    }
+    rlai_plugin_host_destroy(&h);
+}
+END_TEST
+
+START_TEST(process_isolation_is_refused_as_not_implemented)
+{
+    rlai_plugin_host *h = new_host(NULL, NULL);
+    char err[1024];
+    ck_assert_int_eq(load(h, "isolation", err, sizeof(err)), RLAI_ERR_NOT_IMPLEMENTED);
+    ck_assert_ptr_nonnull(strstr(err, "\"isolation\": \"process\""));
+    ck_assert_ptr_nonnull(strstr(err, "not implemented in this build"));
+    rlai_plugin_host_destroy(&h);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("plugin_host");
@@ -644,11 +976,18 @@ int main(void)
     tcase_add_test(tc, broken_plugins_and_manifests_are_refused);
     tcase_add_test(tc, manifest_validation_names_the_key);
     tcase_add_test(tc, world_writable_plugin_file_is_refused);
+    tcase_add_test(tc, group_writable_and_special_files_are_refused);
     tcase_add_test(tc, load_all_loads_only_the_good_ones);
     tcase_add_test(tc, calls_reply_stream_and_fail);
     tcase_add_test(tc, cancel_and_receiver_gone_end_calls);
     tcase_add_test(tc, config_overrides_and_fini);
     tcase_add_test(tc, engine_jobs_stream_and_reuse_a_pinned_prefix);
+    tcase_add_test(tc, stuck_calls_time_out_and_the_pool_keeps_serving);
+    tcase_add_test(tc, deadlines_come_from_manifest_request_and_host);
+    tcase_add_test(tc, a_full_queue_answers_busy_at_once);
+    tcase_add_test(tc, stop_gives_up_on_stuck_handlers_at_its_deadline);
+    tcase_add_test(tc, invalid_plugin_output_is_an_error_for_plugin_and_client);
+    tcase_add_test(tc, process_isolation_is_refused_as_not_implemented);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -359,7 +359,7 @@ static bool msg_eq(const rlai_msg *a, const rlai_msg *b)
         return gen_eq(&a->u.chat.gen, &b->u.chat.gen);
     case RLAI_MSG_CALL:
         return str_eq(a->u.call.command, b->u.call.command) &&
-               str_eq(a->u.call.params_json, b->u.call.params_json);
+               str_eq(a->u.call.params_json, b->u.call.params_json) && a->u.call.timeout_ms == b->u.call.timeout_ms;
     case RLAI_MSG_CANCEL: return a->u.cancel.target == b->u.cancel.target;
     case RLAI_MSG_COMMANDS: case RLAI_MSG_STATS: return true;
     case RLAI_MSG_TOKENIZE:
@@ -492,6 +492,10 @@ START_TEST(test_roundtrip_every_type)
     m.u.call.params_json = "{\"path\": \"/models/x.gguf\"}";
     roundtrip(&m);
     m.u.call.params_json = "";
+    roundtrip(&m);
+    m.u.call.timeout_ms = 1500;          /* optional deadline */
+    roundtrip(&m);
+    m.u.call.timeout_ms = RLAI_PROTO_MAX_CALL_TIMEOUT_MS;
     roundtrip(&m);
 
     m = mk(RLAI_MSG_CANCEL, 4);
@@ -828,6 +832,31 @@ START_TEST(test_accepted_variants)
     s(&p, "params"); msgpack_pack_nil(&p.pk);
     ck_assert_int_eq(dec(p.sb.data, p.sb.size, &m, err, sizeof err), 0);
     ck_assert_ptr_null(m.u.call.params_json);
+    ck_assert_uint_eq(m.u.call.timeout_ms, 0);
+    /* call timeout_ms: a uint up to one day; over it, negative or a string is refused */
+    {
+        static const struct { int kind; int64_t v; int rc; } tc[] = {
+            { 0, 250, 0 }, { 0, 86400000, 0 }, { 0, 86400001, -RLAI_PE_BAD_REQUEST },
+            { 0, -1, -RLAI_PE_BAD_REQUEST }, { 1, 0, -RLAI_PE_BAD_REQUEST },
+        };
+        for (size_t i = 0; i < sizeof tc / sizeof tc[0]; i++) {
+            rlai_msg t;
+            P q;
+            p_init(&q);
+            head(&q, 2, 3, "call");
+            s(&q, "command"); s(&q, "c");
+            s(&q, "timeout_ms");
+            if (tc[i].kind) s(&q, "250");
+            else msgpack_pack_int64(&q.pk, tc[i].v);
+            int rc = dec(q.sb.data, q.sb.size, &t, err, sizeof err);
+            ck_assert_msg(rc == tc[i].rc, "case %zu: rc %d (%s)", i, rc, err);
+            if (rc == 0) {
+                ck_assert_uint_eq(t.u.call.timeout_ms, (uint32_t)tc[i].v);
+                rlai_msg_free(&t);
+            }
+            p_done(&q);
+        }
+    }
     rlai_msg_free(&m);
     p_done(&p);
 
@@ -1440,8 +1469,9 @@ START_TEST(test_names)
     ck_assert_str_eq(rlai_proto_code_name(RLAI_PE_NOT_IMPLEMENTED), "NOT_IMPLEMENTED");
     ck_assert_str_eq(rlai_proto_code_name(0), "UNKNOWN");
     ck_assert_str_eq(rlai_proto_code_name(-1), "UNKNOWN");
-    ck_assert_str_eq(rlai_proto_code_name(14), "UNKNOWN");
-    for (int c = 1; c <= 13; c++) ck_assert_str_ne(rlai_proto_code_name(c), "UNKNOWN");
+    ck_assert_str_eq(rlai_proto_code_name(RLAI_PE_TIMEOUT), "TIMEOUT");
+    ck_assert_str_eq(rlai_proto_code_name(15), "UNKNOWN");
+    for (int c = 1; c <= 14; c++) ck_assert_str_ne(rlai_proto_code_name(c), "UNKNOWN");
     ck_assert_ptr_null(rlai_msg_type_name(RLAI_MSG_INVALID));
     ck_assert_ptr_null(rlai_msg_type_name((rlai_msg_type)13));
     ck_assert_ptr_null(rlai_msg_type_name((rlai_msg_type)-1));
@@ -1454,7 +1484,7 @@ START_TEST(test_names)
     size_t n = fread(text, 1, sizeof text - 1, f);
     text[n] = '\0';
     fclose(f);
-    for (int c = 1; c <= 13; c++) {
+    for (int c = 1; c <= 14; c++) {
         char row[64];
         snprintf(row, sizeof row, "| %-4d | `%s`", c, rlai_proto_code_name(c));
         ck_assert_msg(strstr(text, row) != NULL, "PROTOCOL.md lacks row '%s'", row);

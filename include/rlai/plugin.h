@@ -30,8 +30,9 @@
  * Loading, in order (the host refuses with a log line naming the file and
  * the values involved, and keeps serving without that plugin):
  *   1. manifest.json is read and validated (name, version, entry, ...).
- *   2. The entry file must be a regular file owned by the user or root and
- *      not group/world-writable (nor its folder).
+ *   2. The entry file and manifest.json must be regular files (not
+ *      symbolic links) owned by the user or root and not group/world-
+ *      writable, and so must the plugin folder and its parent.
  *   3. dlopen(RTLD_NOW | RTLD_LOCAL); the symbol `rlai_plugin_abi_record`
  *      (from RLAI_PLUGIN_DECLARE) must exist; its major must equal the
  *      host's, its minor must not be newer than the host's, and its build
@@ -54,7 +55,12 @@
  * thread. Command handlers run on the host's worker threads, several at a
  * time (one call per worker): a handler touching shared plugin state must
  * lock it. A handler may block (an engine job blocks its worker until it
- * ends); it must not keep the call after it returns.
+ * ends); it must not keep the call after it returns. Every call has a
+ * deadline (request, manifest "timeout_ms", host default): past it the
+ * call ends with RLAI_ERR_TIMEOUT for the client, cancelled() turns true
+ * and later replies are dropped; a handler should check cancelled() and
+ * return. Plugins run in the engine process with its privileges (no
+ * isolation in this build; see docs/PLUGINS.md).
  *
  * Errors: functions return 0 (or a count) on success and a negative
  * rlai_error (rlai/error.h) on failure; host->strerror() names a code.
@@ -234,7 +240,11 @@ typedef struct rlai_host_api {
 
     /* Sends `value` as one `result` frame. Takes ownership of value (also
      * on failure). Returns 0, or RLAI_ERR_CANCELLED when the caller is gone
-     * or the call already ended. */
+     * or the call already ended (cancel, timeout, shutdown). A value no
+     * transport could carry is not sent and ends the call with an error
+     * (the client gets it, "plugin output refused: ..."): RLAI_ERR_TOO_LARGE
+     * for nesting deeper than 16 or about 1 MiB printed, RLAI_ERR_INVALID_ARG
+     * for a key or string that is not valid UTF-8. */
     int (*reply_json)(rlai_call *call, cJSON *value);
     /* Ends the call with an `error` frame: code is a negative rlai_error
      * (mapped to the protocol's codes), the message printf-style. Returns
@@ -246,7 +256,9 @@ typedef struct rlai_host_api {
 #endif
         ;
     /* Sends `len` bytes of UTF-8 text as one `token` frame. Returns 0 or
-     * RLAI_ERR_CANCELLED. */
+     * RLAI_ERR_CANCELLED. Text that is not valid UTF-8 or holds a NUL byte
+     * (RLAI_ERR_INVALID_ARG) or is over 1 MiB (RLAI_ERR_TOO_LARGE) is not
+     * sent and ends the call with that error for the client. */
     int (*stream_text)(rlai_call *call, const char *text, size_t len);
     /* True once the caller cancelled, disconnected or the engine stops. */
     bool (*cancelled)(rlai_call *call);

@@ -29,6 +29,7 @@
 #define RLAI_PROTO_MAX_STOPS 8                 /* stop strings */
 #define RLAI_PROTO_MAX_STOP_LEN 256
 #define RLAI_PROTO_MAX_TOKENS_ARRAY 65536      /* ids in one token/result frame */
+#define RLAI_PROTO_MAX_CALL_TIMEOUT_MS 86400000u /* call "timeout_ms" (one day) */
 #define RLAI_PROTO_MAX_DEPTH 16                /* array/map nesting in any field value (result "data") */
 
 typedef enum rlai_msg_type {
@@ -56,6 +57,7 @@ typedef enum rlai_proto_code {
     RLAI_PE_SHUTDOWN = 11,        /* engine stopping: request not run */
     RLAI_PE_INTERNAL = 12,
     RLAI_PE_NOT_IMPLEMENTED = 13,
+    RLAI_PE_TIMEOUT = 14,         /* request ran past its deadline */
 } rlai_proto_code;
 
 /* Static upper-snake name ("BAD_FRAME") of a protocol code; "UNKNOWN" otherwise. */
@@ -105,7 +107,8 @@ typedef struct rlai_msg {
         struct { char *client; } hello;                         /* client may be NULL */
         struct { char *prompt; rlai_msg_gen gen; } generate;
         struct { rlai_msg_chat_message *messages; uint32_t n_messages; rlai_msg_gen gen; } chat;
-        struct { char *command; char *params_json; } call;     /* params_json: JSON text, NULL = {} */
+        struct { char *command; char *params_json;             /* params_json: JSON text, NULL = {} */
+                 uint32_t timeout_ms; } call;                  /* 0 = absent: the daemon's deadline */
         struct { uint64_t target; } cancel;
         struct { char *text; bool add_special, parse_special; } tokenize;
         struct { char *text; int32_t *tokens; uint32_t n_tokens; } token;

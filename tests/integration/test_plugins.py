@@ -68,7 +68,8 @@ def test_refused_plugins_are_logged_and_the_engine_serves(tmp_path):
     assert "badjson/manifest.json: not valid JSON" in log
     assert 'badfields/manifest.json: "version" must be a string' in log
     assert "a plugin named 'good' is already loaded" in log
-    assert "1 plugin loaded" in log and "(8 commands)" in log
+    assert '"isolation": "process" is not implemented in this build' in log
+    assert "2 plugins loaded" in log and "(15 commands)" in log
 
 
 def test_commands_lists_the_registry_with_schemas(eng):
@@ -80,7 +81,8 @@ def test_commands_lists_the_registry_with_schemas(eng):
     names = [cmd["name"] for cmd in data["commands"]]
     assert names == sorted(names)
     assert names == ["good.echo", "good.fail", "good.generate", "good.info", "good.late", "good.pin",
-                     "good.slow", "good.stream"]
+                     "good.slow", "good.stream", "stuck.badjson", "stuck.badtext", "stuck.ping", "stuck.short",
+                     "stuck.sleep", "stuck.spin", "stuck.status"]
     gen = next(cmd for cmd in data["commands"] if cmd["name"] == "good.generate")
     assert gen["parameters"]["required"] == ["prompt"]
     assert gen["parameters"]["properties"]["prompt"]["type"] == "string"
@@ -192,7 +194,7 @@ def test_cli_plugins_and_call(eng):
     assert "good 1.2.3" in out.stdout and "good.generate  [streams]" in out.stdout
     assert "prompt:string (required)" in out.stdout
     out = subprocess.run([RLAI, "plugins", "--json"], env=env, capture_output=True, text=True, timeout=60)
-    assert len(json.loads(out.stdout)["commands"]) == 8
+    assert len(json.loads(out.stdout)["commands"]) == 15
     out = subprocess.run([RLAI, "call", "good.stream", '{"pieces": 2}'], env=env, capture_output=True,
                          text=True, timeout=60)
     assert out.returncode == 0, out.stderr

@@ -12,7 +12,7 @@ ZeroMQ (DEALER to the engine's ROUTER) or the named pipe (Unix socket,
 __version__ = "0.1.0"
 
 from .errors import (ERROR_CLASSES, BadFrame, BadRequest, BadVersion, Busy, Cancelled, ContextFull,  # noqa: E402
-                     DuplicateId, EngineConnectionError, EngineDisconnected, EngineErrorFrame, EngineFailure,
+                     DeadlineExceeded, DuplicateId, EngineConnectionError, EngineDisconnected, EngineErrorFrame, EngineFailure,
                      EngineNotImplemented, EngineNotRunning, InternalError, NotFound, ProtocolError,
                      RequestTimeout, RTXLocalAIError, Shutdown, TooLarge, error_from_frame)
 from .protocol import default_pipe_endpoint, default_zmq_endpoint  # noqa: E402
@@ -26,5 +26,5 @@ __all__ = [
     "RTXLocalAIError", "EngineConnectionError", "EngineNotRunning", "EngineDisconnected", "RequestTimeout",
     "ProtocolError", "EngineErrorFrame", "BadFrame", "BadVersion", "BadRequest", "TooLarge", "Busy", "NotFound",
     "Cancelled", "ContextFull", "EngineFailure", "DuplicateId", "Shutdown", "InternalError",
-    "EngineNotImplemented", "ERROR_CLASSES", "error_from_frame",
+    "EngineNotImplemented", "DeadlineExceeded", "ERROR_CLASSES", "error_from_frame",
 ]

@@ -418,22 +418,30 @@ class RTXLocalAIClient:
             return params
         return json.dumps(params, ensure_ascii=False, separators=(",", ":"))
 
-    def stream_call(self, command: str, params: Any = None, *, timeout: Any = _UNSET) -> Stream:
+    def stream_call(self, command: str, params: Any = None, *, timeout: Any = _UNSET,
+                    timeout_ms: Optional[int] = None) -> Stream:
         """Starts a ``call`` of a daemon/plugin command (``params``: a
         JSON-serialisable value, or JSON text as a str; None = ``{}``) and
         returns its :class:`Stream`: iterate it for the text pieces the
         command streams; :meth:`Stream.finish` then gives the
-        :class:`CallResult`."""
-        return self._stream("call", {"command": command, "params": self._params(params)}, timeout,
-                            command=command)
+        :class:`CallResult`. ``timeout_ms`` is the call's deadline in the
+        engine (None: the command's or the daemon's default); past it the
+        call raises :class:`~rtx_localai.errors.DeadlineExceeded`."""
+        fields = {"command": command, "params": self._params(params)}
+        if timeout_ms is not None:
+            fields["timeout_ms"] = timeout_ms
+        return self._stream("call", fields, timeout, command=command)
 
-    def call(self, command: str, params: Any = None, *, timeout: Any = _UNSET) -> CallResult:
+    def call(self, command: str, params: Any = None, *, timeout: Any = _UNSET,
+             timeout_ms: Optional[int] = None) -> CallResult:
         """Calls a daemon/plugin command and returns a :class:`CallResult`
         (``results``: every result frame's data, ``data``: the last one,
         ``text``: streamed text, ``stop``, ``metrics``). An unknown command
         raises :class:`~rtx_localai.errors.NotFound`, bad params
-        :class:`~rtx_localai.errors.BadRequest`."""
-        out = self.stream_call(command, params, timeout=timeout).finish()
+        :class:`~rtx_localai.errors.BadRequest`, a call past its deadline
+        (``timeout_ms``, see :meth:`stream_call`)
+        :class:`~rtx_localai.errors.DeadlineExceeded`."""
+        out = self.stream_call(command, params, timeout=timeout, timeout_ms=timeout_ms).finish()
         assert isinstance(out, CallResult)
         return out
 

@@ -36,6 +36,7 @@ __all__ = [
     "Shutdown",
     "InternalError",
     "EngineNotImplemented",
+    "DeadlineExceeded",
     "ERROR_CLASSES",
     "error_from_frame",
 ]
@@ -45,7 +46,7 @@ class RTXLocalAIError(Exception):
     """Base class of every error raised by this package.
 
     Attributes:
-        code: the protocol error code (1..13, or another positive int sent by
+        code: the protocol error code (1..14, or another positive int sent by
             a newer engine) when the error comes from an ``error`` frame or
             mirrors one; ``None`` for client-side conditions (connection,
             timeout, undecodable frame).
@@ -174,10 +175,17 @@ class EngineNotImplemented(EngineErrorFrame, NotImplementedError):
     code, name = 13, "NOT_IMPLEMENTED"
 
 
+class DeadlineExceeded(EngineErrorFrame, TimeoutError):
+    """TIMEOUT (14): the request ran past its deadline in the engine (a
+    plugin call past its ``timeout_ms``). Unlike :class:`RequestTimeout`
+    this is the engine's answer, not the client giving up."""
+    code, name = 14, "TIMEOUT"
+
+
 ERROR_CLASSES: Dict[int, Type[EngineErrorFrame]] = {
     cls.code: cls
     for cls in (BadFrame, BadVersion, BadRequest, TooLarge, Busy, NotFound, Cancelled, ContextFull,
-                EngineFailure, DuplicateId, Shutdown, InternalError, EngineNotImplemented)
+                EngineFailure, DuplicateId, Shutdown, InternalError, EngineNotImplemented, DeadlineExceeded)
 }
 
 

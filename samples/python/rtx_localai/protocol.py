@@ -195,6 +195,9 @@ def encode_request(type_: str, id_: int, fields: Union[Mapping[str, Any], Sequen
         params = take("params")
         if params is not None:
             msg["params"] = _str("params", params)
+        timeout_ms = take("timeout_ms")
+        if timeout_ms is not None:
+            msg["timeout_ms"] = _int("timeout_ms", timeout_ms, 1, 86400000)
     elif type_ == "cancel":
         target = take("target")
         if target is None:

@@ -82,6 +82,15 @@ def test_bad_options_are_refused_before_sending():
         encode_request("stats", 1, {"verbose": True})
 
 
+def test_call_deadline_is_an_optional_uint():
+    m = msgpack.unpackb(encode_request("call", 3, {"command": "x.y", "timeout_ms": 1500}), raw=False)
+    assert m["timeout_ms"] == 1500 and m["command"] == "x.y"
+    assert "timeout_ms" not in msgpack.unpackb(encode_request("call", 3, {"command": "x.y"}), raw=False)
+    for bad in (0, -5, 86400001, 1.5, "100"):
+        with pytest.raises((TypeError, ValueError)):
+            encode_request("call", 3, {"command": "x.y", "timeout_ms": bad})
+
+
 def test_oversized_request_raises_too_large_locally():
     with pytest.raises(rl.TooLarge) as ei:
         encode_request("generate", 1, {"prompt": "a" * (4 << 20)})
@@ -116,7 +125,7 @@ def test_bad_frames_raise_protocol_error(data):
 def test_every_protocol_code_has_its_class():
     names = {1: "BAD_FRAME", 2: "BAD_VERSION", 3: "BAD_REQUEST", 4: "TOO_LARGE", 5: "BUSY", 6: "NOT_FOUND",
              7: "CANCELLED", 8: "CONTEXT_FULL", 9: "ENGINE", 10: "DUPLICATE_ID", 11: "SHUTDOWN",
-             12: "INTERNAL", 13: "NOT_IMPLEMENTED"}
+             12: "INTERNAL", 13: "NOT_IMPLEMENTED", 14: "TIMEOUT"}
     # The table of section 8 lists exactly these.
     table = dict(re.findall(r"^\| (\d+)\s+\| `([A-Z_]+)`", PROTOCOL_MD.read_text(), re.M)) if PROTOCOL_MD.exists() else {}
     if table:
