@@ -277,7 +277,7 @@ END_TEST
 /* Writes a manifest text into dir/manifest.json. */
 static void write_file(const char *dir, const char *name, const char *text)
 {
-    char path[1024];
+    char path[2200];
     snprintf(path, sizeof(path), "%s/%s", dir, name);
     FILE *f = fopen(path, "w");
     ck_assert_ptr_nonnull(f);
