@@ -48,7 +48,38 @@ typedef struct sbuf {
     char *p;
     size_t len, cap;
     bool oom;
+    /* Optional segment list (rlai_chat_render): each appended span is
+     * recorded as template text or message content; adjacent spans of the
+     * same kind are merged. */
+    bool track;
+    bool content_mode;     /* kind of what sb_add appends now */
+    rlai_chat_seg *segs;
+    int n_segs, cap_segs;
 } sbuf;
+
+static void sb_note(sbuf *b, size_t off, size_t n)
+{
+    if (!b->track || n == 0 || b->oom)
+        return;
+    if (b->n_segs > 0) {
+        rlai_chat_seg *l = &b->segs[b->n_segs - 1];
+        if (l->content == b->content_mode && l->off + l->len == off) {
+            l->len += n;
+            return;
+        }
+    }
+    if (b->n_segs == b->cap_segs) {
+        int cap = b->cap_segs ? b->cap_segs * 2 : 16;
+        rlai_chat_seg *s = realloc(b->segs, sizeof(*s) * (size_t)cap);
+        if (!s) {
+            b->oom = true;
+            return;
+        }
+        b->segs = s;
+        b->cap_segs = cap;
+    }
+    b->segs[b->n_segs++] = (rlai_chat_seg){ off, n, b->content_mode };
+}
 
 static void sb_add(sbuf *b, const char *s, size_t n)
 {
@@ -68,6 +99,7 @@ static void sb_add(sbuf *b, const char *s, size_t n)
     }
     if (n)
         memcpy(b->p + b->len, s, n);
+    sb_note(b, b->len, n);
     b->len += n;
     b->p[b->len] = '\0';
 }
@@ -75,6 +107,15 @@ static void sb_add(sbuf *b, const char *s, size_t n)
 static void sb_str(sbuf *b, const char *s)
 {
     sb_add(b, s, strlen(s));
+}
+
+/* Appends message content (never parsed for special tokens). */
+static void sb_content(sbuf *b, const char *s, size_t n)
+{
+    bool was = b->content_mode;
+    b->content_mode = true;
+    sb_add(b, s, n);
+    b->content_mode = was;
 }
 
 static bool is_ws(char c)
@@ -91,7 +132,7 @@ static void sb_trimmed(sbuf *b, const char *s)
         a++;
     while (n > a && is_ws(s[n - 1]))
         n--;
-    sb_add(b, s + a, n - a);
+    sb_content(b, s + a, n - a);
 }
 
 /* ---- detection ----------------------------------------------------------- */
@@ -219,14 +260,14 @@ static void fmt_chatml(sbuf *b, const char *def_sys, const rlai_chat_message *m,
 {
     if (def_sys) {
         sb_str(b, "<|im_start|>system\n");
-        sb_str(b, def_sys);
+        sb_content(b, def_sys, strlen(def_sys));
         sb_str(b, "<|im_end|>\n");
     }
     for (int i = 0; i < n; i++) {
         sb_str(b, "<|im_start|>");
         sb_str(b, m[i].role);
         sb_str(b, "\n");
-        sb_str(b, content_of(&m[i]));
+        sb_content(b, content_of(&m[i]), strlen(content_of(&m[i])));
         sb_str(b, "<|im_end|>\n");
     }
     if (gen)
@@ -276,8 +317,8 @@ static void fmt_gemma(sbuf *b, const char *def_sys, const rlai_chat_message *m, 
         sb_str(b, !strcmp(m[i].role, "assistant") ? "model" : "user");
         sb_str(b, "\n");
         if (have_pending) {
-            sb_add(b, pending.p ? pending.p : "", pending.len);
-            sb_str(b, "\n\n");
+            sb_content(b, pending.p ? pending.p : "", pending.len);
+            sb_content(b, "\n\n", 2);
             pending.len = 0;
             have_pending = false;
         }
@@ -286,7 +327,7 @@ static void fmt_gemma(sbuf *b, const char *def_sys, const rlai_chat_message *m, 
     }
     if (have_pending) {
         sb_str(b, "<start_of_turn>user\n");
-        sb_add(b, pending.p ? pending.p : "", pending.len);
+        sb_content(b, pending.p ? pending.p : "", pending.len);
         sb_str(b, "<end_of_turn>\n");
     }
     if (pending.oom)
@@ -296,15 +337,18 @@ static void fmt_gemma(sbuf *b, const char *def_sys, const rlai_chat_message *m, 
         sb_str(b, "<start_of_turn>model\n");
 }
 
-/* On success *out is a malloc'd string the caller frees; on failure *out is
- * NULL (if out is non-NULL) and a negative code is returned. */
-int rlai_chat_format(rlai_chat_style style, const char *default_system,
-                     const rlai_chat_message *msgs, int n, bool add_generation_prompt,
-                     char **out)
+static int render(rlai_chat_style style, const char *default_system, const rlai_chat_message *msgs, int n,
+                  bool add_generation_prompt, bool track, char **out, rlai_chat_seg **segs, int *n_segs)
 {
     if (!out)
         return RLAI_ERR_INVALID_ARG;
     *out = NULL;
+    if (track) {
+        if (!segs || !n_segs)
+            return RLAI_ERR_INVALID_ARG;
+        *segs = NULL;
+        *n_segs = 0;
+    }
     if (n < 0 || (n > 0 && !msgs))
         return RLAI_ERR_INVALID_ARG;
     if (style != RLAI_CHAT_CHATML && style != RLAI_CHAT_LLAMA3 && style != RLAI_CHAT_GEMMA)
@@ -318,6 +362,7 @@ int rlai_chat_format(rlai_chat_style style, const char *default_system,
         def_sys = default_system;
 
     sbuf b = {0};
+    b.track = track;
     sb_add(&b, "", 0);
     switch (style) {
     case RLAI_CHAT_CHATML: fmt_chatml(&b, def_sys, msgs, n, add_generation_prompt); break;
@@ -326,8 +371,31 @@ int rlai_chat_format(rlai_chat_style style, const char *default_system,
     }
     if (b.oom) {
         free(b.p);
+        free(b.segs);
         return RLAI_ERR_NOMEM;
     }
     *out = b.p;
+    if (track) {
+        *segs = b.segs;
+        *n_segs = b.n_segs;
+    }
     return RLAI_OK;
+}
+
+/* On success *out is a malloc'd string the caller frees; on failure *out is
+ * NULL (if out is non-NULL) and a negative code is returned. */
+int rlai_chat_format(rlai_chat_style style, const char *default_system,
+                     const rlai_chat_message *msgs, int n, bool add_generation_prompt,
+                     char **out)
+{
+    return render(style, default_system, msgs, n, add_generation_prompt, false, out, NULL, NULL);
+}
+
+/* As rlai_chat_format; *segs (malloc'd, caller frees) additionally covers
+ * the text with spans of template text and message content. */
+int rlai_chat_render(rlai_chat_style style, const char *default_system,
+                     const rlai_chat_message *msgs, int n, bool add_generation_prompt,
+                     char **out, rlai_chat_seg **segs, int *n_segs)
+{
+    return render(style, default_system, msgs, n, add_generation_prompt, true, out, segs, n_segs);
 }

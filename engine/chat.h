@@ -35,4 +35,19 @@ int rlai_chat_format(rlai_chat_style style, const char *default_system,
                      const rlai_chat_message *msgs, int n, bool add_generation_prompt,
                      char **out);
 
+/* A span of the rendered text: template text (its special-token markers
+ * are parsed as special tokens) or message content (never parsed). The
+ * spans of rlai_chat_render cover the text in order, without gaps. The
+ * default system prompt and Gemma's folded system text count as content. */
+typedef struct rlai_chat_seg {
+    size_t off, len;
+    bool content;
+} rlai_chat_seg;
+
+/* As rlai_chat_format, and *segs receives a malloc'd array (caller frees;
+ * NULL with *n_segs 0 for empty text) of the spans of *out. */
+int rlai_chat_render(rlai_chat_style style, const char *default_system,
+                     const rlai_chat_message *msgs, int n, bool add_generation_prompt,
+                     char **out, rlai_chat_seg **segs, int *n_segs);
+
 #endif

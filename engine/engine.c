@@ -47,6 +47,7 @@ typedef struct rlai_req {
     int status;
     rlai_gen_metrics mt;
     double t_submit, t_admit, t_first, t_prefill_end;
+    double t_deadline;           /* monotonic ms; 0 = none (gen.timeout_ms) */
     int n_decode;                /* forwards after the first token */
 } rlai_req;
 
@@ -109,6 +110,7 @@ const char *rlai_stop_reason_name(rlai_stop_reason r)
     case RLAI_STOP_STRING: return "stop_string";
     case RLAI_STOP_CONTEXT: return "context";
     case RLAI_STOP_CANCELLED: return "cancelled";
+    case RLAI_STOP_TIMEOUT: return "timeout";
     default: return "";
     }
 }
@@ -342,6 +344,57 @@ int rlai_engine_apply_chat(const rlai_engine *e, const rlai_chat_message *msgs,
     return rlai_chat_format(e->chat_style, e->default_system, msgs, n_msgs, add_generation_prompt, out);
 }
 
+/* Template text is tokenized with special tokens parsed, message content
+ * without; BOS as tokenize_prompt adds it (never twice). */
+int rlai_engine_tokenize_chat(const rlai_engine *e, const rlai_chat_message *msgs, int n_msgs,
+                              bool add_generation_prompt, rlai_token **out, int *n_out)
+{
+    if (!e || !out || !n_out || n_msgs < 0 || (n_msgs > 0 && !msgs))
+        return RLAI_ERR_INVALID_ARG;
+    *out = NULL;
+    *n_out = 0;
+    char *text = NULL;
+    rlai_chat_seg *segs = NULL;
+    int n_segs = 0;
+    int rc = rlai_chat_render(e->chat_style, e->default_system, msgs, n_msgs, add_generation_prompt, &text,
+                              &segs, &n_segs);
+    if (rc < 0)
+        return rc;
+    size_t len = strlen(text);
+    rlai_tok_span *sp = malloc(sizeof(*sp) * (size_t)(n_segs > 0 ? n_segs : 1));
+    rlai_token *toks = NULL;
+    int n = RLAI_ERR_NOMEM;
+    if (sp) {
+        for (int i = 0; i < n_segs; i++)
+            sp[i] = (rlai_tok_span){ segs[i].off, segs[i].len, !segs[i].content };
+        n = rlai_tokenizer_encode_spans(e->tok, text, len, sp, n_segs, false, NULL, 0);
+    }
+    if (n >= 0) {
+        toks = malloc(sizeof(rlai_token) * (size_t)(n + 1));
+        if (!toks)
+            n = RLAI_ERR_NOMEM;
+    }
+    if (n >= 0)
+        n = rlai_tokenizer_encode_spans(e->tok, text, len, sp, n_segs, false, toks + 1, n);
+    free(sp);
+    free(segs);
+    free(text);
+    if (n < 0) {
+        free(toks);
+        return n;
+    }
+    int32_t bos = rlai_tokenizer_bos(e->tok);
+    if (rlai_tokenizer_add_bos(e->tok) && bos >= 0 && !(n > 0 && toks[1] == bos)) {
+        toks[0] = bos;
+        n++;
+    } else {
+        memmove(toks, toks + 1, sizeof(rlai_token) * (size_t)n);
+    }
+    *out = toks;
+    *n_out = n;
+    return 0;
+}
+
 /* Tokenizes a prompt: special-token text parsed, BOS added when the model
  * asks for it and the text does not already start with it. *out malloc'd. */
 static int tokenize_prompt(const rlai_engine *e, const char *prompt, rlai_token **out, int *n_out)
@@ -465,6 +518,8 @@ int rlai_engine_submit(rlai_engine *e, const rlai_request_params *rp, uint64_t *
     r->user = rp->user;
     atomic_init(&r->cancel, false);
     r->t_submit = now_ms();
+    if (r->gp.timeout_ms > 0)
+        r->t_deadline = r->t_submit + (double)r->gp.timeout_ms;
     r->mt.prompt_tokens = rp->n_prompt;
 
     pthread_mutex_lock(&e->qmu);
@@ -583,6 +638,11 @@ static void req_finish(rlai_engine *e, rlai_req *r, rlai_stop_reason stop, int s
     (void)e;
 }
 
+static bool past_deadline(const rlai_req *r, double now)
+{
+    return r->t_deadline > 0 && now >= r->t_deadline;
+}
+
 /* Admits queued requests FIFO while the pool can hold them (stepping thread). */
 static void admit(rlai_engine *e, rlai_req **finished)
 {
@@ -590,15 +650,17 @@ static void admit(rlai_engine *e, rlai_req **finished)
     for (rlai_req *r = e->running; r; r = r->next)
         committed += r->reserve;
     pthread_mutex_lock(&e->qmu);
-    /* Cancelled requests leave the queue wherever they are. */
+    /* Cancelled and timed-out requests leave the queue wherever they are. */
+    double now = now_ms();
     for (rlai_req **pp = &e->queue; *pp;) {
         rlai_req *r = *pp;
-        if (atomic_load(&r->cancel)) {
+        bool late = past_deadline(r, now);
+        if (atomic_load(&r->cancel) || late) {
             *pp = r->next;
             e->n_queued--;
             r->next = *finished;
             *finished = r;
-            req_finish(e, r, RLAI_STOP_CANCELLED, 0);
+            req_finish(e, r, late && !atomic_load(&r->cancel) ? RLAI_STOP_TIMEOUT : RLAI_STOP_CANCELLED, 0);
         } else {
             pp = &r->next;
         }
@@ -713,10 +775,13 @@ static int step_take(const rlai_req *r, int *budget)
 static int step_locked(rlai_engine *e)
 {
     rlai_req *finished = NULL;
-    /* Cancelled running requests end now: their KV is freed this step. */
+    /* Cancelled and timed-out running requests end now: their KV is freed this step. */
+    double t_now = now_ms();
     for (rlai_req *r = e->running; r; r = r->next)
         if (atomic_load(&r->cancel))
             req_finish(e, r, RLAI_STOP_CANCELLED, 0);
+        else if (past_deadline(r, t_now))
+            req_finish(e, r, RLAI_STOP_TIMEOUT, 0);
     admit(e, &finished);
 
     /* Build one batch: one decode token per streaming request, prefill

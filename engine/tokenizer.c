@@ -1398,16 +1398,10 @@ nomem:
     return RLAI_ERR_NOMEM;
 }
 
-/* Writes up to cap ids into out (caller-owned) and returns the total count
- * (which may exceed cap) or a negative error: RLAI_ERR_INVALID_ARG for bad
- * arguments, RLAI_ERR_TOO_LARGE for inputs over 512 MiB, RLAI_ERR_NOMEM. */
-int rlai_tokenizer_encode(const rlai_tokenizer *t, const char *text, size_t len,
-                          bool add_special, bool parse_special, int32_t *out, int cap)
+/* Encodes the fragments fr[0..nf) of text (fr freed here). */
+static int encode_frags(const rlai_tokenizer *t, const char *text, size_t len, struct frag *fr, size_t nf,
+                        bool add_special, int32_t *out, int cap)
 {
-    if (!t || (!text && len) || cap < 0 || (!out && cap > 0))
-        return RLAI_ERR_INVALID_ARG;
-    if (len > TOK_MAX_INPUT)
-        return RLAI_ERR_TOO_LARGE;
     struct enc e;
     memset(&e, 0, sizeof e);
     e.t = t;
@@ -1417,13 +1411,6 @@ int rlai_tokenizer_encode(const rlai_tokenizer *t, const char *text, size_t len,
     if (add_special && t->add_bos)
         emit(&e, t->bos);
 
-    struct frag *fr = NULL;
-    size_t nf = 0;
-    if (len > 0) {
-        int rc = partition(t, text, len, parse_special, &fr, &nf);
-        if (rc)
-            return rc;
-    }
     if (t->kind == KIND_BPE && len > 0) {
         e.cp = malloc((len + 1) * sizeof *e.cp);
         e.fl = malloc(len + 1);
@@ -1460,6 +1447,79 @@ int rlai_tokenizer_encode(const rlai_tokenizer *t, const char *text, size_t len,
     if (e.n_out > INT_MAX)
         return RLAI_ERR_TOO_LARGE;
     return (int)e.n_out;
+}
+
+/* Writes up to cap ids into out (caller-owned) and returns the total count
+ * (which may exceed cap) or a negative error: RLAI_ERR_INVALID_ARG for bad
+ * arguments, RLAI_ERR_TOO_LARGE for inputs over 512 MiB, RLAI_ERR_NOMEM. */
+int rlai_tokenizer_encode(const rlai_tokenizer *t, const char *text, size_t len,
+                          bool add_special, bool parse_special, int32_t *out, int cap)
+{
+    if (!t || (!text && len) || cap < 0 || (!out && cap > 0))
+        return RLAI_ERR_INVALID_ARG;
+    if (len > TOK_MAX_INPUT)
+        return RLAI_ERR_TOO_LARGE;
+    struct frag *fr = NULL;
+    size_t nf = 0;
+    if (len > 0) {
+        int rc = partition(t, text, len, parse_special, &fr, &nf);
+        if (rc)
+            return rc;
+    }
+    return encode_frags(t, text, len, fr, nf, add_special, out, cap);
+}
+
+/* Spans are partitioned one by one (special-token text parsed only in
+ * spans with parse_special) and the raw fragments that touch across a span
+ * boundary are joined again before pre-tokenization, so text whose
+ * special-token occurrences are exactly those of the parse_special spans
+ * encodes exactly as rlai_tokenizer_encode(parse_special=true) would. */
+int rlai_tokenizer_encode_spans(const rlai_tokenizer *t, const char *text, size_t len,
+                                const rlai_tok_span *spans, int n_spans, bool add_special,
+                                int32_t *out, int cap)
+{
+    if (!t || (!text && len) || cap < 0 || (!out && cap > 0) || n_spans < 0 || (n_spans > 0 && !spans))
+        return RLAI_ERR_INVALID_ARG;
+    if (len > TOK_MAX_INPUT)
+        return RLAI_ERR_TOO_LARGE;
+    size_t expect = 0;
+    for (int i = 0; i < n_spans; i++) {
+        if (spans[i].off != expect || spans[i].len > len - expect)
+            return RLAI_ERR_INVALID_ARG;
+        expect += spans[i].len;
+    }
+    if (expect != len)
+        return RLAI_ERR_INVALID_ARG;
+    struct frag *all = NULL;
+    size_t n_all = 0, cap_all = 0;
+    for (int i = 0; i < n_spans; i++) {
+        if (spans[i].len == 0)
+            continue;
+        struct frag *fr = NULL;
+        size_t nf = 0;
+        int rc = partition(t, text + spans[i].off, spans[i].len, spans[i].parse_special, &fr, &nf);
+        if (rc) {
+            free(all);
+            return rc;
+        }
+        if (!grow((void **)&all, &cap_all, n_all + nf, sizeof *all)) {
+            free(fr);
+            free(all);
+            return RLAI_ERR_NOMEM;
+        }
+        for (size_t k = 0; k < nf; k++) {
+            struct frag f = fr[k];
+            if (f.tok < 0)
+                f.off += spans[i].off;
+            if (f.tok < 0 && n_all > 0 && all[n_all - 1].tok < 0 &&
+                all[n_all - 1].off + all[n_all - 1].len == f.off)
+                all[n_all - 1].len += f.len;
+            else
+                all[n_all++] = f;
+        }
+        free(fr);
+    }
+    return encode_frags(t, text, len, all, n_all, add_special, out, cap);
 }
 
 /* ------------------------------------------------------------------ */

@@ -47,6 +47,23 @@ int32_t rlai_tokenizer_find(const rlai_tokenizer *t, const char *text, size_t le
 int rlai_tokenizer_encode(const rlai_tokenizer *t, const char *text, size_t len,
                           bool add_special, bool parse_special, int32_t *out, int cap);
 
+/* A span of text for rlai_tokenizer_encode_spans. */
+typedef struct rlai_tok_span {
+    size_t off, len;
+    bool parse_special;    /* special-token text in this span becomes its id */
+} rlai_tok_span;
+
+/* As rlai_tokenizer_encode, but special-token text is parsed only inside
+ * the spans that ask for it (user-defined tokens, as always, everywhere).
+ * The spans (caller-owned) must cover text[0..len) in order without gaps
+ * or overlap (else RLAI_ERR_INVALID_ARG). Raw text is pre-tokenized across
+ * span boundaries as one piece, so the result equals rlai_tokenizer_encode
+ * with parse_special=true whenever the special-token text of the whole
+ * string lies exactly in the parsed spans. */
+int rlai_tokenizer_encode_spans(const rlai_tokenizer *t, const char *text, size_t len,
+                                const rlai_tok_span *spans, int n_spans, bool add_special,
+                                int32_t *out, int cap);
+
 /* Raw bytes of one token after decoding (GPT-2 byte map inverted / SPM "▁"
  * -> " " / <0xXX> byte tokens -> the byte). Control tokens give their text
  * if render_special, else 0 bytes. Writes up to cap bytes (no NUL) and

@@ -154,6 +154,8 @@ int rlai_config_load_json(rlai_config *c, const char *json, char *err, size_t er
                     rc = get_int(l, "limits.max_prompt_tokens", 1, 1 << 20, &c->max_prompt_tokens, err, errlen);
                 } else if (!strcmp(lk, "max_inflight_per_client")) {
                     rc = get_int(l, "limits.max_inflight_per_client", 1, 4096, &c->max_inflight_client, err, errlen);
+                } else if (!strcmp(lk, "request_timeout_s")) {
+                    rc = get_int(l, "limits.request_timeout_s", 0, 7 * 24 * 3600, &c->request_timeout_s, err, errlen);
                 } else if (!strcmp(lk, "max_inflight_total")) {
                     rc = get_int(l, "limits.max_inflight_total", 1, 65536, &c->max_inflight_total, err, errlen);
                 } else {
@@ -290,4 +292,12 @@ int rlai_config_validate(const rlai_config *c, char *err, size_t errlen)
     if (c->max_prompt_tokens <= 0 || c->max_inflight_client <= 0 || c->max_inflight_total <= 0 || c->max_frame < 64)
         return fail(err, errlen, RLAI_ERR_INVALID_ARG, "config: limits must be positive");
     return 0;
+}
+
+uint64_t rlai_config_timeout_ms(uint64_t requested_ms, int cap_s)
+{
+    uint64_t cap = cap_s > 0 ? (uint64_t)cap_s * 1000u : 0;
+    if (requested_ms == 0)
+        return cap;
+    return cap && cap < requested_ms ? cap : requested_ms;
 }

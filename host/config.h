@@ -7,7 +7,8 @@
  *     "endpoints": { "zmq": "ipc://...", "zmq_tcp": "tcp://127.0.0.1:5677",
  *                    "pipe": "PATH", "http": "127.0.0.1:5676", "allow_remote": false },
  *     "limits": { "max_frame_bytes": 4194304, "max_prompt_tokens": 4096,
- *                 "max_inflight_per_client": 8, "max_inflight_total": 64 },
+ *                 "max_inflight_per_client": 8, "max_inflight_total": 64,
+ *                 "request_timeout_s": 0 },
  *     "prefix_cache": true,
  *     "shutdown_timeout_s": 5,
  *     "plugins": { "dir": "PATH", "enabled": true, "workers": 4, "max_queue": 64,
@@ -20,6 +21,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 /* Default address of the HTTP front. When it is taken (another engine),
  * the daemon serves without HTTP and says so; any other address must bind. */
@@ -41,6 +43,7 @@ typedef struct rlai_config {
     int max_prompt_tokens;
     int max_inflight_client;
     int max_inflight_total;
+    int request_timeout_s;   /* wall-clock cap per generation (wire, HTTP); 0 = none (default) */
     bool no_prefix_cache;    /* "prefix_cache": false / --no-prefix-cache */
     char *plugins_dir;       /* "plugins": {"dir"}; NULL = the default folder */
     bool plugins_off;        /* "plugins": {"enabled": false} / --no-plugins */
@@ -65,6 +68,11 @@ int rlai_config_load_file(rlai_config *c, const char *path, char *err, size_t er
 
 /* Same over a JSON text (for tests). */
 int rlai_config_load_json(rlai_config *c, const char *json, char *err, size_t errlen);
+
+/* Effective deadline of a generation in ms: the smaller non-zero of the
+ * request's own timeout_ms (0 = none) and the configured cap cap_s
+ * (limits.request_timeout_s, 0 = none); 0 = no deadline. */
+uint64_t rlai_config_timeout_ms(uint64_t requested_ms, int cap_s);
 
 /* Checks the final values: positive limits, loopback-only TCP unless
  * allow_remote. Returns 0 or RLAI_ERR_INVALID_ARG with a message. */

@@ -360,13 +360,15 @@ static void apply_gen(const rlai_msg_gen *g, rlai_gen_params *gp)
     if (g->has_frequency_penalty) gp->sampling.frequency_penalty = g->frequency_penalty;
     if (g->has_seed) gp->sampling.seed = g->seed;
     gp->ignore_eos = g->ignore_eos;
+    if (g->has_timeout_ms) gp->timeout_ms = g->timeout_ms;
 }
 
 /* Turns a generate/chat request into prompt tokens and submits it. */
 static void submit_generation(rlai_daemon *d, rlai_conn conn, const rlai_msg *m)
 {
-    char *prompt = NULL;
     const rlai_msg_gen *g;
+    rlai_token *toks = NULL;
+    int n;
     if (m->type == RLAI_MSG_CHAT) {
         g = &m->u.chat.gen;
         rlai_chat_message *cm = calloc(m->u.chat.n_messages ? m->u.chat.n_messages : 1, sizeof(*cm));
@@ -378,24 +380,20 @@ static void submit_generation(rlai_daemon *d, rlai_conn conn, const rlai_msg *m)
             cm[i].role = m->u.chat.messages[i].role;
             cm[i].content = m->u.chat.messages[i].content;
         }
-        int rc = rlai_engine_apply_chat(d->engine, cm, (int)m->u.chat.n_messages, true, &prompt);
+        /* Message content is never parsed for special tokens. */
+        int rc = rlai_engine_tokenize_chat(d->engine, cm, (int)m->u.chat.n_messages, true, &toks, &n);
         free(cm);
-        if (rc < 0) {
+        if (rc == RLAI_ERR_INVALID_ARG) {
             send_error(d, conn, m->id, RLAI_PE_BAD_REQUEST,
                        "chat messages rejected by the template (roles: system, user, assistant)");
             return;
         }
+        if (rc < 0)
+            n = rc;
     } else {
         g = &m->u.generate.gen;
-        prompt = strdup(m->u.generate.prompt ? m->u.generate.prompt : "");
-        if (!prompt) {
-            send_error(d, conn, m->id, RLAI_PE_INTERNAL, "out of memory");
-            return;
-        }
+        n = tokenize_all(d->engine, m->u.generate.prompt ? m->u.generate.prompt : "", true, true, &toks);
     }
-    rlai_token *toks = NULL;
-    int n = tokenize_all(d->engine, prompt, true, true, &toks);
-    free(prompt);
     if (n < 0) {
         send_error(d, conn, m->id, map_engine_error(n), rlai_strerror(n));
         return;
@@ -426,6 +424,7 @@ static void submit_generation(rlai_daemon *d, rlai_conn conn, const rlai_msg *m)
     rp.prompt = toks;
     rp.n_prompt = n;
     apply_gen(g, &rp.gen);
+    rp.gen.timeout_ms = rlai_config_timeout_ms(rp.gen.timeout_ms, d->cfg.request_timeout_s);
     const char **stops = NULL;
     if (g->n_stop) {
         stops = calloc(g->n_stop + 1, sizeof(char *));
@@ -792,6 +791,7 @@ int rlai_daemon_start(const rlai_config *cfg, rlai_daemon **out, char *err, size
             .plugins = d->plugins, .metrics = d->metrics, .max_body = cfg->max_frame,
             .max_prompt_tokens = cfg->max_prompt_tokens, .max_inflight = cfg->max_inflight_total,
             .stop_wait_ms = shutdown_ms(cfg) / 2,
+            .request_timeout_s = cfg->request_timeout_s,
         };
         rc = rlai_http_start(&hp, &d->http, err, errlen);
         if (rc == RLAI_ERR_BUSY && !strcmp(cfg->http, RLAI_HTTP_DEFAULT)) {

@@ -1,5 +1,6 @@
 /* http.c - OpenAI-compatible HTTP front (see http.h). */
 #include "http.h"
+#include "config.h"
 #include "rlai/error.h"
 #include "rlai/protocol.h"
 
@@ -144,6 +145,7 @@ struct rlai_http {
     rlai_metrics *metrics;
     size_t max_body;
     int max_prompt_tokens;
+    int request_timeout_s;        /* limits.request_timeout_s; 0 = none */
     int max_inflight;
     int stop_wait_ms;
     bool allow_remote;
@@ -418,10 +420,13 @@ static const char *finish_reason(const hreq *r)
     if (r->kind == K_LORE) {
         if (!strcmp(r->stop, "max_tokens") || !strcmp(r->stop, "context") || !strcmp(r->stop, "length"))
             return "length";
+        if (!strcmp(r->stop, "timeout"))
+            return "timeout";
         return "stop";
     }
     switch (r->gm.stop) {
     case RLAI_STOP_MAX_TOKENS: case RLAI_STOP_CONTEXT: return "length";
+    case RLAI_STOP_TIMEOUT: return "timeout";   /* extension value (docs/SERVE.md) */
     default: return "stop";
     }
 }
@@ -927,6 +932,14 @@ static bool parse_sampling(hreq *r, const cJSON *body, gen_request *g)
             return send_error(r, 400, "invalid_value", "seed", "'seed' must be an integer"), false;
         s->seed = (uint64_t)(long long)it->valuedouble;
     }
+    /* Extension: wall-clock limit (finish_reason "timeout" when it ends one). */
+    if ((it = cJSON_GetObjectItemCaseSensitive(body, "timeout_ms")) && !cJSON_IsNull(it)) {
+        if (!json_is_int(it) || it->valuedouble < 0 || it->valuedouble > 4294967295.0)
+            return send_error(r, 400, "invalid_value", "timeout_ms",
+                              "'timeout_ms' must be an integer in [0, 4294967295] (0 = none)"), false;
+        g->gp.timeout_ms = (uint64_t)it->valuedouble;
+    }
+    g->gp.timeout_ms = rlai_config_timeout_ms(g->gp.timeout_ms, r->h->request_timeout_s);
     const char *mt_key = "max_completion_tokens";
     it = cJSON_GetObjectItemCaseSensitive(body, mt_key);
     if (!it || cJSON_IsNull(it)) {
@@ -1317,20 +1330,19 @@ static enum MHD_Result chat_completions(hreq *r)
         ret = lore_chat(r, body, character, &cm);
         goto out;
     }
-    char *prompt = NULL;
-    int rc = rlai_engine_apply_chat(r->h->engine, cm.m, cm.n, true, &prompt);
-    if (rc < 0) {
+    /* Message content is never parsed for special tokens (role injection). */
+    rlai_token *toks = NULL;
+    int n = 0;
+    int rc = rlai_engine_tokenize_chat(r->h->engine, cm.m, cm.n, true, &toks, &n);
+    if (rc == RLAI_ERR_INVALID_ARG) {
         send_error(r, 400, "invalid_value", "messages", "the chat template refused these messages: %s",
                    rlai_strerror(rc));
         goto out;
     }
-    rlai_token *toks = NULL;
-    int n = tokenize_all(r->h->engine, prompt, &toks);
-    free(prompt);
-    if (n < 0) {
+    if (rc < 0) {
         const char *code;
-        int st = status_of(n, &code);
-        send_error(r, st, code, "messages", "cannot tokenize the messages: %s", rlai_strerror(n));
+        int st = status_of(rc, &code);
+        send_error(r, st, code, "messages", "cannot tokenize the messages: %s", rlai_strerror(rc));
         goto out;
     }
     ret = run_generation(r, toks, n, &g);
@@ -1945,6 +1957,7 @@ int rlai_http_start(const rlai_http_params *p, rlai_http **out, char *err, size_
     rlai_engine_info(p->engine, &info);
     h->n_ctx = info.n_ctx > 0 ? info.n_ctx : 2048;
     h->max_prompt_tokens = p->max_prompt_tokens > 0 ? p->max_prompt_tokens : h->n_ctx;
+    h->request_timeout_s = p->request_timeout_s;
     h->model_id = model_id_from_path(p->model_path);
     pthread_mutex_init(&h->mu, NULL);
     cond_init_monotonic(&h->cv);

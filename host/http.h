@@ -43,6 +43,7 @@ typedef struct rlai_http_params {
     int max_prompt_tokens;        /* 400 context_length_exceeded above; 0 = engine context */
     int max_inflight;             /* generations + plugin calls at once (429 above); 0 = 64 */
     int stop_wait_ms;             /* rlai_http_stop's longest wait for requests to end; 0 = 10 s */
+    int request_timeout_s;        /* cap on every generation's wall clock (timeout_ms); 0 = none */
     int max_connections;          /* simultaneous connections; 0 = 256 */
     bool quiet;                   /* no per-request log lines (errors still go to stderr) */
 } rlai_http_params;

@@ -299,19 +299,22 @@ static int local_cb(void *user, rlai_token tok, const char *text, size_t len)
 static int local_generate(session *ss, const char *raw_prompt, const rlai_chat_message *msgs, int n_msgs,
                           char **reply)
 {
-    char *formatted = NULL;
     int rc;
+    rlai_gen_metrics m;
+    local_sink ls = { NULL, 0 };
     if (!raw_prompt) {
-        if ((rc = rlai_engine_apply_chat(ss->engine, msgs, n_msgs, true, &formatted)) < 0) {
+        /* Message content is never parsed for special tokens. */
+        rlai_token *toks = NULL;
+        int n = 0;
+        if ((rc = rlai_engine_tokenize_chat(ss->engine, msgs, n_msgs, true, &toks, &n)) < 0) {
             fprintf(stderr, "rlai: chat template: %s\n", rlai_strerror(rc));
             return rc;
         }
-        raw_prompt = formatted;
+        rc = rlai_engine_generate_tokens(ss->engine, toks, n, &ss->gp, local_cb, &ls, &m);
+        free(toks);
+    } else {
+        rc = rlai_engine_generate(ss->engine, raw_prompt, &ss->gp, local_cb, &ls, &m);
     }
-    rlai_gen_metrics m;
-    local_sink ls = { NULL, 0 };
-    rc = rlai_engine_generate(ss->engine, raw_prompt, &ss->gp, local_cb, &ls, &m);
-    free(formatted);
     printf("\n");
     fflush(stdout);
     if (reply)

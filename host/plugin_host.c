@@ -687,7 +687,9 @@ static int tokenize_text(rlai_engine *e, const char *text, rlai_token **out)
     return n;
 }
 
-static int format_chat(rlai_engine *e, const rlai_plugin_message *msgs, int n, bool gen, char **out)
+/* Text (out) or, with toks, safe tokens (*toks malloc'd, count returned). */
+static int format_chat_any(rlai_engine *e, const rlai_plugin_message *msgs, int n, bool gen, char **out,
+                           rlai_token **toks)
 {
     if (!msgs || n <= 0)
         return RLAI_ERR_INVALID_ARG;
@@ -702,9 +704,22 @@ static int format_chat(rlai_engine *e, const rlai_plugin_message *msgs, int n, b
         cm[i].role = msgs[i].role;
         cm[i].content = msgs[i].content;
     }
-    int rc = rlai_engine_apply_chat(e, cm, n, gen, out);
+    int rc;
+    if (toks) {
+        int nt = 0;
+        rc = rlai_engine_tokenize_chat(e, cm, n, gen, toks, &nt);
+        if (rc == 0)
+            rc = nt;
+    } else {
+        rc = rlai_engine_apply_chat(e, cm, n, gen, out);
+    }
     free(cm);
     return rc;
+}
+
+static int format_chat(rlai_engine *e, const rlai_plugin_message *msgs, int n, bool gen, char **out)
+{
+    return format_chat_any(e, msgs, n, gen, out, NULL);
 }
 
 typedef struct gen_wait {
@@ -775,21 +790,15 @@ static int api_generate(rlai_call *call, const rlai_gen_request *req_in, size_t 
         return RLAI_ERR_NOT_IMPLEMENTED;
     if (api_cancelled(call))
         return RLAI_ERR_CANCELLED;
-    char *prompt = NULL;
     int rc;
-    if (req.messages && req.n_messages > 0) {
-        rc = format_chat(e, req.messages, req.n_messages, true, &prompt);
-    } else if (req.prompt) {
-        prompt = strdup(req.prompt);
-        rc = prompt ? 0 : RLAI_ERR_NOMEM;
-    } else {
-        rc = RLAI_ERR_INVALID_ARG;
-    }
-    if (rc < 0)
-        return rc;
     rlai_token *toks = NULL;
-    int n = tokenize_text(e, prompt, &toks);
-    free(prompt);
+    int n;
+    if (req.messages && req.n_messages > 0)   /* content never parsed for special tokens */
+        n = format_chat_any(e, req.messages, req.n_messages, true, NULL, &toks);
+    else if (req.prompt)
+        n = tokenize_text(e, req.prompt, &toks);
+    else
+        n = RLAI_ERR_INVALID_ARG;
     if (n < 0)
         return n;
     rlai_model_info info;
@@ -894,6 +903,22 @@ static int api_apply_chat(rlai_plugin *self, const rlai_plugin_message *msgs, in
     if (!e)
         return RLAI_ERR_NOT_IMPLEMENTED;
     return format_chat(e, msgs, n, gen, out);
+}
+
+static int api_tokenize_chat(rlai_plugin *self, const rlai_plugin_message *msgs, int n, bool gen, int32_t *out,
+                             int cap)
+{
+    rlai_engine *e = engine_of_plugin(self);
+    if (!plugin_ok(self) || cap < 0 || (cap > 0 && !out))
+        return RLAI_ERR_INVALID_ARG;
+    if (!e)
+        return RLAI_ERR_NOT_IMPLEMENTED;
+    rlai_token *toks = NULL;
+    int nt = format_chat_any(e, msgs, n, gen, NULL, &toks);
+    if (nt > 0 && out)
+        memcpy(out, toks, sizeof(rlai_token) * (size_t)(nt < cap ? nt : cap));
+    free(toks);
+    return nt;
 }
 
 static int api_pin_prefix(rlai_plugin *self, const char *text)
@@ -1024,6 +1049,7 @@ static const rlai_host_api host_api = {
     .unpin_prefix = api_unpin_prefix,
     .model_info = api_model_info,
     .gguf_describe = api_gguf_describe,
+    .tokenize_chat = api_tokenize_chat,
 };
 
 /* ---------------------------------------------------------- workers */

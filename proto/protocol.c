@@ -398,8 +398,7 @@ enum fid {
     F_TEXT, F_ADD_SPECIAL, F_PARSE_SPECIAL, F_TOKENS, F_DATA, F_STOP, F_METRICS,
     F_CODE, F_NAME, F_MSG,
     F_MAX_TOKENS, F_TEMPERATURE, F_TOP_K, F_TOP_P, F_MIN_P, F_REPEAT_PENALTY,
-    F_PRESENCE_PENALTY, F_FREQUENCY_PENALTY, F_SEED, F_IGNORE_EOS,
-    F_TIMEOUT_MS,
+    F_PRESENCE_PENALTY, F_FREQUENCY_PENALTY, F_SEED, F_IGNORE_EOS, F_TIMEOUT_MS,
     F_COUNT
 };
 
@@ -409,14 +408,14 @@ static const char *const field_names[F_COUNT] = {
     "text", "add_special", "parse_special", "tokens", "data", "stop", "metrics",
     "code", "name", "msg",
     "max_tokens", "temperature", "top_k", "top_p", "min_p", "repeat_penalty",
-    "presence_penalty", "frequency_penalty", "seed", "ignore_eos",
-    "timeout_ms",
+    "presence_penalty", "frequency_penalty", "seed", "ignore_eos", "timeout_ms",
 };
 
 #define FB(f) (UINT64_C(1) << (f))
 #define GEN_FIELDS (FB(F_MAX_TOKENS) | FB(F_TEMPERATURE) | FB(F_TOP_K) | FB(F_TOP_P) | \
                     FB(F_MIN_P) | FB(F_REPEAT_PENALTY) | FB(F_PRESENCE_PENALTY) |     \
-                    FB(F_FREQUENCY_PENALTY) | FB(F_SEED) | FB(F_IGNORE_EOS) | FB(F_STOP))
+                    FB(F_FREQUENCY_PENALTY) | FB(F_SEED) | FB(F_IGNORE_EOS) | FB(F_TIMEOUT_MS) | \
+                    FB(F_STOP))
 
 static uint64_t type_fields(rlai_msg_type t)
 {
@@ -602,6 +601,12 @@ static int decode_gen(dctx *c, const msgpack_object *const *f, rlai_msg_gen *g)
         g->has_seed = true;
     }
     if ((o = opt(f[F_IGNORE_EOS])) && (rc = get_bool(c, o, "ignore_eos", &g->ignore_eos))) return rc;
+    if ((o = opt(f[F_TIMEOUT_MS]))) {
+        uint64_t v = 0;
+        if ((rc = get_u64(c, o, "timeout_ms", UINT32_MAX, &v))) return rc;
+        g->timeout_ms = (uint32_t)v;
+        g->has_timeout_ms = true;
+    }
     if ((o = opt(f[F_STOP]))) {
         if (o->type != MSGPACK_OBJECT_ARRAY)
             return fail(c, RLAI_PE_BAD_REQUEST, "field 'stop' must be an array of str, not %s",
@@ -1082,7 +1087,7 @@ static size_t gen_count(const rlai_msg_gen *g)
 {
     return (size_t)g->has_max_tokens + g->has_temperature + g->has_top_k + g->has_top_p + g->has_min_p +
            g->has_repeat_penalty + g->has_presence_penalty + g->has_frequency_penalty + g->has_seed +
-           g->ignore_eos + (g->n_stop > 0);
+           g->ignore_eos + g->has_timeout_ms + (g->n_stop > 0);
 }
 
 static void p_float(enc *e, const char *k, bool has, float v)
@@ -1104,6 +1109,7 @@ static void p_gen(enc *e, const rlai_msg_gen *g)
     p_float(e, "frequency_penalty", g->has_frequency_penalty, g->frequency_penalty);
     if (g->has_seed) { p_key(e, "seed"); msgpack_pack_uint64(&e->pk, g->seed); }
     if (g->ignore_eos) { p_key(e, "ignore_eos"); msgpack_pack_true(&e->pk); }
+    if (g->has_timeout_ms) { p_key(e, "timeout_ms"); msgpack_pack_uint32(&e->pk, g->timeout_ms); }
     if (g->n_stop) {
         p_key(e, "stop");
         msgpack_pack_array(&e->pk, g->n_stop);

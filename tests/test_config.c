@@ -152,6 +152,27 @@ START_TEST(plugin_deadlines_queue_and_shutdown)
 }
 END_TEST
 
+START_TEST(request_timeout)
+{
+    rlai_config c;
+    char err[256];
+    ck_assert_int_eq(rlai_config_defaults(&c, "m.gguf"), 0);
+    ck_assert_int_eq(c.request_timeout_s, 0);   /* off by default */
+    ck_assert_int_eq(rlai_config_load_json(&c, "{\"limits\":{\"request_timeout_s\":30}}", err, sizeof(err)), 0);
+    ck_assert_int_eq(c.request_timeout_s, 30);
+    ck_assert_int_eq(rlai_config_load_json(&c, "{\"limits\":{\"request_timeout_s\":-1}}", err, sizeof(err)),
+                     RLAI_ERR_FORMAT);
+    ck_assert_ptr_nonnull(strstr(err, "request_timeout_s"));
+    rlai_config_free(&c);
+    /* The smaller non-zero of request and cap applies. */
+    ck_assert_uint_eq(rlai_config_timeout_ms(0, 0), 0);
+    ck_assert_uint_eq(rlai_config_timeout_ms(250, 0), 250);
+    ck_assert_uint_eq(rlai_config_timeout_ms(0, 2), 2000);
+    ck_assert_uint_eq(rlai_config_timeout_ms(250, 2), 250);
+    ck_assert_uint_eq(rlai_config_timeout_ms(5000, 2), 2000);
+}
+END_TEST
+
 START_TEST(file_loading)
 {
     rlai_config c;
@@ -182,6 +203,7 @@ int main(void)
     tcase_add_test(tc, http_endpoint);
     tcase_add_test(tc, file_loading);
     tcase_add_test(tc, plugin_deadlines_queue_and_shutdown);
+    tcase_add_test(tc, request_timeout);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -333,7 +333,8 @@ static bool gen_eq(const rlai_msg_gen *a, const rlai_msg_gen *b)
 {
 #define SAME(f) (a->has_##f == b->has_##f && (!a->has_##f || a->f == b->f))
     if (!(SAME(max_tokens) && SAME(temperature) && SAME(top_k) && SAME(top_p) && SAME(min_p) &&
-          SAME(repeat_penalty) && SAME(presence_penalty) && SAME(frequency_penalty) && SAME(seed)))
+          SAME(repeat_penalty) && SAME(presence_penalty) && SAME(frequency_penalty) && SAME(seed) &&
+          SAME(timeout_ms)))
         return false;
 #undef SAME
     if (a->ignore_eos != b->ignore_eos || a->n_stop != b->n_stop) return false;
@@ -449,12 +450,13 @@ START_TEST(test_roundtrip_every_type)
     g.frequency_penalty = 3.4e38f; g.has_frequency_penalty = true;
     g.seed = UINT64_MAX; g.has_seed = true;
     g.ignore_eos = true;
+    g.timeout_ms = UINT32_MAX; g.has_timeout_ms = true;
     g.stop = stops; g.n_stop = 8;
     m.u.generate.prompt = "Once upon a time";
     m.u.generate.gen = g;
     roundtrip(&m);
     /* every option alone */
-    for (int k = 0; k < 11; k++) {
+    for (int k = 0; k < 12; k++) {
         rlai_msg_gen one = {0};
         switch (k) {
         case 0: one.has_max_tokens = true; one.max_tokens = 0; break;
@@ -467,6 +469,7 @@ START_TEST(test_roundtrip_every_type)
         case 7: one.has_frequency_penalty = true; one.frequency_penalty = -1.5f; break;
         case 8: one.has_seed = true; one.seed = 0; break;
         case 9: one.ignore_eos = true; break;
+        case 10: one.has_timeout_ms = true; one.timeout_ms = 250; break;
         default: one.stop = stops + 2; one.n_stop = 1; break;
         }
         m.u.generate.gen = one;
@@ -1223,6 +1226,10 @@ GEN1(stop_int_elem, 50, "stop", (msgpack_pack_array(&p->pk, 2), s(p, "a"), u(p, 
 GEN1(stop_bin_elem, 51, "stop", (msgpack_pack_array(&p->pk, 1), bin(p, "a")))
 GEN1(stop_empty_elem, 52, "stop", (msgpack_pack_array(&p->pk, 1), s(p, "")))
 GEN1(stop_nil_elem, 53, "stop", (msgpack_pack_array(&p->pk, 1), msgpack_pack_nil(&p->pk)))
+GEN1(timeout_ms_negative, 160, "timeout_ms", i64(p, -1))
+GEN1(timeout_ms_str, 161, "timeout_ms", s(p, "100"))
+GEN1(timeout_ms_2p32, 162, "timeout_ms", u(p, UINT64_C(1) << 32))
+GEN1(timeout_ms_float, 163, "timeout_ms", f64(p, 100.0))
 BC(stop_9) {
     head(p, 2, 54, "generate"); s(p, "prompt"); s(p, "x");
     s(p, "stop"); msgpack_pack_array(&p->pk, 9);
@@ -1397,6 +1404,10 @@ static const bad_case bad_cases[] = {
     C(stop_bin_elem, R, 51, GENERATE),
     C(stop_empty_elem, R, 52, GENERATE),
     C(stop_nil_elem, R, 53, GENERATE),
+    C(timeout_ms_negative, R, 160, GENERATE),
+    C(timeout_ms_str, R, 161, GENERATE),
+    C(timeout_ms_2p32, R, 162, GENERATE),
+    C(timeout_ms_float, R, 163, GENERATE),
     C(stop_9, L, 54, GENERATE),
     C(stop_257_bytes, L, 55, GENERATE),
     C(chat_no_messages, R, 60, CHAT),

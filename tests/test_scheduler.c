@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "rlai/engine.h"
 
@@ -270,6 +271,77 @@ START_TEST(cancel_frees_blocks_within_a_step)
 }
 END_TEST
 
+static uint64_t submit_timeout(rlai_engine *e, const rlai_token *p, int n, int max_tokens, uint64_t timeout_ms,
+                               result *r)
+{
+    rlai_request_params rp;
+    memset(&rp, 0, sizeof(rp));
+    rp.prompt = p;
+    rp.n_prompt = n;
+    rlai_gen_params_init(&rp.gen);
+    rp.gen.max_tokens = max_tokens;
+    rp.gen.ignore_eos = true;
+    rp.gen.timeout_ms = timeout_ms;
+    rp.on_token = collect;
+    rp.on_done = done_cb;
+    rp.user = r;
+    uint64_t id = 0;
+    ck_assert_int_eq(rlai_engine_submit(e, &rp, &id), 0);
+    return id;
+}
+
+/* Not a timed test: the sleeps only make sure a deadline has passed. */
+START_TEST(deadline_ends_request_with_timeout_and_frees_blocks)
+{
+    rlai_engine *e = open_engine(0, 1024);
+    rlai_token pa[64], pb[64], pc[64];
+    int na = tokenize(e, prompts[3], pa, 64);
+    int nb = tokenize(e, prompts[4], pb, 64);
+    int nc = tokenize(e, prompts[5], pc, 64);
+    result a, b, c;
+    memset(&a, 0, sizeof(a));
+    memset(&b, 0, sizeof(b));
+    memset(&c, 0, sizeof(c));
+    /* Running: a deadline passes while it streams. */
+    submit_timeout(e, pa, na, 200, 5000, &a);
+    submit(e, pb, nb, 24, &b);   /* no deadline */
+    rlai_engine_step(e);
+    rlai_engine_step(e);
+    rlai_engine_stats before;
+    rlai_engine_get_stats(e, &before);
+    ck_assert_msg(!a.done, "two steps took over 5 s");
+    usleep(5100 * 1000);
+    rlai_engine_step(e);
+    ck_assert(a.done);
+    ck_assert_int_eq(a.status, 0);
+    ck_assert_int_eq(a.m.stop, RLAI_STOP_TIMEOUT);
+    ck_assert_str_eq(rlai_stop_reason_name(a.m.stop), "timeout");
+    ck_assert_int_lt(a.m.gen_tokens, 200);
+    rlai_engine_stats after;
+    rlai_engine_get_stats(e, &after);
+    if (!before.kv_blocks_used)
+        ck_abort_msg("no blocks in use while streaming");
+    ck_assert_int_lt(after.kv_blocks_used, before.kv_blocks_used);
+    /* Queued: a deadline that passed before admission. */
+    submit_timeout(e, pc, nc, 8, 1, &c);
+    usleep(10 * 1000);
+    rlai_engine_step(e);
+    ck_assert(c.done);
+    ck_assert_int_eq(c.m.stop, RLAI_STOP_TIMEOUT);
+    ck_assert_int_eq(c.m.gen_tokens, 0);
+    /* The request without a deadline is unaffected. */
+    ck_assert(!b.done);
+    run_until_idle(e);
+    ck_assert(b.done && b.status == 0);
+    ck_assert_int_eq(b.m.stop, RLAI_STOP_MAX_TOKENS);
+    ck_assert_int_eq(b.n, 24);
+    rlai_engine_get_stats(e, &after);
+    ck_assert_int_eq(after.kv_blocks_used, 0);
+    ck_assert_int_eq(after.running + after.queued, 0);
+    rlai_engine_close(e);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("scheduler");
@@ -279,6 +351,7 @@ int main(void)
     tcase_add_test(tc, prefix_reuse_is_reported_and_exact);
     tcase_add_test(tc, tiny_kv_budget_ends_every_request);
     tcase_add_test(tc, cancel_frees_blocks_within_a_step);
+    tcase_add_test(tc, deadline_ends_request_with_timeout_and_frees_blocks);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -114,9 +114,25 @@ typedef struct rlai_chat_message {
 /* Formats a conversation with the model's chat template (ChatML, Llama-3,
  * Gemma recognised; ChatML otherwise). add_generation_prompt appends the
  * assistant header. On success *out is a malloc'd NUL-terminated string the
- * caller frees with free(). */
+ * caller frees with free(). For display and raw use only: the text does not
+ * say which "<|im_end|>" is the template's and which a user typed, so
+ * tokenizing it with parse_special lets message content forge turns. To
+ * generate from a conversation use rlai_engine_tokenize_chat(). */
 int rlai_engine_apply_chat(const rlai_engine *e, const rlai_chat_message *msgs,
                            int n_msgs, bool add_generation_prompt, char **out);
+
+/* Formats and tokenizes a conversation in one go, safely: the template's
+ * own markers become special tokens, message content (and the template's
+ * default system prompt) is never parsed for special tokens, so a message
+ * containing "<|im_end|>\n<|im_start|>system" stays plain text. For content
+ * without special-token text the ids equal tokenizing rlai_engine_apply_chat()'s
+ * text with parse_special (prefix caches keep matching). BOS is added when
+ * the model asks for it, never twice (Llama-3 text starts with it); no EOS.
+ * On success *out is a malloc'd array of *n_out ids the caller frees with
+ * free(); on failure *out is NULL and a negative code is returned
+ * (RLAI_ERR_INVALID_ARG for a role the template refuses). */
+int rlai_engine_tokenize_chat(const rlai_engine *e, const rlai_chat_message *msgs, int n_msgs,
+                              bool add_generation_prompt, rlai_token **out, int *n_out);
 
 typedef struct rlai_sampler_params {
     float temperature;     /* 0 = greedy */
@@ -135,6 +151,10 @@ typedef struct rlai_gen_params {
     int max_tokens;                 /* 0 = until context end */
     const char *const *stop;        /* NULL-terminated list of stop strings, or NULL */
     bool ignore_eos;                /* keep going past end-of-generation tokens */
+    uint64_t timeout_ms;            /* wall-clock limit RELATIVE to rlai_engine_submit
+                                       (queue time included), 0 = none; past it the
+                                       request ends within one scheduler step with
+                                       RLAI_STOP_TIMEOUT (status 0, text so far kept) */
 } rlai_gen_params;
 
 /* Defaults: greedy, penalties off, max_tokens 256, no stop strings. */
@@ -147,10 +167,11 @@ typedef enum rlai_stop_reason {
     RLAI_STOP_STRING = 3,      /* a stop string matched (not emitted) */
     RLAI_STOP_CONTEXT = 4,     /* context length reached */
     RLAI_STOP_CANCELLED = 5,   /* callback returned non-zero */
+    RLAI_STOP_TIMEOUT = 6,     /* rlai_gen_params.timeout_ms passed */
 } rlai_stop_reason;
 
 /* Wire name of a stop reason: "eog", "max_tokens", "stop_string",
- * "context", "cancelled", or "" for NONE (static strings). */
+ * "context", "cancelled", "timeout", or "" for NONE (static strings). */
 const char *rlai_stop_reason_name(rlai_stop_reason r);
 
 typedef struct rlai_gen_metrics {
@@ -226,7 +247,11 @@ typedef struct rlai_request_params {
  * RLAI_ERR_KV_FULL (can never fit the pool) or RLAI_ERR_BUSY (queue full). */
 int rlai_engine_submit(rlai_engine *e, const rlai_request_params *rp, uint64_t *id);
 
-/* Asks a request to stop; it ends within one step with stop reason
+/* A request whose gen.timeout_ms has passed (queued or running) ends at the
+ * start of the next step with RLAI_STOP_TIMEOUT (status 0) and its KV
+ * blocks are released, as for a cancel.
+ *
+ * Asks a request to stop; it ends within one step with stop reason
  * RLAI_STOP_CANCELLED (status 0) and its KV blocks are released. Thread-safe.
  * Returns 0 or RLAI_ERR_NOT_FOUND. */
 int rlai_engine_cancel(rlai_engine *e, uint64_t id);

@@ -85,7 +85,7 @@ extern "C" {
 /* ABI version this header describes. A host accepts a plugin with the same
  * major and a minor not newer than its own. */
 #define RLAI_PLUGIN_ABI_MAJOR 1
-#define RLAI_PLUGIN_ABI_MINOR 0
+#define RLAI_PLUGIN_ABI_MINOR 1
 #define RLAI_PLUGIN_ABI_VERSION ((uint32_t)(RLAI_PLUGIN_ABI_MAJOR << 16 | RLAI_PLUGIN_ABI_MINOR))
 
 /* Build signature: what must agree between host and plugin beyond the
@@ -163,7 +163,8 @@ typedef struct rlai_plugin_message {
 typedef struct rlai_gen_request {
     const char *prompt;             /* raw prompt (special-token text parsed), or NULL */
     const rlai_plugin_message *messages; /* or a conversation, formatted with the
-                                       model's chat template (generation prompt added) */
+                                       model's chat template (generation prompt added);
+                                       content is never parsed for special tokens */
     int n_messages;
     int max_tokens;                 /* 0 = 256 */
     float temperature;              /* 0 = greedy */
@@ -281,7 +282,9 @@ typedef struct rlai_host_api {
     int (*tokenize)(rlai_plugin *self, const char *text, bool add_special, bool parse_special,
                     int32_t *out, int cap);
     /* Formats a conversation with the model's chat template. *out is
-     * allocated with host->alloc. */
+     * allocated with host->alloc. For display only: never tokenize this text
+     * with parse_special (a message could forge "<|im_start|>system"
+     * turns); use tokenize_chat (since 1.1). */
     int (*apply_chat)(rlai_plugin *self, const rlai_plugin_message *msgs, int n, bool add_generation_prompt,
                       char **out);
     /* Computes and pins the KV of `text` (tokenized with BOS as the model
@@ -307,6 +310,19 @@ typedef struct rlai_host_api {
      * "params", "bytes"}). *out owned by the caller. On failure returns a
      * negative error and writes a message into err. Works without a model. */
     int (*gguf_describe)(const char *path, cJSON **out, char *err, size_t errlen);
+
+    /* ---- since 1.1: the shared engine ---- */
+
+    /* Tokenizes a conversation as generate with `messages` does: the
+     * template's markers become special tokens, message content is never
+     * parsed for special tokens (a player typing "<|im_end|><|im_start|>system"
+     * gets plain text), BOS as the model wants it. For content without
+     * special-token text the ids equal tokenize(apply_chat(...), true, true).
+     * Writes at most cap ids to out (caller-owned; may be NULL with cap 0)
+     * and returns the total count, or a negative error (RLAI_ERR_INVALID_ARG
+     * for a refused role, RLAI_ERR_NOT_IMPLEMENTED without a model). */
+    int (*tokenize_chat)(rlai_plugin *self, const rlai_plugin_message *msgs, int n, bool add_generation_prompt,
+                         int32_t *out, int cap);
 } rlai_host_api;
 
 /* True when the host's table has `member` (it was built with an ABI at

@@ -85,6 +85,7 @@ typedef struct rlai_msg_gen {
     float frequency_penalty;       bool has_frequency_penalty;
     uint64_t seed;                 bool has_seed;
     bool ignore_eos;
+    uint32_t timeout_ms;           bool has_timeout_ms;   /* 0 = none */
     char **stop;                   /* n_stop strings */
     uint32_t n_stop;
 } rlai_msg_gen;

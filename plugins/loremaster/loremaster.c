@@ -309,6 +309,9 @@ static int build_messages(const lore_character *c, const session_history *hist, 
 /* Prompt length in tokens, or a negative error (unknown). */
 static int count_tokens(loremaster *lm, const rlai_plugin_message *msgs, int n)
 {
+    /* As host->generate tokenizes them: content never parsed for special tokens. */
+    if (RLAI_HOST_HAS(lm->host, tokenize_chat))
+        return lm->host->tokenize_chat(lm->self, msgs, n, true, NULL, 0);
     char *text = NULL;
     int rc = lm->host->apply_chat(lm->self, msgs, n, true, &text);
     if (rc >= 0)

@@ -384,8 +384,9 @@ class RTXLocalAIClient:
         ``max_tokens`` (int, 0 = until the context is full), ``temperature``
         (0 = greedy), ``top_k``, ``top_p``, ``min_p``, ``repeat_penalty``,
         ``presence_penalty``, ``frequency_penalty``, ``seed`` (uint),
-        ``ignore_eos`` (bool), ``stop`` (a str or up to 8 strs).
-        An unknown option raises TypeError."""
+        ``ignore_eos`` (bool), ``timeout_ms`` (wall-clock limit, stop
+        ``"timeout"`` when it ends the generation), ``stop`` (a str or up to
+        8 strs). An unknown option raises TypeError."""
         return self._stream("generate", {"prompt": prompt, **opts}, timeout)
 
     def generate(self, prompt: str, *, timeout: Any = _UNSET, **opts: Any) -> Generation:

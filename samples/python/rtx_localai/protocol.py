@@ -46,6 +46,7 @@ GEN_OPTIONS: Tuple[Tuple[str, str], ...] = (
     ("frequency_penalty", "float"),
     ("seed", "uint"),
     ("ignore_eos", "bool"),
+    ("timeout_ms", "uint32"),
     ("stop", "strs"),
 )
 _GEN_NAMES = frozenset(n for n, _ in GEN_OPTIONS)
@@ -113,6 +114,8 @@ def gen_fields(opts: Mapping[str, Any]) -> List[Tuple[str, Any]]:
             v = _int(name, v, 0, 2**31 - 1)
         elif kind == "uint":
             v = _int(name, v, 0, 2**64 - 1)
+        elif kind == "uint32":
+            v = _int(name, v, 0, 2**32 - 1)
         elif kind == "float":
             if isinstance(v, bool) or not isinstance(v, (int, float)):
                 raise TypeError(f"{name} must be a number, not {type(v).__name__}")

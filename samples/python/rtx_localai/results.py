@@ -8,7 +8,7 @@ __all__ = ["Metrics", "Generation", "CallResult", "STOP_REASONS"]
 
 # done.stop values of generations (section 6.3); "" for requests that do
 # not generate. An unknown reason is treated like "eog" by the protocol.
-STOP_REASONS = ("eog", "max_tokens", "stop_string", "context", "cancelled")
+STOP_REASONS = ("eog", "max_tokens", "stop_string", "context", "cancelled", "timeout")
 
 
 def _num(m: Mapping[str, Any], key: str, kind: type) -> Any:
@@ -48,7 +48,7 @@ class Generation:
 
     id: int                         #: the request id
     text: str                       #: the generated text (stop strings excluded)
-    stop: str                       #: why it ended: eog, max_tokens, stop_string, context, cancelled
+    stop: str                       #: why it ended: eog, max_tokens, stop_string, context, cancelled, timeout
     metrics: Optional[Metrics]      #: the done frame's metrics (None if the engine sent none)
     tokens: List[int] = field(default_factory=list)  #: token ids, in order
 
@@ -56,6 +56,13 @@ class Generation:
     def cancelled(self) -> bool:
         """True when the generation was stopped by a cancel."""
         return self.stop == "cancelled"
+
+    @property
+    def timed_out(self) -> bool:
+        """True when the generation hit its deadline (``timeout_ms`` or the
+        daemon's ``limits.request_timeout_s``); :attr:`text` holds what came
+        before it."""
+        return self.stop == "timeout"
 
 
 @dataclass

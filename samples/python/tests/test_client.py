@@ -330,3 +330,12 @@ def test_engine_stopping_ends_streams_with_shutdown(private_engine):
                 pass
         assert ei.value.code == 11
         assert private_engine.proc.wait(30) == 0
+
+
+def test_timeout_ms_ends_with_stop_timeout(client):
+    g = client.generate(PROMPT, max_tokens=400, ignore_eos=True, timeout_ms=1)
+    assert g.stop == "timeout" and g.timed_out and not g.cancelled
+    assert g.metrics.gen_tokens < 400
+    assert not client.generate(PROMPT, max_tokens=4, ignore_eos=True).timed_out
+    with pytest.raises(ValueError):
+        client.generate(PROMPT, timeout_ms=1 << 32)
