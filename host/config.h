@@ -8,6 +8,7 @@
  *     "limits": { "max_frame_bytes": 4194304, "max_prompt_tokens": 4096,
  *                 "max_inflight_per_client": 8, "max_inflight_total": 64 },
  *     "prefix_cache": true,
+ *     "auth": { "enabled": true, "api_key": "KEY", "api_key_file": "PATH" },
  *     "plugins": { "dir": "PATH", "enabled": true, "workers": 4,
  *                  "config": { "<plugin>": { overrides of its manifest config } } } }
  * An endpoint set to "" (or null) is disabled.
@@ -42,6 +43,9 @@ typedef struct rlai_config {
     bool plugins_off;        /* "plugins": {"enabled": false} / --no-plugins */
     int plugin_workers;      /* "plugins": {"workers"}; 0 = 4 */
     char *plugin_config;     /* "plugins": {"config": {...}} as JSON text, or NULL */
+    bool auth_off;           /* "auth": {"enabled": false} / --no-auth: HTTP and zmq_tcp keyless */
+    char *api_key;           /* "auth": {"api_key"}; NULL = env RLAI_API_KEY, then the key file */
+    char *api_key_file;      /* "auth": {"api_key_file"} / --api-key-file; NULL = default file */
 } rlai_config;
 
 /* Fills defaults: default model path, default private endpoints, limits.

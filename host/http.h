@@ -44,6 +44,9 @@ typedef struct rlai_http_params {
     int max_inflight;             /* generations + plugin calls at once (429 above); 0 = 64 */
     int max_connections;          /* simultaneous connections; 0 = 256 */
     bool quiet;                   /* no per-request log lines (errors still go to stderr) */
+    const char *api_key;          /* every route except GET /health and OPTIONS needs
+                                     "Authorization: Bearer <api_key>" (401 invalid_api_key
+                                     otherwise); NULL = no authentication. Copied. */
 } rlai_http_params;
 
 /* Binds p->bind and starts serving. p and its strings are copied; the

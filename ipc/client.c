@@ -673,7 +673,9 @@ static int hello(rlai_client *c, int timeout_ms, char *err, size_t errlen)
     h.u.hello.client = (char *)"librlai";
     int rc = rlai_client_send(c, &h);
     if (rc < 0) {
-        if (rc == RLAI_ERR_DISCONNECTED)
+        if (zmq_auth_message(c, err, errlen))
+            rc = RLAI_ERR_IO;
+        else if (rc == RLAI_ERR_DISCONNECTED)
             set_err(err, errlen, "no engine at %s (is `rlai serve` running?)", c->endpoint);
         else
             set_err(err, errlen, "cannot send hello to %s: %s", c->endpoint, rlai_strerror(rc));
