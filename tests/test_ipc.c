@@ -1030,6 +1030,47 @@ START_TEST(test_start_errors)
 }
 END_TEST
 
+
+/* tcp:// with zmq_tcp_api_key: ZeroMQ PLAIN checked by the ZAP handler;
+ * the ipc:// endpoint of the same server stays keyless. */
+START_TEST(test_zmq_tcp_api_key)
+{
+    char err[512], tcp[64];
+    E.hello_mode = true;
+    int rc = -1;
+    for (int i = 0; i < 50 && rc != 0; i++) {
+        snprintf(tcp, sizeof tcp, "tcp://127.0.0.1:%d", 20000 + (int)((unsigned)(getpid() * 11 + i * 137) % 30000));
+        rlai_server_config cfg = {.zmq_endpoint = zmq_ep, .zmq_tcp_endpoint = tcp, .zmq_tcp_api_key = "sekrit-key"};
+        rc = rlai_server_start(&cfg, &CB, &E.srv, err, sizeof err);
+        ck_assert_msg(rc == 0 || rc == RLAI_ERR_BUSY, "%s", err);
+    }
+    ck_assert_int_eq(rc, 0);
+    unsetenv("RLAI_API_KEY");
+    rlai_client *c = NULL;
+    ck_assert_int_eq(rlai_client_connect(tcp, 3000, &c, err, sizeof err), RLAI_ERR_IO);
+    ck_assert_msg(strstr(err, "requires an API key"), "%s", err);
+    rlai_client_options o = {.timeout_ms = 3000, .api_key = "wrong"};
+    ck_assert_int_eq(rlai_client_connect_opts(tcp, &o, &c, err, sizeof err), RLAI_ERR_IO);
+    ck_assert_msg(strstr(err, "refused the API key"), "%s", err);
+    setenv("RLAI_API_KEY", "sekrit-kex", 1); /* one character off */
+    ck_assert_int_eq(rlai_client_connect(tcp, 3000, &c, err, sizeof err), RLAI_ERR_IO);
+    setenv("RLAI_API_KEY", "sekrit-key", 1);
+    ck_assert_msg(rlai_client_connect(tcp, 3000, &c, err, sizeof err) == 0, "%s", err);
+    rlai_client_close(c);
+    unsetenv("RLAI_API_KEY");
+    o.api_key = "sekrit-key";
+    ck_assert_msg(rlai_client_connect_opts(tcp, &o, &c, err, sizeof err) == 0, "%s", err);
+    rlai_client_close(c);
+    /* ipc: no key, and a key given is not used there */
+    ck_assert_msg(rlai_client_connect(zmq_ep, 3000, &c, err, sizeof err) == 0, "%s", err);
+    rlai_client_close(c);
+    o.api_key = "wrong";
+    ck_assert_msg(rlai_client_connect_opts(zmq_ep, &o, &c, err, sizeof err) == 0, "%s", err);
+    rlai_client_close(c);
+    stop_echo();
+}
+END_TEST
+
 /* ------------------------------------------- socket directory takeover */
 
 /* Another local user is played by a forked child that setuid()s to an
@@ -1484,6 +1525,7 @@ static Suite *ipc_suite(bool with_client)
         tcase_add_test(tc, test_client_engine_death_zmq);
         tcase_add_test(tc, test_client_engine_death_unix);
         tcase_add_test(tc, test_client_engine_hang_zmq);
+        tcase_add_test(tc, test_zmq_tcp_api_key);
         tcase_add_loop_test(tc, test_sockdir_takeover_client, TAKE_OWNED, TAKE_LOOSE + 1);
         suite_add_tcase(s, tc);
     }
