@@ -9,7 +9,7 @@
  * transport's overhead is its client-side figure minus the engine's.
  *
  *   bench_transports [--rlai PATH] [-m MODEL] [-t THREADS] [-n TOKENS] [-r REPS]
- *   bench_transports --zmq EP --pipe PATH --http HOST:PORT   (a running engine)
+ *   bench_transports --zmq EP --pipe PATH --http HOST:PORT   (a running engine; RLAI_API_KEY = its API key)
  *
  * Without endpoints it starts its own `rlai serve` (default binary:
  * <this exe>/../host/rlai) with private endpoints and a free HTTP port.
@@ -31,6 +31,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -198,10 +199,15 @@ static int run_http(const char *host, const char *port, int n_tokens, run *r)
                       "{\"messages\":[{\"role\":\"user\",\"content\":\"%s\"}],\"max_tokens\":%d,\"temperature\":0,"
                       "\"ignore_eos\":true,\"stream\":true,\"stream_options\":{\"include_usage\":true}}",
                       PROMPT, n_tokens);
+    /* The engine's API key (HTTP needs it unless served with --no-auth). */
+    const char *key = getenv("RLAI_API_KEY");
+    char auth[400] = "";
+    if (key && *key)
+        snprintf(auth, sizeof(auth), "Authorization: Bearer %s\r\n", key);
     int rl = snprintf(req, sizeof(req),
-                      "POST /v1/chat/completions HTTP/1.1\r\nHost: %s:%s\r\nContent-Type: application/json\r\n"
+                      "POST /v1/chat/completions HTTP/1.1\r\nHost: %s:%s\r\n%sContent-Type: application/json\r\n"
                       "Accept: text/event-stream\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s",
-                      host, port, bl, body);
+                      host, port, auth, bl, body);
     double t0 = now_ms(), last = t0;
     int fd = socket(ai->ai_family, SOCK_STREAM, 0);
     if (fd < 0 || connect(fd, ai->ai_addr, ai->ai_addrlen) < 0) {
@@ -333,6 +339,15 @@ static int start_serve(const char *rlai, const char *model, int threads, char *z
     snprintf(http, cap, "127.0.0.1:%d", port);
     char th[16];
     snprintf(th, sizeof(th), "%d", threads);
+    /* A fresh API key for this engine (it takes RLAI_API_KEY before its key
+     * file, so the user's ~/.config is not touched); run_http sends it. */
+    unsigned char raw[16];
+    char key[33];
+    if (getrandom(raw, sizeof(raw), 0) != (ssize_t)sizeof(raw))
+        return RLAI_ERR_IO;
+    for (int i = 0; i < 16; i++)
+        snprintf(key + 2 * i, 3, "%02x", raw[i]);
+    setenv("RLAI_API_KEY", key, 1);
     serve_pid = fork();
     if (serve_pid < 0)
         return RLAI_ERR_IO;

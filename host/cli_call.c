@@ -1,5 +1,6 @@
 /* cli_call.c - `rlai call` and `rlai plugins` (see cli_call.h). */
 #include "cli_call.h"
+#include "api_key.h"
 #include "json_msgpack.h"
 #include "rlai/client.h"
 
@@ -12,13 +13,31 @@
 
 /* Sends one request and hands every frame of it to `on_frame` until done
  * or error. Returns the exit code. */
+int rlai_cli_connect(const char *endpoint, int timeout_ms, rlai_client **out, char *err, size_t errlen)
+{
+    rlai_client_options o = {.timeout_ms = timeout_ms};
+    char key[RLAI_API_KEY_MAX + 1], path[4096], kerr[512];
+    const char *env = getenv("RLAI_API_KEY");
+    if (endpoint && !strncmp(endpoint, "tcp://", 6) && !(env && *env) &&
+        rlai_api_key_default_path(path, sizeof path) == 0) {
+        int rc = rlai_api_key_read_file(path, key, kerr, sizeof kerr);
+        if (rc == 0)
+            o.api_key = key;
+        else if (rc != RLAI_ERR_NOT_FOUND)
+            fprintf(stderr, "rlai: not using the API key file: %s\n", kerr);
+    }
+    int rc = rlai_client_connect_opts(endpoint, &o, out, err, errlen);
+    memset(key, 0, sizeof key);
+    return rc;
+}
+
 typedef void (*frame_fn)(void *user, const rlai_msg *f);
 
 static int round_trip(const char *endpoint, rlai_msg *m, frame_fn on_frame, void *user)
 {
     rlai_client *cl;
     char err[512];
-    int rc = rlai_client_connect(endpoint, 2000, &cl, err, sizeof(err));
+    int rc = rlai_cli_connect(endpoint, 2000, &cl, err, sizeof(err));
     if (rc < 0) {
         fprintf(stderr, "rlai: %s\n", err);
         return 1;

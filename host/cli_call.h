@@ -3,6 +3,16 @@
 #ifndef RLAI_HOST_CLI_CALL_H
 #define RLAI_HOST_CLI_CALL_H
 
+#include <stddef.h>
+#include "rlai/client.h"
+
+/* Connects the `rlai` command-line clients (run, chat, stats, call,
+ * plugins) to endpoint (NULL = default). For a tcp:// endpoint the API key
+ * is $RLAI_API_KEY, else the default key file (host/api_key.h) when it
+ * exists and passes its checks; ipc:// and unix:// are keyless. Returns 0
+ * or a negative rlai_error with a message in err; *out owned by the caller. */
+int rlai_cli_connect(const char *endpoint, int timeout_ms, rlai_client **out, char *err, size_t errlen);
+
 /* rlai call [--endpoint E] [--quiet] plugin.verb ['{json}']: streams the
  * command's text to stdout as it arrives, then prints each result as JSON
  * (one per line); a metrics line goes to stderr unless --quiet. Returns

@@ -67,6 +67,8 @@ void rlai_config_free(rlai_config *c)
     free(c->http);
     free(c->plugins_dir);
     free(c->plugin_config);
+    free(c->api_key);
+    free(c->api_key_file);
     memset(c, 0, sizeof(*c));
 }
 
@@ -204,7 +206,26 @@ int rlai_config_load_json(rlai_config *c, const char *json, char *err, size_t er
                 if (rc < 0)
                     goto out;
             }
-        } else if (!strcmp(k, "endpoints") || !strcmp(k, "limits") || !strcmp(k, "plugins")) {
+        } else if (!strcmp(k, "auth") && cJSON_IsObject(it)) {
+            const cJSON *a;
+            cJSON_ArrayForEach(a, it) {
+                const char *ak = a->string;
+                if (!strcmp(ak, "enabled")) {
+                    if (!cJSON_IsBool(a))
+                        rc = fail(err, errlen, RLAI_ERR_FORMAT, "config: 'auth.enabled' must be a boolean");
+                    else
+                        c->auth_off = cJSON_IsFalse(a);
+                } else if (!strcmp(ak, "api_key")) {
+                    rc = get_str(a, "auth.api_key", &c->api_key, err, errlen);
+                } else if (!strcmp(ak, "api_key_file")) {
+                    rc = get_str(a, "auth.api_key_file", &c->api_key_file, err, errlen);
+                } else {
+                    rc = fail(err, errlen, RLAI_ERR_FORMAT, "config: unknown key 'auth.%s'", ak);
+                }
+                if (rc < 0)
+                    break;
+            }
+        } else if (!strcmp(k, "endpoints") || !strcmp(k, "limits") || !strcmp(k, "plugins") || !strcmp(k, "auth")) {
             rc = fail(err, errlen, RLAI_ERR_FORMAT, "config: '%s' must be an object", k);
         } else {
             rc = fail(err, errlen, RLAI_ERR_FORMAT, "config: unknown key '%s'", k);

@@ -11,6 +11,7 @@
  *                 "request_timeout_s": 0 },
  *     "prefix_cache": true,
  *     "shutdown_timeout_s": 5,
+ *     "auth": { "enabled": true, "api_key": "KEY", "api_key_file": "PATH" },
  *     "plugins": { "dir": "PATH", "enabled": true, "workers": 4, "max_queue": 64,
  *                  "call_timeout_s": 60,
  *                  "config": { "<plugin>": { overrides of its manifest config } } } }
@@ -55,6 +56,9 @@ typedef struct rlai_config {
                                 BUSY; 0 = limits.max_inflight_total */
     int shutdown_timeout_s;  /* "shutdown_timeout_s": SIGTERM to exit at most (plus the
                                 server's socket teardown); default 5 */
+    bool auth_off;           /* "auth": {"enabled": false} / --no-auth: HTTP and zmq_tcp keyless */
+    char *api_key;           /* "auth": {"api_key"}; NULL = env RLAI_API_KEY, then the key file */
+    char *api_key_file;      /* "auth": {"api_key_file"} / --api-key-file; NULL = default file */
 } rlai_config;
 
 /* Fills defaults: default model path, default private endpoints, limits.

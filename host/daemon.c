@@ -1,6 +1,7 @@
 /* daemon.c - request router and engine thread of `rlai serve` (see daemon.h). */
 #include "daemon.h"
 #include "http.h"
+#include "api_key.h"
 #include "json_msgpack.h"
 #include "metrics.h"
 #include "plugin_host.h"
@@ -30,6 +31,7 @@ typedef struct job {
 } job;
 
 struct rlai_daemon {
+    rlai_api_key key;          /* the API key of HTTP and tcp:// (when auth is on) */
     rlai_config cfg;
     rlai_engine *engine;
     rlai_server *server;
@@ -736,6 +738,23 @@ int rlai_daemon_start(const rlai_config *cfg, rlai_daemon **out, char *err, size
     d->cfg = *cfg;   /* strings borrowed from the caller's config, which outlives the daemon */
     pthread_mutex_init(&d->mu, NULL);
     atomic_init(&d->stopping, false);
+    int rc;
+    /* The API key guards the network endpoints (HTTP, tcp:// ZeroMQ); the
+     * pipe and the ipc:// endpoint are guarded by their 0700 directory. */
+    bool any_tcp = (cfg->zmq && !strncmp(cfg->zmq, "tcp://", 6)) || cfg->zmq_tcp;
+    const char *key = NULL;
+    if (!cfg->auth_off && (cfg->http || any_tcp)) {
+        if ((rc = rlai_api_key_resolve(cfg->api_key, cfg->api_key_file, &d->key, err, errlen)) < 0)
+            goto fail;
+        key = d->key.key;
+        if (d->key.from_file)
+            fprintf(stderr, "rlai serve: api key  %s %s (Authorization: Bearer <key> on HTTP; PLAIN on tcp://)\n",
+                    d->key.created ? "created in" : "read from", d->key.source);
+        else
+            fprintf(stderr, "rlai serve: api key  from %s\n", d->key.source);
+    } else if (cfg->auth_off && (cfg->http || any_tcp)) {
+        fprintf(stderr, "rlai serve: WARNING: --no-auth: HTTP and tcp:// endpoints accept anyone on this machine\n");
+    }
     rlai_engine_params ep;
     rlai_engine_params_init(&ep);
     ep.n_threads = cfg->threads;
@@ -744,7 +763,7 @@ int rlai_daemon_start(const rlai_config *cfg, rlai_daemon **out, char *err, size
     ep.kv_type = cfg->kv_q8_0 ? RLAI_KV_Q8_0 : RLAI_KV_F16;
     ep.device = cfg->device;
     ep.max_queue = cfg->max_inflight_total;
-    int rc = rlai_engine_open(cfg->model, &ep, &d->engine, err, errlen);
+    rc = rlai_engine_open(cfg->model, &ep, &d->engine, err, errlen);
     if (rc < 0)
         goto fail;
     rlai_engine_info(d->engine, &d->info);
@@ -792,6 +811,7 @@ int rlai_daemon_start(const rlai_config *cfg, rlai_daemon **out, char *err, size
             .max_prompt_tokens = cfg->max_prompt_tokens, .max_inflight = cfg->max_inflight_total,
             .stop_wait_ms = shutdown_ms(cfg) / 2,
             .request_timeout_s = cfg->request_timeout_s,
+            .api_key = key,
         };
         rc = rlai_http_start(&hp, &d->http, err, errlen);
         if (rc == RLAI_ERR_BUSY && !strcmp(cfg->http, RLAI_HTTP_DEFAULT)) {
@@ -804,7 +824,7 @@ int rlai_daemon_start(const rlai_config *cfg, rlai_daemon **out, char *err, size
     }
     rlai_server_config sc = {
         .zmq_endpoint = cfg->zmq, .zmq_tcp_endpoint = cfg->zmq_tcp, .uds_path = cfg->pipe,
-        .max_frame = cfg->max_frame, .max_connections = 256,
+        .max_frame = cfg->max_frame, .max_connections = 256, .zmq_tcp_api_key = key,
     };
     rlai_server_callbacks cb = { on_message, on_disconnect, on_frame_error, d };
     if ((rc = rlai_server_start(&sc, &cb, &d->server, err, errlen)) < 0)

@@ -1,6 +1,7 @@
 /* http.c - OpenAI-compatible HTTP front (see http.h). */
 #include "http.h"
 #include "config.h"
+#include "api_key.h"
 #include "rlai/error.h"
 #include "rlai/protocol.h"
 
@@ -150,6 +151,7 @@ struct rlai_http {
     int stop_wait_ms;
     bool allow_remote;
     bool quiet;
+    char *api_key;               /* NULL = no authentication */
     char *model_id;
     double t_start;
     long long created;           /* wall clock at start, for "created" fields */
@@ -174,6 +176,7 @@ struct hreq {
     bytes body;
     bool too_large;
     bool answered;
+    bool auth_failed;            /* answered 401 for the API key */
     const char *allow;           /* Allow header of a 405 */
 
     /* what it is */
@@ -322,7 +325,7 @@ static bool wait_progress(hreq *r)
 static const char *error_type(int status)
 {
     switch (status) {
-    case 400: case 404: case 405: case 413: return "invalid_request_error";
+    case 400: case 401: case 404: case 405: case 413: return "invalid_request_error";
     case 403: return "permission_error";
     case 429: return "rate_limit_error";
     case 501: return "not_implemented_error";
@@ -362,6 +365,8 @@ static enum MHD_Result send_json(hreq *r, int status, cJSON *j)
     MHD_add_response_header(resp, "Content-Type", "application/json");
     if (status == 405 && r->allow)
         MHD_add_response_header(resp, "Allow", r->allow);
+    if (status == 401 && r->auth_failed)
+        MHD_add_response_header(resp, "WWW-Authenticate", "Bearer realm=\"rlai\"");
     enum MHD_Result rc = MHD_queue_response(r->conn, (unsigned)status, resp);
     MHD_destroy_response(resp);
     rlai_metrics_count_http_status(r->h->metrics, status);
@@ -1697,8 +1702,46 @@ static bool host_allowed(hreq *r)
     return false;
 }
 
+/* API key: every route needs "Authorization: Bearer KEY" except GET
+ * /health (liveness probes) and CORS preflight OPTIONS requests. Returns
+ * true when the request may go on; otherwise a 401 has been queued. */
+static bool auth_ok(hreq *r, const char *url, const char *method, enum MHD_Result *rc)
+{
+    if (!r->h->api_key)
+        return true;
+    if (!strcmp(method, "OPTIONS") || (!strcmp(method, "GET") && !strcmp(url, "/health")))
+        return true;
+    const char *a = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+    const char *why = "missing API key: send the header 'Authorization: Bearer KEY' (the key is in the file "
+                      "`rlai serve` names at start, by default ~/.config/rlai/api_key)";
+    if (a) {
+        while (*a == ' ')
+            a++;
+        if (!strncasecmp(a, "Bearer ", 7)) {
+            const char *k = a + 7;
+            while (*k == ' ')
+                k++;
+            size_t n = strlen(k);
+            while (n && k[n - 1] == ' ')
+                n--;
+            if (rlai_api_key_equal(k, n, r->h->api_key))
+                return true;
+            why = "invalid API key";
+        } else {
+            why = "the Authorization header must be 'Bearer KEY'";
+        }
+    }
+    rlai_metrics_count_request(r->h->metrics, "other", "http");
+    r->auth_failed = true;
+    *rc = send_error(r, 401, "invalid_api_key", NULL, "%s", why);
+    return false;
+}
+
 static enum MHD_Result route(hreq *r, const char *url, const char *method)
 {
+    enum MHD_Result arc;
+    if (!auth_ok(r, url, method, &arc))
+        return arc;
     bool get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
     const char *ep = "other";
     enum MHD_Result rc;
@@ -1951,6 +1994,10 @@ int rlai_http_start(const rlai_http_params *p, rlai_http **out, char *err, size_
     h->stop_wait_ms = p->stop_wait_ms > 0 ? p->stop_wait_ms : STOP_WAIT_MS;
     h->allow_remote = p->allow_remote;
     h->quiet = p->quiet;
+    if (p->api_key && *p->api_key && !(h->api_key = strdup(p->api_key))) {
+        free(h);
+        return RLAI_ERR_NOMEM;
+    }
     h->t_start = now_s();
     h->created = (long long)time(NULL);
     rlai_model_info info;
@@ -2068,6 +2115,7 @@ void rlai_http_stop(rlai_http **self_p)
                 h->n_live, h->stop_wait_ms);
         return;
     }
+    free(h->api_key);
     free(h->model_id);
     pthread_cond_destroy(&h->cv);
     pthread_mutex_destroy(&h->mu);

@@ -46,6 +46,9 @@ typedef struct rlai_http_params {
     int request_timeout_s;        /* cap on every generation's wall clock (timeout_ms); 0 = none */
     int max_connections;          /* simultaneous connections; 0 = 256 */
     bool quiet;                   /* no per-request log lines (errors still go to stderr) */
+    const char *api_key;          /* every route except GET /health and OPTIONS needs
+                                     "Authorization: Bearer <api_key>" (401 invalid_api_key
+                                     otherwise); NULL = no authentication. Copied. */
 } rlai_http_params;
 
 /* Binds p->bind and starts serving. p and its strings are copied; the

@@ -499,7 +499,7 @@ static int cmd_run(int argc, char **argv, run_mode mode)
     } else {
         if (model)
             fprintf(stderr, "rlai: note: -m is ignored without --local (the engine has its own model)\n");
-        rc = rlai_client_connect(endpoint, 2000, &ss.client, err, sizeof(err));
+        rc = rlai_cli_connect(endpoint, 2000, &ss.client, err, sizeof(err));
         if (rc < 0) {
             fprintf(stderr, "rlai: %s\n", err);
             fprintf(stderr, "rlai: start the engine with `rlai serve`, or add --local to run in this process\n");
@@ -535,7 +535,7 @@ static int cmd_stats(int argc, char **argv)
     }
     rlai_client *cl;
     char err[512];
-    int rc = rlai_client_connect(endpoint, 2000, &cl, err, sizeof(err));
+    int rc = rlai_cli_connect(endpoint, 2000, &cl, err, sizeof(err));
     if (rc < 0) {
         fprintf(stderr, "rlai: %s\n", err);
         return 1;
@@ -603,13 +603,18 @@ static void serve_usage(FILE *f)
         "      --plugins DIR          load every plugin folder in DIR (default: <exe>/../plugins)\n"
         "      --no-plugins           load no plugins\n"
         "      --plugin-workers N     threads running plugin commands (default 4)\n"
-        "      --no-prefix-cache      disable the prefix cache (for comparisons)\n");
+        "      --no-prefix-cache      disable the prefix cache (for comparisons)\n"
+        "      --api-key-file PATH    API key file for HTTP and --zmq-tcp (default $XDG_CONFIG_HOME/rlai/api_key,\n"
+        "                             created 0600 on first start; RLAI_API_KEY or config auth.api_key come first)\n"
+        "      --no-auth              no API key on HTTP and --zmq-tcp: then ANY local user (and any web page\n"
+        "                             that reaches this port) can use the engine and its plugins\n");
 }
 
 static int cmd_serve(int argc, char **argv)
 {
     enum { S_CONFIG = 300, S_KV, S_ZMQ, S_ZMQ_TCP, S_PIPE, S_REMOTE, S_FRAME, S_PROMPT, S_CLIENT, S_TOTAL,
-           S_KVTYPE, S_DEVICE, S_HTTP, S_PLUGINS, S_NO_PLUGINS, S_PLUGIN_WORKERS, S_NO_PREFIX };
+           S_KVTYPE, S_DEVICE, S_HTTP, S_PLUGINS, S_NO_PLUGINS, S_PLUGIN_WORKERS, S_NO_PREFIX,
+           S_KEY_FILE, S_NO_AUTH };
     static const struct option opts[] = {
         { "config", required_argument, 0, S_CONFIG }, { "model", required_argument, 0, 'm' },
         { "threads", required_argument, 0, 't' }, { "ctx", required_argument, 0, 'c' },
@@ -624,6 +629,7 @@ static int cmd_serve(int argc, char **argv)
         { "plugins", required_argument, 0, S_PLUGINS }, { "no-plugins", no_argument, 0, S_NO_PLUGINS },
         { "plugin-workers", required_argument, 0, S_PLUGIN_WORKERS },
         { "no-prefix-cache", no_argument, 0, S_NO_PREFIX },
+        { "api-key-file", required_argument, 0, S_KEY_FILE }, { "no-auth", no_argument, 0, S_NO_AUTH },
         { "help", no_argument, 0, 'h' },
         { 0, 0, 0, 0 }
     };
@@ -669,6 +675,8 @@ static int cmd_serve(int argc, char **argv)
         case S_PLUGIN_WORKERS: bad |= parse_int(optarg, 1, 64, &cfg.plugin_workers); break;
         case S_NO_PREFIX: cfg.no_prefix_cache = true; break;
         case S_DEVICE: bad |= rlai_config_set_str(&cfg.device, optarg); break;
+        case S_KEY_FILE: bad |= rlai_config_set_str(&cfg.api_key_file, optarg); break;
+        case S_NO_AUTH: cfg.auth_off = true; break;
         case S_KVTYPE: {
             rlai_kv_type kt;
             bad |= parse_kv_type(optarg, &kt);

@@ -31,6 +31,8 @@
 #include <zmq.h>
 
 #include "frame.h"
+#include "server.h"
+#include "sockdir.h"
 
 #define MON_ADDR "inproc://rlai-client-monitor"
 #define READ_CHUNK (64u << 10)
@@ -56,6 +58,9 @@ struct rlai_client {
     int epfd;
     bool connected;     /* handshake with the engine completed */
     bool refused;       /* a connection attempt failed before any success */
+    bool keyed;         /* PLAIN credentials were set (tcp:// with an API key) */
+    bool auth_failed;   /* the engine refused our PLAIN credentials */
+    bool mech_failed;   /* security mechanism mismatch (key given to a keyless endpoint or none to a keyed one) */
 
     /* Unix socket */
     int fd;
@@ -183,10 +188,18 @@ static void zmq_drain_monitor(rlai_client *c)
         case ZMQ_EVENT_HANDSHAKE_SUCCEEDED:
             c->connected = true;
             break;
+        case ZMQ_EVENT_HANDSHAKE_FAILED_AUTH:
+            c->auth_failed = true;
+            c->dead = true;
+            break;
+        case ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL:
+            c->mech_failed = true;
+            c->dead = true;
+            break;
         case ZMQ_EVENT_DISCONNECTED:
         case ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL:
-        case ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL:
-        case ZMQ_EVENT_HANDSHAKE_FAILED_AUTH:
+            if (!c->connected)
+                c->mech_failed = true;
             c->dead = true;
             break;
         case ZMQ_EVENT_CONNECT_RETRIED:
@@ -299,7 +312,7 @@ static int zsetint(void *sock, int opt, int v)
     return zmq_setsockopt(sock, opt, &v, sizeof v);
 }
 
-static int zmq_open(rlai_client *c, const char *ep, char *err, size_t errlen)
+static int zmq_open(rlai_client *c, const char *ep, const char *api_key, char *err, size_t errlen)
 {
     if (strncmp(ep, "ipc://", 6) == 0) {
         const char *path = ep + 6;
@@ -324,6 +337,12 @@ static int zmq_open(rlai_client *c, const char *ep, char *err, size_t errlen)
     zmq_setsockopt(c->sock, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
     if (strncmp(ep, "tcp://", 6) == 0 && strchr(ep, '['))
         zsetint(c->sock, ZMQ_IPV6, 1);
+    if (strncmp(ep, "tcp://", 6) == 0 && api_key && *api_key) {
+        c->keyed = true;
+        if (zmq_setsockopt(c->sock, ZMQ_PLAIN_USERNAME, RLAI_ZMQ_PLAIN_USER, strlen(RLAI_ZMQ_PLAIN_USER)) < 0 ||
+            zmq_setsockopt(c->sock, ZMQ_PLAIN_PASSWORD, api_key, strlen(api_key)) < 0)
+            goto zfail;
+    }
     int events = ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_CLOSED |
                  ZMQ_EVENT_CONNECT_RETRIED | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
                  ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH;
@@ -620,6 +639,28 @@ int rlai_client_fd(const rlai_client *c)
     return c->kind == CK_ZMQ ? c->epfd : c->fd;
 }
 
+/* A clear message when a ZeroMQ handshake failed over the API key. */
+static bool zmq_auth_message(rlai_client *c, char *err, size_t errlen)
+{
+    if (c->kind != CK_ZMQ || strncmp(c->endpoint, "tcp://", 6) != 0)
+        return false;
+    zmq_drain_monitor(c);
+    if (c->connected && !c->auth_failed)
+        return false;
+    if (c->auth_failed)
+        set_err(err, errlen, "the engine at %s refused the API key (wrong key; see RLAI_API_KEY and the key file "
+                "~/.config/rlai/api_key)", c->endpoint);
+    else if (c->mech_failed && !c->connected && c->keyed)
+        set_err(err, errlen, "the engine at %s did not accept an authenticated connection (is it serving that "
+                "endpoint without a key, --no-auth? then unset RLAI_API_KEY)", c->endpoint);
+    else if (c->mech_failed && !c->connected)
+        set_err(err, errlen, "the engine at %s requires an API key on this tcp:// endpoint (set RLAI_API_KEY or "
+                "pass one; the key file is ~/.config/rlai/api_key)", c->endpoint);
+    else
+        return false;
+    return true;
+}
+
 /* Sends a hello and waits for its done frame; frames of other ids stay
  * queued for the caller. */
 static int hello(rlai_client *c, int timeout_ms, char *err, size_t errlen)
@@ -632,7 +673,9 @@ static int hello(rlai_client *c, int timeout_ms, char *err, size_t errlen)
     h.u.hello.client = (char *)"librlai";
     int rc = rlai_client_send(c, &h);
     if (rc < 0) {
-        if (rc == RLAI_ERR_DISCONNECTED)
+        if (zmq_auth_message(c, err, errlen))
+            rc = RLAI_ERR_IO;
+        else if (rc == RLAI_ERR_DISCONNECTED)
             set_err(err, errlen, "no engine at %s (is `rlai serve` running?)", c->endpoint);
         else
             set_err(err, errlen, "cannot send hello to %s: %s", c->endpoint, rlai_strerror(rc));
@@ -644,7 +687,9 @@ static int hello(rlai_client *c, int timeout_ms, char *err, size_t errlen)
         if (!c->q_head) {
             rc = fetch(c, deadline);
             if (rc < 0) {
-                if (rc == RLAI_ERR_TIMEOUT) {
+                if (zmq_auth_message(c, err, errlen)) {
+                    rc = RLAI_ERR_IO;
+                } else if (rc == RLAI_ERR_TIMEOUT) {
                     rc = RLAI_ERR_DISCONNECTED;
                     set_err(err, errlen, "no answer from an engine at %s within %d ms (is `rlai serve` running?)",
                             c->endpoint, timeout_ms);
@@ -697,9 +742,44 @@ static int hello(rlai_client *c, int timeout_ms, char *err, size_t errlen)
     return rc;
 }
 
+/* The socket directory of an ipc:// or unix:// endpoint must be private
+ * to this user (ipc/sockdir.h), or a local attacker could stand in for the
+ * engine. A missing directory is left to the connect (no engine there). */
+static int check_dir(const char *ep, char *err, size_t errlen)
+{
+    const char *path = NULL;
+    if (strncmp(ep, "ipc://", 6) == 0)
+        path = ep + 6;
+    else if (strncmp(ep, "unix://", 7) == 0)
+        path = ep + 7;
+    if (!path || path[0] == '@' || path[0] == '\0' || strcmp(path, "*") == 0)
+        return 0;
+    char derr[512];
+    int fd = rlai_sockdir_open(path, false, derr, sizeof derr);
+    if (fd >= 0) {
+        close(fd);
+        return 0;
+    }
+    if (strstr(derr, "does not exist")) {
+        set_err(err, errlen, "no engine at %s (is `rlai serve` running?)", ep);
+        return RLAI_ERR_DISCONNECTED;
+    }
+    set_err(err, errlen, "not connecting to %s: %s", ep, derr);
+    return fd;
+}
+
 int rlai_client_connect(const char *endpoint, int timeout_ms, rlai_client **out, char *err,
                         size_t errlen)
 {
+    rlai_client_options o = {.timeout_ms = timeout_ms};
+    return rlai_client_connect_opts(endpoint, &o, out, err, errlen);
+}
+
+int rlai_client_connect_opts(const char *endpoint, const rlai_client_options *opts, rlai_client **out,
+                             char *err, size_t errlen)
+{
+    int timeout_ms = opts ? opts->timeout_ms : 0;
+    const char *api_key = opts && opts->api_key && *opts->api_key ? opts->api_key : getenv("RLAI_API_KEY");
     if (err && errlen)
         err[0] = '\0';
     if (!out)
@@ -731,10 +811,14 @@ int rlai_client_connect(const char *endpoint, int timeout_ms, rlai_client **out,
     int rc;
     if (strncmp(endpoint, "ipc://", 6) == 0 || strncmp(endpoint, "tcp://", 6) == 0) {
         c->kind = CK_ZMQ;
-        rc = zmq_open(c, endpoint, err, errlen);
+        rc = check_dir(endpoint, err, errlen);
+        if (rc == 0)
+            rc = zmq_open(c, endpoint, api_key, err, errlen);
     } else if (strncmp(endpoint, "unix://", 7) == 0) {
         c->kind = CK_UNIX;
-        rc = unix_open(c, endpoint, endpoint + 7, err, errlen);
+        rc = check_dir(endpoint, err, errlen);
+        if (rc == 0)
+            rc = unix_open(c, endpoint, endpoint + 7, err, errlen);
     } else {
         set_err(err, errlen, "unsupported endpoint \"%s\" (expected ipc://PATH, tcp://HOST:PORT or unix://PATH)",
                 endpoint);

@@ -43,6 +43,8 @@
 #include <zmq.h>
 
 #include "frame.h"
+#include "sockdir.h"
+#include "zap.h"
 #include "rlai/error.h"
 #include "rlai/protocol.h"
 
@@ -104,6 +106,7 @@ struct rlai_server {
     int max_conn;
 
     void *zctx, *router;
+    rlai_zap *zap;                  /* PLAIN authentication of tcp:// binds; NULL = none */
     int listen_fd;
     int wake_fd;
     path_rec zmq_file, uds_file;
@@ -954,63 +957,6 @@ static void *io_main(void *arg)
 
 /* ------------------------------------------------------------- set-up */
 
-/* mkdir -p of path's parent (mode 0700); see server.h. */
-static int prepare_dir(const char *path, char *err, size_t errlen)
-{
-    char dir[PATH_MAX];
-    size_t len = strlen(path);
-    if (len >= sizeof dir) {
-        set_err(err, errlen, "socket path too long: %s", path);
-        return RLAI_ERR_INVALID_ARG;
-    }
-    memcpy(dir, path, len + 1);
-    char *slash = strrchr(dir, '/');
-    if (!slash || slash == dir)
-        return 0; /* relative file in cwd, or directly under / */
-    *slash = '\0';
-
-    bool created_last = false;
-    for (char *p = dir + 1;; p++) {
-        if (*p != '/' && *p != '\0')
-            continue;
-        char saved = *p;
-        *p = '\0';
-        if (mkdir(dir, 0700) == 0) {
-            if (saved == '\0')
-                created_last = true;
-            else
-                chmod(dir, 0700);
-        } else if (errno != EEXIST) {
-            set_err(err, errlen, "cannot create directory %s: %s", dir, strerror(errno));
-            return RLAI_ERR_IO;
-        }
-        *p = saved;
-        if (saved == '\0')
-            break;
-    }
-
-    struct stat st;
-    if (stat(dir, &st) < 0) {
-        set_err(err, errlen, "cannot stat directory %s: %s", dir, strerror(errno));
-        return RLAI_ERR_IO;
-    }
-    if (!S_ISDIR(st.st_mode)) {
-        set_err(err, errlen, "%s is not a directory", dir);
-        return RLAI_ERR_IO;
-    }
-    if (created_last || (st.st_uid == geteuid() && (st.st_mode & 077))) {
-        if (chmod(dir, 0700) < 0) {
-            set_err(err, errlen, "cannot chmod 0700 %s: %s", dir, strerror(errno));
-            return RLAI_ERR_IO;
-        }
-    } else if (st.st_uid != geteuid() && (st.st_mode & 022) && !(st.st_mode & S_ISVTX)) {
-        set_err(err, errlen, "refusing to create a socket in %s: owned by another user and writable by others",
-                dir);
-        return RLAI_ERR_IO;
-    }
-    return 0;
-}
-
 static int fill_sun(struct sockaddr_un *sa, const char *path, char *err, size_t errlen)
 {
     memset(sa, 0, sizeof *sa);
@@ -1106,11 +1052,14 @@ static int zsetint(void *sock, int opt, int v)
 static int bind_zmq(rlai_server *s, const char *ep, bool is_primary, char *err, size_t errlen)
 {
     const char *ipc_path = NULL;
+    bool is_tcp = false;
+    int dfd = -1;
     if (strncmp(ep, "ipc://", 6) == 0) {
         ipc_path = ep + 6;
         if (ipc_path[0] == '@' || strcmp(ipc_path, "*") == 0 || ipc_path[0] == '\0')
             ipc_path = NULL; /* abstract namespace / wildcard: no file */
     } else if (strncmp(ep, "tcp://", 6) == 0) {
+        is_tcp = true;
         if (strchr(ep, '['))
             zsetint(s->router, ZMQ_IPV6, 1);
     } else {
@@ -1122,15 +1071,33 @@ static int bind_zmq(rlai_server *s, const char *ep, bool is_primary, char *err, 
         int rc = fill_sun(&sa, ipc_path, err, errlen);
         if (rc < 0)
             return rc;
-        if ((rc = prepare_dir(ipc_path, err, errlen)) < 0)
+        if ((dfd = rlai_sockdir_open(ipc_path, true, err, errlen)) < 0)
+            return dfd;
+        if ((rc = check_stale(ipc_path, err, errlen)) < 0) {
+            close(dfd);
             return rc;
-        if ((rc = check_stale(ipc_path, err, errlen)) < 0)
-            return rc;
+        }
     }
+    /* Security options are taken by each listener at bind time: PLAIN
+     * (checked by the ZAP handler) for tcp:// when a key is set, the NULL
+     * mechanism for ipc:// (guarded by the 0700 directory). */
+    bool plain = is_tcp && s->zap;
+    zsetint(s->router, ZMQ_PLAIN_SERVER, plain ? 1 : 0);
+    zmq_setsockopt(s->router, ZMQ_ZAP_DOMAIN, plain ? "rlai" : "", plain ? 4 : 0);
     if (zmq_bind(s->router, ep) < 0) {
         int e = zmq_errno();
         set_err(err, errlen, "cannot bind %s: %s", ep, zmq_strerror(e));
+        if (dfd >= 0)
+            close(dfd);
         return e == EADDRINUSE ? RLAI_ERR_BUSY : RLAI_ERR_IO;
+    }
+    if (dfd >= 0) {
+        bool same = rlai_sockdir_same(dfd, ipc_path);
+        close(dfd);
+        if (!same) {
+            set_err(err, errlen, "the socket directory of %s was replaced while binding; refusing it", ipc_path);
+            return RLAI_ERR_IO;
+        }
     }
     if (ipc_path) {
         path_rec *pr = &s->zmq_file;
@@ -1149,22 +1116,33 @@ static int bind_uds(rlai_server *s, const char *path, char *err, size_t errlen)
     int rc = fill_sun(&sa, path, err, errlen);
     if (rc < 0)
         return rc;
-    if ((rc = prepare_dir(path, err, errlen)) < 0)
+    int dfd = rlai_sockdir_open(path, true, err, errlen);
+    if (dfd < 0)
+        return dfd;
+    if ((rc = check_stale(path, err, errlen)) < 0) {
+        close(dfd);
         return rc;
-    if ((rc = check_stale(path, err, errlen)) < 0)
-        return rc;
+    }
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0) {
         set_err(err, errlen, "socket: %s", strerror(errno));
+        close(dfd);
         return RLAI_ERR_IO;
     }
     if (bind(fd, (struct sockaddr *)&sa, sizeof sa) < 0) {
         int e = errno;
         close(fd);
+        close(dfd);
         set_err(err, errlen, "cannot bind %s: %s", path, strerror(e));
         return e == EADDRINUSE ? RLAI_ERR_BUSY : RLAI_ERR_IO;
     }
     s->listen_fd = fd;
+    bool same = rlai_sockdir_same(dfd, path);
+    close(dfd);
+    if (!same) {
+        set_err(err, errlen, "the socket directory of %s was replaced while binding; refusing it", path);
+        return RLAI_ERR_IO;
+    }
     if ((rc = record_file(&s->uds_file, path, err, errlen)) < 0)
         return rc;
     if (listen(fd, 128) < 0) {
@@ -1178,8 +1156,12 @@ static void server_free(rlai_server *s)
 {
     if (s->router)
         zmq_close(s->router);
-    if (s->zctx)
+    if (s->zctx) {
+        zmq_ctx_shutdown(s->zctx); /* ends the ZAP handler's receive */
+        rlai_zap_stop(s->zap);
+        s->zap = NULL;
         zmq_ctx_term(s->zctx);
+    }
     if (s->listen_fd >= 0)
         close(s->listen_fd);
     remove_file(&s->uds_file);
@@ -1272,6 +1254,11 @@ int rlai_server_start(const rlai_server_config *cfg, const rlai_server_callbacks
         zsetint(s->router, ZMQ_LINGER, 100);
         zsetint(s->router, ZMQ_SNDHWM, ZMQ_SNDHWM_MSGS);
         zmq_setsockopt(s->router, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
+        bool any_tcp = (cfg->zmq_endpoint && !strncmp(cfg->zmq_endpoint, "tcp://", 6)) ||
+                       (cfg->zmq_tcp_endpoint && !strncmp(cfg->zmq_tcp_endpoint, "tcp://", 6));
+        if (any_tcp && cfg->zmq_tcp_api_key && *cfg->zmq_tcp_api_key &&
+            (rc = rlai_zap_start(s->zctx, RLAI_ZMQ_PLAIN_USER, cfg->zmq_tcp_api_key, &s->zap, err, errlen)) < 0)
+            goto fail;
         if (cfg->zmq_endpoint && *cfg->zmq_endpoint &&
             (rc = bind_zmq(s, cfg->zmq_endpoint, true, err, errlen)) < 0)
             goto fail;

@@ -31,6 +31,9 @@
 
 typedef struct rlai_server rlai_server;
 
+/* The PLAIN username of the tcp:// endpoints (the password is the API key). */
+#define RLAI_ZMQ_PLAIN_USER "rlai"
+
 /* Opaque connection handle: unique for the server's lifetime (never reused). */
 typedef uint64_t rlai_conn;
 
@@ -52,6 +55,10 @@ typedef struct rlai_server_config {
     const char *uds_path;         /* Unix socket path; NULL = none */
     size_t max_frame;             /* messages larger than this are refused (0 = RLAI_PROTO_MAX_FRAME) */
     int max_connections;          /* Unix socket connections (0 = 256) */
+    const char *zmq_tcp_api_key;  /* tcp:// binds require ZeroMQ PLAIN with username
+                                     RLAI_ZMQ_PLAIN_USER and this password (checked by a
+                                     ZAP handler, ipc/zap.h); NULL or "" = no authentication.
+                                     ipc:// binds stay keyless (0700 directory). Copied. */
 } rlai_server_config;
 
 /* Binds every configured endpoint (creating the parent directory of ipc
@@ -63,9 +70,10 @@ typedef struct rlai_server_config {
  * PATH") or a TCP address is in use, RLAI_ERR_INVALID_ARG for a bad
  * endpoint or an over-long path, RLAI_ERR_IO otherwise (e.g. a non-socket
  * file in the way). cfg and cb are copied; *out owned by the caller (free
- * with rlai_server_stop). An existing parent directory owned by the caller
- * is tightened to 0700; one owned by another user and writable by others
- * (without the sticky bit) is refused. */
+ * with rlai_server_stop). The parent directory of every socket file must
+ * be a real directory (not a symlink) owned by the effective uid with mode
+ * 0700 (ipc/sockdir.h); anything else is refused with RLAI_ERR_IO and a
+ * message naming the directory and what is wrong. */
 int rlai_server_start(const rlai_server_config *cfg, const rlai_server_callbacks *cb,
                       rlai_server **out, char *err, size_t errlen);
 

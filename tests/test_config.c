@@ -1,5 +1,7 @@
 /* test_config.c - `rlai serve` configuration: defaults, JSON file keys,
  * typos and wrong types refused with the key named, loopback-only TCP. */
+#include "api_key.h"
+#include <sys/stat.h>
 #include <check.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -173,6 +175,79 @@ START_TEST(request_timeout)
 }
 END_TEST
 
+START_TEST(auth_keys)
+{
+    rlai_config c;
+    char err[256];
+    ck_assert_int_eq(rlai_config_defaults(&c, "m.gguf"), 0);
+    ck_assert(!c.auth_off); /* on by default */
+    ck_assert_ptr_null(c.api_key);
+    ck_assert_int_eq(rlai_config_load_json(&c, "{\"auth\":{\"enabled\":false,\"api_key\":\"k1\","
+                                               "\"api_key_file\":\"/x/key\"}}", err, sizeof(err)), 0);
+    ck_assert(c.auth_off);
+    ck_assert_str_eq(c.api_key, "k1");
+    ck_assert_str_eq(c.api_key_file, "/x/key");
+    const char *bad[][2] = { { "{\"auth\":{\"enabled\":1}}", "auth.enabled" },
+                             { "{\"auth\":{\"key\":\"x\"}}", "auth.key" },
+                             { "{\"auth\":{\"api_key\":5}}", "auth.api_key" },
+                             { "{\"auth\":5}", "auth" } };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        ck_assert_int_eq(rlai_config_load_json(&c, bad[i][0], err, sizeof(err)), RLAI_ERR_FORMAT);
+        ck_assert_msg(strstr(err, bad[i][1]), "%s: %s", bad[i][0], err);
+    }
+    rlai_config_free(&c);
+}
+END_TEST
+
+/* host/api_key.c: the file is created 0600 and reused; insecure ones refused. */
+START_TEST(api_key_file)
+{
+    char dir[] = "/tmp/rlai-key-test-XXXXXX", path[128], err[512];
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(path, sizeof(path), "%s/sub/api_key", dir);
+    unsetenv("RLAI_API_KEY");
+    rlai_api_key k1, k2;
+    ck_assert_int_eq(rlai_api_key_resolve(NULL, path, &k1, err, sizeof(err)), 0);
+    ck_assert(k1.created && k1.from_file);
+    ck_assert_str_eq(k1.source, path);
+    ck_assert_uint_eq(strlen(k1.key), 64);
+    struct stat st;
+    ck_assert_int_eq(stat(path, &st), 0);
+    ck_assert_uint_eq(st.st_mode & 07777, 0600);
+    ck_assert_int_eq(rlai_api_key_resolve(NULL, path, &k2, err, sizeof(err)), 0);
+    ck_assert(!k2.created);
+    ck_assert_str_eq(k1.key, k2.key);
+    ck_assert(rlai_api_key_equal(k1.key, 64, k2.key));
+    ck_assert(!rlai_api_key_equal(k1.key, 63, k2.key));
+    ck_assert(!rlai_api_key_equal("", 0, k2.key));
+    char other[65];
+    memcpy(other, k1.key, 65);
+    other[10] ^= 1;
+    ck_assert(!rlai_api_key_equal(other, 64, k1.key));
+    /* config, then env, come before the file */
+    ck_assert_int_eq(rlai_api_key_resolve("cfgkey", path, &k2, err, sizeof(err)), 0);
+    ck_assert_str_eq(k2.key, "cfgkey");
+    setenv("RLAI_API_KEY", "envkey", 1);
+    ck_assert_int_eq(rlai_api_key_resolve(NULL, path, &k2, err, sizeof(err)), 0);
+    ck_assert_str_eq(k2.key, "envkey");
+    unsetenv("RLAI_API_KEY");
+    /* group-readable: refused */
+    ck_assert_int_eq(chmod(path, 0640), 0);
+    ck_assert_int_eq(rlai_api_key_resolve(NULL, path, &k2, err, sizeof(err)), RLAI_ERR_IO);
+    ck_assert_msg(strstr(err, path) && strstr(err, "0640"), "%s", err);
+    ck_assert_int_eq(chmod(path, 0600), 0);
+    /* a symlink to it: refused */
+    char link[160];
+    snprintf(link, sizeof(link), "%s/link", dir);
+    ck_assert_int_eq(symlink(path, link), 0);
+    ck_assert_int_eq(rlai_api_key_resolve(NULL, link, &k2, err, sizeof(err)), RLAI_ERR_IO);
+    ck_assert_msg(strstr(err, "symbolic link"), "%s", err);
+    char cmd[200];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+    ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
 START_TEST(file_loading)
 {
     rlai_config c;
@@ -204,6 +279,8 @@ int main(void)
     tcase_add_test(tc, file_loading);
     tcase_add_test(tc, plugin_deadlines_queue_and_shutdown);
     tcase_add_test(tc, request_timeout);
+    tcase_add_test(tc, auth_keys);
+    tcase_add_test(tc, api_key_file);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -917,8 +917,7 @@ START_TEST(test_stale_socket_replaced)
     char run[300];
     snprintf(run, sizeof run, "%s/run", tmpdir);
     ck_assert_int_eq(mkdir(run, 0700), 0);
-    ck_assert_int_eq(mkdir(sub_dir, 0755), 0); /* looser: will be tightened */
-    chmod(sub_dir, 0755);
+    ck_assert_int_eq(mkdir(sub_dir, 0700), 0); /* looser ones are refused: test_sockdir_own_loose */
     make_stale(uds_path);
     make_stale(zmq_path);
     char err[256];
@@ -1028,6 +1027,206 @@ START_TEST(test_start_errors)
     rlai_server_config c2 = {.uds_path = longp};
     ck_assert_int_eq(rlai_server_start(&c2, &CB, &s, err, sizeof err), RLAI_ERR_INVALID_ARG);
     ck_assert_ptr_null(s);
+}
+END_TEST
+
+
+/* tcp:// with zmq_tcp_api_key: ZeroMQ PLAIN checked by the ZAP handler;
+ * the ipc:// endpoint of the same server stays keyless. */
+START_TEST(test_zmq_tcp_api_key)
+{
+    char err[512], tcp[64];
+    E.hello_mode = true;
+    int rc = -1;
+    for (int i = 0; i < 50 && rc != 0; i++) {
+        snprintf(tcp, sizeof tcp, "tcp://127.0.0.1:%d", 20000 + (int)((unsigned)(getpid() * 11 + i * 137) % 30000));
+        rlai_server_config cfg = {.zmq_endpoint = zmq_ep, .zmq_tcp_endpoint = tcp, .zmq_tcp_api_key = "sekrit-key"};
+        rc = rlai_server_start(&cfg, &CB, &E.srv, err, sizeof err);
+        ck_assert_msg(rc == 0 || rc == RLAI_ERR_BUSY, "%s", err);
+    }
+    ck_assert_int_eq(rc, 0);
+    unsetenv("RLAI_API_KEY");
+    rlai_client *c = NULL;
+    ck_assert_int_eq(rlai_client_connect(tcp, 3000, &c, err, sizeof err), RLAI_ERR_IO);
+    ck_assert_msg(strstr(err, "requires an API key"), "%s", err);
+    rlai_client_options o = {.timeout_ms = 3000, .api_key = "wrong"};
+    ck_assert_int_eq(rlai_client_connect_opts(tcp, &o, &c, err, sizeof err), RLAI_ERR_IO);
+    ck_assert_msg(strstr(err, "refused the API key"), "%s", err);
+    setenv("RLAI_API_KEY", "sekrit-kex", 1); /* one character off */
+    ck_assert_int_eq(rlai_client_connect(tcp, 3000, &c, err, sizeof err), RLAI_ERR_IO);
+    setenv("RLAI_API_KEY", "sekrit-key", 1);
+    ck_assert_msg(rlai_client_connect(tcp, 3000, &c, err, sizeof err) == 0, "%s", err);
+    rlai_client_close(c);
+    unsetenv("RLAI_API_KEY");
+    o.api_key = "sekrit-key";
+    ck_assert_msg(rlai_client_connect_opts(tcp, &o, &c, err, sizeof err) == 0, "%s", err);
+    rlai_client_close(c);
+    /* ipc: no key, and a key given is not used there */
+    ck_assert_msg(rlai_client_connect(zmq_ep, 3000, &c, err, sizeof err) == 0, "%s", err);
+    rlai_client_close(c);
+    o.api_key = "wrong";
+    ck_assert_msg(rlai_client_connect_opts(zmq_ep, &o, &c, err, sizeof err) == 0, "%s", err);
+    rlai_client_close(c);
+    stop_echo();
+}
+END_TEST
+
+/* ------------------------------------------- socket directory takeover */
+
+/* Another local user is played by a forked child that setuid()s to an
+ * unused uid (no account needed); needs root, else the tests skip. */
+#define OTHER_UID 65534u
+
+enum { TAKE_OWNED = 0, TAKE_SYMLINK = 1, TAKE_LOOSE = 2 };
+
+/* base: a world-writable folder like /tmp (sticky) in tmpdir; the other
+ * user makes base/rlai: a 0700 dir it owns, a symlink to a 0700 dir it
+ * owns, or a 0755 dir it owns. With serve, it also runs a fake engine
+ * there (ipc + unix socket) until *ctl is closed. Returns the child. */
+static pid_t other_user_dir(const char *base, int kind, bool serve, int *ctl)
+{
+    ck_assert_int_eq(chmod(tmpdir, 0711), 0);
+    ck_assert_int_eq(mkdir(base, 0777), 0);
+    ck_assert_int_eq(chmod(base, 01777), 0);
+    int ready[2], hold[2];
+    ck_assert_int_eq(pipe(ready), 0);
+    ck_assert_int_eq(pipe(hold), 0);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        close(ready[0]);
+        close(hold[1]);
+        if (setgid(OTHER_UID) < 0 || setuid(OTHER_UID) < 0)
+            _exit(10);
+        char dir[400], own[400];
+        snprintf(dir, sizeof dir, "%s/rlai", base);
+        snprintf(own, sizeof own, "%s/own", base);
+        const char *real = kind == TAKE_SYMLINK ? own : dir;
+        if (mkdir(real, 0700) < 0 || chmod(real, 0700) < 0)
+            _exit(11);
+        if (kind == TAKE_SYMLINK && symlink(own, dir) < 0)
+            _exit(12);
+        if (serve) {
+            char zp[500], up[500], zep[520], err[256];
+            snprintf(zp, sizeof zp, "%s/engine.zmq", real);
+            snprintf(zep, sizeof zep, "ipc://%s", zp);
+            snprintf(up, sizeof up, "%s/engine.sock", real);
+            E.hello_mode = true;
+            rlai_server_config cfg = {.zmq_endpoint = zep, .uds_path = up};
+            if (rlai_server_start(&cfg, &CB, &E.srv, err, sizeof err) < 0)
+                _exit(13);
+        }
+        if (kind == TAKE_LOOSE && chmod(real, 0755) < 0)
+            _exit(14);
+        char b = 1;
+        if (write(ready[1], &b, 1) != 1)
+            _exit(15);
+        while (read(hold[0], &b, 1) > 0) /* until the parent closes */
+            ;
+        _exit(0);
+    }
+    close(ready[1]);
+    close(hold[0]);
+    char b;
+    ck_assert_msg(read(ready[0], &b, 1) == 1, "the other user's child failed");
+    close(ready[0]);
+    *ctl = hold[1];
+    return pid;
+}
+
+static void end_other(pid_t pid, int ctl)
+{
+    close(ctl);
+    int st;
+    ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "child status %d", st);
+}
+
+static const char *take_name(int kind)
+{
+    return kind == TAKE_OWNED ? "owned by uid 65534" : kind == TAKE_SYMLINK ? "symbolic link" : "owned by uid 65534";
+}
+
+/* The server refuses a socket directory another user made (or a symlink,
+ * or a loose mode), for the Unix socket and the ipc:// endpoint. */
+START_TEST(test_sockdir_takeover_server)
+{
+    if (geteuid() != 0) {
+        fprintf(stderr, "test_sockdir_takeover_server: skipped (needs root to play another user)\n");
+        return;
+    }
+    int kind = _i;
+    char base[300], dir[320], up[400], zep[420], err[512];
+    snprintf(base, sizeof base, "%s/shared", tmpdir);
+    snprintf(dir, sizeof dir, "%s/rlai", base);
+    snprintf(up, sizeof up, "%s/engine.sock", dir);
+    snprintf(zep, sizeof zep, "ipc://%s/engine.zmq", dir);
+    int ctl;
+    pid_t pid = other_user_dir(base, kind, false, &ctl);
+    rlai_server *s = NULL;
+    rlai_server_config c1 = {.uds_path = up};
+    int rc = rlai_server_start(&c1, &CB, &s, err, sizeof err);
+    ck_assert_msg(rc == RLAI_ERR_IO, "pipe: rc %d (%s)", rc, err);
+    ck_assert_ptr_null(s);
+    ck_assert_msg(strstr(err, dir) && strstr(err, take_name(kind)), "%s", err);
+    rlai_server_config c2 = {.zmq_endpoint = zep};
+    rc = rlai_server_start(&c2, &CB, &s, err, sizeof err);
+    ck_assert_msg(rc == RLAI_ERR_IO, "zmq: rc %d (%s)", rc, err);
+    ck_assert_msg(strstr(err, dir) && strstr(err, take_name(kind)), "%s", err);
+    end_other(pid, ctl);
+}
+END_TEST
+
+/* A directory of our own that others can enter is refused too (it used to
+ * be chmod'ed silently, which hid a directory prepared by someone else). */
+START_TEST(test_sockdir_own_loose)
+{
+    char dir[320], up[400], err[512];
+    snprintf(dir, sizeof dir, "%s/loose", tmpdir);
+    ck_assert_int_eq(mkdir(dir, 0700), 0);
+    ck_assert_int_eq(chmod(dir, 0750), 0);
+    snprintf(up, sizeof up, "%s/engine.sock", dir);
+    rlai_server *s = NULL;
+    rlai_server_config c1 = {.uds_path = up};
+    ck_assert_int_eq(rlai_server_start(&c1, &CB, &s, err, sizeof err), RLAI_ERR_IO);
+    ck_assert_msg(strstr(err, dir) && strstr(err, "mode 0750") && strstr(err, "0700"), "%s", err);
+    ck_assert_int_eq(file_mode(dir), 0750);
+    /* a fresh directory is created 0700 and used */
+    ck_assert_int_eq(chmod(dir, 0700), 0);
+    ck_assert_msg(rlai_server_start(&c1, &CB, &s, err, sizeof err) == 0, "%s", err);
+    rlai_server_stop(s, 100);
+}
+END_TEST
+
+/* The client refuses to talk to an "engine" in another user's directory. */
+START_TEST(test_sockdir_takeover_client)
+{
+    if (geteuid() != 0) {
+        fprintf(stderr, "test_sockdir_takeover_client: skipped (needs root to play another user)\n");
+        return;
+    }
+    int kind = _i;
+    char base[300], dir[320], ep[420], err[512];
+    snprintf(base, sizeof base, "%s/shared", tmpdir);
+    snprintf(dir, sizeof dir, "%s/rlai", base);
+    int ctl;
+    pid_t pid = other_user_dir(base, kind, true, &ctl);
+    const char *files[2] = {"ipc://%s/engine.zmq", "unix://%s/engine.sock"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(ep, sizeof ep, files[i], dir);
+        rlai_client *c = NULL;
+        int rc = rlai_client_connect(ep, 2000, &c, err, sizeof err);
+        ck_assert_msg(rc == RLAI_ERR_IO, "%s: rc %d (%s)", ep, rc, err);
+        ck_assert_ptr_null(c);
+        ck_assert_msg(strstr(err, dir) && strstr(err, take_name(kind)), "%s", err);
+    }
+    /* the default endpoints too ($XDG_RUNTIME_DIR/rlai) */
+    setenv("XDG_RUNTIME_DIR", base, 1);
+    rlai_client *c = NULL;
+    int rc = rlai_client_connect(NULL, 2000, &c, err, sizeof err);
+    unsetenv("XDG_RUNTIME_DIR");
+    ck_assert_msg(rc == RLAI_ERR_IO && strstr(err, dir), "default: rc %d (%s)", rc, err);
+    end_other(pid, ctl);
 }
 END_TEST
 
@@ -1311,6 +1510,8 @@ static Suite *ipc_suite(bool with_client)
     tcase_add_test(tc, test_live_socket_refused);
     tcase_add_test(tc, test_stop_flushes_and_removes);
     tcase_add_test(tc, test_start_errors);
+    tcase_add_test(tc, test_sockdir_own_loose);
+    tcase_add_loop_test(tc, test_sockdir_takeover_server, TAKE_OWNED, TAKE_LOOSE + 1);
     suite_add_tcase(s, tc);
 
     if (with_client) {
@@ -1324,6 +1525,8 @@ static Suite *ipc_suite(bool with_client)
         tcase_add_test(tc, test_client_engine_death_zmq);
         tcase_add_test(tc, test_client_engine_death_unix);
         tcase_add_test(tc, test_client_engine_hang_zmq);
+        tcase_add_test(tc, test_zmq_tcp_api_key);
+        tcase_add_loop_test(tc, test_sockdir_takeover_client, TAKE_OWNED, TAKE_LOOSE + 1);
         suite_add_tcase(s, tc);
     }
     return s;

@@ -40,9 +40,31 @@ int rlai_default_pipe_endpoint(char *buf, size_t cap);
  * call checks that the engine answers (a hello round trip within
  * timeout_ms; <= 0 means 2000 ms) so an absent engine is reported here as
  * RLAI_ERR_DISCONNECTED with a message in err. *out is owned by the caller
- * (rlai_client_close). */
+ * (rlai_client_close). For tcp:// the API key comes from $RLAI_API_KEY
+ * (rlai_client_connect_opts to pass one). */
 int rlai_client_connect(const char *endpoint, int timeout_ms, rlai_client **out,
                         char *err, size_t errlen);
+
+/* Connection options (zero-initialise, then set what you need). */
+typedef struct rlai_client_options {
+    int timeout_ms;        /* hello round trip; <= 0 means 2000 ms */
+    const char *api_key;   /* for tcp:// endpoints: ZeroMQ PLAIN credentials (username "rlai",
+                              password = the key); NULL or "" = $RLAI_API_KEY if set, else none.
+                              Ignored for ipc:// and unix:// (keyless, guarded by the 0700
+                              directory). Borrowed during the call only. */
+} rlai_client_options;
+
+/* Like rlai_client_connect with options (opts may be NULL). A tcp://
+ * engine that refuses the key, or wants one that was not given, is
+ * reported as RLAI_ERR_IO with a message saying so.
+ *
+ * Both connect calls first check the socket directory of an ipc:// or
+ * unix:// endpoint: it must be a real directory (not a symlink) owned by
+ * the effective uid with mode 0700, as the engine creates it; otherwise
+ * they refuse with RLAI_ERR_IO and a message naming the directory and what
+ * is wrong (another user could be standing in for the engine). */
+int rlai_client_connect_opts(const char *endpoint, const rlai_client_options *opts, rlai_client **out,
+                             char *err, size_t errlen);
 
 /* Closes the connection and frees the client. Accepts NULL. */
 void rlai_client_close(rlai_client *c);

@@ -41,7 +41,11 @@ class Engine:
         self.zmq_path = self.dir / "rlai" / "engine.zmq"
         self.sock_path = self.dir / "rlai" / "engine.sock"
         self.port = free_port()
-        env = dict(os.environ, XDG_RUNTIME_DIR=str(self.dir))
+        # The API key of the tcp:// endpoint: created on first start in the
+        # test's own config folder (never the user's ~/.config).
+        self.key_path = Path(tmp) / "cfg" / "rlai" / "api_key"
+        env = dict(os.environ, XDG_RUNTIME_DIR=str(self.dir), XDG_CONFIG_HOME=str(Path(tmp) / "cfg"))
+        env.pop("RLAI_API_KEY", None)
         self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         # The core tests run without the shipped plugins (LoreMaster pins its
         # lore at start) and without the fixed HTTP port, unless asked.
@@ -72,6 +76,10 @@ class Engine:
         raise RuntimeError("engine did not come up")
 
     @property
+    def api_key(self):
+        return self.key_path.read_text().strip()
+
+    @property
     def zmq_ipc(self):
         return f"ipc://{self.zmq_path}"
 
@@ -88,10 +96,13 @@ class Engine:
 
 
 class ZmqClient:
-    def __init__(self, endpoint, ctx=None):
+    def __init__(self, endpoint, ctx=None, api_key=None):
         self.ctx = ctx or zmq.Context.instance()
         self.s = self.ctx.socket(zmq.DEALER)
         self.s.setsockopt(zmq.LINGER, 0)
+        if api_key:  # the engine's tcp:// endpoint: ZeroMQ PLAIN
+            self.s.plain_username = b"rlai"
+            self.s.plain_password = api_key.encode()
         self.s.connect(endpoint)
 
     def send_raw(self, data):
@@ -177,7 +188,7 @@ def engine(tmp_path_factory):
 def clients(engine):
     return {
         "zmq-ipc": lambda: ZmqClient(engine.zmq_ipc),
-        "zmq-tcp": lambda: ZmqClient(f"tcp://127.0.0.1:{engine.port}"),
+        "zmq-tcp": lambda: ZmqClient(f"tcp://127.0.0.1:{engine.port}", api_key=engine.api_key),
         "pipe": lambda: PipeClient(engine.sock_path),
     }
 

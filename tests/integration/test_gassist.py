@@ -745,7 +745,8 @@ class Serve:
                 "--zmq", f"ipc://{self.zmq}", "--pipe", str(self.sock), *extra]
         with open(self.err_path, "wb") as err:
             self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=err,
-                                         env=dict(os.environ, XDG_RUNTIME_DIR=str(self.dir)))
+                                         env=dict(os.environ, XDG_RUNTIME_DIR=str(self.dir),
+                                                  XDG_CONFIG_HOME=str(Path(tmp) / "cfg")))
         # lore pinning at load prefills a few thousand tokens: slow in debug
         # and sanitizer builds on a busy machine
         deadline = time.time() + startup_s

@@ -55,8 +55,13 @@ class Engine:
         self.sock_path = self.dir / "rlai" / "engine.sock"
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
-        env = dict(os.environ, XDG_RUNTIME_DIR=str(self.dir))
+        # API key: created on first start in the test's own config folder.
+        self.key_path = Path(tmp) / "cfg" / "rlai" / "api_key"
+        env = dict(os.environ, XDG_RUNTIME_DIR=str(self.dir), XDG_CONFIG_HOME=str(Path(tmp) / "cfg"))
         env.pop("RLAI_PLUGIN_DIR", None)
+        env.pop("RLAI_API_KEY", None)
+        self.env = env
+        self.auth = "--no-auth" not in extra
         plug = ["--plugins", str(plugins)] if plugins else ["--no-plugins"]
         self.args = [RLAI, "serve", "-m", str(MODEL), "-t", "2", "-c", "2048",
                      "--http", f"127.0.0.1:{self.port}", "--max-frame-bytes", str(MAX_FRAME),
@@ -80,9 +85,24 @@ class Engine:
         self.log.seek(0)
         return self.log.read().decode(errors="replace")
 
-    def request(self, method, path, body=None, headers=None, timeout=120):
+    @property
+    def api_key(self):
+        return self.key_path.read_text().strip()
+
+    def auth_bytes(self):
+        return b"Authorization: Bearer %s\r\n" % self.api_key.encode() if self.auth else b""
+
+    def curl_auth(self):
+        return ["-H", f"Authorization: Bearer {self.api_key}"] if self.auth else []
+
+    def auth_headers(self):
+        # (an engine given its key by config or env has no key file)
+        return {"Authorization": f"Bearer {self.api_key}"} if self.auth and self.key_path.exists() else {}
+
+    def request(self, method, path, body=None, headers=None, timeout=120, auth=True):
         data = body if body is None or isinstance(body, bytes) else json.dumps(body).encode()
-        req = urllib.request.Request(self.base + path, data=data, method=method, headers=headers or {})
+        hdrs = dict(self.auth_headers() if auth else {}, **(headers or {}))
+        req = urllib.request.Request(self.base + path, data=data, method=method, headers=hdrs)
         try:
             with urllib.request.urlopen(req, timeout=timeout) as r:
                 return r.status, dict(r.headers), r.read()
@@ -101,7 +121,8 @@ class Engine:
         return parse_prometheus(body.decode())
 
     def client(self):
-        return openai.OpenAI(base_url=self.base + "/v1", api_key="unused", max_retries=0, timeout=300)
+        return openai.OpenAI(base_url=self.base + "/v1", api_key=self.api_key if self.auth else "unused",
+                             max_retries=0, timeout=300)
 
     def stop(self, timeout=60):
         if self.proc.poll() is None:
@@ -358,7 +379,7 @@ def test_oversized_body_is_413(engine):
     # curl sends "Expect: 100-continue" for large bodies: the 413 comes first.
     curl = shutil.which("curl")
     if curl:
-        out = subprocess.run([curl, "-s", "-o", "/dev/null", "-w", "%{http_code}", "-X", "POST",
+        out = subprocess.run([curl, "-s", "-o", "/dev/null", "-w", "%{http_code}", "-X", "POST", *engine.curl_auth(),
                               "-H", "Content-Type: application/json", "--data-binary", "@-",
                               engine.base + "/v1/completions"], input=big * 20, capture_output=True, timeout=60)
         assert out.stdout == b"413"
@@ -381,7 +402,7 @@ def test_prompt_too_long_is_400(engine):
 @pytest.mark.skipif(not shutil.which("curl"), reason="curl not installed")
 def test_sse_framing_with_curl(engine):
     body = json.dumps({"messages": HELLO, "max_tokens": 8, "temperature": 0, "stream": True})
-    out = subprocess.run(["curl", "-sN", "-D", "-", "-X", "POST", "-H", "Content-Type: application/json",
+    out = subprocess.run(["curl", "-sN", "-D", "-", "-X", "POST", *engine.curl_auth(), "-H", "Content-Type: application/json",
                           "-d", body, engine.base + "/v1/chat/completions"],
                          capture_output=True, timeout=120).stdout.decode()
     head, _, sse = out.partition("\r\n\r\n")
@@ -451,7 +472,7 @@ def test_disconnect_mid_stream_cancels(engine):
     body = json.dumps({"messages": [{"role": "user", "content": "Tell me a very long story about the sea."}],
                        "max_tokens": 1500, "temperature": 0, "stream": True, "stop": []}).encode()
     s = socket.create_connection(("127.0.0.1", engine.port))
-    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n" + engine.auth_bytes() + b"Content-Type: application/json\r\n"
               b"Content-Length: %d\r\n\r\n" % len(body) + body)
     buf = b""
     s.settimeout(120)
@@ -469,7 +490,7 @@ def test_disconnect_mid_stream_cancels(engine):
     body = json.dumps({"prompt": "Once upon a time", "max_tokens": 1500, "temperature": 0,
                        "ignore_eos": True}).encode()
     s = socket.create_connection(("127.0.0.1", engine.port))
-    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n" + engine.auth_bytes() + b"Content-Type: application/json\r\n"
               b"Content-Length: %d\r\n\r\n" % len(body) + body)
     t0 = time.time()
     while engine.get_json("/health")["running"] != 1:

@@ -11,7 +11,7 @@ ZeroMQ (DEALER to the engine's ROUTER) or the named pipe (Unix socket,
 """
 __version__ = "0.1.0"
 
-from .errors import (ERROR_CLASSES, BadFrame, BadRequest, BadVersion, Busy, Cancelled, ContextFull,  # noqa: E402
+from .errors import (ERROR_CLASSES, AuthenticationFailed, BadFrame, BadRequest, BadVersion, Busy, Cancelled, ContextFull,  # noqa: E402
                      DeadlineExceeded, DuplicateId, EngineConnectionError, EngineDisconnected, EngineErrorFrame, EngineFailure,
                      EngineNotImplemented, EngineNotRunning, InternalError, NotFound, ProtocolError,
                      RequestTimeout, RTXLocalAIError, Shutdown, TooLarge, error_from_frame)
@@ -23,7 +23,7 @@ __all__ = [
     "__version__",
     "RTXLocalAIClient", "Stream", "Generation", "CallResult", "Metrics",
     "default_zmq_endpoint", "default_pipe_endpoint",
-    "RTXLocalAIError", "EngineConnectionError", "EngineNotRunning", "EngineDisconnected", "RequestTimeout",
+    "RTXLocalAIError", "EngineConnectionError", "EngineNotRunning", "EngineDisconnected", "AuthenticationFailed", "RequestTimeout",
     "ProtocolError", "EngineErrorFrame", "BadFrame", "BadVersion", "BadRequest", "TooLarge", "Busy", "NotFound",
     "Cancelled", "ContextFull", "EngineFailure", "DuplicateId", "Shutdown", "InternalError",
     "EngineNotImplemented", "DeadlineExceeded", "ERROR_CLASSES", "error_from_frame",

@@ -13,6 +13,7 @@ Example::
 from __future__ import annotations
 
 import itertools
+import os
 import json
 import threading
 import time
@@ -190,8 +191,13 @@ class RTXLocalAIClient:
             :class:`~rtx_localai.errors.RequestTimeout`.
         connect_timeout: seconds for the connect-time ``hello`` round trip.
         client_name: the ``client`` string of the hello.
+        api_key: the engine's API key for ``tcp://`` endpoints (sent as
+            ZeroMQ PLAIN credentials, username ``rlai``); None = the
+            ``RLAI_API_KEY`` environment variable. Not used on ``ipc://`` and
+            ``unix://`` (guarded by their private directory).
 
     Raises:
+        AuthenticationFailed: a tcp:// engine refused the key or needs one.
         EngineNotRunning: nothing answers at the endpoint within
             ``connect_timeout`` (an absent ipc/unix socket file is reported at
             once).
@@ -205,8 +211,11 @@ class RTXLocalAIClient:
 
     def __init__(self, endpoint: Optional[str] = None, *, timeout: Optional[float] = DEFAULT_TIMEOUT,
                  connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
-                 client_name: str = f"rtx-localai-python/{__version__}") -> None:
+                 client_name: str = f"rtx-localai-python/{__version__}",
+                 api_key: Optional[str] = None) -> None:
         self.endpoint: str = endpoint or default_zmq_endpoint()
+        if api_key is None:
+            api_key = os.environ.get("RLAI_API_KEY") or None
         self.timeout = timeout
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
@@ -217,7 +226,7 @@ class RTXLocalAIClient:
         #: Errors the engine could not attribute to a request (id 0) and
         #: frames that did not decode, most recent last.
         self.unattributed: Deque[RTXLocalAIError] = deque(maxlen=16)
-        self._transport: Transport = open_transport(self.endpoint)
+        self._transport: Transport = open_transport(self.endpoint, api_key)
         try:
             #: The engine's hello answer: version, engine, model, limits.
             self.info: Dict[str, Any] = self.hello(client_name, timeout=connect_timeout)

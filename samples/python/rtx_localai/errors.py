@@ -20,6 +20,7 @@ __all__ = [
     "EngineConnectionError",
     "EngineNotRunning",
     "EngineDisconnected",
+    "AuthenticationFailed",
     "RequestTimeout",
     "ProtocolError",
     "EngineErrorFrame",
@@ -84,6 +85,11 @@ class EngineConnectionError(RTXLocalAIError, ConnectionError):
 class EngineNotRunning(EngineConnectionError):
     """Nothing answers at the endpoint (no `rlai serve` there, or it did not
     answer the connect-time ``hello`` in time)."""
+
+
+class AuthenticationFailed(EngineConnectionError, PermissionError):
+    """The engine's tcp:// endpoint refused the API key, or wants one that
+    was not given (``api_key=`` / ``RLAI_API_KEY``), or takes none."""
 
 
 class EngineDisconnected(EngineConnectionError):

@@ -11,12 +11,12 @@ import os
 import select
 import socket
 import struct
-from typing import List
+from typing import List, Optional
 
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
-from .errors import EngineDisconnected, EngineNotRunning, ProtocolError
+from .errors import AuthenticationFailed, EngineDisconnected, EngineNotRunning, ProtocolError
 from .protocol import MAX_FRAME
 
 __all__ = ["Transport", "ZmqTransport", "UnixTransport", "open_transport"]
@@ -24,6 +24,8 @@ __all__ = ["Transport", "ZmqTransport", "UnixTransport", "open_transport"]
 # Same values as ipc/client.c: the engine pings every 500 ms and drops a
 # peer silent for 1.5 s; the client does the same towards the engine.
 HEARTBEAT_IVL_MS = 500
+#: ZeroMQ PLAIN username of the engine's tcp:// endpoints (the password is the API key).
+PLAIN_USER = b"rlai"
 HEARTBEAT_TIMEOUT_MS = 1500
 HEARTBEAT_TTL_MS = 1500
 
@@ -60,11 +62,15 @@ class ZmqTransport(Transport):
                | zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
                | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
 
-    def __init__(self, endpoint: str) -> None:
+    def __init__(self, endpoint: str, api_key: Optional[str] = None) -> None:
         self.endpoint = endpoint
         self.connected = False
         self.refused = False
         self.dead = False
+        self.auth_failed = False
+        self.mech_failed = False
+        #: tcp:// only: ZeroMQ PLAIN credentials (username "rlai", password = the key).
+        self.api_key = api_key if endpoint.startswith("tcp://") and api_key else None
         if endpoint.startswith("ipc://"):
             path = endpoint[6:]
             if not path.startswith("@") and not os.path.exists(path):
@@ -79,6 +85,9 @@ class ZmqTransport(Transport):
             self.sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME)
             if endpoint.startswith("tcp://") and "[" in endpoint:
                 self.sock.setsockopt(zmq.IPV6, 1)
+            if self.api_key:
+                self.sock.setsockopt(zmq.PLAIN_USERNAME, PLAIN_USER)
+                self.sock.setsockopt(zmq.PLAIN_PASSWORD, self.api_key.encode())
             self.mon = self.sock.get_monitor_socket(self._EVENTS)
             self.sock.connect(endpoint)
         except zmq.ZMQError as e:
@@ -103,8 +112,13 @@ class ZmqTransport(Transport):
                 continue
             if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 self.connected = True
+            elif event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+                self.auth_failed = True
+                self.dead = True
             elif event in (zmq.EVENT_DISCONNECTED, zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL,
-                           zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL, zmq.EVENT_HANDSHAKE_FAILED_AUTH):
+                           zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL):
+                if not self.connected:
+                    self.mech_failed = True
                 self.dead = True
             elif event in (zmq.EVENT_CONNECT_RETRIED, zmq.EVENT_CLOSED):
                 if self.connected:
@@ -113,6 +127,16 @@ class ZmqTransport(Transport):
                     self.refused = True
 
     def _gone(self) -> Exception:
+        if self.endpoint.startswith("tcp://") and self.auth_failed:
+            return AuthenticationFailed(f"the engine at {self.endpoint} refused the API key (wrong key; "
+                                        "see api_key= / RLAI_API_KEY and ~/.config/rlai/api_key)")
+        if self.endpoint.startswith("tcp://") and self.mech_failed and not self.connected:
+            if self.api_key:
+                return AuthenticationFailed(f"the engine at {self.endpoint} does not take an API key on this "
+                                            "endpoint (served with --no-auth?)")
+            return AuthenticationFailed(f"the engine at {self.endpoint} requires an API key on this tcp:// "
+                                        "endpoint (api_key= or RLAI_API_KEY; the key file is "
+                                        "~/.config/rlai/api_key)")
         if self.refused and not self.connected:
             return EngineNotRunning(f"no engine answers at {self.endpoint} (is `rlai serve` running?)")
         return EngineDisconnected(f"the engine at {self.endpoint} went away")
@@ -272,11 +296,11 @@ class UnixTransport(Transport):
         self.sock.close()
 
 
-def open_transport(endpoint: str) -> Transport:
+def open_transport(endpoint: str, api_key: Optional[str] = None) -> Transport:
     """Opens ``ipc://PATH`` / ``tcp://HOST:PORT`` (ZeroMQ) or ``unix://PATH``
-    (named pipe)."""
+    (named pipe). ``api_key`` is used on tcp:// only (ZeroMQ PLAIN)."""
     if endpoint.startswith("unix://"):
         return UnixTransport(endpoint)
     if endpoint.startswith(("ipc://", "tcp://")):
-        return ZmqTransport(endpoint)
+        return ZmqTransport(endpoint, api_key)
     raise ValueError(f"unsupported endpoint {endpoint!r} (use ipc://PATH, tcp://HOST:PORT or unix://PATH)")

@@ -6,6 +6,7 @@ build tree's plugins/ next to RLAI_BIN's folder)."""
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -23,6 +24,12 @@ from rtx_localai import EngineConnectionError, RTXLocalAIClient  # noqa: E402
 RLAI = os.environ.get("RLAI_BIN")
 MODELS = Path(os.environ.get("RLAI_MODELS_DIR", Path(__file__).resolve().parents[3] / "models"))
 MODEL = MODELS / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+# The engines' API key (tcp:// endpoint): one per test session, given to
+# each `rlai serve` and picked up by the SDK from RLAI_API_KEY, the way a
+# user would export it.
+API_KEY = secrets.token_hex(32)
+os.environ["RLAI_API_KEY"] = API_KEY
 
 
 def free_port() -> int:
@@ -71,7 +78,7 @@ class Engine:
         self.zmq_path = self.dir / "rlai" / "engine.zmq"
         self.sock_path = self.dir / "rlai" / "engine.sock"
         self.port = free_port()
-        self.env = dict(os.environ, XDG_RUNTIME_DIR=str(self.dir))
+        self.env = dict(os.environ, XDG_RUNTIME_DIR=str(self.dir), XDG_CONFIG_HOME=str(Path(tmp) / "cfg"))
         self.args: List[str] = [RLAI, "serve", "-m", str(MODEL), "-t", "2", "-c", str(ctx),
                                 "--zmq-tcp", f"tcp://127.0.0.1:{self.port}", *extra]
         self.stderr_path = Path(tmp) / "serve.log"
