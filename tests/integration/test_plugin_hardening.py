@@ -40,6 +40,8 @@ def start(tmp_path, **conf):
 def http(e, method, path, body=None, headers=None, timeout=30):
     data = json.dumps(body).encode() if isinstance(body, (dict, list)) else body
     h = {"Content-Type": "application/json"}
+    if e.key_path.exists():  # the daemon's API key (created in the test's config folder)
+        h["Authorization"] = "Bearer " + e.key_path.read_text().strip()
     h.update(headers or {})
     req = urllib.request.Request(e.http + path, data=data, method=method, headers=h)
     try:
