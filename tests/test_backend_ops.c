@@ -4,7 +4,9 @@
  * Backends under test: the CPU backend at every instruction-set level this
  * machine has (scalar, avx2, avx512) in both precision modes, plus the CUDA
  * backend when rlai_backend_open("cuda") succeeds here (it does not on a
- * machine without the module, a driver and a GPU; the test says so).
+ * machine without the module, a driver and a GPU; the test says so). The
+ * CUDA backend runs every op under the precise-mode bounds below and on
+ * every KV cache type; get_rows must be bit-identical there too.
  *
  * References: a double-precision implementation of each op written here,
  * and, for the quantized matmul, the scalar CPU backend of the same mode.
@@ -12,6 +14,7 @@
  *   elementwise ops (add, add_row, swiglu, rope, get_rows, rmsnorm):
  *       |y - ref| <= 1e-5 * (|ref| + 1)       (f32 rounding of one op)
  *   matmul, precise mode vs double ref:       |y - ref| <= 1e-5 * sum|w x|
+ *       (CUDA, f32 activations, float accumulation: 3e-5 * sum|w x|)
  *   matmul, 8-bit-activation mode: <= 2e-2 * sum|w x| of the exact product
  *       (activation rounding); quantized weights, CPU ISA vs scalar:
  *       bit-identical (the kernels' batch/ISA invariance); float weights
@@ -59,6 +62,7 @@ typedef struct bk {
     rlai_kernels *k;
     rlai_threadpool *tp;
     rlai_backend *be;
+    bool gpu;               /* the CUDA backend (k and tp are not its own) */
 } bk;
 
 #define MAX_BK 8
@@ -87,12 +91,40 @@ static void open_all(void)
         }
     }
     ck_assert_int_ge(n_bk, 2);   /* scalar in both modes at least */
+    /* The CUDA backend, when it opens here (module built, found through
+     * RLAI_BACKEND_DIR, a driver and a device). It computes with f32
+     * activations, so it is checked against the precise-mode bounds, and on
+     * every KV cache type. Without it the test says why and goes on. */
+    rlai_backend_options o = { .device = "cuda", .kernels = bks[0].k, .pool = bks[0].tp, .max_ctx = MAX_CTX };
+    char err[512];
+    rlai_backend *cu = NULL;
+    int rc = rlai_backend_open(&o, &cu, err, sizeof(err), NULL, 0);
+    static bool said;
+    if (rc == 0 && n_bk < MAX_BK) {
+        bk *b = &bks[n_bk++];
+        memset(b, 0, sizeof(*b));
+        b->isa = RLAI_ISA_SCALAR;   /* not a CPU level; gpu marks it */
+        b->precise = true;
+        b->gpu = true;
+        b->be = cu;
+        snprintf(b->name, sizeof(b->name), "cuda");
+        if (!said)
+            printf("backend_ops: testing the CUDA backend: %s\n", cu->iface->describe(cu));
+    } else {
+        ck_assert_int_eq(rc, RLAI_ERR_UNSUPPORTED);
+        ck_assert_ptr_null(cu);
+        if (!said)
+            printf("backend_ops: CUDA backend not tested: %s\n", err);
+    }
+    said = true;
 }
 
 static void close_all(void)
 {
     for (int i = 0; i < n_bk; i++) {
         rlai_backend_free(bks[i].be);
+        if (bks[i].gpu)
+            continue;
         rlai_threadpool_destroy(bks[i].tp);
         rlai_kernels_destroy(bks[i].k);
     }
@@ -297,11 +329,12 @@ START_TEST(test_matmul_all_types)
                 be->iface->matmul(be, &dw, dx, cols, T, dy, rows);
                 dev_read(be, dy, y, NY);
                 int mode = bks[bi].precise;
-                if (bks[bi].isa == RLAI_ISA_SCALAR)
+                if (bks[bi].isa == RLAI_ISA_SCALAR && !bks[bi].gpu)
                     memcpy(y_scalar[mode], y, NY * sizeof(float));
                 for (size_t i = 0; i < NY; i++) {
                     if (mode) {
-                        ck_assert_msg(fabs(y[i] - ref[i]) <= 1e-5 * norm[i] + 1e-6,
+                        double tol = bks[bi].gpu ? 3e-5 : 1e-5;
+                        ck_assert_msg(fabs(y[i] - ref[i]) <= tol * norm[i] + 1e-6,
                                       "matmul %s T=%d on %s: [%zu] %.9g vs %.9g", rlai_dtype_name(type), T,
                                       bks[bi].name, i, (double)y[i], ref[i]);
                     } else {
@@ -386,8 +419,8 @@ START_TEST(test_kv_store_attention_paged)
             for (size_t i = 0; i < (size_t)total * KVD; i++) { k[i] = frand(); v[i] = frand() * 3; }
             for (size_t i = 0; i < (size_t)total * H * D; i++) q[i] = frand() * 2;
             for (int bi = 0; bi < n_bk; bi++) {
-                if ((kvtypes[kt] == RLAI_DT_F32) != bks[bi].precise)
-                    continue;   /* the engine pairs f32 KV with precise mode only */
+                if ((kvtypes[kt] == RLAI_DT_F32) != bks[bi].precise && !bks[bi].gpu)
+                    continue;   /* the engine pairs f32 KV with precise mode only (CPU) */
                 rlai_backend *be = bks[bi].be;
                 rlai_kv_cache *kv;
                 ck_assert_int_eq(rlai_kv_cache_create_on(be, 1, KVD, n_blocks, kvtypes[kt], &kv), 0);

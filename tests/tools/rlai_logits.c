@@ -1,6 +1,6 @@
 /* rlai_logits.c - test tool for the reference comparison (tests/ref/).
  *
- *   rlai-logits MODEL [--precise] [--isa I] [--threads N] --tokens "ID ..." --out FILE
+ *   rlai-logits MODEL [--precise] [--isa I] [--threads N] [--device D] --tokens "ID ..." --out FILE
  *       writes the logits of every position: n * n_vocab float32 LE, row-major
  *   rlai-logits MODEL [opts] --tokens "ID ..." --greedy N
  *       prints N greedily generated ids (EOS does not stop generation)
@@ -62,7 +62,7 @@ static int print_cb(void *user, rlai_token tok, const char *text, size_t len)
 int main(int argc, char **argv)
 {
     if (argc < 2) {
-        fprintf(stderr, "usage: rlai-logits MODEL [--precise] [--isa I] [--threads N] "
+        fprintf(stderr, "usage: rlai-logits MODEL [--precise] [--isa I] [--threads N] [--device D] "
                         "(--tokens IDS (--out FILE | --greedy N) | --tokenize TEXT)\n");
         return 1;
     }
@@ -82,6 +82,9 @@ int main(int argc, char **argv)
             else if (!strcmp(v, "avx2")) ep.isa = RLAI_ISA_AVX2;
             else if (!strcmp(v, "avx512")) ep.isa = RLAI_ISA_AVX512;
             else { fprintf(stderr, "bad --isa %s\n", v); return 1; }
+        } else if (!strcmp(a, "--device") && v) {
+            ep.device = v;
+            i++;
         } else if (!strcmp(a, "--kv") && v) {
             ep.kv_type = !strcmp(v, "q8_0") ? RLAI_KV_Q8_0 : RLAI_KV_F16;
             i++;

@@ -1,0 +1,267 @@
+/* rlai_gpucheck.c - the GPU check of tests/gpu/run.sh: CUDA backend against
+ * the CPU backend on a real model, then CUDA timings.
+ *
+ *   rlai-gpucheck MODEL [--device cuda[:N]] [--threads N] [--cpu-only]
+ *
+ * Correctness (exit status 1 when a check fails):
+ *   1. logits at every position of three prompts, CUDA vs CPU, same mode:
+ *        default mode (CPU: 8-bit activations; CUDA: f32 activations; both
+ *        f16 KV): relative L2 per position ||cuda - cpu|| / ||cpu|| <= 2e-2;
+ *        precise mode (f32 activations, f32 KV on both): <= 1e-3;
+ *      top-1 agreement wherever the CPU's top-1/top-2 gap is >= 0.05
+ *      (near ties may flip legitimately; the raw agreement is printed).
+ *   2. 64 greedy tokens (EOS ignored) from one prompt: identical in precise
+ *      mode; in default mode the count of matching leading tokens is
+ *      printed (the CPU's 8-bit activations may diverge legitimately).
+ * Timings (CUDA, default mode, printed as a markdown table): prefill tok/s
+ * of a 512-token prompt, TTFT of a 22-token prompt (best of 5), decode
+ * tok/s over 128 tokens at batch 1 and batch 8 (continuous batching,
+ * prefill excluded). Timings are not checks.
+ * --cpu-only runs everything against the CPU twice (a dry run of the tool
+ * on a machine without a GPU). */
+#include "rlai/engine.h"
+
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static const char *model_path;
+static int n_threads;
+
+static rlai_engine *open_engine(const char *device, bool precise)
+{
+    rlai_engine_params ep;
+    rlai_engine_params_init(&ep);
+    ep.device = device;
+    ep.precise = precise;
+    ep.n_threads = n_threads;
+    ep.n_ctx = 2048;
+    ep.kv_blocks = 8 * 2048 / 16;
+    rlai_engine *e;
+    char err[768];
+    if (rlai_engine_open(model_path, &ep, &e, err, sizeof(err)) < 0) {
+        fprintf(stderr, "rlai-gpucheck: open (%s%s): %s\n", device, precise ? ", precise" : "", err);
+        return NULL;
+    }
+    return e;
+}
+
+static const char *prompts[3] = {
+    "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n",
+    "The quick brown fox jumps over the lazy dog. Once upon a time, in a land far away, there lived a "
+    "keeper of lighthouses who counted ships every night and wrote their names in a book.",
+    "def fib(n):\n    if n < 2:\n        return n\n    return fib(n - 1) + fib(n - 2)\n\nprint(fib(10))\n",
+};
+
+static int failures;
+
+static void compare_logits(rlai_engine *ref, rlai_engine *dev, const char *mode, double tol)
+{
+    rlai_model_info mi;
+    rlai_engine_info(ref, &mi);
+    int V = mi.n_vocab;
+    for (int p = 0; p < 3; p++) {
+        rlai_token ids[512];
+        int n = rlai_engine_tokenize(ref, prompts[p], strlen(prompts[p]), true, true, ids, 512);
+        if (n <= 0) {
+            fprintf(stderr, "tokenize failed\n");
+            failures++;
+            return;
+        }
+        float *a = malloc(sizeof(float) * (size_t)n * V), *b = malloc(sizeof(float) * (size_t)n * V);
+        if (!a || !b || rlai_engine_eval_logits(ref, ids, n, a) < 0 || rlai_engine_eval_logits(dev, ids, n, b) < 0) {
+            fprintf(stderr, "eval_logits failed\n");
+            failures++;
+            free(a);
+            free(b);
+            return;
+        }
+        double worst = 0;
+        int agree = 0, must = 0, must_agree = 0, worst_pos = 0;
+        for (int i = 0; i < n; i++) {
+            const float *x = a + (size_t)i * V, *y = b + (size_t)i * V;
+            double num = 0, den = 0;
+            int t1 = 0, t2 = -1, d1 = 0;
+            for (int j = 0; j < V; j++) {
+                double d = (double)y[j] - x[j];
+                num += d * d;
+                den += (double)x[j] * x[j];
+                if (x[j] > x[t1]) { t2 = t1; t1 = j; }
+                else if (j != t1 && (t2 < 0 || x[j] > x[t2])) t2 = j;
+                if (y[j] > y[d1]) d1 = j;
+            }
+            double rel = sqrt(num / (den > 0 ? den : 1));
+            if (!(rel <= worst)) { worst = rel; worst_pos = i; }
+            agree += t1 == d1;
+            if (t2 >= 0 && x[t1] - x[t2] >= 0.05f) {
+                must++;
+                must_agree += t1 == d1;
+            }
+        }
+        bool ok = worst <= tol && must_agree == must;
+        printf("logits %-8s prompt %d (%3d positions): worst rel L2 %.3e at %d (bound %.0e), top-1 %d/%d, "
+               "clear top-1 %d/%d  %s\n", mode, p + 1, n, worst, worst_pos, tol, agree, n, must_agree, must,
+               ok ? "ok" : "FAIL");
+        failures += !ok;
+        free(a);
+        free(b);
+    }
+}
+
+typedef struct toks { int n; rlai_token t[128]; } toks;
+
+static int collect(void *user, rlai_token tok, const char *text, size_t len)
+{
+    (void)text;
+    (void)len;
+    toks *g = user;
+    if (tok >= 0 && g->n < 128)
+        g->t[g->n++] = tok;
+    return 0;
+}
+
+static int greedy(rlai_engine *e, int n_tok, toks *out, rlai_gen_metrics *m)
+{
+    rlai_token ids[64];
+    int n = rlai_engine_tokenize(e, prompts[0], strlen(prompts[0]), true, true, ids, 64);
+    rlai_gen_params gp;
+    rlai_gen_params_init(&gp);
+    gp.max_tokens = n_tok;
+    gp.ignore_eos = true;
+    out->n = 0;
+    return n > 0 ? rlai_engine_generate_tokens(e, ids, n, &gp, collect, out, m) : -1;
+}
+
+static void compare_greedy(rlai_engine *ref, rlai_engine *dev, const char *mode, bool must_match)
+{
+    toks a, b;
+    rlai_gen_metrics m;
+    if (greedy(ref, 64, &a, &m) < 0 || greedy(dev, 64, &b, &m) < 0) {
+        printf("greedy %s: generation failed  FAIL\n", mode);
+        failures++;
+        return;
+    }
+    int same = 0;
+    while (same < a.n && same < b.n && a.t[same] == b.t[same])
+        same++;
+    bool ok = !must_match || (same == 64 && a.n == 64 && b.n == 64);
+    printf("greedy %-8s 64 tokens: %d leading tokens identical%s  %s\n", mode, same,
+           must_match ? " (must be 64)" : " (reported)", ok ? "ok" : "FAIL");
+    failures += !ok;
+}
+
+typedef struct res { bool done; int status; rlai_gen_metrics m; } res;
+
+static void on_done(void *user, uint64_t id, int status, const rlai_gen_metrics *m)
+{
+    (void)id;
+    res *r = user;
+    r->done = true;
+    r->status = status;
+    r->m = *m;
+}
+
+static double decode_batch(rlai_engine *e, int N)
+{
+    rlai_token ids[64];
+    int n = rlai_engine_tokenize(e, prompts[0], strlen(prompts[0]), true, true, ids, 64);
+    rlai_token base = ids[1];
+    res r[8];
+    memset(r, 0, sizeof(r));
+    for (int i = 0; i < N; i++) {
+        rlai_request_params rp;
+        memset(&rp, 0, sizeof(rp));
+        ids[1] = (rlai_token)(base + i);   /* distinct prompts: no prefix reuse */
+        rp.prompt = ids;
+        rp.n_prompt = n;
+        rlai_gen_params_init(&rp.gen);
+        rp.gen.max_tokens = 128;
+        rp.gen.ignore_eos = true;
+        rp.on_done = on_done;
+        rp.user = &r[i];
+        if (rlai_engine_submit(e, &rp, NULL) < 0)
+            return -1;
+    }
+    rlai_engine_step(e);   /* prefill (and the first token) */
+    double t0 = now_ms();
+    while (rlai_engine_step(e) > 0) {
+    }
+    double dt = (now_ms() - t0) / 1e3;
+    int gen = 0;
+    for (int i = 0; i < N; i++)
+        gen += r[i].m.gen_tokens - 1;
+    return dt > 0 ? gen / dt : 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        fprintf(stderr, "usage: rlai-gpucheck MODEL [--device cuda[:N]] [--threads N] [--cpu-only]\n");
+        return 2;
+    }
+    model_path = argv[1];
+    const char *device = "cuda";
+    for (int i = 2; i < argc; i++) {
+        if (!strcmp(argv[i], "--device") && i + 1 < argc) device = argv[++i];
+        else if (!strcmp(argv[i], "--threads") && i + 1 < argc) n_threads = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--cpu-only")) device = "cpu";
+        else { fprintf(stderr, "rlai-gpucheck: bad argument '%s'\n", argv[i]); return 2; }
+    }
+    rlai_engine *cpu = open_engine("cpu", false), *dev = open_engine(device, false);
+    if (!cpu || !dev)
+        return 1;
+    rlai_model_info mi;
+    rlai_engine_info(dev, &mi);
+    printf("device under test: %s\n", mi.device);
+    compare_logits(cpu, dev, "default", 2e-2);
+    compare_greedy(cpu, dev, "default", false);
+    rlai_engine *cpu_p = open_engine("cpu", true), *dev_p = open_engine(device, true);
+    if (!cpu_p || !dev_p)
+        return 1;
+    compare_logits(cpu_p, dev_p, "precise", 1e-3);
+    compare_greedy(cpu_p, dev_p, "precise", true);
+    rlai_engine_close(cpu_p);
+    rlai_engine_close(dev_p);
+
+    /* timings on the device, default mode */
+    rlai_token long_p[512];
+    for (int i = 0; i < 512; i++)
+        long_p[i] = (rlai_token)(100 + (i * 37) % 4000);
+    rlai_gen_params gp;
+    rlai_gen_params_init(&gp);
+    gp.max_tokens = 1;
+    toks sink;
+    rlai_gen_metrics m;
+    double prefill = 0;
+    for (int rep = 0; rep < 3; rep++) {
+        long_p[0] = (rlai_token)(100 + rep);   /* defeat the prefix cache */
+        sink.n = 0;
+        if (rlai_engine_generate_tokens(dev, long_p, 512, &gp, collect, &sink, &m) == 0 && m.prefill_tps > prefill)
+            prefill = m.prefill_tps;
+    }
+    double ttft = 1e30;
+    for (int rep = 0; rep < 5; rep++) {
+        long_p[0] = (rlai_token)(200 + rep);
+        sink.n = 0;
+        if (rlai_engine_generate_tokens(dev, long_p, 22, &gp, collect, &sink, &m) == 0 && m.ttft_ms < ttft)
+            ttft = m.ttft_ms;
+    }
+    double d1 = decode_batch(dev, 1), d8 = decode_batch(dev, 8);
+    printf("\n| device | prefill tok/s (512) | TTFT ms (22 tok) | decode tok/s b1 | decode tok/s b8 | CUDA graphs |\n");
+    printf("|---|---|---|---|---|---|\n");
+    printf("| %s | %.0f | %.2f | %.0f | %.0f | not implemented |\n", mi.device, prefill, ttft, d1, d8);
+    rlai_engine_close(cpu);
+    rlai_engine_close(dev);
+    printf("\nrlai-gpucheck: %s (%d failed check%s)\n", failures ? "FAIL" : "ok", failures, failures == 1 ? "" : "s");
+    return failures ? 1 : 0;
+}
