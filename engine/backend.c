@@ -62,21 +62,24 @@ int rlai_device_parse(const char *spec, rlai_device_kind *kind, int *index, char
 static void *open_module(const char *file, char *why, size_t whylen)
 {
     char path[4096];
-    const char *dirs[3] = { getenv("RLAI_BACKEND_DIR"), NULL, RLAI_BACKEND_LIBDIR };
-    char exedir[4096];
+    /* $RLAI_BACKEND_DIR, <exe>/../lib/rlai (an install), <exe>/../engine/
+     * backend-cuda (the build tree: build/host/rlai), the install libdir. */
+    char exedir[4096], rel[2][4096 + 32];
+    const char *dirs[4] = { getenv("RLAI_BACKEND_DIR"), NULL, NULL, RLAI_BACKEND_LIBDIR };
     ssize_t n = readlink("/proc/self/exe", exedir, sizeof(exedir) - 1);
-    char rel[4096 + 16];
     if (n > 0) {
         exedir[n] = 0;
         char *slash = strrchr(exedir, '/');
         if (slash) {
             *slash = 0;
-            snprintf(rel, sizeof(rel), "%.4000s/../lib/rlai", exedir);
-            dirs[1] = rel;
+            snprintf(rel[0], sizeof(rel[0]), "%.4000s/../lib/rlai", exedir);
+            snprintf(rel[1], sizeof(rel[1]), "%.4000s/../engine/backend-cuda", exedir);
+            dirs[1] = rel[0];
+            dirs[2] = rel[1];
         }
     }
     snprintf(why, whylen, "%s not found (this build has no CUDA backend, or it is not installed)", file);
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < 4; i++) {
         if (!dirs[i] || !*dirs[i])
             continue;
         snprintf(path, sizeof(path), "%.4000s/%.64s", dirs[i], file);

@@ -153,8 +153,8 @@ typedef struct rlai_backend_options {
 
 /* Opens the backend for opt->device. "cpu" always works. "cuda[:N]" loads
  * the CUDA backend module (rlai-backend-cuda.so, looked up in
- * $RLAI_BACKEND_DIR, then next to the executable's ../lib/rlai, then the
- * install libdir) and fails with RLAI_ERR_UNSUPPORTED naming the reason
+ * $RLAI_BACKEND_DIR, then the executable's ../lib/rlai, then its
+ * ../engine/backend-cuda (the build tree), then the install libdir) and fails with RLAI_ERR_UNSUPPORTED naming the reason
  * when it cannot (module not built or not found, no driver, no device).
  * "auto" tries CUDA when an NVIDIA device node exists and falls back to the
  * CPU, writing one line saying why into note (if notelen > 0; "" when it

@@ -102,11 +102,12 @@ def test_device_selection():
     assert re.search(rb"^device\s+cpu$", r.stdout, re.M), r.stdout
     r = run("run", "--local", "-m", str(MODEL), "--device", "cpu", "-n", "4", "Hi")
     assert r.returncode == 0, r.stderr
-    env_dir = Path(RLAI).resolve().parent.parent / "engine"
-    if not (env_dir / "rlai-backend-cuda.so").exists():
+    if not Path("/dev/nvidiactl").exists():
+        # Without a GPU: refused with the reason (module missing, or no driver).
         r = run("run", "--local", "-m", str(MODEL), "--device", "cuda", "-n", "4", "Hi")
         assert r.returncode != 0
-        assert b"CUDA backend" in r.stderr and b"rlai-backend-cuda.so" in r.stderr, r.stderr
+        assert b"CUDA backend: " in r.stderr, r.stderr
+        assert (b"rlai-backend-cuda.so not found" in r.stderr or b"no usable CUDA driver" in r.stderr), r.stderr
     r = run("run", "--local", "-m", str(MODEL), "--device", "gpu", "-n", "4", "Hi")
     assert r.returncode != 0
     assert b"'gpu' is not one of auto, cpu, cuda, cuda:N" in r.stderr, r.stderr
