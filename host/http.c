@@ -194,6 +194,9 @@ struct hreq {
     char stop[32];               /* plugin calls: the stop string of done */
     char *lore_reply;            /* K_LORE: "reply" of the talk result */
     bool streamed;               /* some text went out as chunks */
+    bool probed;                 /* the client half-closed and was probed once */
+    bool probe;                  /* a probe write is due (connection thread) */
+    bool http11;                 /* the request is HTTP/1.1 (1xx allowed) */
     end_why why;                 /* set by the connection thread / stop */
     uint64_t engine_id, call_id;
     bool live;                   /* in h->live */
@@ -289,27 +292,46 @@ static void end_request(hreq *r, end_why why)
         rlai_plugin_host_cancel(r->h->plugins, cid);
 }
 
-/* True when the peer has closed its side of the connection. */
-static bool peer_gone(int fd)
+/* What poll says about the client's socket. A peer that only shut down
+ * its sending side (shutdown(SHUT_WR) after the request, as some clients
+ * and proxies do) looks exactly like one that closed the socket: both send
+ * a FIN (POLLRDHUP). Only a write tells them apart: a closed socket answers
+ * it with a reset (then POLLERR / POLLHUP). So a FIN alone is PEER_HALF and
+ * the caller probes once; PEER_GONE means really gone. */
+typedef enum peer_state { PEER_OK = 0, PEER_HALF, PEER_GONE } peer_state;
+
+static peer_state peer_check(int fd)
 {
     if (fd < 0)
-        return false;
+        return PEER_OK;
     struct pollfd p = { .fd = fd, .events = POLLRDHUP };
     if (poll(&p, 1, 0) <= 0)
-        return false;
-    return (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
+        return PEER_OK;
+    if (p.revents & (POLLHUP | POLLERR | POLLNVAL))
+        return PEER_GONE;
+    return (p.revents & POLLRDHUP) ? PEER_HALF : PEER_OK;
 }
 
 /* Waits (r->mu held) until there is output, the request is done or the
- * server is stopping. Returns false when the client went away. */
+ * server is stopping. Returns false when the client went away. Sets
+ * r->probe when the client half-closed and a probe write is due (the
+ * caller sends an SSE comment; a closed peer answers it with a reset). */
 static bool wait_progress(hreq *r)
 {
     while (!r->pending.len && !r->sse.len && !r->done && r->why == END_NONE) {
         struct timespec ts;
         deadline_in(&ts, WAIT_SLICE_MS);
         pthread_cond_timedwait(&r->cv, &r->mu, &ts);
-        if (r->why == END_NONE && peer_gone(r->fd))
+        if (r->why != END_NONE)
+            break;
+        peer_state ps = peer_check(r->fd);
+        if (ps == PEER_GONE)
             return false;
+        if (ps == PEER_HALF && !r->probed) {
+            r->probed = true;
+            r->probe = true;
+            return true;
+        }
     }
     return r->why != END_GONE;
 }
@@ -697,6 +719,8 @@ static bool produce(hreq *r)
     r->phase = 1;
     pthread_mutex_lock(&r->mu);
     bool alive = wait_progress(r);
+    bool probe = r->probe;
+    r->probe = false;
     bytes text = r->pending, events = r->sse;
     memset(&r->pending, 0, sizeof(r->pending));
     memset(&r->sse, 0, sizeof(r->sse));
@@ -708,6 +732,8 @@ static bool produce(hreq *r)
         end_request(r, END_GONE);
         return false;
     }
+    if (probe)
+        bytes_str(&r->out, ": ping\n\n");     /* SSE comment: clients ignore it */
     if (r->kind == K_PLUGIN) {
         if (events.len)
             bytes_add(&r->out, events.p, events.len);
@@ -816,7 +842,20 @@ static enum MHD_Result finish_blocking(hreq *r)
         struct timespec ts;
         deadline_in(&ts, WAIT_SLICE_MS);
         pthread_cond_timedwait(&r->cv, &r->mu, &ts);
-        if (!r->done && r->why == END_NONE && peer_gone(r->fd)) {
+        if (r->done || r->why != END_NONE)
+            break;
+        peer_state ps = peer_check(r->fd);
+        if (ps == PEER_HALF && !r->probed) {
+            /* A FIN: half-close or real close. HTTP/1.1 lets a server send
+             * a 100 (Continue) before its final answer and obliges clients
+             * to skip it; a closed socket answers it with a reset, seen on
+             * a later check. HTTP/1.0 forbids 1xx: a FIN ends the request. */
+            r->probed = true;
+            const char *ver = r->http11 ? "HTTP/1.1 100 Continue\r\n\r\n" : NULL;
+            if (!ver || send(r->fd, ver, strlen(ver), MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)strlen(ver))
+                ps = PEER_GONE;
+        }
+        if (ps == PEER_GONE) {
             alive = false;
             break;
         }
@@ -1730,7 +1769,6 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
                                  const char *version, const char *upload_data, size_t *upload_data_size,
                                  void **con_cls)
 {
-    (void)version;
     rlai_http *h = cls;
     hreq *r = *con_cls;
     if (!r) {
@@ -1744,6 +1782,7 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
         cond_init_monotonic(&r->cv);
         const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
         r->fd = ci ? ci->connect_fd : -1;
+        r->http11 = version && !strcmp(version, MHD_HTTP_VERSION_1_1);
         *con_cls = r;
         const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Content-Length");
         if (cl) {
