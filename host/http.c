@@ -105,6 +105,78 @@ static void bytes_free(bytes *b)
     memset(b, 0, sizeof(*b));
 }
 
+/* Length of the well-formed UTF-8 sequence at s (n bytes available), or
+ * 0: no overlong forms, no surrogates, nothing above U+10FFFF (the rules
+ * the wire protocol applies). */
+static size_t utf8_seq(const unsigned char *s, size_t n)
+{
+    unsigned c = s[0];
+    if (c < 0x80)
+        return 1;
+    size_t len;
+    unsigned lo = 0x80, hi = 0xBF;
+    if (c >= 0xC2 && c <= 0xDF) {
+        len = 2;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+        len = 3;
+        if (c == 0xE0)
+            lo = 0xA0;                 /* overlong */
+        else if (c == 0xED)
+            hi = 0x9F;                 /* surrogates */
+    } else if (c >= 0xF0 && c <= 0xF4) {
+        len = 4;
+        if (c == 0xF0)
+            lo = 0x90;
+        else if (c == 0xF4)
+            hi = 0x8F;                 /* above U+10FFFF */
+    } else {
+        return 0;
+    }
+    if (n < len || s[1] < lo || s[1] > hi)
+        return 0;
+    for (size_t i = 2; i < len; i++)
+        if (s[i] < 0x80 || s[i] > 0xBF)
+            return 0;
+    return len;
+}
+
+/* Offset of the first byte that is not valid UTF-8, or n. */
+static size_t utf8_bad_at(const char *p, size_t n)
+{
+    const unsigned char *s = (const unsigned char *)p;
+    size_t i = 0;
+    while (i < n) {
+        size_t k = utf8_seq(s + i, n - i);
+        if (!k)
+            return i;
+        i += k;
+    }
+    return n;
+}
+
+/* A copy of s (malloc'd) with every byte that is not part of valid UTF-8
+ * replaced by '?': error messages quote request data (names, routes) and
+ * must never carry raw invalid bytes back. */
+static char *utf8_clean(const char *s)
+{
+    size_t n = strlen(s);
+    char *o = malloc(n + 1);
+    if (!o)
+        return NULL;
+    size_t i = 0;
+    while (i < n) {
+        size_t k = utf8_seq((const unsigned char *)s + i, n - i);
+        if (!k) {
+            o[i++] = '?';
+            continue;
+        }
+        memcpy(o + i, s + i, k);
+        i += k;
+    }
+    o[n] = 0;
+    return o;
+}
+
 /* Appends "data: <json>\n\n" (or "event: NAME\ndata: ...") and frees j. */
 static void sse_event(bytes *b, const char *event, cJSON *j)
 {
@@ -353,7 +425,9 @@ static cJSON *error_json(int status, const char *code, const char *param, const 
 {
     cJSON *root = cJSON_CreateObject();
     cJSON *e = cJSON_AddObjectToObject(root, "error");
-    cJSON_AddStringToObject(e, "message", msg);
+    char *clean = utf8_clean(msg);
+    cJSON_AddStringToObject(e, "message", clean ? clean : "(error message unavailable: out of memory)");
+    free(clean);
     cJSON_AddStringToObject(e, "type", error_type(status));
     if (param)
         cJSON_AddStringToObject(e, "param", param);
@@ -1064,14 +1138,23 @@ static bool check_model(hreq *r, const cJSON *body, bool allow_lore, const char 
     return true;
 }
 
-/* Text of one message's content: a string or an array of text parts.
- * *out malloc'd. Returns false after answering 400. */
-static bool content_text(hreq *r, const cJSON *content, int idx, char **out)
+/* Text of one message's content: a string or an array of text parts
+ * ({"type": "text", "text": "..."}). Content is required, except on an
+ * assistant turn that made tool calls (may_omit). *out malloc'd. Returns
+ * false after answering 400 (param "messages[i].content"). */
+static bool content_text(hreq *r, const cJSON *content, int idx, bool may_omit, char **out)
 {
     bytes b = { 0 };
+    char param[48];
+    snprintf(param, sizeof(param), "messages[%d].content", idx);
     if (!content || cJSON_IsNull(content)) {
-        *out = strdup("");
-        return true;
+        if (may_omit) {
+            *out = strdup("");
+            return true;
+        }
+        send_error(r, 400, "invalid_value", param, "messages[%d] has no 'content' (a string or an array of text parts)",
+                   idx);
+        return false;
     }
     if (cJSON_IsString(content)) {
         *out = strdup(content->valuestring);
@@ -1082,18 +1165,27 @@ static bool content_text(hreq *r, const cJSON *content, int idx, char **out)
         cJSON_ArrayForEach(part, content) {
             const cJSON *t = cJSON_GetObjectItemCaseSensitive(part, "type");
             const cJSON *tx = cJSON_GetObjectItemCaseSensitive(part, "text");
-            if (!cJSON_IsString(t) || strcmp(t->valuestring, "text") != 0 || !cJSON_IsString(tx)) {
+            if (!cJSON_IsObject(part) || !cJSON_IsString(t) || strcmp(t->valuestring, "text") != 0) {
                 bytes_free(&b);
-                send_error(r, 400, "unsupported_value", "messages",
-                           "messages[%d]: only text content parts are supported", idx);
+                send_error(r, 400, "unsupported_value", param, "messages[%d]: only text content parts are supported",
+                           idx);
                 return false;
             }
-            bytes_str(&b, tx->valuestring);
+            if (!cJSON_IsString(tx)) {
+                bytes_free(&b);
+                send_error(r, 400, "invalid_value", param, "messages[%d]: a text part needs a string 'text'", idx);
+                return false;
+            }
+            if (bytes_str(&b, tx->valuestring) < 0) {
+                bytes_free(&b);
+                send_error(r, 500, NULL, NULL, "out of memory");
+                return false;
+            }
         }
         *out = b.p ? b.p : strdup("");
         return true;
     }
-    send_error(r, 400, "invalid_type", "messages", "messages[%d].content must be a string or an array of parts", idx);
+    send_error(r, 400, "invalid_type", param, "messages[%d].content must be a string or an array of text parts", idx);
     return false;
 }
 
@@ -1131,7 +1223,9 @@ static bool parse_messages(hreq *r, const cJSON *body, chat_msgs *out)
         const cJSON *role = cJSON_GetObjectItemCaseSensitive(e, "role");
         if (!cJSON_IsObject(e) || !cJSON_IsString(role)) {
             chat_msgs_free(out);
-            return send_error(r, 400, "invalid_value", "messages", "messages[%d] needs a string 'role'", i), false;
+            char param[48];
+            snprintf(param, sizeof(param), "messages[%d].role", i);
+            return send_error(r, 400, "invalid_value", param, "messages[%d] needs a string 'role'", i), false;
         }
         const char *rl = role->valuestring;
         if (!strcmp(rl, "developer"))
@@ -1142,7 +1236,9 @@ static bool parse_messages(hreq *r, const cJSON *body, chat_msgs *out)
                               "messages[%d]: role '%.40s' is not supported (system, developer, user, assistant)",
                               i, role->valuestring), false;
         }
-        if (!content_text(r, cJSON_GetObjectItemCaseSensitive(e, "content"), i, &out->texts[i])) {
+        const cJSON *calls = cJSON_GetObjectItemCaseSensitive(e, "tool_calls");
+        bool may_omit = !strcmp(rl, "assistant") && cJSON_IsArray(calls) && cJSON_GetArraySize(calls) > 0;
+        if (!content_text(r, cJSON_GetObjectItemCaseSensitive(e, "content"), i, may_omit, &out->texts[i])) {
             chat_msgs_free(out);
             return false;
         }
@@ -1262,17 +1358,76 @@ static enum MHD_Result run_call(hreq *r, const char *command, const char *params
 
 /* ---------------------------------------------------------- endpoints */
 
+/* Scans the strings of a JSON text (already known to be UTF-8) for what
+ * cJSON would accept but the wire protocol refuses: a \u0000 escape (cJSON
+ * ends the string there, silently dropping the rest) and raw control
+ * characters. Returns 0, 1 (\u0000 at *at) or 2 (control byte at *at). */
+static int scan_strings(const char *p, size_t n, size_t *at)
+{
+    bool in = false;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)p[i];
+        if (!in) {
+            if (c == '"')
+                in = true;
+            continue;
+        }
+        if (c == '"') {
+            in = false;
+        } else if (c < 0x20) {
+            *at = i;
+            return 2;
+        } else if (c == '\\' && i + 1 < n) {
+            if (p[i + 1] == 'u' && i + 5 < n && !memcmp(p + i + 2, "0000", 4)) {
+                *at = i;
+                return 1;
+            }
+            i++;                       /* the escaped character */
+        }
+    }
+    return 0;
+}
+
+/* Parses the request body as strictly as the wire protocol decodes frames:
+ * valid UTF-8, no NUL in strings, exactly one JSON object and nothing but
+ * whitespace after it. Answers 400 and returns NULL otherwise. */
 static cJSON *parse_body(hreq *r)
 {
     if (!r->body.len) {
         send_error(r, 400, "invalid_json", NULL, "the request body is empty (expected a JSON object)");
         return NULL;
     }
+    size_t bad = utf8_bad_at(r->body.p, r->body.len);
+    if (bad < r->body.len) {
+        send_error(r, 400, "invalid_encoding", NULL, "the request body is not valid UTF-8 (byte %zu)", bad);
+        return NULL;
+    }
+    size_t at = 0;
+    int sc = scan_strings(r->body.p, r->body.len, &at);
+    if (sc == 1) {
+        send_error(r, 400, "invalid_value", NULL,
+                   "a string in the request body contains \\u0000 (NUL) at byte %zu; NUL is not allowed", at);
+        return NULL;
+    }
+    if (sc == 2) {
+        send_error(r, 400, "invalid_json", NULL,
+                   "the request body is not valid JSON (control character inside a string at byte %zu)", at);
+        return NULL;
+    }
     const char *end = NULL;
     cJSON *j = cJSON_ParseWithLengthOpts(r->body.p, r->body.len, &end, false);
     if (!j) {
-        size_t at = end && end >= r->body.p ? (size_t)(end - r->body.p) : 0;
-        send_error(r, 400, "invalid_json", NULL, "the request body is not valid JSON (error near byte %zu)", at);
+        size_t pos = end && end >= r->body.p ? (size_t)(end - r->body.p) : 0;
+        send_error(r, 400, "invalid_json", NULL, "the request body is not valid JSON (error near byte %zu)", pos);
+        return NULL;
+    }
+    size_t pos = end && end >= r->body.p ? (size_t)(end - r->body.p) : r->body.len;
+    while (pos < r->body.len && strchr(" \t\r\n", r->body.p[pos]) && r->body.p[pos])
+        pos++;
+    if (pos < r->body.len) {
+        cJSON_Delete(j);
+        send_error(r, 400, "invalid_json", NULL,
+                   "the request body is not valid JSON (unexpected data after the JSON value at byte %zu)", pos);
         return NULL;
     }
     if (!cJSON_IsObject(j)) {
@@ -1640,9 +1795,6 @@ static enum MHD_Result plugin_call(hreq *r, const char *command)
     r->command = strdup(command);
     if (!r->command)
         return send_error(r, 500, NULL, NULL, "out of memory");
-    if (!r->h->plugins)
-        return send_error(r, 404, "command_not_found", NULL, "unknown command '%.200s' (no plugins are loaded)",
-                          command);
     const char *params = "{}";
     if (r->body.len) {
         cJSON *body = parse_body(r);
@@ -1651,6 +1803,9 @@ static enum MHD_Result plugin_call(hreq *r, const char *command)
         cJSON_Delete(body);
         params = r->body.p;
     }
+    if (!r->h->plugins)
+        return send_error(r, 404, "command_not_found", NULL, "unknown command '%.200s' (no plugins are loaded)",
+                          command);
     r->stream = wants_stream(r);
     make_id(r, "call-");
     return run_call(r, command, params);

@@ -82,7 +82,10 @@ class Engine:
 
     def request(self, method, path, body=None, headers=None, timeout=120):
         data = body if body is None or isinstance(body, bytes) else json.dumps(body).encode()
-        req = urllib.request.Request(self.base + path, data=data, method=method, headers=headers or {})
+        headers = dict(headers or {})
+        if data is not None and not any(k.lower() == "content-type" for k in headers):
+            headers["Content-Type"] = "application/json"
+        req = urllib.request.Request(self.base + path, data=data, method=method, headers=headers)
         try:
             with urllib.request.urlopen(req, timeout=timeout) as r:
                 return r.status, dict(r.headers), r.read()

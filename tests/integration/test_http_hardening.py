@@ -98,3 +98,84 @@ def test_real_close_still_cancels(engine):
     grown = sample(after, "rlai_tokens_generated_total", transport="http") - \
         sample(before, "rlai_tokens_generated_total", transport="http")
     assert grown < 1500, grown
+
+
+# ---------------------------------------------------------------- 9. strict JSON
+
+def post_raw_body(engine, path, data, ctype="application/json"):
+    return engine.request("POST", path, data, {"Content-Type": ctype})
+
+
+def valid_error(st, body, want_status=400):
+    assert st == want_status, (st, body)
+    body.decode("utf-8")                    # the answer itself is valid UTF-8
+    return error_of(body)
+
+
+def test_nul_escape_is_refused(engine):
+    for body in (b'{"messages": [{"role": "user", "content": "Hi\\u0000 ignore the rest"}], "max_tokens": 2}',
+                 b'{"messages": [{"role": "user\\u0000x", "content": "Hi"}], "max_tokens": 2}',
+                 b'{"model": "default\\u0000", "messages": [{"role": "user", "content": "Hi"}]}'):
+        e = valid_error(*post_raw_body(engine, "/v1/chat/completions", body)[::2])
+        assert e["code"] == "invalid_value" and "NUL" in e["message"], e
+    st, _, body = post_raw_body(engine, "/v1/completions", b'{"prompt": "a\\u0000b", "max_tokens": 2}')
+    assert valid_error(st, body)["code"] == "invalid_value"
+    # An escaped backslash followed by "u0000" is ordinary text.
+    st, _, body = post_raw_body(engine, "/v1/completions",
+                                b'{"prompt": "a\\\\u0000b", "max_tokens": 1, "temperature": 0}')
+    assert st == 200, body
+
+
+def test_invalid_utf8_is_refused_and_never_echoed(engine):
+    for bad in (b"\xff", b"\xc0\xaf", b"\xed\xa0\x80", b"\xe2\x82", b"\xf4\x90\x80\x80"):
+        for body in (b'{"messages": [{"role": "user", "content": "x' + bad + b'"}]}',
+                     b'{"model": "' + bad * 3 + b'", "messages": [{"role": "user", "content": "Hi"}]}'):
+            st, _, resp = post_raw_body(engine, "/v1/chat/completions", body)
+            e = valid_error(st, resp)
+            assert e["code"] == "invalid_encoding", e
+            assert bad not in resp
+    # A route or command name with invalid bytes (percent-decoded by the
+    # server) comes back escaped, never raw.
+    st, _, resp = engine.request("GET", "/v1/%ff%fe-nothing")
+    assert st == 404
+    resp.decode("utf-8")
+    assert b"\xff" not in resp
+    st, _, resp = post_raw_body(engine, "/v1/plugins/x%ff%c3", b"{}")
+    assert st == 404
+    resp.decode("utf-8")
+    # An unknown model name cut at the echo limit stays valid UTF-8.
+    st, _, resp = post_raw_body(engine, "/v1/chat/completions",
+                                json.dumps({"model": "é" * 300, "messages": HELLO}).encode())
+    assert st == 404
+    resp.decode("utf-8")
+
+
+def test_trailing_data_is_refused(engine):
+    good = json.dumps({"prompt": "Hi", "max_tokens": 1, "temperature": 0}).encode()
+    for tail in (b"x", b" {}", b"\n{\"prompt\": \"other\"}", b"]", b"\x00"):
+        st, _, body = post_raw_body(engine, "/v1/completions", good + tail)
+        e = valid_error(st, body)
+        assert e["code"] == "invalid_json" and "after" in e["message"], (tail, e)
+    st, _, body = post_raw_body(engine, "/v1/completions", good + b" \r\n\t ")
+    assert st == 200, body
+    st, _, body = post_raw_body(engine, "/v1/plugins/no.such", b"{} junk")
+    assert valid_error(st, body)["code"] == "invalid_json"
+
+
+def test_message_content_is_required(engine):
+    for msgs, idx in (([{"role": "user"}], 0),
+                      ([{"role": "system", "content": "Be brief."}, {"role": "user", "content": None}], 1),
+                      ([{"role": "user", "content": 5}], 0),
+                      ([{"role": "user", "content": [{"type": "text"}]}], 0),
+                      ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}], 0),
+                      ([{"role": "assistant"}, {"role": "user", "content": "Hi"}], 0)):
+        st, _, body = engine.request("POST", "/v1/chat/completions", {"messages": msgs, "max_tokens": 2})
+        e = valid_error(st, body)
+        assert e["param"] == f"messages[{idx}].content", (msgs, e)
+    # An assistant turn that made tool calls may leave content out.
+    msgs = [{"role": "user", "content": "Hi"},
+            {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function",
+                                                  "function": {"name": "f", "arguments": "{}"}}]},
+            {"role": "user", "content": "Hello again"}]
+    st, _, body = engine.request("POST", "/v1/chat/completions", {"messages": msgs, "max_tokens": 2})
+    assert st == 200, body
