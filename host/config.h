@@ -8,6 +8,8 @@
  *     "limits": { "max_frame_bytes": 4194304, "max_prompt_tokens": 4096,
  *                 "max_inflight_per_client": 8, "max_inflight_total": 64 },
  *     "prefix_cache": true,
+ *     "http": { "cors_origins": ["https://app.example"], "max_connections": 256,
+ *               "max_connections_per_ip": 64, "header_timeout_s": 10 },
  *     "plugins": { "dir": "PATH", "enabled": true, "workers": 4,
  *                  "config": { "<plugin>": { overrides of its manifest config } } } }
  * An endpoint set to "" (or null) is disabled.
@@ -42,6 +44,12 @@ typedef struct rlai_config {
     bool plugins_off;        /* "plugins": {"enabled": false} / --no-plugins */
     int plugin_workers;      /* "plugins": {"workers"}; 0 = 4 */
     char *plugin_config;     /* "plugins": {"config": {...}} as JSON text, or NULL */
+    /* "http": {...}, the HTTP front (docs/SERVE.md) */
+    char **cors_origins;     /* "cors_origins" / --cors-origin: browser origins allowed (malloc'd) */
+    int n_cors_origins;
+    int http_max_connections;        /* "max_connections" / --max-connections */
+    int http_max_connections_per_ip; /* "max_connections_per_ip" / --max-connections-per-ip */
+    int http_header_timeout_s;       /* "header_timeout_s" / --header-timeout */
 } rlai_config;
 
 /* Fills defaults: default model path, default private endpoints, limits.
@@ -59,6 +67,12 @@ int rlai_config_load_json(rlai_config *c, const char *json, char *err, size_t er
 /* Checks the final values: positive limits, loopback-only TCP unless
  * allow_remote. Returns 0 or RLAI_ERR_INVALID_ARG with a message. */
 int rlai_config_validate(const rlai_config *c, char *err, size_t errlen);
+
+/* Appends a copy of origin to c->cors_origins. Returns 0 or RLAI_ERR_NOMEM. */
+int rlai_config_add_cors_origin(rlai_config *c, const char *origin);
+
+/* Empties c->cors_origins. */
+void rlai_config_clear_cors_origins(rlai_config *c);
 
 /* Replaces a string field (copies s; NULL or "" disables). */
 int rlai_config_set_str(char **field, const char *s);

@@ -218,7 +218,10 @@ struct rlai_http {
     int max_prompt_tokens;
     int max_inflight;
     bool allow_remote;
+    bool bound_loopback;         /* the listening address is loopback: check Host */
     bool quiet;
+    char **cors;                 /* allowed browser origins (exact, no trailing '/') */
+    int n_cors;
     char *model_id;
     double t_start;
     long long created;           /* wall clock at start, for "created" fields */
@@ -244,6 +247,7 @@ struct hreq {
     bool too_large;
     bool answered;
     const char *allow;           /* Allow header of a 405 */
+    const char *cors_origin;     /* the request's Origin when allowed (points into h->cors) */
 
     /* what it is */
     req_kind kind;
@@ -413,7 +417,7 @@ static bool wait_progress(hreq *r)
 static const char *error_type(int status)
 {
     switch (status) {
-    case 400: case 404: case 405: case 413: return "invalid_request_error";
+    case 400: case 404: case 405: case 413: case 415: case 421: return "invalid_request_error";
     case 403: return "permission_error";
     case 429: return "rate_limit_error";
     case 501: return "not_implemented_error";
@@ -440,6 +444,16 @@ static cJSON *error_json(int status, const char *code, const char *param, const 
     return root;
 }
 
+/* CORS on every answer: the exact allowed origin (never "*", and no
+ * credentials), and Vary: Origin whenever the answer depends on it. */
+static void add_cors(hreq *r, struct MHD_Response *resp)
+{
+    if (r->h->n_cors)
+        MHD_add_response_header(resp, "Vary", "Origin");
+    if (r->cors_origin)
+        MHD_add_response_header(resp, "Access-Control-Allow-Origin", r->cors_origin);
+}
+
 static enum MHD_Result send_json(hreq *r, int status, cJSON *j)
 {
     char *s = j ? cJSON_PrintUnformatted(j) : NULL;
@@ -455,6 +469,7 @@ static enum MHD_Result send_json(hreq *r, int status, cJSON *j)
     MHD_add_response_header(resp, "Content-Type", "application/json");
     if (status == 405 && r->allow)
         MHD_add_response_header(resp, "Allow", r->allow);
+    add_cors(r, resp);
     enum MHD_Result rc = MHD_queue_response(r->conn, (unsigned)status, resp);
     MHD_destroy_response(resp);
     rlai_metrics_count_http_status(r->h->metrics, status);
@@ -482,6 +497,7 @@ static enum MHD_Result send_text(hreq *r, int status, const char *ctype, char *t
         return MHD_NO;
     }
     MHD_add_response_header(resp, "Content-Type", ctype);
+    add_cors(r, resp);
     enum MHD_Result rc = MHD_queue_response(r->conn, (unsigned)status, resp);
     MHD_destroy_response(resp);
     rlai_metrics_count_http_status(r->h->metrics, status);
@@ -898,6 +914,7 @@ static enum MHD_Result start_stream(hreq *r)
     MHD_add_response_header(resp, "Content-Type", "text/event-stream");
     MHD_add_response_header(resp, "Cache-Control", "no-cache");
     MHD_add_response_header(resp, "X-Accel-Buffering", "no");
+    add_cors(r, resp);
     enum MHD_Result rc = MHD_queue_response(r->conn, MHD_HTTP_OK, resp);
     MHD_destroy_response(resp);
     rlai_metrics_count_http_status(r->h->metrics, 200);
@@ -1817,8 +1834,8 @@ static enum MHD_Result plugin_call(hreq *r, const char *command)
  * page must not be able to reach the model by rebinding its own name. */
 static bool host_allowed(hreq *r)
 {
-    if (r->h->allow_remote)
-        return true;
+    if (!r->h->bound_loopback)
+        return true;                   /* a public bind answers to any name */
     const char *host = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "Host");
     if (!host)
         return true;                   /* HTTP/1.0 without Host */
@@ -1853,6 +1870,58 @@ static bool host_allowed(hreq *r)
     return false;
 }
 
+/* The Origin header against the allowed list; NULL when not allowed. */
+static const char *cors_match(const rlai_http *h, const char *origin)
+{
+    for (int i = 0; i < h->n_cors; i++)
+        if (!strcasecmp(h->cors[i], origin))
+            return h->cors[i];
+    return NULL;
+}
+
+/* Content-Type is application/json, parameters (charset) allowed. A
+ * browser can send text/plain, form data and multipart across origins
+ * without asking first (a CORS "simple request"); application/json needs
+ * a preflight, which only allowed origins pass. */
+static bool json_content_type(hreq *r)
+{
+    const char *ct = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "Content-Type");
+    if (!ct)
+        return false;
+    ct += strspn(ct, " \t");
+    size_t n = strlen("application/json");
+    if (strncasecmp(ct, "application/json", n) != 0)
+        return false;
+    char c = ct[n];
+    return c == 0 || c == ';' || c == ' ' || c == '\t';
+}
+
+#define CORS_METHODS "GET, POST, OPTIONS"
+#define CORS_HEADERS "Authorization, Content-Type"
+#define CORS_MAX_AGE "600"
+
+/* OPTIONS: a CORS preflight (from an allowed origin: route() refused the
+ * others) or a plain query of the methods. */
+static enum MHD_Result options(hreq *r)
+{
+    struct MHD_Response *resp = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
+    if (!resp)
+        return MHD_NO;
+    const char *acrm = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "Access-Control-Request-Method");
+    add_cors(r, resp);
+    if (acrm && r->cors_origin) {
+        MHD_add_response_header(resp, "Access-Control-Allow-Methods", CORS_METHODS);
+        MHD_add_response_header(resp, "Access-Control-Allow-Headers", CORS_HEADERS);
+        MHD_add_response_header(resp, "Access-Control-Max-Age", CORS_MAX_AGE);
+    }
+    MHD_add_response_header(resp, "Allow", CORS_METHODS);
+    enum MHD_Result rc = MHD_queue_response(r->conn, MHD_HTTP_NO_CONTENT, resp);
+    MHD_destroy_response(resp);
+    rlai_metrics_count_http_status(r->h->metrics, 204);
+    r->answered = true;
+    return rc;
+}
+
 static enum MHD_Result route(hreq *r, const char *url, const char *method)
 {
     bool get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
@@ -1863,10 +1932,31 @@ static enum MHD_Result route(hreq *r, const char *url, const char *method)
         return send_error(r, 403, "host_not_allowed", NULL,
                           "this server answers only to localhost names (Host header refused)");
     }
+    const char *origin = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "Origin");
+    if (origin) {
+        /* A browser page on another site: only the origins given with
+         * --cors-origin / http.cors_origins may use the engine. */
+        r->cors_origin = cors_match(r->h, origin);
+        if (!r->cors_origin) {
+            rlai_metrics_count_request(r->h->metrics, ep, "http");
+            return send_error(r, 403, "origin_not_allowed", NULL,
+                              "requests from the web origin '%.200s' are not allowed (allow it with --cors-origin "
+                              "or http.cors_origins)", origin);
+        }
+    }
+    if (!strcmp(method, "OPTIONS")) {
+        rlai_metrics_count_request(r->h->metrics, ep, "http");
+        return options(r);
+    }
     if (r->too_large) {
         rlai_metrics_count_request(r->h->metrics, ep, "http");
         return send_error(r, 413, "request_too_large", NULL, "the request body is larger than the limit of %zu bytes",
                           r->h->max_body);
+    }
+    if (post && !json_content_type(r)) {
+        rlai_metrics_count_request(r->h->metrics, ep, "http");
+        return send_error(r, 415, "unsupported_media_type", NULL,
+                          "POST bodies must be sent with Content-Type: application/json");
     }
     struct { const char *path; const char *ep; bool get, post; } routes[] = {
         { "/v1/chat/completions", "chat_completions", false, true },
@@ -2016,7 +2106,7 @@ static bool addr_is_loopback(const struct sockaddr *sa)
 
 /* Creates the listening socket for "ADDR:PORT". Returns the fd or a
  * negative error with a message. */
-static int open_listener(const char *bind_s, bool allow_remote, bool *v6, char *err, size_t errlen)
+static int open_listener(const char *bind_s, bool allow_remote, bool *v6, bool *loopback, char *err, size_t errlen)
 {
     char host[256];
     const char *colon;
@@ -2052,7 +2142,8 @@ static int open_listener(const char *bind_s, bool allow_remote, bool *v6, char *
             pick = a;
             break;
         }
-    if (!allow_remote && !addr_is_loopback(pick->ai_addr)) {
+    *loopback = addr_is_loopback(pick->ai_addr);
+    if (!allow_remote && !*loopback) {
         freeaddrinfo(res);
         return fail(err, errlen, RLAI_ERR_INVALID_ARG,
                     "http: %s is not a loopback address; set endpoints.allow_remote (or --allow-remote) "
@@ -2106,6 +2197,7 @@ int rlai_http_start(const rlai_http_params *p, rlai_http **out, char *err, size_
     h->max_inflight = p->max_inflight > 0 ? p->max_inflight : 64;
     h->allow_remote = p->allow_remote;
     h->quiet = p->quiet;
+
     h->t_start = now_s();
     h->created = (long long)time(NULL);
     rlai_model_info info;
@@ -2121,8 +2213,31 @@ int rlai_http_start(const rlai_http_params *p, rlai_http **out, char *err, size_
         rlai_http_stop(&h);
         return RLAI_ERR_NOMEM;
     }
+    if (p->n_cors_origins > 0) {
+        h->cors = calloc((size_t)p->n_cors_origins, sizeof(char *));
+        if (!h->cors) {
+            rlai_http_stop(&h);
+            return RLAI_ERR_NOMEM;
+        }
+        for (int i = 0; i < p->n_cors_origins; i++) {
+            const char *o = p->cors_origins[i];
+            if (!rlai_http_origin_valid(o)) {
+                rlai_http_stop(&h);
+                return fail(err, errlen, RLAI_ERR_INVALID_ARG,
+                            "http: CORS origin '%.200s' must be scheme://host[:port] (no path, no '*')",
+                            o ? o : "(null)");
+            }
+            size_t n = strlen(o);
+            if (o[n - 1] == '/')
+                n--;
+            if (!(h->cors[h->n_cors++] = strndup(o, n))) {
+                rlai_http_stop(&h);
+                return RLAI_ERR_NOMEM;
+            }
+        }
+    }
     bool v6 = false;
-    int fd = open_listener(p->bind, p->allow_remote, &v6, err, errlen);
+    int fd = open_listener(p->bind, p->allow_remote, &v6, &h->bound_loopback, err, errlen);
     if (fd < 0) {
         rlai_http_stop(&h);
         return fd;
@@ -2152,6 +2267,31 @@ int rlai_http_start(const rlai_http_params *p, rlai_http **out, char *err, size_
     h->listen_fd = -1;                 /* owned by libmicrohttpd until quiesced */
     *out = h;
     return 0;
+}
+
+bool rlai_http_origin_valid(const char *o)
+{
+    if (!o)
+        return false;
+    const char *rest;
+    if (!strncasecmp(o, "http://", 7))
+        rest = o + 7;
+    else if (!strncasecmp(o, "https://", 8))
+        rest = o + 8;
+    else
+        return false;
+    size_t n = strlen(rest);
+    if (n && rest[n - 1] == '/')
+        n--;                           /* "http://app.example/" is accepted as the origin */
+    if (n == 0 || n > 255)
+        return false;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)rest[i];
+        if (!(c == '.' || c == '-' || c == ':' || c == '[' || c == ']' || c == '_' || (c >= '0' && c <= '9') ||
+              (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')))
+            return false;
+    }
+    return true;
 }
 
 int rlai_http_port(const rlai_http *h)
@@ -2216,6 +2356,9 @@ void rlai_http_stop(rlai_http **self_p)
         return;
     }
     free(h->model_id);
+    for (int i = 0; i < h->n_cors; i++)
+        free(h->cors[i]);
+    free(h->cors);
     pthread_cond_destroy(&h->cv);
     pthread_mutex_destroy(&h->mu);
     free(h);

@@ -31,6 +31,11 @@
 
 typedef struct rlai_http rlai_http;
 
+/* Defaults of the connection limits (docs/SERVE.md, "Connection limits"). */
+#define RLAI_HTTP_DEFAULT_MAX_CONNECTIONS 256
+#define RLAI_HTTP_DEFAULT_MAX_PER_IP 64
+#define RLAI_HTTP_DEFAULT_HEADER_TIMEOUT_S 10
+
 typedef struct rlai_http_params {
     const char *bind;             /* "ADDR:PORT": "127.0.0.1:5676", "localhost:8080",
                                      "[::1]:5676", "0.0.0.0:80"; port 0 = any free port */
@@ -43,6 +48,11 @@ typedef struct rlai_http_params {
     int max_prompt_tokens;        /* 400 context_length_exceeded above; 0 = engine context */
     int max_inflight;             /* generations + plugin calls at once (429 above); 0 = 64 */
     int max_connections;          /* simultaneous connections; 0 = 256 */
+    const char *const *cors_origins; /* browser origins allowed to call ("https://app.example:8443");
+                                     a request with any other Origin header gets 403 */
+    int n_cors_origins;
+    int max_connections_per_ip;   /* connections from one client address; 0 = 64 */
+    int header_timeout_s;         /* time to send a whole request (headers and body); 0 = 10 */
     bool quiet;                   /* no per-request log lines (errors still go to stderr) */
 } rlai_http_params;
 
@@ -53,6 +63,11 @@ typedef struct rlai_http_params {
  * RLAI_ERR_BUSY (address in use), RLAI_ERR_IO (other bind failures).
  * *out owned by the caller (rlai_http_stop). */
 int rlai_http_start(const rlai_http_params *p, rlai_http **out, char *err, size_t errlen);
+
+/* True when o is a usable CORS origin: http:// or https:// followed by a
+ * host and an optional port, nothing else (no path, no "*"); one trailing
+ * '/' is tolerated and dropped. */
+bool rlai_http_origin_valid(const char *o);
 
 /* The TCP port actually bound (useful with port 0). */
 int rlai_http_port(const rlai_http *h);

@@ -179,3 +179,103 @@ def test_message_content_is_required(engine):
             {"role": "user", "content": "Hello again"}]
     st, _, body = engine.request("POST", "/v1/chat/completions", {"messages": msgs, "max_tokens": 2})
     assert st == 200, body
+
+
+# ---------------------------------------------------------------- 3. cross-site requests, CORS
+
+APP = "http://app.example:3000"
+CHAT = {"messages": HELLO, "max_tokens": 2, "temperature": 0}
+
+
+@pytest.fixture(scope="module")
+def cors_engine(tmp_path_factory):
+    # --allow-remote on a loopback bind: the Host check must still apply.
+    e = Engine(tmp_path_factory.mktemp("cors"),
+               extra=("--cors-origin", APP, "--cors-origin", "https://other.example", "--allow-remote"))
+    yield e
+    rc = e.stop()
+    assert rc == 0, e.read_log()
+
+
+def test_post_needs_json_content_type(engine):
+    body = json.dumps(CHAT).encode()
+    before = engine.get_json("/health")
+    for ctype in ("text/plain", "text/plain;charset=UTF-8", "application/x-www-form-urlencoded",
+                  "multipart/form-data; boundary=x", "application/jsonx", ""):
+        for path in ("/v1/chat/completions", "/v1/completions", "/v1/plugins/good.echo"):
+            st, _, resp = engine.request("POST", path, body, {"Content-Type": ctype})
+            e = valid_error(st, resp, 415)
+            assert e["code"] == "unsupported_media_type" and e["type"] == "invalid_request_error", e
+    # No Content-Type at all (urllib would add one: a raw socket).
+    s = raw_post(engine.port, "/v1/chat/completions", body, headers=b"Connection: close\r\n")
+    raw = read_all(s, 30)
+    s.close()
+    assert raw.startswith(b"HTTP/1.1 415"), raw[:100]
+    # Nothing ran.
+    assert engine.get_json("/health")["running"] == before["running"] == 0
+    for ctype in ("application/json", "application/json; charset=utf-8", "Application/JSON;charset=UTF-8"):
+        st, _, resp = engine.request("POST", "/v1/chat/completions", body, {"Content-Type": ctype})
+        assert st == 200, (ctype, resp)
+
+
+def test_foreign_origin_is_refused(engine):
+    body = json.dumps(CHAT).encode()
+    for origin in ("http://evil.example", "null", "http://127.0.0.1:1", "http://localhost"):
+        for method, path, data in (("POST", "/v1/chat/completions", body), ("GET", "/v1/models", None),
+                                   ("GET", "/health", None), ("OPTIONS", "/v1/chat/completions", None)):
+            st, hdr, resp = engine.request(method, path, data, {"Origin": origin,
+                                                                "Access-Control-Request-Method": "POST"})
+            e = valid_error(st, resp, 403)
+            assert e["code"] == "origin_not_allowed", (origin, method, path, e)
+            assert "Access-Control-Allow-Origin" not in hdr
+
+
+def test_cors_preflight_and_headers(cors_engine):
+    e = cors_engine
+    for path in ("/v1/chat/completions", "/v1/plugins/x.y", "/v1/models"):
+        st, hdr, body = e.request("OPTIONS", path, None, {
+            "Origin": APP, "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization, content-type"})
+        assert st == 204, (path, st, body)
+        assert hdr["Access-Control-Allow-Origin"] == APP
+        assert "POST" in hdr["Access-Control-Allow-Methods"] and "GET" in hdr["Access-Control-Allow-Methods"]
+        allowed = {h.strip().lower() for h in hdr["Access-Control-Allow-Headers"].split(",")}
+        assert {"authorization", "content-type"} <= allowed
+        assert int(hdr["Access-Control-Max-Age"]) > 0
+        assert "origin" in hdr["Vary"].lower()
+        assert "Access-Control-Allow-Credentials" not in hdr
+    # A preflight from an origin not on the list: refused, no CORS headers.
+    st, hdr, _ = e.request("OPTIONS", "/v1/chat/completions", None,
+                           {"Origin": "http://evil.example", "Access-Control-Request-Method": "POST"})
+    assert st == 403 and "Access-Control-Allow-Origin" not in hdr
+    # The actual requests carry the exact origin (JSON, errors and SSE).
+    body = json.dumps(CHAT).encode()
+    st, hdr, _ = e.request("POST", "/v1/chat/completions", body, {"Origin": APP})
+    assert st == 200 and hdr["Access-Control-Allow-Origin"] == APP and "origin" in hdr["Vary"].lower()
+    st, hdr, _ = e.request("POST", "/v1/chat/completions", b"{", {"Origin": "https://other.example"})
+    assert st == 400 and hdr["Access-Control-Allow-Origin"] == "https://other.example"
+    st, hdr, _ = e.request("POST", "/v1/chat/completions", body, {"Origin": APP, "Content-Type": "text/plain"})
+    assert st == 415
+    st, hdr, sse = e.request("POST", "/v1/chat/completions",
+                             json.dumps(dict(CHAT, stream=True)).encode(), {"Origin": APP})
+    assert st == 200 and hdr["Content-Type"] == "text/event-stream"
+    assert hdr["Access-Control-Allow-Origin"] == APP and sse.endswith(b"data: [DONE]\n\n")
+    st, hdr, _ = e.request("GET", "/v1/models", None, {"Origin": APP})
+    assert st == 200 and hdr["Access-Control-Allow-Origin"] == APP
+    # Without an Origin (curl, the SDK): served, no CORS header.
+    st, hdr, _ = e.request("GET", "/v1/models")
+    assert st == 200 and "Access-Control-Allow-Origin" not in hdr
+    # Other origins are still refused.
+    st, _, resp = e.request("POST", "/v1/chat/completions", body, {"Origin": "http://app.example"})
+    assert valid_error(st, resp, 403)["code"] == "origin_not_allowed"
+
+
+def test_host_check_follows_the_bound_address(cors_engine):
+    """--allow-remote does not switch the DNS-rebinding guard off while the
+    front is bound to a loopback address."""
+    for host in ("evil.example", f"evil.example:{cors_engine.port}"):
+        st, _, resp = cors_engine.request("GET", "/health", headers={"Host": host})
+        assert valid_error(st, resp, 403)["code"] == "host_not_allowed"
+    for host in ("localhost", f"127.0.0.1:{cors_engine.port}", "[::1]"):
+        st, _, _ = cors_engine.request("GET", "/health", headers={"Host": host})
+        assert st == 200, host
