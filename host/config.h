@@ -9,7 +9,7 @@
  *                 "max_inflight_per_client": 8, "max_inflight_total": 64 },
  *     "prefix_cache": true,
  *     "http": { "cors_origins": ["https://app.example"], "max_connections": 256,
- *               "max_connections_per_ip": 64, "header_timeout_s": 10 },
+ *               "max_connections_per_ip": 64 },
  *     "plugins": { "dir": "PATH", "enabled": true, "workers": 4,
  *                  "config": { "<plugin>": { overrides of its manifest config } } } }
  * An endpoint set to "" (or null) is disabled.
@@ -49,7 +49,6 @@ typedef struct rlai_config {
     int n_cors_origins;
     int http_max_connections;        /* "max_connections" / --max-connections */
     int http_max_connections_per_ip; /* "max_connections_per_ip" / --max-connections-per-ip */
-    int http_header_timeout_s;       /* "header_timeout_s" / --header-timeout */
 } rlai_config;
 
 /* Fills defaults: default model path, default private endpoints, limits.

@@ -2254,7 +2254,11 @@ int rlai_http_start(const rlai_http_params *p, rlai_http **out, char *err, size_
                               MHD_OPTION_EXTERNAL_LOGGER, mhd_log, h,
                               MHD_OPTION_LISTEN_SOCKET, (MHD_socket)fd,
                               MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
-                              MHD_OPTION_CONNECTION_LIMIT, (unsigned)(p->max_connections > 0 ? p->max_connections : 256),
+                              MHD_OPTION_CONNECTION_LIMIT,
+                              (unsigned)(p->max_connections > 0 ? p->max_connections : RLAI_HTTP_DEFAULT_MAX_CONNECTIONS),
+                              MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+                              (unsigned)(p->max_connections_per_ip > 0 ? p->max_connections_per_ip
+                                                                       : RLAI_HTTP_DEFAULT_MAX_PER_IP),
                               MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120,
                               MHD_OPTION_END);
     if (!h->mhd) {

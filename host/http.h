@@ -17,7 +17,14 @@
  * into SSE chunks or one JSON body. A client that disconnects has its
  * engine request (or plugin call) cancelled: the connection thread watches
  * the socket for a hang-up while it waits, and a failed write ends the
- * request through libmicrohttpd's completion callback.
+ * request through libmicrohttpd's completion callback. A half-close
+ * (shutdown(SHUT_WR)) is not a disconnect: a FIN is probed with one write
+ * (an SSE comment, or an interim 100 Continue) and only a reset cancels.
+ *
+ * Guards: POST bodies must be application/json (415), strict JSON (UTF-8,
+ * no \u0000, no trailing data), a request whose Origin is not in
+ * cors_origins gets 403, and the Host header must be a loopback name while
+ * the bind address is loopback (docs/SERVE.md, "Browser access and CORS").
  */
 #ifndef RLAI_HOST_HTTP_H
 #define RLAI_HOST_HTTP_H
@@ -34,7 +41,7 @@ typedef struct rlai_http rlai_http;
 /* Defaults of the connection limits (docs/SERVE.md, "Connection limits"). */
 #define RLAI_HTTP_DEFAULT_MAX_CONNECTIONS 256
 #define RLAI_HTTP_DEFAULT_MAX_PER_IP 64
-#define RLAI_HTTP_DEFAULT_HEADER_TIMEOUT_S 10
+
 
 typedef struct rlai_http_params {
     const char *bind;             /* "ADDR:PORT": "127.0.0.1:5676", "localhost:8080",
@@ -52,7 +59,6 @@ typedef struct rlai_http_params {
                                      a request with any other Origin header gets 403 */
     int n_cors_origins;
     int max_connections_per_ip;   /* connections from one client address; 0 = 64 */
-    int header_timeout_s;         /* time to send a whole request (headers and body); 0 = 10 */
     bool quiet;                   /* no per-request log lines (errors still go to stderr) */
 } rlai_http_params;
 

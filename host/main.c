@@ -588,7 +588,7 @@ static void serve_usage(FILE *f)
         "                             repeatable (default: none; any other Origin gets 403)\n"
         "      --max-connections N    HTTP connections at once (default 256)\n"
         "      --max-connections-per-ip N  HTTP connections per client address (default 64)\n"
-        "      --header-timeout S     seconds a client has to send a whole HTTP request (default 10)\n"
+
         "      --max-frame-bytes N, --max-prompt-tokens N,\n"
         "      --max-inflight-client N, --max-inflight-total N\n"
         "      --plugins DIR          load every plugin folder in DIR (default: <exe>/../plugins)\n"
@@ -601,7 +601,7 @@ static int cmd_serve(int argc, char **argv)
 {
     enum { S_CONFIG = 300, S_KV, S_ZMQ, S_ZMQ_TCP, S_PIPE, S_REMOTE, S_FRAME, S_PROMPT, S_CLIENT, S_TOTAL,
            S_KVTYPE, S_HTTP, S_PLUGINS, S_NO_PLUGINS, S_PLUGIN_WORKERS, S_NO_PREFIX, S_CORS, S_MAXCONN,
-           S_MAXCONN_IP, S_HDR_TIMEOUT };
+           S_MAXCONN_IP };
     static const struct option opts[] = {
         { "config", required_argument, 0, S_CONFIG }, { "model", required_argument, 0, 'm' },
         { "threads", required_argument, 0, 't' }, { "ctx", required_argument, 0, 'c' },
@@ -615,7 +615,6 @@ static int cmd_serve(int argc, char **argv)
         { "cors-origin", required_argument, 0, S_CORS },
         { "max-connections", required_argument, 0, S_MAXCONN },
         { "max-connections-per-ip", required_argument, 0, S_MAXCONN_IP },
-        { "header-timeout", required_argument, 0, S_HDR_TIMEOUT },
         { "plugins", required_argument, 0, S_PLUGINS }, { "no-plugins", no_argument, 0, S_NO_PLUGINS },
         { "plugin-workers", required_argument, 0, S_PLUGIN_WORKERS },
         { "no-prefix-cache", no_argument, 0, S_NO_PREFIX },
@@ -663,7 +662,6 @@ static int cmd_serve(int argc, char **argv)
             break;
         case S_MAXCONN: bad |= parse_int(optarg, 1, 65536, &cfg.http_max_connections); break;
         case S_MAXCONN_IP: bad |= parse_int(optarg, 1, 65536, &cfg.http_max_connections_per_ip); break;
-        case S_HDR_TIMEOUT: bad |= parse_int(optarg, 1, 3600, &cfg.http_header_timeout_s); break;
         case S_REMOTE: cfg.allow_remote = true; break;
         case S_FRAME: bad |= parse_int(optarg, 64, (int)RLAI_PROTO_MAX_FRAME, &v); cfg.max_frame = (size_t)v; break;
         case S_PROMPT: bad |= parse_int(optarg, 1, 1 << 20, &cfg.max_prompt_tokens); break;

@@ -139,15 +139,13 @@ START_TEST(http_section)
     ck_assert_int_eq(c.n_cors_origins, 0);
     ck_assert_int_eq(c.http_max_connections, 256);
     ck_assert_int_eq(c.http_max_connections_per_ip, 64);
-    ck_assert_int_eq(c.http_header_timeout_s, 10);
     const char *good = "{\"http\":{\"cors_origins\":[\"https://app.example:8443\",\"http://localhost:3000/\"],"
-                       "\"max_connections\":100,\"max_connections_per_ip\":10,\"header_timeout_s\":3}}";
+                       "\"max_connections\":100,\"max_connections_per_ip\":10}}";
     ck_assert_int_eq(rlai_config_load_json(&c, good, err, sizeof(err)), 0);
     ck_assert_int_eq(c.n_cors_origins, 2);
     ck_assert_str_eq(c.cors_origins[0], "https://app.example:8443");
     ck_assert_int_eq(c.http_max_connections, 100);
     ck_assert_int_eq(c.http_max_connections_per_ip, 10);
-    ck_assert_int_eq(c.http_header_timeout_s, 3);
     ck_assert_int_eq(rlai_config_validate(&c, err, sizeof(err)), 0);
     /* A second list replaces the first. */
     ck_assert_int_eq(rlai_config_load_json(&c, "{\"http\":{\"cors_origins\":[\"http://a.example\"]}}", err,
@@ -166,7 +164,7 @@ START_TEST(http_section)
         { "{\"http\":{\"cors_origins\":\"https://a.example\"}}", "http.cors_origins" },
         { "{\"http\":{\"cors_origins\":[5]}}", "http.cors_origins" },
         { "{\"http\":{\"max_connections\":0}}", "http.max_connections" },
-        { "{\"http\":{\"header_timeout_s\":\"5\"}}", "http.header_timeout_s" },
+        { "{\"http\":{\"max_connections_per_ip\":\"5\"}}", "http.max_connections_per_ip" },
         { "{\"http\":{\"api\":1}}", "http.api" },
         { "{\"http\":[]}", "http" },
     };
