@@ -1,5 +1,6 @@
 /* config.c - daemon configuration (see config.h). */
 #include "config.h"
+#include "http.h"
 #include "rlai/client.h"
 #include "rlai/error.h"
 #include "rlai/protocol.h"
@@ -54,7 +55,30 @@ int rlai_config_defaults(rlai_config *c, const char *default_model)
     c->max_inflight_total = 64;
     c->plugin_call_timeout_s = 60;
     c->shutdown_timeout_s = 5;
+    c->http_max_connections = RLAI_HTTP_DEFAULT_MAX_CONNECTIONS;
+    c->http_max_connections_per_ip = RLAI_HTTP_DEFAULT_MAX_PER_IP;
     return rc;
+}
+
+int rlai_config_add_cors_origin(rlai_config *c, const char *origin)
+{
+    char **n = realloc(c->cors_origins, sizeof(char *) * (size_t)(c->n_cors_origins + 1));
+    if (!n)
+        return RLAI_ERR_NOMEM;
+    c->cors_origins = n;
+    if (!(n[c->n_cors_origins] = strdup(origin ? origin : "")))
+        return RLAI_ERR_NOMEM;
+    c->n_cors_origins++;
+    return 0;
+}
+
+void rlai_config_clear_cors_origins(rlai_config *c)
+{
+    for (int i = 0; i < c->n_cors_origins; i++)
+        free(c->cors_origins[i]);
+    free(c->cors_origins);
+    c->cors_origins = NULL;
+    c->n_cors_origins = 0;
 }
 
 void rlai_config_free(rlai_config *c)
@@ -69,6 +93,7 @@ void rlai_config_free(rlai_config *c)
     free(c->plugin_config);
     free(c->api_key);
     free(c->api_key_file);
+    rlai_config_clear_cors_origins(c);
     memset(c, 0, sizeof(*c));
 }
 
@@ -225,7 +250,37 @@ int rlai_config_load_json(rlai_config *c, const char *json, char *err, size_t er
                 if (rc < 0)
                     break;
             }
-        } else if (!strcmp(k, "endpoints") || !strcmp(k, "limits") || !strcmp(k, "plugins") || !strcmp(k, "auth")) {
+        } else if (!strcmp(k, "http") && cJSON_IsObject(it)) {
+            const cJSON *hk;
+            cJSON_ArrayForEach(hk, it) {
+                const char *n = hk->string;
+                if (!strcmp(n, "cors_origins")) {
+                    const cJSON *o;
+                    if (!cJSON_IsArray(hk))
+                        rc = fail(err, errlen, RLAI_ERR_FORMAT, "config: 'http.cors_origins' must be a list of strings");
+                    rlai_config_clear_cors_origins(c);
+                    cJSON_ArrayForEach(o, hk) {
+                        if (rc < 0)
+                            break;
+                        if (!cJSON_IsString(o))
+                            rc = fail(err, errlen, RLAI_ERR_FORMAT,
+                                      "config: 'http.cors_origins' must be a list of strings");
+                        else
+                            rc = rlai_config_add_cors_origin(c, o->valuestring);
+                    }
+                } else if (!strcmp(n, "max_connections")) {
+                    rc = get_int(hk, "http.max_connections", 1, 65536, &c->http_max_connections, err, errlen);
+                } else if (!strcmp(n, "max_connections_per_ip")) {
+                    rc = get_int(hk, "http.max_connections_per_ip", 1, 65536, &c->http_max_connections_per_ip, err,
+                                 errlen);
+                } else {
+                    rc = fail(err, errlen, RLAI_ERR_FORMAT, "config: unknown key 'http.%s'", n);
+                }
+                if (rc < 0)
+                    goto out;
+            }
+        } else if (!strcmp(k, "endpoints") || !strcmp(k, "limits") || !strcmp(k, "plugins") || !strcmp(k, "auth") ||
+                   !strcmp(k, "http")) {
             rc = fail(err, errlen, RLAI_ERR_FORMAT, "config: '%s' must be an object", k);
         } else {
             rc = fail(err, errlen, RLAI_ERR_FORMAT, "config: unknown key '%s'", k);
@@ -310,6 +365,13 @@ int rlai_config_validate(const rlai_config *c, char *err, size_t errlen)
                         "config: http %s is not a loopback address; set endpoints.allow_remote (or --allow-remote) "
                         "to expose the engine beyond this machine", c->http);
     }
+    for (int i = 0; i < c->n_cors_origins; i++)
+        if (!rlai_http_origin_valid(c->cors_origins[i]))
+            return fail(err, errlen, RLAI_ERR_INVALID_ARG,
+                        "config: CORS origin '%.200s' must be scheme://host[:port], e.g. https://app.example:8443 "
+                        "(no path, no '*')", c->cors_origins[i]);
+    if (c->http_max_connections <= 0 || c->http_max_connections_per_ip <= 0)
+        return fail(err, errlen, RLAI_ERR_INVALID_ARG, "config: http limits must be positive");
     if (c->max_prompt_tokens <= 0 || c->max_inflight_client <= 0 || c->max_inflight_total <= 0 || c->max_frame < 64)
         return fail(err, errlen, RLAI_ERR_INVALID_ARG, "config: limits must be positive");
     return 0;

@@ -12,6 +12,8 @@
  *     "prefix_cache": true,
  *     "shutdown_timeout_s": 5,
  *     "auth": { "enabled": true, "api_key": "KEY", "api_key_file": "PATH" },
+ *     "http": { "cors_origins": ["https://app.example"], "max_connections": 256,
+ *               "max_connections_per_ip": 64 },
  *     "plugins": { "dir": "PATH", "enabled": true, "workers": 4, "max_queue": 64,
  *                  "call_timeout_s": 60,
  *                  "config": { "<plugin>": { overrides of its manifest config } } } }
@@ -59,6 +61,11 @@ typedef struct rlai_config {
     bool auth_off;           /* "auth": {"enabled": false} / --no-auth: HTTP and zmq_tcp keyless */
     char *api_key;           /* "auth": {"api_key"}; NULL = env RLAI_API_KEY, then the key file */
     char *api_key_file;      /* "auth": {"api_key_file"} / --api-key-file; NULL = default file */
+    /* "http": {...}, the HTTP front (docs/SERVE.md) */
+    char **cors_origins;     /* "cors_origins" / --cors-origin: browser origins allowed (malloc'd) */
+    int n_cors_origins;
+    int http_max_connections;        /* "max_connections" / --max-connections */
+    int http_max_connections_per_ip; /* "max_connections_per_ip" / --max-connections-per-ip */
 } rlai_config;
 
 /* Fills defaults: default model path, default private endpoints, limits.
@@ -81,6 +88,12 @@ uint64_t rlai_config_timeout_ms(uint64_t requested_ms, int cap_s);
 /* Checks the final values: positive limits, loopback-only TCP unless
  * allow_remote. Returns 0 or RLAI_ERR_INVALID_ARG with a message. */
 int rlai_config_validate(const rlai_config *c, char *err, size_t errlen);
+
+/* Appends a copy of origin to c->cors_origins. Returns 0 or RLAI_ERR_NOMEM. */
+int rlai_config_add_cors_origin(rlai_config *c, const char *origin);
+
+/* Empties c->cors_origins. */
+void rlai_config_clear_cors_origins(rlai_config *c);
 
 /* Replaces a string field (copies s; NULL or "" disables). */
 int rlai_config_set_str(char **field, const char *s);

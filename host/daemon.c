@@ -812,6 +812,9 @@ int rlai_daemon_start(const rlai_config *cfg, rlai_daemon **out, char *err, size
             .stop_wait_ms = shutdown_ms(cfg) / 2,
             .request_timeout_s = cfg->request_timeout_s,
             .api_key = key,
+            .cors_origins = (const char *const *)cfg->cors_origins, .n_cors_origins = cfg->n_cors_origins,
+            .max_connections = cfg->http_max_connections,
+            .max_connections_per_ip = cfg->http_max_connections_per_ip,
         };
         rc = rlai_http_start(&hp, &d->http, err, errlen);
         if (rc == RLAI_ERR_BUSY && !strcmp(cfg->http, RLAI_HTTP_DEFAULT)) {

@@ -107,6 +107,78 @@ static void bytes_free(bytes *b)
     memset(b, 0, sizeof(*b));
 }
 
+/* Length of the well-formed UTF-8 sequence at s (n bytes available), or
+ * 0: no overlong forms, no surrogates, nothing above U+10FFFF (the rules
+ * the wire protocol applies). */
+static size_t utf8_seq(const unsigned char *s, size_t n)
+{
+    unsigned c = s[0];
+    if (c < 0x80)
+        return 1;
+    size_t len;
+    unsigned lo = 0x80, hi = 0xBF;
+    if (c >= 0xC2 && c <= 0xDF) {
+        len = 2;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+        len = 3;
+        if (c == 0xE0)
+            lo = 0xA0;                 /* overlong */
+        else if (c == 0xED)
+            hi = 0x9F;                 /* surrogates */
+    } else if (c >= 0xF0 && c <= 0xF4) {
+        len = 4;
+        if (c == 0xF0)
+            lo = 0x90;
+        else if (c == 0xF4)
+            hi = 0x8F;                 /* above U+10FFFF */
+    } else {
+        return 0;
+    }
+    if (n < len || s[1] < lo || s[1] > hi)
+        return 0;
+    for (size_t i = 2; i < len; i++)
+        if (s[i] < 0x80 || s[i] > 0xBF)
+            return 0;
+    return len;
+}
+
+/* Offset of the first byte that is not valid UTF-8, or n. */
+static size_t utf8_bad_at(const char *p, size_t n)
+{
+    const unsigned char *s = (const unsigned char *)p;
+    size_t i = 0;
+    while (i < n) {
+        size_t k = utf8_seq(s + i, n - i);
+        if (!k)
+            return i;
+        i += k;
+    }
+    return n;
+}
+
+/* A copy of s (malloc'd) with every byte that is not part of valid UTF-8
+ * replaced by '?': error messages quote request data (names, routes) and
+ * must never carry raw invalid bytes back. */
+static char *utf8_clean(const char *s)
+{
+    size_t n = strlen(s);
+    char *o = malloc(n + 1);
+    if (!o)
+        return NULL;
+    size_t i = 0;
+    while (i < n) {
+        size_t k = utf8_seq((const unsigned char *)s + i, n - i);
+        if (!k) {
+            o[i++] = '?';
+            continue;
+        }
+        memcpy(o + i, s + i, k);
+        i += k;
+    }
+    o[n] = 0;
+    return o;
+}
+
 /* Appends "data: <json>\n\n" (or "event: NAME\ndata: ...") and frees j. */
 static void sse_event(bytes *b, const char *event, cJSON *j)
 {
@@ -150,8 +222,11 @@ struct rlai_http {
     int max_inflight;
     int stop_wait_ms;
     bool allow_remote;
+    bool bound_loopback;         /* the listening address is loopback: check Host */
     bool quiet;
     char *api_key;               /* NULL = no authentication */
+    char **cors;                 /* allowed browser origins (exact, no trailing '/') */
+    int n_cors;
     char *model_id;
     double t_start;
     long long created;           /* wall clock at start, for "created" fields */
@@ -178,6 +253,7 @@ struct hreq {
     bool answered;
     bool auth_failed;            /* answered 401 for the API key */
     const char *allow;           /* Allow header of a 405 */
+    const char *cors_origin;     /* the request's Origin when allowed (points into h->cors) */
 
     /* what it is */
     req_kind kind;
@@ -200,6 +276,9 @@ struct hreq {
     char stop[32];               /* plugin calls: the stop string of done */
     char *lore_reply;            /* K_LORE: "reply" of the talk result */
     bool streamed;               /* some text went out as chunks */
+    bool probed;                 /* the client half-closed and was probed once */
+    bool probe;                  /* a probe write is due (connection thread) */
+    bool http11;                 /* the request is HTTP/1.1 (1xx allowed) */
     end_why why;                 /* set by the connection thread / stop */
     uint64_t engine_id, call_id;
     bool live;                   /* in h->live */
@@ -295,27 +374,46 @@ static void end_request(hreq *r, end_why why)
         rlai_plugin_host_cancel(r->h->plugins, cid);
 }
 
-/* True when the peer has closed its side of the connection. */
-static bool peer_gone(int fd)
+/* What poll says about the client's socket. A peer that only shut down
+ * its sending side (shutdown(SHUT_WR) after the request, as some clients
+ * and proxies do) looks exactly like one that closed the socket: both send
+ * a FIN (POLLRDHUP). Only a write tells them apart: a closed socket answers
+ * it with a reset (then POLLERR / POLLHUP). So a FIN alone is PEER_HALF and
+ * the caller probes once; PEER_GONE means really gone. */
+typedef enum peer_state { PEER_OK = 0, PEER_HALF, PEER_GONE } peer_state;
+
+static peer_state peer_check(int fd)
 {
     if (fd < 0)
-        return false;
+        return PEER_OK;
     struct pollfd p = { .fd = fd, .events = POLLRDHUP };
     if (poll(&p, 1, 0) <= 0)
-        return false;
-    return (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
+        return PEER_OK;
+    if (p.revents & (POLLHUP | POLLERR | POLLNVAL))
+        return PEER_GONE;
+    return (p.revents & POLLRDHUP) ? PEER_HALF : PEER_OK;
 }
 
 /* Waits (r->mu held) until there is output, the request is done or the
- * server is stopping. Returns false when the client went away. */
+ * server is stopping. Returns false when the client went away. Sets
+ * r->probe when the client half-closed and a probe write is due (the
+ * caller sends an SSE comment; a closed peer answers it with a reset). */
 static bool wait_progress(hreq *r)
 {
     while (!r->pending.len && !r->sse.len && !r->done && r->why == END_NONE) {
         struct timespec ts;
         deadline_in(&ts, WAIT_SLICE_MS);
         pthread_cond_timedwait(&r->cv, &r->mu, &ts);
-        if (r->why == END_NONE && peer_gone(r->fd))
+        if (r->why != END_NONE)
+            break;
+        peer_state ps = peer_check(r->fd);
+        if (ps == PEER_GONE)
             return false;
+        if (ps == PEER_HALF && !r->probed) {
+            r->probed = true;
+            r->probe = true;
+            return true;
+        }
     }
     return r->why != END_GONE;
 }
@@ -325,7 +423,7 @@ static bool wait_progress(hreq *r)
 static const char *error_type(int status)
 {
     switch (status) {
-    case 400: case 401: case 404: case 405: case 413: return "invalid_request_error";
+    case 400: case 401: case 404: case 405: case 413: case 415: case 421: return "invalid_request_error";
     case 403: return "permission_error";
     case 429: return "rate_limit_error";
     case 501: return "not_implemented_error";
@@ -337,7 +435,9 @@ static cJSON *error_json(int status, const char *code, const char *param, const 
 {
     cJSON *root = cJSON_CreateObject();
     cJSON *e = cJSON_AddObjectToObject(root, "error");
-    cJSON_AddStringToObject(e, "message", msg);
+    char *clean = utf8_clean(msg);
+    cJSON_AddStringToObject(e, "message", clean ? clean : "(error message unavailable: out of memory)");
+    free(clean);
     cJSON_AddStringToObject(e, "type", error_type(status));
     if (param)
         cJSON_AddStringToObject(e, "param", param);
@@ -348,6 +448,16 @@ static cJSON *error_json(int status, const char *code, const char *param, const 
     else
         cJSON_AddNullToObject(e, "code");
     return root;
+}
+
+/* CORS on every answer: the exact allowed origin (never "*", and no
+ * credentials), and Vary: Origin whenever the answer depends on it. */
+static void add_cors(hreq *r, struct MHD_Response *resp)
+{
+    if (r->h->n_cors)
+        MHD_add_response_header(resp, "Vary", "Origin");
+    if (r->cors_origin)
+        MHD_add_response_header(resp, "Access-Control-Allow-Origin", r->cors_origin);
 }
 
 static enum MHD_Result send_json(hreq *r, int status, cJSON *j)
@@ -367,6 +477,7 @@ static enum MHD_Result send_json(hreq *r, int status, cJSON *j)
         MHD_add_response_header(resp, "Allow", r->allow);
     if (status == 401 && r->auth_failed)
         MHD_add_response_header(resp, "WWW-Authenticate", "Bearer realm=\"rlai\"");
+    add_cors(r, resp);
     enum MHD_Result rc = MHD_queue_response(r->conn, (unsigned)status, resp);
     MHD_destroy_response(resp);
     rlai_metrics_count_http_status(r->h->metrics, status);
@@ -394,6 +505,7 @@ static enum MHD_Result send_text(hreq *r, int status, const char *ctype, char *t
         return MHD_NO;
     }
     MHD_add_response_header(resp, "Content-Type", ctype);
+    add_cors(r, resp);
     enum MHD_Result rc = MHD_queue_response(r->conn, (unsigned)status, resp);
     MHD_destroy_response(resp);
     rlai_metrics_count_http_status(r->h->metrics, status);
@@ -709,6 +821,8 @@ static bool produce(hreq *r)
     r->phase = 1;
     pthread_mutex_lock(&r->mu);
     bool alive = wait_progress(r);
+    bool probe = r->probe;
+    r->probe = false;
     bytes text = r->pending, events = r->sse;
     memset(&r->pending, 0, sizeof(r->pending));
     memset(&r->sse, 0, sizeof(r->sse));
@@ -720,6 +834,8 @@ static bool produce(hreq *r)
         end_request(r, END_GONE);
         return false;
     }
+    if (probe)
+        bytes_str(&r->out, ": ping\n\n");     /* SSE comment: clients ignore it */
     if (r->kind == K_PLUGIN) {
         if (events.len)
             bytes_add(&r->out, events.p, events.len);
@@ -810,6 +926,7 @@ static enum MHD_Result start_stream(hreq *r)
     MHD_add_response_header(resp, "Content-Type", "text/event-stream");
     MHD_add_response_header(resp, "Cache-Control", "no-cache");
     MHD_add_response_header(resp, "X-Accel-Buffering", "no");
+    add_cors(r, resp);
     enum MHD_Result rc = MHD_queue_response(r->conn, MHD_HTTP_OK, resp);
     MHD_destroy_response(resp);
     rlai_metrics_count_http_status(r->h->metrics, 200);
@@ -828,7 +945,20 @@ static enum MHD_Result finish_blocking(hreq *r)
         struct timespec ts;
         deadline_in(&ts, WAIT_SLICE_MS);
         pthread_cond_timedwait(&r->cv, &r->mu, &ts);
-        if (!r->done && r->why == END_NONE && peer_gone(r->fd)) {
+        if (r->done || r->why != END_NONE)
+            break;
+        peer_state ps = peer_check(r->fd);
+        if (ps == PEER_HALF && !r->probed) {
+            /* A FIN: half-close or real close. HTTP/1.1 lets a server send
+             * a 100 (Continue) before its final answer and obliges clients
+             * to skip it; a closed socket answers it with a reset, seen on
+             * a later check. HTTP/1.0 forbids 1xx: a FIN ends the request. */
+            r->probed = true;
+            const char *ver = r->http11 ? "HTTP/1.1 100 Continue\r\n\r\n" : NULL;
+            if (!ver || send(r->fd, ver, strlen(ver), MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)strlen(ver))
+                ps = PEER_GONE;
+        }
+        if (ps == PEER_GONE) {
             alive = false;
             break;
         }
@@ -1045,14 +1175,23 @@ static bool check_model(hreq *r, const cJSON *body, bool allow_lore, const char 
     return true;
 }
 
-/* Text of one message's content: a string or an array of text parts.
- * *out malloc'd. Returns false after answering 400. */
-static bool content_text(hreq *r, const cJSON *content, int idx, char **out)
+/* Text of one message's content: a string or an array of text parts
+ * ({"type": "text", "text": "..."}). Content is required, except on an
+ * assistant turn that made tool calls (may_omit). *out malloc'd. Returns
+ * false after answering 400 (param "messages[i].content"). */
+static bool content_text(hreq *r, const cJSON *content, int idx, bool may_omit, char **out)
 {
     bytes b = { 0 };
+    char param[48];
+    snprintf(param, sizeof(param), "messages[%d].content", idx);
     if (!content || cJSON_IsNull(content)) {
-        *out = strdup("");
-        return true;
+        if (may_omit) {
+            *out = strdup("");
+            return true;
+        }
+        send_error(r, 400, "invalid_value", param, "messages[%d] has no 'content' (a string or an array of text parts)",
+                   idx);
+        return false;
     }
     if (cJSON_IsString(content)) {
         *out = strdup(content->valuestring);
@@ -1063,18 +1202,27 @@ static bool content_text(hreq *r, const cJSON *content, int idx, char **out)
         cJSON_ArrayForEach(part, content) {
             const cJSON *t = cJSON_GetObjectItemCaseSensitive(part, "type");
             const cJSON *tx = cJSON_GetObjectItemCaseSensitive(part, "text");
-            if (!cJSON_IsString(t) || strcmp(t->valuestring, "text") != 0 || !cJSON_IsString(tx)) {
+            if (!cJSON_IsObject(part) || !cJSON_IsString(t) || strcmp(t->valuestring, "text") != 0) {
                 bytes_free(&b);
-                send_error(r, 400, "unsupported_value", "messages",
-                           "messages[%d]: only text content parts are supported", idx);
+                send_error(r, 400, "unsupported_value", param, "messages[%d]: only text content parts are supported",
+                           idx);
                 return false;
             }
-            bytes_str(&b, tx->valuestring);
+            if (!cJSON_IsString(tx)) {
+                bytes_free(&b);
+                send_error(r, 400, "invalid_value", param, "messages[%d]: a text part needs a string 'text'", idx);
+                return false;
+            }
+            if (bytes_str(&b, tx->valuestring) < 0) {
+                bytes_free(&b);
+                send_error(r, 500, NULL, NULL, "out of memory");
+                return false;
+            }
         }
         *out = b.p ? b.p : strdup("");
         return true;
     }
-    send_error(r, 400, "invalid_type", "messages", "messages[%d].content must be a string or an array of parts", idx);
+    send_error(r, 400, "invalid_type", param, "messages[%d].content must be a string or an array of text parts", idx);
     return false;
 }
 
@@ -1112,7 +1260,9 @@ static bool parse_messages(hreq *r, const cJSON *body, chat_msgs *out)
         const cJSON *role = cJSON_GetObjectItemCaseSensitive(e, "role");
         if (!cJSON_IsObject(e) || !cJSON_IsString(role)) {
             chat_msgs_free(out);
-            return send_error(r, 400, "invalid_value", "messages", "messages[%d] needs a string 'role'", i), false;
+            char param[48];
+            snprintf(param, sizeof(param), "messages[%d].role", i);
+            return send_error(r, 400, "invalid_value", param, "messages[%d] needs a string 'role'", i), false;
         }
         const char *rl = role->valuestring;
         if (!strcmp(rl, "developer"))
@@ -1123,7 +1273,9 @@ static bool parse_messages(hreq *r, const cJSON *body, chat_msgs *out)
                               "messages[%d]: role '%.40s' is not supported (system, developer, user, assistant)",
                               i, role->valuestring), false;
         }
-        if (!content_text(r, cJSON_GetObjectItemCaseSensitive(e, "content"), i, &out->texts[i])) {
+        const cJSON *calls = cJSON_GetObjectItemCaseSensitive(e, "tool_calls");
+        bool may_omit = !strcmp(rl, "assistant") && cJSON_IsArray(calls) && cJSON_GetArraySize(calls) > 0;
+        if (!content_text(r, cJSON_GetObjectItemCaseSensitive(e, "content"), i, may_omit, &out->texts[i])) {
             chat_msgs_free(out);
             return false;
         }
@@ -1243,17 +1395,76 @@ static enum MHD_Result run_call(hreq *r, const char *command, const char *params
 
 /* ---------------------------------------------------------- endpoints */
 
+/* Scans the strings of a JSON text (already known to be UTF-8) for what
+ * cJSON would accept but the wire protocol refuses: a \u0000 escape (cJSON
+ * ends the string there, silently dropping the rest) and raw control
+ * characters. Returns 0, 1 (\u0000 at *at) or 2 (control byte at *at). */
+static int scan_strings(const char *p, size_t n, size_t *at)
+{
+    bool in = false;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)p[i];
+        if (!in) {
+            if (c == '"')
+                in = true;
+            continue;
+        }
+        if (c == '"') {
+            in = false;
+        } else if (c < 0x20) {
+            *at = i;
+            return 2;
+        } else if (c == '\\' && i + 1 < n) {
+            if (p[i + 1] == 'u' && i + 5 < n && !memcmp(p + i + 2, "0000", 4)) {
+                *at = i;
+                return 1;
+            }
+            i++;                       /* the escaped character */
+        }
+    }
+    return 0;
+}
+
+/* Parses the request body as strictly as the wire protocol decodes frames:
+ * valid UTF-8, no NUL in strings, exactly one JSON object and nothing but
+ * whitespace after it. Answers 400 and returns NULL otherwise. */
 static cJSON *parse_body(hreq *r)
 {
     if (!r->body.len) {
         send_error(r, 400, "invalid_json", NULL, "the request body is empty (expected a JSON object)");
         return NULL;
     }
+    size_t bad = utf8_bad_at(r->body.p, r->body.len);
+    if (bad < r->body.len) {
+        send_error(r, 400, "invalid_encoding", NULL, "the request body is not valid UTF-8 (byte %zu)", bad);
+        return NULL;
+    }
+    size_t at = 0;
+    int sc = scan_strings(r->body.p, r->body.len, &at);
+    if (sc == 1) {
+        send_error(r, 400, "invalid_value", NULL,
+                   "a string in the request body contains \\u0000 (NUL) at byte %zu; NUL is not allowed", at);
+        return NULL;
+    }
+    if (sc == 2) {
+        send_error(r, 400, "invalid_json", NULL,
+                   "the request body is not valid JSON (control character inside a string at byte %zu)", at);
+        return NULL;
+    }
     const char *end = NULL;
     cJSON *j = cJSON_ParseWithLengthOpts(r->body.p, r->body.len, &end, false);
     if (!j) {
-        size_t at = end && end >= r->body.p ? (size_t)(end - r->body.p) : 0;
-        send_error(r, 400, "invalid_json", NULL, "the request body is not valid JSON (error near byte %zu)", at);
+        size_t pos = end && end >= r->body.p ? (size_t)(end - r->body.p) : 0;
+        send_error(r, 400, "invalid_json", NULL, "the request body is not valid JSON (error near byte %zu)", pos);
+        return NULL;
+    }
+    size_t pos = end && end >= r->body.p ? (size_t)(end - r->body.p) : r->body.len;
+    while (pos < r->body.len && strchr(" \t\r\n", r->body.p[pos]) && r->body.p[pos])
+        pos++;
+    if (pos < r->body.len) {
+        cJSON_Delete(j);
+        send_error(r, 400, "invalid_json", NULL,
+                   "the request body is not valid JSON (unexpected data after the JSON value at byte %zu)", pos);
         return NULL;
     }
     if (!cJSON_IsObject(j)) {
@@ -1620,9 +1831,6 @@ static enum MHD_Result plugin_call(hreq *r, const char *command)
     r->command = strdup(command);
     if (!r->command)
         return send_error(r, 500, NULL, NULL, "out of memory");
-    if (!r->h->plugins)
-        return send_error(r, 404, "command_not_found", NULL, "unknown command '%.200s' (no plugins are loaded)",
-                          command);
     const char *params = "{}";
     char *owned = NULL;
     int timeout_ms = 0;
@@ -1653,6 +1861,9 @@ static enum MHD_Result plugin_call(hreq *r, const char *command)
         }
         cJSON_Delete(body);
     }
+    if (!r->h->plugins)
+        return send_error(r, 404, "command_not_found", NULL, "unknown command '%.200s' (no plugins are loaded)",
+                          command);
     r->stream = wants_stream(r);
     make_id(r, "call-");
     enum MHD_Result res = run_call(r, command, params, timeout_ms);
@@ -1666,8 +1877,8 @@ static enum MHD_Result plugin_call(hreq *r, const char *command)
  * page must not be able to reach the model by rebinding its own name. */
 static bool host_allowed(hreq *r)
 {
-    if (r->h->allow_remote)
-        return true;
+    if (!r->h->bound_loopback)
+        return true;                   /* a public bind answers to any name */
     const char *host = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "Host");
     if (!host)
         return true;                   /* HTTP/1.0 without Host */
@@ -1737,11 +1948,60 @@ static bool auth_ok(hreq *r, const char *url, const char *method, enum MHD_Resul
     return false;
 }
 
+/* The Origin header against the allowed list; NULL when not allowed. */
+static const char *cors_match(const rlai_http *h, const char *origin)
+{
+    for (int i = 0; i < h->n_cors; i++)
+        if (!strcasecmp(h->cors[i], origin))
+            return h->cors[i];
+    return NULL;
+}
+
+/* Content-Type is application/json, parameters (charset) allowed. A
+ * browser can send text/plain, form data and multipart across origins
+ * without asking first (a CORS "simple request"); application/json needs
+ * a preflight, which only allowed origins pass. */
+static bool json_content_type(hreq *r)
+{
+    const char *ct = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "Content-Type");
+    if (!ct)
+        return false;
+    ct += strspn(ct, " \t");
+    size_t n = strlen("application/json");
+    if (strncasecmp(ct, "application/json", n) != 0)
+        return false;
+    char c = ct[n];
+    return c == 0 || c == ';' || c == ' ' || c == '\t';
+}
+
+#define CORS_METHODS "GET, POST, OPTIONS"
+#define CORS_HEADERS "Authorization, Content-Type"
+#define CORS_MAX_AGE "600"
+
+/* OPTIONS: a CORS preflight (from an allowed origin: route() refused the
+ * others) or a plain query of the methods. */
+static enum MHD_Result options(hreq *r)
+{
+    struct MHD_Response *resp = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
+    if (!resp)
+        return MHD_NO;
+    const char *acrm = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "Access-Control-Request-Method");
+    add_cors(r, resp);
+    if (acrm && r->cors_origin) {
+        MHD_add_response_header(resp, "Access-Control-Allow-Methods", CORS_METHODS);
+        MHD_add_response_header(resp, "Access-Control-Allow-Headers", CORS_HEADERS);
+        MHD_add_response_header(resp, "Access-Control-Max-Age", CORS_MAX_AGE);
+    }
+    MHD_add_response_header(resp, "Allow", CORS_METHODS);
+    enum MHD_Result rc = MHD_queue_response(r->conn, MHD_HTTP_NO_CONTENT, resp);
+    MHD_destroy_response(resp);
+    rlai_metrics_count_http_status(r->h->metrics, 204);
+    r->answered = true;
+    return rc;
+}
+
 static enum MHD_Result route(hreq *r, const char *url, const char *method)
 {
-    enum MHD_Result arc;
-    if (!auth_ok(r, url, method, &arc))
-        return arc;
     bool get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
     const char *ep = "other";
     enum MHD_Result rc;
@@ -1750,10 +2010,36 @@ static enum MHD_Result route(hreq *r, const char *url, const char *method)
         return send_error(r, 403, "host_not_allowed", NULL,
                           "this server answers only to localhost names (Host header refused)");
     }
+    const char *origin = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "Origin");
+    if (origin) {
+        /* A browser page on another site: only the origins given with
+         * --cors-origin / http.cors_origins may use the engine. */
+        r->cors_origin = cors_match(r->h, origin);
+        if (!r->cors_origin) {
+            rlai_metrics_count_request(r->h->metrics, ep, "http");
+            return send_error(r, 403, "origin_not_allowed", NULL,
+                              "requests from the web origin '%.200s' are not allowed (allow it with --cors-origin "
+                              "or http.cors_origins)", origin);
+        }
+    }
+    if (!strcmp(method, "OPTIONS")) {
+        rlai_metrics_count_request(r->h->metrics, ep, "http");
+        return options(r);
+    }
+    /* The API key after the Host/Origin guards and the preflight (browsers
+     * send no credentials in a preflight), before anything else. */
+    enum MHD_Result arc;
+    if (!auth_ok(r, url, method, &arc))
+        return arc;
     if (r->too_large) {
         rlai_metrics_count_request(r->h->metrics, ep, "http");
         return send_error(r, 413, "request_too_large", NULL, "the request body is larger than the limit of %zu bytes",
                           r->h->max_body);
+    }
+    if (post && !json_content_type(r)) {
+        rlai_metrics_count_request(r->h->metrics, ep, "http");
+        return send_error(r, 415, "unsupported_media_type", NULL,
+                          "POST bodies must be sent with Content-Type: application/json");
     }
     struct { const char *path; const char *ep; bool get, post; } routes[] = {
         { "/v1/chat/completions", "chat_completions", false, true },
@@ -1811,7 +2097,6 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
                                  const char *version, const char *upload_data, size_t *upload_data_size,
                                  void **con_cls)
 {
-    (void)version;
     rlai_http *h = cls;
     hreq *r = *con_cls;
     if (!r) {
@@ -1825,6 +2110,7 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
         cond_init_monotonic(&r->cv);
         const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
         r->fd = ci ? ci->connect_fd : -1;
+        r->http11 = version && !strcmp(version, MHD_HTTP_VERSION_1_1);
         *con_cls = r;
         const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Content-Length");
         if (cl) {
@@ -1903,7 +2189,7 @@ static bool addr_is_loopback(const struct sockaddr *sa)
 
 /* Creates the listening socket for "ADDR:PORT". Returns the fd or a
  * negative error with a message. */
-static int open_listener(const char *bind_s, bool allow_remote, bool *v6, char *err, size_t errlen)
+static int open_listener(const char *bind_s, bool allow_remote, bool *v6, bool *loopback, char *err, size_t errlen)
 {
     char host[256];
     const char *colon;
@@ -1939,7 +2225,8 @@ static int open_listener(const char *bind_s, bool allow_remote, bool *v6, char *
             pick = a;
             break;
         }
-    if (!allow_remote && !addr_is_loopback(pick->ai_addr)) {
+    *loopback = addr_is_loopback(pick->ai_addr);
+    if (!allow_remote && !*loopback) {
         freeaddrinfo(res);
         return fail(err, errlen, RLAI_ERR_INVALID_ARG,
                     "http: %s is not a loopback address; set endpoints.allow_remote (or --allow-remote) "
@@ -2014,8 +2301,31 @@ int rlai_http_start(const rlai_http_params *p, rlai_http **out, char *err, size_
         rlai_http_stop(&h);
         return RLAI_ERR_NOMEM;
     }
+    if (p->n_cors_origins > 0) {
+        h->cors = calloc((size_t)p->n_cors_origins, sizeof(char *));
+        if (!h->cors) {
+            rlai_http_stop(&h);
+            return RLAI_ERR_NOMEM;
+        }
+        for (int i = 0; i < p->n_cors_origins; i++) {
+            const char *o = p->cors_origins[i];
+            if (!rlai_http_origin_valid(o)) {
+                rlai_http_stop(&h);
+                return fail(err, errlen, RLAI_ERR_INVALID_ARG,
+                            "http: CORS origin '%.200s' must be scheme://host[:port] (no path, no '*')",
+                            o ? o : "(null)");
+            }
+            size_t n = strlen(o);
+            if (o[n - 1] == '/')
+                n--;
+            if (!(h->cors[h->n_cors++] = strndup(o, n))) {
+                rlai_http_stop(&h);
+                return RLAI_ERR_NOMEM;
+            }
+        }
+    }
     bool v6 = false;
-    int fd = open_listener(p->bind, p->allow_remote, &v6, err, errlen);
+    int fd = open_listener(p->bind, p->allow_remote, &v6, &h->bound_loopback, err, errlen);
     if (fd < 0) {
         rlai_http_stop(&h);
         return fd;
@@ -2032,7 +2342,11 @@ int rlai_http_start(const rlai_http_params *p, rlai_http **out, char *err, size_
                               MHD_OPTION_EXTERNAL_LOGGER, mhd_log, h,
                               MHD_OPTION_LISTEN_SOCKET, (MHD_socket)fd,
                               MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
-                              MHD_OPTION_CONNECTION_LIMIT, (unsigned)(p->max_connections > 0 ? p->max_connections : 256),
+                              MHD_OPTION_CONNECTION_LIMIT,
+                              (unsigned)(p->max_connections > 0 ? p->max_connections : RLAI_HTTP_DEFAULT_MAX_CONNECTIONS),
+                              MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+                              (unsigned)(p->max_connections_per_ip > 0 ? p->max_connections_per_ip
+                                                                       : RLAI_HTTP_DEFAULT_MAX_PER_IP),
                               MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120,
                               MHD_OPTION_END);
     if (!h->mhd) {
@@ -2045,6 +2359,31 @@ int rlai_http_start(const rlai_http_params *p, rlai_http **out, char *err, size_
     h->listen_fd = -1;                 /* owned by libmicrohttpd until quiesced */
     *out = h;
     return 0;
+}
+
+bool rlai_http_origin_valid(const char *o)
+{
+    if (!o)
+        return false;
+    const char *rest;
+    if (!strncasecmp(o, "http://", 7))
+        rest = o + 7;
+    else if (!strncasecmp(o, "https://", 8))
+        rest = o + 8;
+    else
+        return false;
+    size_t n = strlen(rest);
+    if (n && rest[n - 1] == '/')
+        n--;                           /* "http://app.example/" is accepted as the origin */
+    if (n == 0 || n > 255)
+        return false;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)rest[i];
+        if (!(c == '.' || c == '-' || c == ':' || c == '[' || c == ']' || c == '_' || (c >= '0' && c <= '9') ||
+              (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')))
+            return false;
+    }
+    return true;
 }
 
 int rlai_http_port(const rlai_http *h)
@@ -2117,6 +2456,9 @@ void rlai_http_stop(rlai_http **self_p)
     }
     free(h->api_key);
     free(h->model_id);
+    for (int i = 0; i < h->n_cors; i++)
+        free(h->cors[i]);
+    free(h->cors);
     pthread_cond_destroy(&h->cv);
     pthread_mutex_destroy(&h->mu);
     free(h);

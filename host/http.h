@@ -17,7 +17,14 @@
  * into SSE chunks or one JSON body. A client that disconnects has its
  * engine request (or plugin call) cancelled: the connection thread watches
  * the socket for a hang-up while it waits, and a failed write ends the
- * request through libmicrohttpd's completion callback.
+ * request through libmicrohttpd's completion callback. A half-close
+ * (shutdown(SHUT_WR)) is not a disconnect: a FIN is probed with one write
+ * (an SSE comment, or an interim 100 Continue) and only a reset cancels.
+ *
+ * Guards: POST bodies must be application/json (415), strict JSON (UTF-8,
+ * no \u0000, no trailing data), a request whose Origin is not in
+ * cors_origins gets 403, and the Host header must be a loopback name while
+ * the bind address is loopback (docs/SERVE.md, "Browser access and CORS").
  */
 #ifndef RLAI_HOST_HTTP_H
 #define RLAI_HOST_HTTP_H
@@ -30,6 +37,11 @@
 #include "rlai/engine.h"
 
 typedef struct rlai_http rlai_http;
+
+/* Defaults of the connection limits (docs/SERVE.md, "Connection limits"). */
+#define RLAI_HTTP_DEFAULT_MAX_CONNECTIONS 256
+#define RLAI_HTTP_DEFAULT_MAX_PER_IP 64
+
 
 typedef struct rlai_http_params {
     const char *bind;             /* "ADDR:PORT": "127.0.0.1:5676", "localhost:8080",
@@ -45,6 +57,10 @@ typedef struct rlai_http_params {
     int stop_wait_ms;             /* rlai_http_stop's longest wait for requests to end; 0 = 10 s */
     int request_timeout_s;        /* cap on every generation's wall clock (timeout_ms); 0 = none */
     int max_connections;          /* simultaneous connections; 0 = 256 */
+    const char *const *cors_origins; /* browser origins allowed to call ("https://app.example:8443");
+                                     a request with any other Origin header gets 403 */
+    int n_cors_origins;
+    int max_connections_per_ip;   /* connections from one client address; 0 = 64 */
     bool quiet;                   /* no per-request log lines (errors still go to stderr) */
     const char *api_key;          /* every route except GET /health and OPTIONS needs
                                      "Authorization: Bearer <api_key>" (401 invalid_api_key
@@ -58,6 +74,11 @@ typedef struct rlai_http_params {
  * RLAI_ERR_BUSY (address in use), RLAI_ERR_IO (other bind failures).
  * *out owned by the caller (rlai_http_stop). */
 int rlai_http_start(const rlai_http_params *p, rlai_http **out, char *err, size_t errlen);
+
+/* True when o is a usable CORS origin: http:// or https:// followed by a
+ * host and an optional port, nothing else (no path, no "*"); one trailing
+ * '/' is tolerated and dropped. */
+bool rlai_http_origin_valid(const char *o);
 
 /* The TCP port actually bound (useful with port 0). */
 int rlai_http_port(const rlai_http *h);

@@ -598,6 +598,11 @@ static void serve_usage(FILE *f)
         "      --pipe PATH            named pipe / Unix socket (default $XDG_RUNTIME_DIR/rlai/engine.sock; \"\" = off)\n"
         "      --http ADDR:PORT       OpenAI-compatible HTTP front (default " RLAI_HTTP_DEFAULT "; \"\" = off)\n"
         "      --allow-remote         permit a non-loopback TCP address\n"
+        "      --cors-origin ORIGIN   let web pages from ORIGIN (https://host[:port]) call the HTTP front;\n"
+        "                             repeatable (default: none; any other Origin gets 403)\n"
+        "      --max-connections N    HTTP connections at once (default 256)\n"
+        "      --max-connections-per-ip N  HTTP connections per client address (default 64)\n"
+
         "      --max-frame-bytes N, --max-prompt-tokens N,\n"
         "      --max-inflight-client N, --max-inflight-total N\n"
         "      --plugins DIR          load every plugin folder in DIR (default: <exe>/../plugins)\n"
@@ -614,7 +619,7 @@ static int cmd_serve(int argc, char **argv)
 {
     enum { S_CONFIG = 300, S_KV, S_ZMQ, S_ZMQ_TCP, S_PIPE, S_REMOTE, S_FRAME, S_PROMPT, S_CLIENT, S_TOTAL,
            S_KVTYPE, S_DEVICE, S_HTTP, S_PLUGINS, S_NO_PLUGINS, S_PLUGIN_WORKERS, S_NO_PREFIX,
-           S_KEY_FILE, S_NO_AUTH };
+           S_KEY_FILE, S_NO_AUTH, S_CORS, S_MAXCONN, S_MAXCONN_IP };
     static const struct option opts[] = {
         { "config", required_argument, 0, S_CONFIG }, { "model", required_argument, 0, 'm' },
         { "threads", required_argument, 0, 't' }, { "ctx", required_argument, 0, 'c' },
@@ -626,6 +631,9 @@ static int cmd_serve(int argc, char **argv)
         { "max-inflight-total", required_argument, 0, S_TOTAL }, { "kv-type", required_argument, 0, S_KVTYPE },
         { "device", required_argument, 0, S_DEVICE },
         { "http", required_argument, 0, S_HTTP },
+        { "cors-origin", required_argument, 0, S_CORS },
+        { "max-connections", required_argument, 0, S_MAXCONN },
+        { "max-connections-per-ip", required_argument, 0, S_MAXCONN_IP },
         { "plugins", required_argument, 0, S_PLUGINS }, { "no-plugins", no_argument, 0, S_NO_PLUGINS },
         { "plugin-workers", required_argument, 0, S_PLUGIN_WORKERS },
         { "no-prefix-cache", no_argument, 0, S_NO_PREFIX },
@@ -654,6 +662,7 @@ static int cmd_serve(int argc, char **argv)
     opterr = 1;
     optind = 1;
     int bad = 0, v = 0;
+    bool cors_flag = false;            /* the first --cors-origin replaces the config file's list */
     while ((c = getopt_long(argc, argv, "m:t:c:h", opts, NULL)) != -1) {
         switch (c) {
         case S_CONFIG: break;
@@ -665,6 +674,14 @@ static int cmd_serve(int argc, char **argv)
         case S_ZMQ_TCP: bad |= rlai_config_set_str(&cfg.zmq_tcp, optarg); break;
         case S_PIPE: bad |= rlai_config_set_str(&cfg.pipe, optarg); break;
         case S_HTTP: bad |= rlai_config_set_str(&cfg.http, optarg); break;
+        case S_CORS:
+            if (!cors_flag)
+                rlai_config_clear_cors_origins(&cfg);
+            cors_flag = true;
+            bad |= rlai_config_add_cors_origin(&cfg, optarg);
+            break;
+        case S_MAXCONN: bad |= parse_int(optarg, 1, 65536, &cfg.http_max_connections); break;
+        case S_MAXCONN_IP: bad |= parse_int(optarg, 1, 65536, &cfg.http_max_connections_per_ip); break;
         case S_REMOTE: cfg.allow_remote = true; break;
         case S_FRAME: bad |= parse_int(optarg, 64, (int)RLAI_PROTO_MAX_FRAME, &v); cfg.max_frame = (size_t)v; break;
         case S_PROMPT: bad |= parse_int(optarg, 1, 1 << 20, &cfg.max_prompt_tokens); break;

@@ -248,6 +248,52 @@ START_TEST(api_key_file)
 }
 END_TEST
 
+START_TEST(http_section)
+{
+    rlai_config c;
+    char err[256];
+    ck_assert_int_eq(rlai_config_defaults(&c, "m.gguf"), 0);
+    ck_assert_int_eq(c.n_cors_origins, 0);
+    ck_assert_int_eq(c.http_max_connections, 256);
+    ck_assert_int_eq(c.http_max_connections_per_ip, 64);
+    const char *good = "{\"http\":{\"cors_origins\":[\"https://app.example:8443\",\"http://localhost:3000/\"],"
+                       "\"max_connections\":100,\"max_connections_per_ip\":10}}";
+    ck_assert_int_eq(rlai_config_load_json(&c, good, err, sizeof(err)), 0);
+    ck_assert_int_eq(c.n_cors_origins, 2);
+    ck_assert_str_eq(c.cors_origins[0], "https://app.example:8443");
+    ck_assert_int_eq(c.http_max_connections, 100);
+    ck_assert_int_eq(c.http_max_connections_per_ip, 10);
+    ck_assert_int_eq(rlai_config_validate(&c, err, sizeof(err)), 0);
+    /* A second list replaces the first. */
+    ck_assert_int_eq(rlai_config_load_json(&c, "{\"http\":{\"cors_origins\":[\"http://a.example\"]}}", err,
+                                           sizeof(err)), 0);
+    ck_assert_int_eq(c.n_cors_origins, 1);
+    /* Origins that are not scheme://host[:port] are refused at validation. */
+    const char *bad_origins[] = { "*", "app.example", "https://app.example/path", "ftp://x", "http://", "null" };
+    for (size_t i = 0; i < sizeof(bad_origins) / sizeof(bad_origins[0]); i++) {
+        rlai_config_clear_cors_origins(&c);
+        ck_assert_int_eq(rlai_config_add_cors_origin(&c, bad_origins[i]), 0);
+        ck_assert_int_eq(rlai_config_validate(&c, err, sizeof(err)), RLAI_ERR_INVALID_ARG);
+        ck_assert_ptr_nonnull(strstr(err, "CORS origin"));
+    }
+    rlai_config_clear_cors_origins(&c);
+    struct { const char *json; const char *needle; } bad[] = {
+        { "{\"http\":{\"cors_origins\":\"https://a.example\"}}", "http.cors_origins" },
+        { "{\"http\":{\"cors_origins\":[5]}}", "http.cors_origins" },
+        { "{\"http\":{\"max_connections\":0}}", "http.max_connections" },
+        { "{\"http\":{\"max_connections_per_ip\":\"5\"}}", "http.max_connections_per_ip" },
+        { "{\"http\":{\"api\":1}}", "http.api" },
+        { "{\"http\":[]}", "http" },
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        err[0] = 0;
+        ck_assert_int_eq(rlai_config_load_json(&c, bad[i].json, err, sizeof(err)), RLAI_ERR_FORMAT);
+        ck_assert_msg(strstr(err, bad[i].needle) != NULL, "%s: %s", bad[i].json, err);
+    }
+    rlai_config_free(&c);
+}
+END_TEST
+
 START_TEST(file_loading)
 {
     rlai_config c;
@@ -281,6 +327,7 @@ int main(void)
     tcase_add_test(tc, request_timeout);
     tcase_add_test(tc, auth_keys);
     tcase_add_test(tc, api_key_file);
+    tcase_add_test(tc, http_section);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -102,6 +102,8 @@ class Engine:
     def request(self, method, path, body=None, headers=None, timeout=120, auth=True):
         data = body if body is None or isinstance(body, bytes) else json.dumps(body).encode()
         hdrs = dict(self.auth_headers() if auth else {}, **(headers or {}))
+        if data is not None and not any(k.lower() == "content-type" for k in hdrs):
+            hdrs["Content-Type"] = "application/json"
         req = urllib.request.Request(self.base + path, data=data, method=method, headers=hdrs)
         try:
             with urllib.request.urlopen(req, timeout=timeout) as r:
