@@ -56,7 +56,8 @@ int rlai_config_defaults(rlai_config *c, const char *default_model)
     c->plugin_call_timeout_s = 60;
     c->shutdown_timeout_s = 5;
     c->http_max_connections = RLAI_HTTP_DEFAULT_MAX_CONNECTIONS;
-    c->http_max_connections_per_ip = RLAI_HTTP_DEFAULT_MAX_PER_IP;
+    c->http_max_connections_per_ip = 0;   /* auto (rlai_http_params) */
+    c->http_header_timeout_s = RLAI_HTTP_DEFAULT_HEADER_TIMEOUT_S;
     return rc;
 }
 
@@ -271,8 +272,10 @@ int rlai_config_load_json(rlai_config *c, const char *json, char *err, size_t er
                 } else if (!strcmp(n, "max_connections")) {
                     rc = get_int(hk, "http.max_connections", 1, 65536, &c->http_max_connections, err, errlen);
                 } else if (!strcmp(n, "max_connections_per_ip")) {
-                    rc = get_int(hk, "http.max_connections_per_ip", 1, 65536, &c->http_max_connections_per_ip, err,
+                    rc = get_int(hk, "http.max_connections_per_ip", 0, 65536, &c->http_max_connections_per_ip, err,
                                  errlen);
+                } else if (!strcmp(n, "header_timeout_s")) {
+                    rc = get_int(hk, "http.header_timeout_s", 1, 3600, &c->http_header_timeout_s, err, errlen);
                 } else {
                     rc = fail(err, errlen, RLAI_ERR_FORMAT, "config: unknown key 'http.%s'", n);
                 }
@@ -370,7 +373,7 @@ int rlai_config_validate(const rlai_config *c, char *err, size_t errlen)
             return fail(err, errlen, RLAI_ERR_INVALID_ARG,
                         "config: CORS origin '%.200s' must be scheme://host[:port], e.g. https://app.example:8443 "
                         "(no path, no '*')", c->cors_origins[i]);
-    if (c->http_max_connections <= 0 || c->http_max_connections_per_ip <= 0)
+    if (c->http_max_connections <= 0 || c->http_max_connections_per_ip < 0 || c->http_header_timeout_s <= 0)
         return fail(err, errlen, RLAI_ERR_INVALID_ARG, "config: http limits must be positive");
     if (c->max_prompt_tokens <= 0 || c->max_inflight_client <= 0 || c->max_inflight_total <= 0 || c->max_frame < 64)
         return fail(err, errlen, RLAI_ERR_INVALID_ARG, "config: limits must be positive");

@@ -65,7 +65,8 @@ typedef struct rlai_config {
     char **cors_origins;     /* "cors_origins" / --cors-origin: browser origins allowed (malloc'd) */
     int n_cors_origins;
     int http_max_connections;        /* "max_connections" / --max-connections */
-    int http_max_connections_per_ip; /* "max_connections_per_ip" / --max-connections-per-ip */
+    int http_max_connections_per_ip; /* "max_connections_per_ip" / --max-connections-per-ip; 0 = auto */
+    int http_header_timeout_s;       /* "header_timeout_s": seconds to deliver a whole request; default 10 */
 } rlai_config;
 
 /* Fills defaults: default model path, default private endpoints, limits.

@@ -815,6 +815,7 @@ int rlai_daemon_start(const rlai_config *cfg, rlai_daemon **out, char *err, size
             .cors_origins = (const char *const *)cfg->cors_origins, .n_cors_origins = cfg->n_cors_origins,
             .max_connections = cfg->http_max_connections,
             .max_connections_per_ip = cfg->http_max_connections_per_ip,
+            .header_timeout_s = cfg->http_header_timeout_s,
         };
         rc = rlai_http_start(&hp, &d->http, err, errlen);
         if (rc == RLAI_ERR_BUSY && !strcmp(cfg->http, RLAI_HTTP_DEFAULT)) {

@@ -2,6 +2,7 @@
 #include "http.h"
 #include "config.h"
 #include "api_key.h"
+#include "conn_guard.h"
 #include "rlai/error.h"
 #include "rlai/protocol.h"
 
@@ -211,6 +212,7 @@ typedef struct hreq hreq;
 
 struct rlai_http {
     struct MHD_Daemon *mhd;
+    rlai_conn_guard *guard;       /* slow-client guard (conn_guard.h) */
     int listen_fd;
     int port;
     rlai_engine *engine;
@@ -2000,8 +2002,30 @@ static enum MHD_Result options(hreq *r)
     return rc;
 }
 
+/* The connection guard's slot of a request's connection (NULL if none). */
+static rlai_conn_slot *conn_slot(struct MHD_Connection *conn)
+{
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci ? ci->socket_context : NULL;
+}
+
+static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
+                          enum MHD_ConnectionNotificationCode toe)
+{
+    rlai_http *h = cls;
+    if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+        *socket_context = ci ? rlai_conn_guard_opened(h->guard, ci->connect_fd) : NULL;
+    } else if (toe == MHD_CONNECTION_NOTIFY_CLOSED) {
+        rlai_conn_guard_closed(h->guard, *socket_context);
+        *socket_context = NULL;
+    }
+}
+
 static enum MHD_Result route(hreq *r, const char *url, const char *method)
 {
+    /* The whole request is here: the guard's request timeout stops. */
+    rlai_conn_guard_set_busy(r->h->guard, conn_slot(r->conn), true);
     bool get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
     const char *ep = "other";
     enum MHD_Result rc;
@@ -2146,8 +2170,9 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
 
 static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls, enum MHD_RequestTerminationCode toe)
 {
-    (void)cls;
-    (void)conn;
+    rlai_http *h = cls;
+    /* Answer over: a kept-alive connection waits again (timeout restarts). */
+    rlai_conn_guard_set_busy(h->guard, conn_slot(conn), false);
     hreq *r = *con_cls;
     if (!r)
         return;
@@ -2336,17 +2361,27 @@ int rlai_http_start(const rlai_http_params *p, rlai_http **out, char *err, size_
     if (getsockname(fd, (struct sockaddr *)&ss, &sl) == 0)
         h->port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
                                                  : ((struct sockaddr_in *)&ss)->sin_port);
+    int max_conn = p->max_connections > 0 ? p->max_connections : RLAI_HTTP_DEFAULT_MAX_CONNECTIONS;
+    int per_ip = p->max_connections_per_ip > 0 ? p->max_connections_per_ip
+                 : h->bound_loopback ? 0 : RLAI_HTTP_DEFAULT_MAX_PER_IP;
+    int rc_g = rlai_conn_guard_new(max_conn, 1000 * (p->header_timeout_s > 0 ? p->header_timeout_s
+                                                                              : RLAI_HTTP_DEFAULT_HEADER_TIMEOUT_S),
+                                   &h->guard);
+    if (rc_g < 0) {
+        rlai_http_stop(&h);
+        return rc_g;
+    }
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ITC |
                      MHD_USE_ERROR_LOG | (v6 ? MHD_USE_IPv6 : 0);
     h->mhd = MHD_start_daemon(flags, 0, NULL, NULL, on_access, h,
                               MHD_OPTION_EXTERNAL_LOGGER, mhd_log, h,
                               MHD_OPTION_LISTEN_SOCKET, (MHD_socket)fd,
                               MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
-                              MHD_OPTION_CONNECTION_LIMIT,
-                              (unsigned)(p->max_connections > 0 ? p->max_connections : RLAI_HTTP_DEFAULT_MAX_CONNECTIONS),
-                              MHD_OPTION_PER_IP_CONNECTION_LIMIT,
-                              (unsigned)(p->max_connections_per_ip > 0 ? p->max_connections_per_ip
-                                                                       : RLAI_HTTP_DEFAULT_MAX_PER_IP),
+                              MHD_OPTION_NOTIFY_CONNECTION, on_connection, h,
+                              /* headroom above the guard's cap, so a new client reaches the
+                                 guard, which evicts the longest-waiting connection */
+                              MHD_OPTION_CONNECTION_LIMIT, (unsigned)(max_conn + 64),
+                              MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)per_ip,
                               MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120,
                               MHD_OPTION_END);
     if (!h->mhd) {
@@ -2443,6 +2478,8 @@ void rlai_http_stop(rlai_http **self_p)
     pthread_mutex_unlock(&h->mu);
     if (h->mhd)
         MHD_stop_daemon(h->mhd);
+    h->mhd = NULL;
+    rlai_conn_guard_free(&h->guard);   /* after the connection threads are gone */
     if (h->listen_fd >= 0)
         close(h->listen_fd);
     if (stuck) {

@@ -40,7 +40,8 @@ typedef struct rlai_http rlai_http;
 
 /* Defaults of the connection limits (docs/SERVE.md, "Connection limits"). */
 #define RLAI_HTTP_DEFAULT_MAX_CONNECTIONS 256
-#define RLAI_HTTP_DEFAULT_MAX_PER_IP 64
+#define RLAI_HTTP_DEFAULT_MAX_PER_IP 64      /* non-loopback binds only */
+#define RLAI_HTTP_DEFAULT_HEADER_TIMEOUT_S 10
 
 
 typedef struct rlai_http_params {
@@ -60,7 +61,12 @@ typedef struct rlai_http_params {
     const char *const *cors_origins; /* browser origins allowed to call ("https://app.example:8443");
                                      a request with any other Origin header gets 403 */
     int n_cors_origins;
-    int max_connections_per_ip;   /* connections from one client address; 0 = 64 */
+    int max_connections_per_ip;   /* connections from one client address; 0 = auto: none on a
+                                     loopback bind (every local client is 127.0.0.1: the
+                                     connection guard handles floods), 64 otherwise */
+    int header_timeout_s;         /* a connection must deliver a whole request (headers and
+                                     body) this long after accept or after its previous answer,
+                                     else it is closed; 0 = 10 (host/conn_guard.h) */
     bool quiet;                   /* no per-request log lines (errors still go to stderr) */
     const char *api_key;          /* every route except GET /health and OPTIONS needs
                                      "Authorization: Bearer <api_key>" (401 invalid_api_key

@@ -681,7 +681,7 @@ static int cmd_serve(int argc, char **argv)
             bad |= rlai_config_add_cors_origin(&cfg, optarg);
             break;
         case S_MAXCONN: bad |= parse_int(optarg, 1, 65536, &cfg.http_max_connections); break;
-        case S_MAXCONN_IP: bad |= parse_int(optarg, 1, 65536, &cfg.http_max_connections_per_ip); break;
+        case S_MAXCONN_IP: bad |= parse_int(optarg, 0, 65536, &cfg.http_max_connections_per_ip); break;
         case S_REMOTE: cfg.allow_remote = true; break;
         case S_FRAME: bad |= parse_int(optarg, 64, (int)RLAI_PROTO_MAX_FRAME, &v); cfg.max_frame = (size_t)v; break;
         case S_PROMPT: bad |= parse_int(optarg, 1, 1 << 20, &cfg.max_prompt_tokens); break;

@@ -255,7 +255,8 @@ START_TEST(http_section)
     ck_assert_int_eq(rlai_config_defaults(&c, "m.gguf"), 0);
     ck_assert_int_eq(c.n_cors_origins, 0);
     ck_assert_int_eq(c.http_max_connections, 256);
-    ck_assert_int_eq(c.http_max_connections_per_ip, 64);
+    ck_assert_int_eq(c.http_max_connections_per_ip, 0);   /* auto */
+    ck_assert_int_eq(c.http_header_timeout_s, 10);
     const char *good = "{\"http\":{\"cors_origins\":[\"https://app.example:8443\",\"http://localhost:3000/\"],"
                        "\"max_connections\":100,\"max_connections_per_ip\":10}}";
     ck_assert_int_eq(rlai_config_load_json(&c, good, err, sizeof(err)), 0);

@@ -19,9 +19,9 @@ def engine(tmp_path_factory):
     assert rc == 0, e.read_log()
 
 
-def raw_post(port, path, body, headers=b"Content-Type: application/json\r\n"):
-    s = socket.create_connection(("127.0.0.1", port))
-    s.sendall(b"POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\n" % path.encode() + headers +
+def raw_post(engine, path, body, headers=b"Content-Type: application/json\r\n"):
+    s = socket.create_connection(("127.0.0.1", engine.port))
+    s.sendall(b"POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\n" % path.encode() + engine.auth_bytes() + headers +
               b"Content-Length: %d\r\n\r\n" % len(body) + body)
     return s
 
@@ -55,7 +55,7 @@ def test_half_close_keeps_the_stream(engine):
     want = engine.client().chat.completions.create(model="default", messages=HELLO, max_tokens=40,
                                                    temperature=0).choices[0].message.content
     body = json.dumps({"messages": HELLO, "max_tokens": 40, "temperature": 0, "stream": True}).encode()
-    s = raw_post(engine.port, "/v1/chat/completions", body)
+    s = raw_post(engine, "/v1/chat/completions", body)
     s.shutdown(socket.SHUT_WR)
     raw = read_all(s)
     s.close()
@@ -70,7 +70,7 @@ def test_half_close_keeps_the_stream(engine):
     assert text == want
     # Non-streaming too: the JSON answer arrives after the half-close.
     body = json.dumps({"messages": HELLO, "max_tokens": 40, "temperature": 0}).encode()
-    s = raw_post(engine.port, "/v1/chat/completions", body)
+    s = raw_post(engine, "/v1/chat/completions", body)
     s.shutdown(socket.SHUT_WR)
     raw = read_all(s)
     s.close()
@@ -88,7 +88,7 @@ def test_real_close_still_cancels(engine):
     for stream in (True, False):
         body = json.dumps({"messages": [{"role": "user", "content": "Tell me a very long story about the sea."}],
                            "max_tokens": 1500, "temperature": 0, "stream": stream, "ignore_eos": True}).encode()
-        s = raw_post(engine.port, "/v1/chat/completions", body)
+        s = raw_post(engine, "/v1/chat/completions", body)
         assert wait_running(engine, 1, 30)
         time.sleep(0.3)
         s.close()
@@ -207,7 +207,7 @@ def test_post_needs_json_content_type(engine):
             e = valid_error(st, resp, 415)
             assert e["code"] == "unsupported_media_type" and e["type"] == "invalid_request_error", e
     # No Content-Type at all (urllib would add one: a raw socket).
-    s = raw_post(engine.port, "/v1/chat/completions", body, headers=b"Connection: close\r\n")
+    s = raw_post(engine, "/v1/chat/completions", body, headers=b"Connection: close\r\n")
     raw = read_all(s, 30)
     s.close()
     assert raw.startswith(b"HTTP/1.1 415"), raw[:100]
@@ -279,3 +279,65 @@ def test_host_check_follows_the_bound_address(cors_engine):
     for host in ("localhost", f"127.0.0.1:{cors_engine.port}", "[::1]"):
         st, _, _ = cors_engine.request("GET", "/health", headers={"Host": host})
         assert st == 200, host
+
+
+# ---------------------------------------------------------------- slowloris
+
+def _slow_client(port, stop, held, reconnects):
+    """A slowloris connection: sends part of the headers, then one header
+    byte every second; when the server drops it, opens a new one a second
+    later (as slowloris tools re-open lost sockets every cycle)."""
+    while not stop.is_set():
+        try:
+            s = socket.create_connection(("127.0.0.1", port), timeout=5)
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nX-a: ")
+            held.append(s)
+            while not stop.is_set():
+                s.sendall(b"a")
+                stop.wait(1.0)
+        except OSError:
+            reconnects.append(1)
+            stop.wait(1.0)
+
+
+def test_good_client_is_served_during_slowloris(tmp_path):
+    """256 connections that never finish their headers (and come back when
+    dropped) must not lock out a client that sends its request promptly:
+    the total cap evicts the connection waiting longest, and a request not
+    delivered within http.header_timeout_s is closed (the old front kept
+    such connections for up to 120 s and refused everyone else)."""
+    cfg = tmp_path / "rlai.json"
+    cfg.write_text(json.dumps({"http": {"max_connections": 64, "header_timeout_s": 3}}))
+    e = Engine(tmp_path, extra=("--config", str(cfg)))
+    stop = threading.Event()
+    held, reconnects = [], []
+    threads = [threading.Thread(target=_slow_client, args=(e.port, stop, held, reconnects), daemon=True)
+               for _ in range(256)]
+    try:
+        for t in threads:
+            t.start()
+        time.sleep(2.0)                  # the flood is in place
+        assert len(held) >= 64
+        times = []
+        for i in range(3):
+            t0 = time.monotonic()
+            st, _, body = e.request("POST", "/v1/chat/completions",
+                                 json.dumps({"messages": [{"role": "user", "content": "Hi"}],
+                                             "max_tokens": 4, "temperature": 0}).encode(), timeout=20)
+            times.append(time.monotonic() - t0)
+            assert st == 200, body[:300]
+            assert json.loads(body)["choices"][0]["message"]["content"]
+        # bounded: each good request finished well inside its own timeout
+        assert max(times) < 15, times
+        # the server did drop slow connections (evicted or timed out)
+        assert reconnects, "no slow connection was ever dropped"
+    finally:
+        stop.set()
+        for s in held:
+            try:
+                s.close()
+            except OSError:
+                pass
+        for t in threads:
+            t.join(timeout=5)
+        assert e.stop() == 0, e.read_log()
