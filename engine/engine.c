@@ -9,6 +9,7 @@
 #include "kv_cache.h"
 #include "model.h"
 #include "sampler.h"
+#include "spec.h"
 #include "textstream.h"
 #include "threadpool.h"
 #include "tokenizer.h"
@@ -48,7 +49,11 @@ typedef struct rlai_req {
     rlai_gen_metrics mt;
     double t_submit, t_admit, t_first, t_prefill_end;
     double t_deadline;           /* monotonic ms; 0 = none (gen.timeout_ms) */
-    int n_decode;                /* forwards after the first token */
+    int n_decode;                /* tokens emitted by decode steps (after the first) */
+    rlai_spec_state spec;        /* adaptive draft length (spec.h) */
+    int32_t draft[RLAI_SPEC_MAX_DRAFT];
+    int n_draft;                 /* draft tokens fed this step */
+    int row0;                    /* logits row of the last real token this step */
 } rlai_req;
 
 
@@ -100,6 +105,24 @@ void rlai_engine_params_init(rlai_engine_params *p)
     p->prefill_chunk = 512;
     p->max_running = 64;
     p->max_queue = 256;
+    p->spec = RLAI_SPEC_AUTO;
+    p->spec_max_draft = 8;
+    p->spec_max_batch = 2;
+}
+
+int rlai_spec_mode_parse(const char *s)
+{
+    if (!s)
+        return RLAI_ERR_INVALID_ARG;
+    if (!strcmp(s, "auto"))
+        return RLAI_SPEC_AUTO;
+    if (!strcmp(s, "off"))
+        return RLAI_SPEC_OFF;
+    if (!strcmp(s, "ngram"))
+        return RLAI_SPEC_NGRAM;
+    if (!strcmp(s, "draft") || !strcmp(s, "self"))
+        return RLAI_ERR_UNSUPPORTED;
+    return RLAI_ERR_INVALID_ARG;
 }
 
 const char *rlai_stop_reason_name(rlai_stop_reason r)
@@ -245,6 +268,14 @@ int rlai_engine_open(const char *path, const rlai_engine_params *params,
         e->params.max_running = 64;
     if (e->params.max_queue <= 0)
         e->params.max_queue = 256;
+    if (e->params.spec != RLAI_SPEC_OFF && e->params.spec != RLAI_SPEC_NGRAM)
+        e->params.spec = RLAI_SPEC_OFF; /* AUTO: off until bench_spec shows it pays */
+    if (e->params.spec_max_draft <= 0)
+        e->params.spec_max_draft = 8;
+    if (e->params.spec_max_draft > RLAI_SPEC_MAX_DRAFT)
+        e->params.spec_max_draft = RLAI_SPEC_MAX_DRAFT;
+    if (e->params.spec_max_batch == 0)
+        e->params.spec_max_batch = 2;
     e->next_id = 1;
     rlai_gguf_str tmpl = { NULL, 0 };
     rlai_gguf_get_str(e->gguf, "tokenizer.chat_template", &tmpl);
@@ -479,6 +510,16 @@ int rlai_engine_submit(rlai_engine *e, const rlai_request_params *rp, uint64_t *
     if (!r)
         return RLAI_ERR_NOMEM;
     r->gp = rp->gen;
+    if ((int)r->gp.spec < RLAI_SPEC_AUTO || (int)r->gp.spec > RLAI_SPEC_NGRAM || r->gp.spec_max_draft < 0 ||
+        r->gp.spec_max_draft > RLAI_SPEC_MAX_DRAFT) {
+        free(r);
+        return RLAI_ERR_INVALID_ARG;
+    }
+    {
+        rlai_spec_mode mode = r->gp.spec == RLAI_SPEC_AUTO ? e->params.spec : r->gp.spec;
+        int md = r->gp.spec_max_draft > 0 ? r->gp.spec_max_draft : e->params.spec_max_draft;
+        rlai_spec_state_init(&r->spec, mode == RLAI_SPEC_NGRAM ? md : 0);
+    }
     int max_new = r->gp.max_tokens > 0 ? r->gp.max_tokens : e->n_ctx;
     long total = (long)rp->n_prompt + max_new;
     r->total = total > e->n_ctx ? e->n_ctx : (int)total;
@@ -711,8 +752,12 @@ typedef struct sample_job {
 static void sample_rows(void *arg, int ith, int nth)
 {
     sample_job *j = arg;
-    for (int i = ith; i < j->n_rows; i += nth)
-        j->out[i] = rlai_sampler_sample(j->rows[i]->smp, (float *)j->logits + (size_t)i * j->n_vocab);
+    for (int i = ith; i < j->n_rows; i += nth) {
+        rlai_req *r = j->rows[i];
+        float *lg = (float *)j->logits + (size_t)r->row0 * j->n_vocab;
+        j->out[i] = r->n_draft > 0 ? rlai_sampler_sample_draft(r->smp, lg, r->draft[0])
+                                   : rlai_sampler_sample(r->smp, lg);
+    }
 }
 
 /* Serial phase: record the sampled token, stream it, stop. */
@@ -758,6 +803,48 @@ static void req_sample(rlai_engine *e, rlai_req *r, int32_t tok)
         req_finish(e, r, r->n_toks >= e->n_ctx ? RLAI_STOP_CONTEXT : RLAI_STOP_MAX_TOKENS, 0);
 }
 
+/* Speculative verification (serial phase): `tok` was sampled from the
+ * request's first logits row (with the draft rule when it drafted). Emits
+ * it, and while it equals the draft token of that row, samples the next
+ * row and emits that too: the accepted draft prefix plus one corrected or
+ * bonus token, each through req_sample (stop strings, EOG, max_tokens and
+ * cancel end the run at that token). Then the K/V of rejected draft
+ * positions is dropped by truncating the block table (no copy) and the
+ * accepted full blocks are committed to the prefix cache. Returns the
+ * number of tokens emitted. */
+static int req_verify(rlai_engine *e, rlai_req *r, int32_t tok, float *logits, size_t n_vocab)
+{
+    int nd = r->n_draft, acc = 0, emitted = 0;
+    int p0 = r->seq.n_tokens - 1;   /* position of the token fed this step */
+    for (int j = 0;; j++) {
+        bool hit = j < nd && tok == r->draft[j];
+        req_sample(e, r, tok);
+        emitted++;
+        if (r->done || !hit)
+            break;
+        acc++;
+        float *lg = logits + (size_t)(r->row0 + j + 1) * n_vocab;
+        tok = j + 1 < nd ? rlai_sampler_sample_draft(r->smp, lg, r->draft[j + 1])
+                         : rlai_sampler_sample(r->smp, lg);
+    }
+    if (nd > 0) {
+        rlai_spec_feedback(&r->spec, nd, acc);
+        r->mt.drafted_tokens += nd;
+        r->mt.accepted_tokens += acc;
+        if (!r->done) {
+            /* positions p0..p0+acc hold the fed token and the accepted
+             * drafts; everything after is rejected */
+            r->seq.n_tokens = p0 + 1 + acc;
+            int dropped = rlai_kv_seq_truncate(e->kv, &r->seq, r->seq.n_tokens);
+            if (dropped > 0)
+                r->reserve += dropped;
+            rlai_kv_prefix_commit(e->kv, &r->seq, r->toks, r->seq.n_tokens);
+        }
+        r->n_draft = 0;
+    }
+    return emitted;
+}
+
 /* Tokens a request feeds this step: its decode token, or a prompt chunk
  * taken from the step's prefill budget. */
 static int step_take(const rlai_req *r, int *budget)
@@ -784,24 +871,42 @@ static int step_locked(rlai_engine *e)
             req_finish(e, r, RLAI_STOP_TIMEOUT, 0);
     admit(e, &finished);
 
-    /* Build one batch: one decode token per streaming request, prefill
-     * chunks for the others within the per-step prompt budget. */
+    /* Build one batch: one decode token per streaming request (plus its
+     * speculative draft, when it has one), prefill chunks for the others
+     * within the per-step prompt budget. */
     const rlai_hparams *hp = rlai_model_hparams(e->model);
-    int budget = e->params.prefill_chunk, n = 0, n_rows = 0, n_seqs = 0;
+    int budget = e->params.prefill_chunk, n = 0, n_want = 0, n_seqs = 0, n_dec = 0;
+    for (rlai_req *r = e->running; r; r = r->next)
+        if (!r->done && r->n_toks - r->seq.n_tokens == 1 && r->n_toks > r->n_prompt)
+            n_dec++;
+    /* Drafting pays only while decode is bandwidth-bound: with more than a
+     * few decoding sequences the extra tokens are no longer nearly free. */
+    bool spec_ok = e->params.spec_max_batch < 0 || n_dec <= e->params.spec_max_batch;
     for (rlai_req *r = e->running; r; r = r->next) {
         if (r->done)
             continue;
-        n += step_take(r, &budget);
+        r->n_draft = 0;
+        int t = step_take(r, &budget);
+        if (t == 1 && r->n_toks > r->n_prompt && spec_ok) {
+            int g = rlai_spec_next_gamma(&r->spec);
+            int room = r->total - r->n_toks; /* KV positions reserved beyond the pending token */
+            if (g > room)
+                g = room;
+            if (g > 0)
+                r->n_draft = rlai_spec_ngram_draft(r->toks, r->n_toks, g, r->draft, NULL);
+        }
+        n += t + r->n_draft;
+        n_want += t > 0 && r->seq.n_tokens + t == r->n_toks ? 1 + r->n_draft : 0;
         n_seqs++;
     }
     int rc = 0;
     if (n > 0) {
-        if (e->step_logits_rows < n_seqs) {
-            float *nl = realloc(e->step_logits, sizeof(float) * (size_t)n_seqs * (size_t)hp->n_vocab);
+        if (e->step_logits_rows < n_want) {
+            float *nl = realloc(e->step_logits, sizeof(float) * (size_t)n_want * (size_t)hp->n_vocab);
             if (!nl)
                 return RLAI_ERR_NOMEM;
             e->step_logits = nl;
-            e->step_logits_rows = n_seqs;
+            e->step_logits_rows = n_want;
         }
         int32_t *tokens = malloc(sizeof(int32_t) * (size_t)n);
         int32_t *pos = malloc(sizeof(int32_t) * (size_t)n);
@@ -810,6 +915,7 @@ static int step_locked(rlai_engine *e)
         rlai_kv_seq **seqs = malloc(sizeof(rlai_kv_seq *) * (size_t)n_seqs);
         rlai_req **rows = malloc(sizeof(rlai_req *) * (size_t)n_seqs);
         int *take = malloc(sizeof(int) * (size_t)n_seqs);
+        int n_rows = 0, wi = 0;
         if (!tokens || !pos || !sidx || !want || !seqs || !rows || !take) {
             rc = RLAI_ERR_NOMEM;
         } else {
@@ -823,8 +929,9 @@ static int step_locked(rlai_engine *e)
                 if (t <= 0) {
                     continue;
                 }
+                int nd = r->n_draft;
                 int p0 = r->seq.n_tokens, before = r->seq.n_blocks;
-                int wrc = rlai_kv_seq_prepare_write(e->kv, &r->seq, p0, p0 + t);
+                int wrc = rlai_kv_seq_prepare_write(e->kv, &r->seq, p0, p0 + t + nd);
                 if (wrc < 0) {
                     req_finish(e, r, RLAI_STOP_NONE, wrc);
                     continue;
@@ -834,13 +941,16 @@ static int step_locked(rlai_engine *e)
                     r->reserve = 0;
                 seqs[si] = &r->seq;
                 take[si] = t;
-                for (int j = 0; j < t; j++) {
-                    tokens[k] = r->toks[p0 + j];
+                for (int j = 0; j < t + nd; j++) {
+                    tokens[k] = j < t ? r->toks[p0 + j] : r->draft[j - t];
                     pos[k] = p0 + j;
                     sidx[k] = si;
-                    want[k] = p0 + j == r->n_toks - 1;
-                    if (want[k])
+                    want[k] = p0 + j >= r->n_toks - 1;  /* the last real token and every draft token */
+                    if (want[k] && j == t - 1) {
+                        r->row0 = wi;
                         rows[n_rows++] = r;
+                    }
+                    wi += want[k];
                     k++;
                 }
                 si++;
@@ -868,14 +978,16 @@ static int step_locked(rlai_engine *e)
                 }
                 for (int i = 0; i < n_rows; i++) {
                     rlai_req *r = rows[i];
-                    if (r->seq.n_tokens > r->n_prompt)
-                        r->n_decode++;
+                    bool decode = r->seq.n_tokens > r->n_prompt;
                     if (r->t_prefill_end == 0)
                         r->t_prefill_end = now_ms();
-                    if (sampled)
-                        req_sample(e, r, sampled[i]);
-                    else
+                    if (!sampled) {
                         req_finish(e, r, RLAI_STOP_NONE, RLAI_ERR_NOMEM);
+                        continue;
+                    }
+                    int emitted = req_verify(e, r, sampled[i], e->step_logits, (size_t)hp->n_vocab);
+                    if (decode)
+                        r->n_decode += emitted;
                 }
                 if (sampled != sampled_stack)
                     free(sampled);
@@ -924,6 +1036,8 @@ static int step_locked(rlai_engine *e)
         finished = r->next;
         pthread_mutex_lock(&e->qmu);
         e->stats.gen_tokens_total += (uint64_t)r->mt.gen_tokens;
+        e->stats.spec_drafted_total += (uint64_t)r->mt.drafted_tokens;
+        e->stats.spec_accepted_total += (uint64_t)r->mt.accepted_tokens;
         pthread_mutex_unlock(&e->qmu);
         if (r->on_done)
             r->on_done(r->user, r->id, r->status, &r->mt);

@@ -571,6 +571,24 @@ int rlai_kv_seq_prepare_write(rlai_kv_cache *kv, rlai_kv_seq *seq, int pos0, int
     return 0;
 }
 
+int rlai_kv_seq_truncate(rlai_kv_cache *kv, rlai_kv_seq *seq, int n_tokens)
+{
+    if (n_tokens < 0 || n_tokens > seq->n_blocks * RLAI_KV_BLOCK)
+        return RLAI_ERR_INVALID_ARG;
+    int keep = (n_tokens + RLAI_KV_BLOCK - 1) / RLAI_KV_BLOCK;
+    int dropped = seq->n_blocks - keep;
+    /* last block first, as in release: deeper blocks age out first */
+    while (seq->n_blocks > keep)
+        rlai_kv_block_unref(kv, seq->blocks[--seq->n_blocks]);
+    seq->n_tokens = n_tokens;
+    int full = n_tokens / RLAI_KV_BLOCK;
+    if (seq->n_committed > full) {
+        seq->n_committed = full;
+        seq->last_key = full ? kv->meta[seq->blocks[full - 1]].key : 0;
+    }
+    return dropped;
+}
+
 int rlai_kv_seq_fork(rlai_kv_cache *kv, const rlai_kv_seq *src, rlai_kv_seq *dst)
 {
     if (dst->n_blocks != 0 || src == dst)

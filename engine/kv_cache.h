@@ -134,6 +134,20 @@ void rlai_kv_prefix_commit(rlai_kv_cache *kv, rlai_kv_seq *seq, const int32_t *t
  * registered block first). Returns 0, RLAI_ERR_KV_FULL or RLAI_ERR_NOMEM. */
 int rlai_kv_seq_prepare_write(rlai_kv_cache *kv, rlai_kv_seq *seq, int pos0, int pos1);
 
+/* Rolls the sequence back to its first n_tokens tokens without copying
+ * (speculative decoding drops the K/V of rejected draft tokens): blocks
+ * wholly past n_tokens are unreferenced (freed, or left cached if someone
+ * registered them), n_tokens and the committed chain are cut to what
+ * remains (a registered block that is now only partly in use stays
+ * registered for its other users and is copied on the next write, see
+ * prepare_write). Rejected tokens thus never reach the prefix cache as
+ * long as rlai_kv_prefix_commit is given only accepted tokens. n_tokens may
+ * also exceed seq->n_tokens when the K/V of those positions were written
+ * (the accepted part of a draft). Returns the
+ * number of blocks dropped, or RLAI_ERR_INVALID_ARG (n_tokens < 0 or more
+ * than the table holds). */
+int rlai_kv_seq_truncate(rlai_kv_cache *kv, rlai_kv_seq *seq, int n_tokens);
+
 /* dst (empty) shares every block of src (references added); n_tokens,
  * n_committed, last_key copied. Returns 0 or RLAI_ERR_NOMEM. */
 int rlai_kv_seq_fork(rlai_kv_cache *kv, const rlai_kv_seq *src, rlai_kv_seq *dst);

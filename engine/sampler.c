@@ -405,6 +405,68 @@ static int apply_min_p(cand *c, int n, float min_p)
 
 /* ---- sampling ------------------------------------------------------------ */
 
+/* Candidate distribution of the non-greedy path: NaN and -inf dropped,
+ * +inf clamped, top-k, top-p, min-p, then temperature and softmax weights
+ * (unnormalised, stored in cands[i].logit). Penalties must already be
+ * applied. Returns the candidate count (0 = nothing finite). */
+static int build_dist(rlai_sampler *s, const float *logits)
+{
+    const int nv = s->n_vocab;
+    cand *c = s->cands;
+    int n = 0;
+    for (int i = 0; i < nv; i++) {
+        float l = logits[i];
+        if (l > -INFINITY) { /* false for NaN */
+            c[n].logit = l < INFINITY ? l : FLT_MAX;
+            c[n].id = i;
+            n++;
+        }
+    }
+    if (n == 0)
+        return 0;
+    int sorted = 0;
+    if (s->p.top_k > 0 && s->p.top_k < n) {
+        select_top(c, n, s->p.top_k);
+        n = s->p.top_k;
+        sorted = 1;
+    }
+    if (s->p.top_p < 1.0f)
+        n = apply_top_p(s, c, n, s->p.top_p, sorted);
+    if (s->p.min_p > 0.0f)
+        n = apply_min_p(c, n, s->p.min_p);
+    if (n == 1) {
+        c[0].logit = 1.0f;
+        return 1;
+    }
+    const double inv_t = 1.0 / (double)s->p.temperature;
+    const double mx = (double)max_logit(c, n);
+    for (int i = 0; i < n; i++)
+        c[i].logit = expf((float)(((double)c[i].logit - mx) * inv_t)); /* reuse the slot for the weight */
+    return n;
+}
+
+/* One draw from the weights c[0..n), leaving out token `skip` (-1 = none). */
+static int32_t draw(rlai_sampler *s, const cand *c, int n, int32_t skip)
+{
+    double z = 0.0;
+    for (int i = 0; i < n; i++)
+        if (c[i].id != skip)
+            z += (double)c[i].logit;
+    double r = rng_uniform(s->rng) * z;
+    double cum = 0.0;
+    int last_pos = -1;
+    for (int i = 0; i < n; i++) {
+        if (c[i].logit <= 0.0f || c[i].id == skip)
+            continue;
+        last_pos = i;
+        cum += (double)c[i].logit;
+        if (r < cum)
+            return c[i].id;
+    }
+    return last_pos >= 0 ? c[last_pos].id : c[0].id; /* rounding: r landed at the very end */
+}
+
+
 /* logits (caller-owned, n_vocab floats) is modified in place: penalties are
  * applied to it. Does not record the result: call rlai_sampler_accept() for
  * it. Returns 0 for NULL arguments or when no logit is finite or +inf. */
@@ -428,52 +490,46 @@ int32_t rlai_sampler_sample(rlai_sampler *s, float *logits)
         return best;
     }
 
-    /* candidates: NaN and -inf dropped, +inf clamped to FLT_MAX */
-    cand *c = s->cands;
-    int n = 0;
-    for (int i = 0; i < nv; i++) {
-        float l = logits[i];
-        if (l > -INFINITY) { /* false for NaN */
-            c[n].logit = l < INFINITY ? l : FLT_MAX;
-            c[n].id = i;
-            n++;
-        }
-    }
+    int n = build_dist(s, logits);
     if (n == 0)
         return 0;
-
-    int sorted = 0;
-    if (s->p.top_k > 0 && s->p.top_k < n) {
-        select_top(c, n, s->p.top_k);
-        n = s->p.top_k;
-        sorted = 1;
-    }
-    if (s->p.top_p < 1.0f)
-        n = apply_top_p(s, c, n, s->p.top_p, sorted);
-    if (s->p.min_p > 0.0f)
-        n = apply_min_p(c, n, s->p.min_p);
+    const cand *c = s->cands;
     if (n == 1)
         return c[0].id;
+    return draw(s, c, n, -1);
+}
 
-    /* temperature + softmax + draw */
-    const double inv_t = 1.0 / (double)s->p.temperature;
-    const double mx = (double)max_logit(c, n);
-    double z = 0.0;
+/* Speculative verification of a deterministic draft token (q = 1 on
+ * `draft`): with p the distribution rlai_sampler_sample draws from (same
+ * penalties, filters and temperature), accept draft with probability
+ * p(draft); on rejection draw from p with draft removed and renormalised,
+ * i.e. norm(max(0, p - q)). The emitted token is therefore distributed
+ * exactly as p. Greedy: the argmax (the draft is accepted iff it is the
+ * argmax). The result equals `draft` iff the draft was accepted. logits
+ * (caller-owned) is modified as by rlai_sampler_sample; nothing is recorded
+ * in the history. */
+int32_t rlai_sampler_sample_draft(rlai_sampler *s, float *logits, int32_t draft)
+{
+    if (!s || !logits)
+        return 0;
+    if (!(s->p.temperature > 0.0f))
+        return rlai_sampler_sample(s, logits);
+    apply_penalties(s, logits);
+    int n = build_dist(s, logits);
+    if (n == 0)
+        return 0;
+    const cand *c = s->cands;
+    if (n == 1)
+        return c[0].id;
+    double z = 0.0, wd = 0.0;
     for (int i = 0; i < n; i++) {
-        float w = expf((float)(((double)c[i].logit - mx) * inv_t));
-        c[i].logit = w; /* reuse the slot for the weight */
-        z += (double)w;
+        z += (double)c[i].logit;
+        if (c[i].id == draft)
+            wd = (double)c[i].logit;
     }
-    double r = rng_uniform(s->rng) * z;
-    double cum = 0.0;
-    int last_pos = 0;
-    for (int i = 0; i < n; i++) {
-        if (c[i].logit <= 0.0f)
-            continue;
-        last_pos = i;
-        cum += (double)c[i].logit;
-        if (r < cum)
-            return c[i].id;
-    }
-    return c[last_pos].id; /* rounding: r landed at the very end */
+    if (wd > 0.0 && rng_uniform(s->rng) * z < wd)
+        return draft;
+    if (wd >= z) /* only the draft has mass: rounding */
+        return draft;
+    return draw(s, c, n, draft);
 }

@@ -17,5 +17,12 @@ void rlai_sampler_reset(rlai_sampler *s);
 void rlai_sampler_accept(rlai_sampler *s, int32_t tok);
 /* Picks a token from logits[n_vocab]. The logits array may be modified. */
 int32_t rlai_sampler_sample(rlai_sampler *s, float *logits);
+/* Speculative verification of a deterministic draft token: accepts `draft`
+ * with probability p(draft) under the distribution rlai_sampler_sample
+ * would draw from, else draws from p without draft, renormalised (the
+ * standard rejection rule with q = 1 on the draft), so the result is
+ * distributed exactly as p. Returns draft iff accepted. Greedy: argmax.
+ * logits is modified; the result is not recorded (call accept). */
+int32_t rlai_sampler_sample_draft(rlai_sampler *s, float *logits, int32_t draft);
 
 #endif

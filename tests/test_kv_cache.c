@@ -921,6 +921,142 @@ START_TEST(prefix_randomized_operations)
 }
 END_TEST
 
+/* Speculative decoding's rollback: truncate drops whole blocks past the
+ * kept length without copying, cuts the committed chain, and a registered
+ * block left partly in use is copied (not overwritten) on the next write. */
+START_TEST(truncate_rolls_back_without_copy)
+{
+    rlai_kv_cache *kv = new_cache(16);
+    int32_t tok[64];
+    fill_tokens(tok, 64, 500);
+    rlai_kv_seq a = { 0 }, b = { 0 };
+    ck_assert_int_eq(run_prompt(kv, &a, tok, 40), 0);     /* 2 committed blocks + 1 partial */
+    ck_assert_int_eq(rlai_kv_seq_truncate(kv, &a, -1), RLAI_ERR_INVALID_ARG);
+    ck_assert_int_eq(rlai_kv_seq_truncate(kv, &a, 49), RLAI_ERR_INVALID_ARG); /* beyond 3 blocks */
+    int32_t keep0 = a.blocks[0], keep1 = a.blocks[1];
+    /* grow by a "draft" of 20 tokens into 2 more blocks, then reject all */
+    ck_assert_int_eq(rlai_kv_seq_prepare_write(kv, &a, 40, 60), 0);
+    ck_assert_int_eq(a.n_blocks, 4);
+    ck_assert_int_eq(rlai_kv_seq_truncate(kv, &a, 40), 1);
+    ck_assert_int_eq(a.n_blocks, 3);
+    ck_assert_int_eq(a.n_tokens, 40);
+    ck_assert_int_eq(a.n_committed, 2);
+    ck_assert_int_eq(a.blocks[0], keep0);                   /* no copy */
+    ck_assert_int_eq(a.blocks[1], keep1);
+    ck_assert_int_eq(first_bad(kv, &a, tok, 40), -1);
+    rlai_kv_seq *all[] = { &a, &b };
+    assert_consistent(kv, all, 1);
+
+    /* Truncate into the committed chain: block 1 stays registered (b
+     * shares it), a's next write there copies it, b keeps its K/V. */
+    ck_assert_int_eq(run_prompt(kv, &b, tok, 40), 32);
+    ck_assert_int_eq(rlai_kv_seq_truncate(kv, &a, 20), 1);
+    ck_assert_int_eq(a.n_committed, 1);
+    assert_consistent(kv, all, 2);
+    int32_t other[64];
+    memcpy(other, tok, sizeof(tok));
+    for (int i = 20; i < 64; i++)
+        other[i] = 9000 + i;
+    ck_assert_int_eq(rlai_kv_seq_prepare_write(kv, &a, 20, 40), 0);
+    ck_assert_int_ne(a.blocks[1], keep1);                   /* copied on write */
+    write_range(kv, &a, other, 20, 40);
+    a.n_tokens = 40;
+    rlai_kv_prefix_commit(kv, &a, other, 40);
+    ck_assert_int_eq(first_bad(kv, &a, other, 40), -1);
+    ck_assert_int_eq(first_bad(kv, &b, tok, 40), -1);
+    assert_consistent(kv, all, 2);
+    rlai_kv_seq_release(kv, &a);
+    rlai_kv_seq_release(kv, &b);
+    assert_consistent(kv, NULL, 0);
+    rlai_kv_cache_destroy(kv);
+}
+END_TEST
+
+/* Random speculative steps on three sequences that share a prefix: each
+ * step writes the fed token plus a random draft, accepts a random prefix
+ * of it, truncates and commits only accepted tokens. After every step the
+ * invariant checker passes and every sequence's K/V equal its true
+ * tokens; restarted sequences re-attach cached blocks whose K/V are those
+ * of the true tokens (a block holding rejected draft K/V never got
+ * registered). */
+#define SPN 3
+#define SPLEN 240
+static int32_t sp_true(int s, int p)
+{
+    return p < 24 + 16 * s ? 1000 + p % 37 : 2000 * (s + 1) + p;
+}
+
+START_TEST(spec_random_accept_reject_keeps_cache_consistent)
+{
+    rlai_kv_cache *kv = new_cache(64);
+    srand(1234);
+    rlai_kv_seq seq[SPN];
+    memset(seq, 0, sizeof(seq));
+    static int32_t tok[SPN][SPLEN + 32], wtok[SPLEN + 32];
+    int n_toks[SPN];
+    rlai_kv_seq *all[SPN];
+    for (int s = 0; s < SPN; s++) {
+        for (int p = 0; p < SPLEN + 32; p++)
+            tok[s][p] = sp_true(s, p);
+        all[s] = &seq[s];
+        run_prompt(kv, &seq[s], tok[s], 20);   /* prompt of 20; 20 pending = token at 20 */
+        seq[s].n_tokens = 20;
+        n_toks[s] = 21;
+    }
+    int restarts = 0, accepted_total = 0, rejected_total = 0, reused = 0;
+    for (int step = 0; step < 600; step++) {
+        int s = rand() % SPN;
+        rlai_kv_seq *q = &seq[s];
+        int p0 = q->n_tokens;                       /* == n_toks - 1 */
+        ck_assert_int_eq(p0, n_toks[s] - 1);
+        int k = rand() % 7;
+        if (p0 + 1 + k > SPLEN) {
+            /* finished: release and start again from the cache */
+            rlai_kv_seq_release(kv, q);
+            /* run_prompt attaches the cached blocks and checks their K/V */
+            reused += run_prompt(kv, q, tok[s], 20 + rand() % 150);
+            n_toks[s] = q->n_tokens + 1;
+            restarts++;
+            assert_consistent(kv, all, SPN);
+            continue;
+        }
+        int a = k ? rand() % (k + 1) : 0;           /* accepted draft tokens */
+        memcpy(wtok, tok[s], sizeof(wtok));
+        for (int j = 0; j < k; j++)                 /* draft: true up to a, then wrong */
+            wtok[p0 + 1 + j] = j < a ? tok[s][p0 + 1 + j] : 7000 + rand() % 50;
+        ck_assert_int_eq(rlai_kv_seq_prepare_write(kv, q, p0, p0 + 1 + k), 0);
+        write_range(kv, q, wtok, p0, p0 + 1 + k);
+        q->n_tokens = p0 + 1;
+        rlai_kv_prefix_commit(kv, q, tok[s], q->n_tokens);
+        /* accept a drafts + 1 corrected/bonus token */
+        n_toks[s] = p0 + 1 + a + 1;
+        q->n_tokens = p0 + 1 + a;
+        ck_assert_int_ge(rlai_kv_seq_truncate(kv, q, q->n_tokens), 0);
+        rlai_kv_prefix_commit(kv, q, tok[s], q->n_tokens);
+        ck_assert_int_eq(q->n_blocks, (q->n_tokens + 15) / 16);
+        accepted_total += a;
+        rejected_total += k - a;
+        ck_assert_int_eq(first_bad(kv, q, tok[s], q->n_tokens), -1);
+        assert_consistent(kv, all, SPN);
+    }
+    ck_assert_int_gt(restarts, 3);
+    ck_assert_int_gt(reused, 0);
+    ck_assert_int_gt(accepted_total, 100);
+    ck_assert_int_gt(rejected_total, 100);
+    for (int s = 0; s < SPN; s++) {
+        rlai_kv_seq_release(kv, &seq[s]);
+        /* every cached block of the true stream holds the true K/V */
+        rlai_kv_seq c = { 0 };
+        int m = rlai_kv_prefix_attach(kv, &c, tok[s], SPLEN, SPLEN);
+        ck_assert_int_ge(m, 16);
+        ck_assert_int_eq(first_bad(kv, &c, tok[s], m), -1);
+        rlai_kv_seq_release(kv, &c);
+    }
+    assert_consistent(kv, NULL, 0);
+    rlai_kv_cache_destroy(kv);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("kv_cache");
@@ -942,6 +1078,8 @@ int main(void)
     tcase_add_test(tc, prefix_fork_then_write_partial_block);
     tcase_add_test(tc, prefix_exhaustion_leaves_tables_intact);
     tcase_add_test(tc, prefix_randomized_operations);
+    tcase_add_test(tc, truncate_rolls_back_without_copy);
+    tcase_add_test(tc, spec_random_accept_reject_keeps_cache_consistent);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

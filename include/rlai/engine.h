@@ -42,6 +42,20 @@ typedef enum rlai_kv_type {
     RLAI_KV_Q8_0 = 1,     /* 8-bit blocks of 32: about half the memory of f16 */
 } rlai_kv_type;
 
+/* Speculative decoding (docs/SPECULATIVE.md). In engine params AUTO means
+ * the built-in default (currently OFF: not yet benchmarked); in gen params
+ * AUTO means "as the engine". */
+typedef enum rlai_spec_mode {
+    RLAI_SPEC_AUTO = 0,
+    RLAI_SPEC_OFF = 1,
+    RLAI_SPEC_NGRAM = 2,   /* prompt-lookup drafting, verified in one forward */
+} rlai_spec_mode;
+
+/* Parses "off" / "ngram" (and "auto"); returns the mode or
+ * RLAI_ERR_UNSUPPORTED for "draft" (a draft model is not implemented) and
+ * RLAI_ERR_INVALID_ARG for anything else. */
+int rlai_spec_mode_parse(const char *s);
+
 typedef struct rlai_engine_params {
     int n_threads;        /* 0 = number of online CPUs */
     int prefill_chunk;    /* prompt tokens per step across requests; 0 = 512 */
@@ -60,6 +74,10 @@ typedef struct rlai_engine_params {
                              "cuda" or "cuda:N" (fails with RLAI_ERR_UNSUPPORTED
                              and a message when CUDA cannot be used). Copied.
                              `isa` applies to the CPU backend. */
+    rlai_spec_mode spec;  /* speculative decoding (AUTO = off for now) */
+    int spec_max_draft;   /* longest draft per step; 0 = 8, at most 16 */
+    int spec_max_batch;   /* drafting only while at most this many sequences
+                             decode in a step; 0 = 2, < 0 = no limit */
 } rlai_engine_params;
 
 /* Fills defaults (all zero/auto, precise=false). */
@@ -155,6 +173,8 @@ typedef struct rlai_gen_params {
                                        (queue time included), 0 = none; past it the
                                        request ends within one scheduler step with
                                        RLAI_STOP_TIMEOUT (status 0, text so far kept) */
+    rlai_spec_mode spec;            /* AUTO = engine's setting; OFF / NGRAM override it */
+    int spec_max_draft;             /* 0 = engine's; else 1..16 (lowers or raises the cap) */
 } rlai_gen_params;
 
 /* Defaults: greedy, penalties off, max_tokens 256, no stop strings. */
@@ -184,6 +204,8 @@ typedef struct rlai_gen_metrics {
     double decode_ms;
     double prefill_tps;        /* prompt tokens / prefill seconds */
     double decode_tps;         /* (gen_tokens-1) / decode seconds */
+    int drafted_tokens;        /* speculative draft tokens verified */
+    int accepted_tokens;       /* of those, accepted (emitted without a forward of their own) */
     rlai_stop_reason stop;
 } rlai_gen_metrics;
 
@@ -272,6 +294,7 @@ typedef struct rlai_engine_stats {
     int kv_blocks_total, kv_blocks_free, kv_blocks_used, kv_blocks_cached, kv_blocks_pinned;
     uint64_t prompt_tokens_total, prompt_tokens_reused_total, gen_tokens_total, requests_total;
     uint64_t steps;
+    uint64_t spec_drafted_total, spec_accepted_total;  /* speculative draft tokens */
 } rlai_engine_stats;
 void rlai_engine_get_stats(rlai_engine *e, rlai_engine_stats *out);
 
