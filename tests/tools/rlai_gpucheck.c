@@ -58,8 +58,8 @@ static rlai_engine *open_engine(const char *device, bool precise)
 
 static const char *prompts[3] = {
     "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n",
-    "The quick brown fox jumps over the lazy dog. Once upon a time, in a land far away, there lived a "
-    "keeper of lighthouses who counted ships every night and wrote their names in a book.",
+    ("The quick brown fox jumps over the lazy dog. Once upon a time, in a land far away, there lived a "
+     "keeper of lighthouses who counted ships every night and wrote their names in a book."),
     "def fib(n):\n    if n < 2:\n        return n\n    return fib(n - 1) + fib(n - 2)\n\nprint(fib(10))\n",
 };
 
