@@ -2,6 +2,7 @@
 #include "config.h"
 #include "http.h"
 #include "rlai/client.h"
+#include "rlai/engine.h"
 #include "rlai/error.h"
 #include "rlai/protocol.h"
 
@@ -141,6 +142,18 @@ int rlai_config_load_json(rlai_config *c, const char *json, char *err, size_t er
             rc = get_int(it, k, 0, 1 << 24, &c->kv_blocks, err, errlen);
         } else if (!strcmp(k, "device")) {
             rc = get_str(it, k, &c->device, err, errlen);
+        } else if (!strcmp(k, "spec")) {
+            int mode = cJSON_IsString(it) ? rlai_spec_mode_parse(it->valuestring) : RLAI_ERR_INVALID_ARG;
+            if (mode == RLAI_ERR_UNSUPPORTED)
+                rc = fail(err, errlen, RLAI_ERR_FORMAT,
+                          "config: 'spec': draft-model and self-speculative drafting are not implemented "
+                          "(use \"off\", \"ngram\" or \"auto\")");
+            else if (mode < 0)
+                rc = fail(err, errlen, RLAI_ERR_FORMAT, "config: 'spec' must be \"off\", \"ngram\" or \"auto\"");
+            else
+                c->spec = mode;
+        } else if (!strcmp(k, "spec_max_draft")) {
+            rc = get_int(it, k, 1, 16, &c->spec_max_draft, err, errlen);
         } else if (!strcmp(k, "kv_type")) {
             if (cJSON_IsString(it) && !strcmp(it->valuestring, "f16"))
                 c->kv_q8_0 = false;

@@ -3,7 +3,7 @@
  *
  * File format (every key optional):
  *   { "model": "PATH", "threads": 2, "context": 4096, "kv_blocks": 0, "kv_type": "f16",
- *     "device": "auto",
+ *     "device": "auto", "spec": "auto", "spec_max_draft": 8,
  *     "endpoints": { "zmq": "ipc://...", "zmq_tcp": "tcp://127.0.0.1:5677",
  *                    "pipe": "PATH", "http": "127.0.0.1:5676", "allow_remote": false },
  *     "limits": { "max_frame_bytes": 4194304, "max_prompt_tokens": 4096,
@@ -37,6 +37,8 @@ typedef struct rlai_config {
     int kv_blocks;           /* 0 = one full context */
     bool kv_q8_0;            /* KV cache in q8_0 instead of f16 ("kv_type": "q8_0") */
     char *device;            /* "device": auto|cpu|cuda|cuda:N; NULL = auto */
+    int spec;                /* "spec" / --spec: rlai_spec_mode (auto|off|ngram); 0 = auto */
+    int spec_max_draft;      /* "spec_max_draft" / --spec-max-draft: 1..16; 0 = engine's (8) */
     char *zmq;               /* NULL = disabled */
     char *zmq_tcp;           /* NULL = disabled (default) */
     char *pipe;              /* NULL = disabled */

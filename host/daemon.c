@@ -171,7 +171,7 @@ static void answer_stats(rlai_daemon *d, rlai_conn conn, uint64_t id)
     msgpack_sbuffer_init(&sb);
     msgpack_packer pk;
     msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-    msgpack_pack_map(&pk, 11);
+    msgpack_pack_map(&pk, 13);
     pack_str(&pk, "engine");
     pack_str(&pk, ENGINE_NAME);
     pack_str(&pk, "requests_total");
@@ -190,6 +190,10 @@ static void answer_stats(rlai_daemon *d, rlai_conn conn, uint64_t id)
     msgpack_pack_uint64(&pk, es.prompt_tokens_total);
     pack_str(&pk, "prompt_tokens_reused");
     msgpack_pack_uint64(&pk, es.prompt_tokens_reused_total);
+    pack_str(&pk, "spec_drafted_tokens");
+    msgpack_pack_uint64(&pk, es.spec_drafted_total);
+    pack_str(&pk, "spec_accepted_tokens");
+    msgpack_pack_uint64(&pk, es.spec_accepted_total);
     pack_str(&pk, "kv_blocks");
     msgpack_pack_map(&pk, 5);
     pack_str(&pk, "total");
@@ -293,6 +297,7 @@ static void on_done(void *user, uint64_t engine_id, int status, const rlai_gen_m
             .queue_ms = gm->queue_ms, .ttft_ms = gm->ttft_ms, .prefill_tps = gm->prefill_tps,
             .decode_tps = gm->decode_tps, .prompt_tokens = (uint32_t)gm->prompt_tokens,
             .gen_tokens = (uint32_t)gm->gen_tokens, .reused_tokens = (uint32_t)gm->reused_tokens,
+            .drafted_tokens = (uint32_t)gm->drafted_tokens, .accepted_tokens = (uint32_t)gm->accepted_tokens,
         };
         send_done(d, j->conn, j->id, cancel ? "cancelled" : rlai_stop_reason_name(gm->stop), &mm);
     }
@@ -363,6 +368,8 @@ static void apply_gen(const rlai_msg_gen *g, rlai_gen_params *gp)
     if (g->has_seed) gp->sampling.seed = g->seed;
     gp->ignore_eos = g->ignore_eos;
     if (g->has_timeout_ms) gp->timeout_ms = g->timeout_ms;
+    if (g->has_spec) gp->spec = (rlai_spec_mode)g->spec;
+    if (g->has_spec_max_draft) gp->spec_max_draft = (int)g->spec_max_draft;
 }
 
 /* Turns a generate/chat request into prompt tokens and submits it. */
@@ -541,6 +548,7 @@ static void call_done(void *user, const char *stop, const rlai_call_metrics *m)
                 .queue_ms = m->queue_ms, .ttft_ms = m->ttft_ms, .prefill_tps = m->prefill_tps,
                 .decode_tps = m->decode_tps, .prompt_tokens = (uint32_t)m->prompt_tokens,
                 .gen_tokens = (uint32_t)m->gen_tokens, .reused_tokens = (uint32_t)m->reused_tokens,
+                .drafted_tokens = (uint32_t)m->drafted_tokens, .accepted_tokens = (uint32_t)m->accepted_tokens,
             };
         send_done(d, j->conn, j->id, cancel ? "cancelled" : (stop ? stop : ""), m && m->valid ? &mm : NULL);
     }
@@ -763,6 +771,8 @@ int rlai_daemon_start(const rlai_config *cfg, rlai_daemon **out, char *err, size
     ep.kv_type = cfg->kv_q8_0 ? RLAI_KV_Q8_0 : RLAI_KV_F16;
     ep.device = cfg->device;
     ep.max_queue = cfg->max_inflight_total;
+    ep.spec = (rlai_spec_mode)cfg->spec;
+    ep.spec_max_draft = cfg->spec_max_draft;
     rc = rlai_engine_open(cfg->model, &ep, &d->engine, err, errlen);
     if (rc < 0)
         goto fail;

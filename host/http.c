@@ -559,6 +559,12 @@ static cJSON *usage_json(const hreq *r)
     cJSON_AddNumberToObject(u, "total_tokens", pt + ct);
     cJSON *d = cJSON_AddObjectToObject(u, "prompt_tokens_details");
     cJSON_AddNumberToObject(d, "cached_tokens", r->have_gm ? r->gm.reused_tokens : 0);
+    /* OpenAI's names for predicted-output tokens; here the speculative
+     * draft tokens (docs/SPECULATIVE.md). */
+    int dr = r->have_gm ? r->gm.drafted_tokens : 0, ac = r->have_gm ? r->gm.accepted_tokens : 0;
+    cJSON *cd = cJSON_AddObjectToObject(u, "completion_tokens_details");
+    cJSON_AddNumberToObject(cd, "accepted_prediction_tokens", ac);
+    cJSON_AddNumberToObject(cd, "rejected_prediction_tokens", dr - ac);
     return u;
 }
 
@@ -770,7 +776,8 @@ static void sink_end(hreq *r, int status, const char *stop, const rlai_call_metr
     if (m && m->valid) {
         rlai_gen_metrics gm = { .prompt_tokens = m->prompt_tokens, .reused_tokens = m->reused_tokens,
                                 .gen_tokens = m->gen_tokens, .queue_ms = m->queue_ms, .ttft_ms = m->ttft_ms,
-                                .prefill_tps = m->prefill_tps, .decode_tps = m->decode_tps };
+                                .prefill_tps = m->prefill_tps, .decode_tps = m->decode_tps,
+                                .drafted_tokens = m->drafted_tokens, .accepted_tokens = m->accepted_tokens };
         rlai_metrics_observe_generation(h->metrics, "http", 0, &gm);
     }
     pthread_mutex_lock(&r->mu);
@@ -788,6 +795,8 @@ static void sink_end(hreq *r, int status, const char *stop, const rlai_call_metr
         r->gm.ttft_ms = m->ttft_ms;
         r->gm.prefill_tps = m->prefill_tps;
         r->gm.decode_tps = m->decode_tps;
+        r->gm.drafted_tokens = m->drafted_tokens;
+        r->gm.accepted_tokens = m->accepted_tokens;
     }
     pthread_cond_broadcast(&r->cv);
     pthread_mutex_unlock(&r->mu);
@@ -1077,6 +1086,24 @@ static bool parse_sampling(hreq *r, const cJSON *body, gen_request *g)
         g->gp.timeout_ms = (uint64_t)it->valuedouble;
     }
     g->gp.timeout_ms = rlai_config_timeout_ms(g->gp.timeout_ms, r->h->request_timeout_s);
+    /* Extension: speculative decoding per request (docs/SPECULATIVE.md). */
+    if ((it = cJSON_GetObjectItemCaseSensitive(body, "spec")) && !cJSON_IsNull(it)) {
+        int mode = cJSON_IsString(it) ? rlai_spec_mode_parse(it->valuestring) : RLAI_ERR_INVALID_ARG;
+        if (mode == RLAI_ERR_UNSUPPORTED)
+            return send_error(r, 400, "invalid_value", "spec",
+                              "'spec': draft-model and self-speculative drafting are not implemented "
+                              "(use \"off\", \"ngram\" or \"auto\")"), false;
+        if (mode < 0)
+            return send_error(r, 400, "invalid_value", "spec",
+                              "'spec' must be \"off\", \"ngram\" or \"auto\""), false;
+        g->gp.spec = (rlai_spec_mode)mode;
+    }
+    if ((it = cJSON_GetObjectItemCaseSensitive(body, "spec_max_draft")) && !cJSON_IsNull(it)) {
+        if (!json_is_int(it) || it->valuedouble < 1 || it->valuedouble > 16)
+            return send_error(r, 400, "invalid_value", "spec_max_draft",
+                              "'spec_max_draft' must be an integer in [1, 16]"), false;
+        g->gp.spec_max_draft = (int)it->valuedouble;
+    }
     const char *mt_key = "max_completion_tokens";
     it = cJSON_GetObjectItemCaseSensitive(body, mt_key);
     if (!it || cJSON_IsNull(it)) {

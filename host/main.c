@@ -59,6 +59,8 @@ static void usage(FILE *f)
         "      --raw             send the prompt as is, without the chat template\n"
         "      --ignore-eos      keep generating past end-of-generation tokens\n"
         "      --device D        compute device: auto|cpu|cuda|cuda:N (in-process; default auto)\n"
+        "      --spec MODE       speculative decoding: off|ngram|auto (auto = the engine's setting)\n"
+        "      --spec-max-draft N  longest draft per step, 1..16\n"
         "      --isa auto|scalar|avx2|avx512  CPU kernels (in-process)\n"
         "      --precise         f32 activations (reference mode, slower)\n"
         "      --kv-type f16|q8_0  KV cache element type (in-process; default f16)\n"
@@ -177,8 +179,26 @@ static int parse_kv_type(const char *s, rlai_kv_type *t)
     return 0;
 }
 
+/* --spec MODE: off|ngram|auto; a clear word for draft/self (not built). */
+static int parse_spec(const char *s, rlai_spec_mode *out)
+{
+    int m = rlai_spec_mode_parse(s);
+    if (m == RLAI_ERR_UNSUPPORTED) {
+        fprintf(stderr, "rlai: --spec %s: draft-model and self-speculative drafting are not implemented "
+                        "(use off, ngram or auto)\n", s);
+        return -1;
+    }
+    if (m < 0) {
+        fprintf(stderr, "rlai: --spec must be off, ngram or auto\n");
+        return -1;
+    }
+    *out = (rlai_spec_mode)m;
+    return 0;
+}
+
 enum { OPT_TEMP = 256, OPT_TOPK, OPT_TOPP, OPT_MINP, OPT_REP, OPT_SEED, OPT_SYSTEM, OPT_RAW,
-       OPT_ISA, OPT_PRECISE, OPT_LOCAL, OPT_ENDPOINT, OPT_IGNORE_EOS, OPT_KV, OPT_DEVICE };
+       OPT_ISA, OPT_PRECISE, OPT_LOCAL, OPT_ENDPOINT, OPT_IGNORE_EOS, OPT_KV, OPT_DEVICE, OPT_SPEC,
+       OPT_SPEC_DRAFT };
 
 typedef enum { MODE_RUN, MODE_CHAT, MODE_INFO } run_mode;
 
@@ -411,7 +431,8 @@ static int cmd_run(int argc, char **argv, run_mode mode)
         { "isa", required_argument, 0, OPT_ISA }, { "precise", no_argument, 0, OPT_PRECISE },
         { "local", no_argument, 0, OPT_LOCAL }, { "endpoint", required_argument, 0, OPT_ENDPOINT },
         { "ignore-eos", no_argument, 0, OPT_IGNORE_EOS }, { "kv-type", required_argument, 0, OPT_KV },
-        { "device", required_argument, 0, OPT_DEVICE },
+        { "device", required_argument, 0, OPT_DEVICE }, { "spec", required_argument, 0, OPT_SPEC },
+        { "spec-max-draft", required_argument, 0, OPT_SPEC_DRAFT },
         { "help", no_argument, 0, 'h' }, { 0, 0, 0, 0 }
     };
     char pathbuf[PATH_MAX];
@@ -446,6 +467,16 @@ static int cmd_run(int argc, char **argv, run_mode mode)
         case OPT_IGNORE_EOS: ss.gp.ignore_eos = w->ignore_eos = true; break;
         case OPT_KV: bad |= parse_kv_type(optarg, &ep.kv_type); local = true; break;
         case OPT_DEVICE: ep.device = optarg; device_set = true; break;
+        case OPT_SPEC:
+            bad |= parse_spec(optarg, &ss.gp.spec);
+            w->spec = (int32_t)ss.gp.spec;
+            w->has_spec = true;
+            break;
+        case OPT_SPEC_DRAFT:
+            bad |= parse_int(optarg, 1, 16, &ss.gp.spec_max_draft);
+            w->spec_max_draft = (uint32_t)ss.gp.spec_max_draft;
+            w->has_spec_max_draft = true;
+            break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -593,6 +624,9 @@ static void serve_usage(FILE *f)
         "      --kv-type f16|q8_0     KV cache element type (default f16)\n"
         "      --device D             compute device: auto|cpu|cuda|cuda:N (default auto: CUDA when\n"
         "                             a GPU and the CUDA backend are present, else the CPU)\n"
+        "      --spec MODE            speculative decoding: off|ngram|auto (default auto = off for now;\n"
+        "                             see docs/SPECULATIVE.md); requests may ask for their own\n"
+        "      --spec-max-draft N     longest draft per step, 1..16 (default 8)\n"
         "      --zmq ENDPOINT         ZeroMQ endpoint (default ipc://$XDG_RUNTIME_DIR/rlai/engine.zmq; \"\" = off)\n"
         "      --zmq-tcp ENDPOINT     extra ZeroMQ TCP endpoint, e.g. tcp://127.0.0.1:5677 (default off)\n"
         "      --pipe PATH            named pipe / Unix socket (default $XDG_RUNTIME_DIR/rlai/engine.sock; \"\" = off)\n"
@@ -619,7 +653,7 @@ static int cmd_serve(int argc, char **argv)
 {
     enum { S_CONFIG = 300, S_KV, S_ZMQ, S_ZMQ_TCP, S_PIPE, S_REMOTE, S_FRAME, S_PROMPT, S_CLIENT, S_TOTAL,
            S_KVTYPE, S_DEVICE, S_HTTP, S_PLUGINS, S_NO_PLUGINS, S_PLUGIN_WORKERS, S_NO_PREFIX,
-           S_KEY_FILE, S_NO_AUTH, S_CORS, S_MAXCONN, S_MAXCONN_IP };
+           S_KEY_FILE, S_NO_AUTH, S_CORS, S_MAXCONN, S_MAXCONN_IP, S_SPEC, S_SPEC_DRAFT };
     static const struct option opts[] = {
         { "config", required_argument, 0, S_CONFIG }, { "model", required_argument, 0, 'm' },
         { "threads", required_argument, 0, 't' }, { "ctx", required_argument, 0, 'c' },
@@ -630,6 +664,7 @@ static int cmd_serve(int argc, char **argv)
         { "max-inflight-client", required_argument, 0, S_CLIENT },
         { "max-inflight-total", required_argument, 0, S_TOTAL }, { "kv-type", required_argument, 0, S_KVTYPE },
         { "device", required_argument, 0, S_DEVICE },
+        { "spec", required_argument, 0, S_SPEC }, { "spec-max-draft", required_argument, 0, S_SPEC_DRAFT },
         { "http", required_argument, 0, S_HTTP },
         { "cors-origin", required_argument, 0, S_CORS },
         { "max-connections", required_argument, 0, S_MAXCONN },
@@ -692,6 +727,13 @@ static int cmd_serve(int argc, char **argv)
         case S_PLUGIN_WORKERS: bad |= parse_int(optarg, 1, 64, &cfg.plugin_workers); break;
         case S_NO_PREFIX: cfg.no_prefix_cache = true; break;
         case S_DEVICE: bad |= rlai_config_set_str(&cfg.device, optarg); break;
+        case S_SPEC: {
+            rlai_spec_mode sm = RLAI_SPEC_AUTO;
+            bad |= parse_spec(optarg, &sm);
+            cfg.spec = (int)sm;
+            break;
+        }
+        case S_SPEC_DRAFT: bad |= parse_int(optarg, 1, 16, &cfg.spec_max_draft); break;
         case S_KEY_FILE: bad |= rlai_config_set_str(&cfg.api_key_file, optarg); break;
         case S_NO_AUTH: cfg.auth_off = true; break;
         case S_KVTYPE: {

@@ -34,7 +34,7 @@ typedef struct pair_counter {
 
 typedef struct transport_stats {
     char name[LABEL_MAX];
-    uint64_t generations, errors, prompt_tokens, reused_tokens, gen_tokens;
+    uint64_t generations, errors, prompt_tokens, reused_tokens, gen_tokens, drafted_tokens, accepted_tokens;
     histogram ttft, tps;
 } transport_stats;
 
@@ -218,6 +218,8 @@ void rlai_metrics_observe_generation(rlai_metrics *m, const char *transport, int
         t->prompt_tokens += (uint64_t)(gm->prompt_tokens > 0 ? gm->prompt_tokens : 0);
         t->reused_tokens += (uint64_t)(gm->reused_tokens > 0 ? gm->reused_tokens : 0);
         t->gen_tokens += (uint64_t)(gm->gen_tokens > 0 ? gm->gen_tokens : 0);
+        t->drafted_tokens += (uint64_t)(gm->drafted_tokens > 0 ? gm->drafted_tokens : 0);
+        t->accepted_tokens += (uint64_t)(gm->accepted_tokens > 0 ? gm->accepted_tokens : 0);
         if (gm->gen_tokens >= 1)
             hist_add(&t->ttft, ttft_bounds, N_TTFT, gm->ttft_ms);
         if (gm->gen_tokens >= 2 && gm->decode_tps > 0)
@@ -323,6 +325,10 @@ char *rlai_metrics_render(rlai_metrics *m, const rlai_engine_stats *es, double u
                              "counter", prompt_tokens);
         RENDER_PER_TRANSPORT(&b, m, "rlai_prefix_tokens_reused_total",
                              "Prompt tokens taken from the prefix cache.", "counter", reused_tokens);
+        RENDER_PER_TRANSPORT(&b, m, "rlai_spec_drafted_tokens_total",
+                             "Speculative draft tokens verified (docs/SPECULATIVE.md).", "counter", drafted_tokens);
+        RENDER_PER_TRANSPORT(&b, m, "rlai_spec_accepted_tokens_total",
+                             "Speculative draft tokens accepted.", "counter", accepted_tokens);
         sb_printf(&b, "# HELP rlai_ttft_milliseconds Time to first token (submit to first sampled token).\n"
                       "# TYPE rlai_ttft_milliseconds histogram\n");
         for (int i = 0; i < m->n_tr; i++)
@@ -355,10 +361,17 @@ char *rlai_metrics_render(rlai_metrics *m, const rlai_engine_stats *es, double u
                       "# TYPE rlai_engine_prefix_tokens_reused_total counter\n"
                       "rlai_engine_prefix_tokens_reused_total %llu\n"
                       "# HELP rlai_engine_steps_total Scheduler steps (forward passes).\n"
-                      "# TYPE rlai_engine_steps_total counter\nrlai_engine_steps_total %llu\n",
+                      "# TYPE rlai_engine_steps_total counter\nrlai_engine_steps_total %llu\n"
+                      "# HELP rlai_engine_spec_drafted_tokens_total Speculative draft tokens verified (all callers).\n"
+                      "# TYPE rlai_engine_spec_drafted_tokens_total counter\n"
+                      "rlai_engine_spec_drafted_tokens_total %llu\n"
+                      "# HELP rlai_engine_spec_accepted_tokens_total Speculative draft tokens accepted (all callers).\n"
+                      "# TYPE rlai_engine_spec_accepted_tokens_total counter\n"
+                      "rlai_engine_spec_accepted_tokens_total %llu\n",
                   (unsigned long long)es->requests_total, (unsigned long long)es->gen_tokens_total,
                   (unsigned long long)es->prompt_tokens_total, (unsigned long long)es->prompt_tokens_reused_total,
-                  (unsigned long long)es->steps);
+                  (unsigned long long)es->steps, (unsigned long long)es->spec_drafted_total,
+                  (unsigned long long)es->spec_accepted_total);
     }
     if (b.oom) {
         free(b.p);

@@ -878,6 +878,7 @@ static int api_generate(rlai_call *call, const rlai_gen_request *req_in, size_t 
         .valid = true, .prompt_tokens = out->prompt_tokens, .reused_tokens = out->reused_tokens,
         .gen_tokens = out->gen_tokens, .queue_ms = out->queue_ms, .ttft_ms = out->ttft_ms,
         .prefill_tps = out->prefill_tps, .decode_tps = out->decode_tps,
+        .drafted_tokens = w.m.drafted_tokens, .accepted_tokens = w.m.accepted_tokens,
     };
     call->stop = out->stop;
     return 0;

@@ -33,6 +33,7 @@ typedef struct rlai_plugin_host rlai_plugin_host;
 typedef struct rlai_call_metrics {
     bool valid;                     /* false: the call ran no engine job */
     int prompt_tokens, reused_tokens, gen_tokens;
+    int drafted_tokens, accepted_tokens;   /* speculative decoding */
     double queue_ms, ttft_ms, prefill_tps, decode_tps;
 } rlai_call_metrics;
 

@@ -399,6 +399,7 @@ enum fid {
     F_CODE, F_NAME, F_MSG,
     F_MAX_TOKENS, F_TEMPERATURE, F_TOP_K, F_TOP_P, F_MIN_P, F_REPEAT_PENALTY,
     F_PRESENCE_PENALTY, F_FREQUENCY_PENALTY, F_SEED, F_IGNORE_EOS, F_TIMEOUT_MS,
+    F_SPEC, F_SPEC_MAX_DRAFT,
     F_COUNT
 };
 
@@ -409,13 +410,14 @@ static const char *const field_names[F_COUNT] = {
     "code", "name", "msg",
     "max_tokens", "temperature", "top_k", "top_p", "min_p", "repeat_penalty",
     "presence_penalty", "frequency_penalty", "seed", "ignore_eos", "timeout_ms",
+    "spec", "spec_max_draft",
 };
 
 #define FB(f) (UINT64_C(1) << (f))
 #define GEN_FIELDS (FB(F_MAX_TOKENS) | FB(F_TEMPERATURE) | FB(F_TOP_K) | FB(F_TOP_P) | \
                     FB(F_MIN_P) | FB(F_REPEAT_PENALTY) | FB(F_PRESENCE_PENALTY) |     \
                     FB(F_FREQUENCY_PENALTY) | FB(F_SEED) | FB(F_IGNORE_EOS) | FB(F_TIMEOUT_MS) | \
-                    FB(F_STOP))
+                    FB(F_SPEC) | FB(F_SPEC_MAX_DRAFT) | FB(F_STOP))
 
 static uint64_t type_fields(rlai_msg_type t)
 {
@@ -607,6 +609,31 @@ static int decode_gen(dctx *c, const msgpack_object *const *f, rlai_msg_gen *g)
         g->timeout_ms = (uint32_t)v;
         g->has_timeout_ms = true;
     }
+    if ((o = opt(f[F_SPEC]))) {
+        if (o->type != MSGPACK_OBJECT_STR)
+            return fail(c, RLAI_PE_BAD_REQUEST, "field 'spec' must be a str (off|ngram|auto), not %s",
+                        obj_type_name(o));
+        if (obj_key_is(o, "auto"))
+            g->spec = RLAI_MSG_SPEC_AUTO;
+        else if (obj_key_is(o, "off"))
+            g->spec = RLAI_MSG_SPEC_OFF;
+        else if (obj_key_is(o, "ngram"))
+            g->spec = RLAI_MSG_SPEC_NGRAM;
+        else if (obj_key_is(o, "draft") || obj_key_is(o, "self"))
+            return fail(c, RLAI_PE_BAD_REQUEST,
+                        "field 'spec': draft-model and self-speculative drafting are not implemented "
+                        "(use off, ngram or auto)");
+        else
+            return fail(c, RLAI_PE_BAD_REQUEST, "field 'spec' must be one of off, ngram, auto");
+        g->has_spec = true;
+    }
+    if ((o = opt(f[F_SPEC_MAX_DRAFT]))) {
+        uint64_t v = 0;
+        if ((rc = get_u64(c, o, "spec_max_draft", RLAI_PROTO_MAX_DRAFT, &v))) return rc;
+        if (v == 0) return fail(c, RLAI_PE_BAD_REQUEST, "field 'spec_max_draft' must be at least 1");
+        g->spec_max_draft = (uint32_t)v;
+        g->has_spec_max_draft = true;
+    }
     if ((o = opt(f[F_STOP]))) {
         if (o->type != MSGPACK_OBJECT_ARRAY)
             return fail(c, RLAI_PE_BAD_REQUEST, "field 'stop' must be an array of str, not %s",
@@ -671,14 +698,17 @@ static int decode_metrics(dctx *c, const msgpack_object *o, rlai_msg_metrics *mt
 {
     if (o->type != MSGPACK_OBJECT_MAP)
         return fail(c, RLAI_PE_BAD_REQUEST, "field 'metrics' must be a map, not %s", obj_type_name(o));
-    static const char *const names[7] = {"queue_ms", "ttft_ms", "prefill_tps", "decode_tps",
-                                         "prompt_tokens", "gen_tokens", "reused_tokens"};
+    enum { N_METRICS = 9 };
+    static const char *const names[N_METRICS] = {"queue_ms", "ttft_ms", "prefill_tps", "decode_tps",
+                                                 "prompt_tokens", "gen_tokens", "reused_tokens",
+                                                 "drafted_tokens", "accepted_tokens"};
     double *dv[4] = {&mt->queue_ms, &mt->ttft_ms, &mt->prefill_tps, &mt->decode_tps};
-    uint32_t *uv[3] = {&mt->prompt_tokens, &mt->gen_tokens, &mt->reused_tokens};
+    uint32_t *uv[N_METRICS - 4] = {&mt->prompt_tokens, &mt->gen_tokens, &mt->reused_tokens,
+                                   &mt->drafted_tokens, &mt->accepted_tokens};
     unsigned seen = 0;
     for (uint32_t k = 0; k < o->via.map.size; k++) {
         const msgpack_object_kv *kv = &o->via.map.ptr[k];
-        for (int j = 0; j < 7; j++) {
+        for (int j = 0; j < N_METRICS; j++) {
             if (!obj_key_is(&kv->key, names[j])) continue;
             if (seen & (1u << j))
                 return fail(c, RLAI_PE_BAD_REQUEST, "metrics repeats field '%s'", names[j]);
@@ -1087,7 +1117,7 @@ static size_t gen_count(const rlai_msg_gen *g)
 {
     return (size_t)g->has_max_tokens + g->has_temperature + g->has_top_k + g->has_top_p + g->has_min_p +
            g->has_repeat_penalty + g->has_presence_penalty + g->has_frequency_penalty + g->has_seed +
-           g->ignore_eos + g->has_timeout_ms + (g->n_stop > 0);
+           g->ignore_eos + g->has_timeout_ms + g->has_spec + g->has_spec_max_draft + (g->n_stop > 0);
 }
 
 static void p_float(enc *e, const char *k, bool has, float v)
@@ -1110,6 +1140,14 @@ static void p_gen(enc *e, const rlai_msg_gen *g)
     if (g->has_seed) { p_key(e, "seed"); msgpack_pack_uint64(&e->pk, g->seed); }
     if (g->ignore_eos) { p_key(e, "ignore_eos"); msgpack_pack_true(&e->pk); }
     if (g->has_timeout_ms) { p_key(e, "timeout_ms"); msgpack_pack_uint32(&e->pk, g->timeout_ms); }
+    if (g->has_spec) {
+        p_key(e, "spec");
+        p_key(e, g->spec == RLAI_MSG_SPEC_OFF ? "off" : g->spec == RLAI_MSG_SPEC_NGRAM ? "ngram" : "auto");
+    }
+    if (g->has_spec_max_draft) {
+        p_key(e, "spec_max_draft");
+        msgpack_pack_uint32(&e->pk, g->spec_max_draft);
+    }
     if (g->n_stop) {
         p_key(e, "stop");
         msgpack_pack_array(&e->pk, g->n_stop);
@@ -1140,7 +1178,8 @@ static void p_done(enc *e, uint32_t version, uint64_t id, const char *stop, cons
     p_key(e, stop ? stop : "");
     if (!mt) return;
     p_key(e, "metrics");
-    msgpack_pack_map(&e->pk, 7);
+    bool spec = mt->drafted_tokens || mt->accepted_tokens;   /* sent only when speculation ran */
+    msgpack_pack_map(&e->pk, spec ? 9 : 7);
     p_key(e, "queue_ms");
     msgpack_pack_double(&e->pk, finite_or_zero(mt->queue_ms));
     p_key(e, "ttft_ms");
@@ -1155,6 +1194,11 @@ static void p_done(enc *e, uint32_t version, uint64_t id, const char *stop, cons
     msgpack_pack_uint32(&e->pk, mt->gen_tokens);
     p_key(e, "reused_tokens");
     msgpack_pack_uint32(&e->pk, mt->reused_tokens);
+    if (!spec) return;
+    p_key(e, "drafted_tokens");
+    msgpack_pack_uint32(&e->pk, mt->drafted_tokens);
+    p_key(e, "accepted_tokens");
+    msgpack_pack_uint32(&e->pk, mt->accepted_tokens);
 }
 
 static void p_error(enc *e, uint32_t version, uint64_t id, int code, const char *name, const char *msg)

@@ -334,7 +334,7 @@ static bool gen_eq(const rlai_msg_gen *a, const rlai_msg_gen *b)
 #define SAME(f) (a->has_##f == b->has_##f && (!a->has_##f || a->f == b->f))
     if (!(SAME(max_tokens) && SAME(temperature) && SAME(top_k) && SAME(top_p) && SAME(min_p) &&
           SAME(repeat_penalty) && SAME(presence_penalty) && SAME(frequency_penalty) && SAME(seed) &&
-          SAME(timeout_ms)))
+          SAME(timeout_ms) && SAME(spec) && SAME(spec_max_draft)))
         return false;
 #undef SAME
     if (a->ignore_eos != b->ignore_eos || a->n_stop != b->n_stop) return false;
@@ -385,7 +385,9 @@ static bool msg_eq(const rlai_msg *a, const rlai_msg *b)
                  a->u.done.metrics.decode_tps == b->u.done.metrics.decode_tps &&
                  a->u.done.metrics.prompt_tokens == b->u.done.metrics.prompt_tokens &&
                  a->u.done.metrics.gen_tokens == b->u.done.metrics.gen_tokens &&
-                 a->u.done.metrics.reused_tokens == b->u.done.metrics.reused_tokens));
+                 a->u.done.metrics.reused_tokens == b->u.done.metrics.reused_tokens &&
+                 a->u.done.metrics.drafted_tokens == b->u.done.metrics.drafted_tokens &&
+                 a->u.done.metrics.accepted_tokens == b->u.done.metrics.accepted_tokens));
     case RLAI_MSG_ERROR:
         return a->u.error.code == b->u.error.code &&
                str_eq(a->u.error.name ? a->u.error.name : rlai_proto_code_name(a->u.error.code),
@@ -451,12 +453,14 @@ START_TEST(test_roundtrip_every_type)
     g.seed = UINT64_MAX; g.has_seed = true;
     g.ignore_eos = true;
     g.timeout_ms = UINT32_MAX; g.has_timeout_ms = true;
+    g.spec = RLAI_MSG_SPEC_NGRAM; g.has_spec = true;
+    g.spec_max_draft = RLAI_PROTO_MAX_DRAFT; g.has_spec_max_draft = true;
     g.stop = stops; g.n_stop = 8;
     m.u.generate.prompt = "Once upon a time";
     m.u.generate.gen = g;
     roundtrip(&m);
     /* every option alone */
-    for (int k = 0; k < 12; k++) {
+    for (int k = 0; k < 15; k++) {
         rlai_msg_gen one = {0};
         switch (k) {
         case 0: one.has_max_tokens = true; one.max_tokens = 0; break;
@@ -470,6 +474,9 @@ START_TEST(test_roundtrip_every_type)
         case 8: one.has_seed = true; one.seed = 0; break;
         case 9: one.ignore_eos = true; break;
         case 10: one.has_timeout_ms = true; one.timeout_ms = 250; break;
+        case 11: one.has_spec = true; one.spec = RLAI_MSG_SPEC_OFF; break;
+        case 12: one.has_spec = true; one.spec = RLAI_MSG_SPEC_AUTO; break;
+        case 13: one.has_spec_max_draft = true; one.spec_max_draft = 1; break;
         default: one.stop = stops + 2; one.n_stop = 1; break;
         }
         m.u.generate.gen = one;
@@ -550,7 +557,7 @@ START_TEST(test_roundtrip_every_type)
     m.u.done.stop = "max_tokens";
     roundtrip(&m);
     m.u.done.has_metrics = true;
-    m.u.done.metrics = (rlai_msg_metrics){1.0 / 3.0, 1e9, 0, 123.456, UINT32_MAX, 0, 7};
+    m.u.done.metrics = (rlai_msg_metrics){1.0 / 3.0, 1e9, 0, 123.456, UINT32_MAX, 0, 7, 12, 9};
     roundtrip(&m);
 
     m = mk(RLAI_MSG_ERROR, 11);
@@ -593,7 +600,7 @@ START_TEST(test_convenience_encoders)
     m.u.token.n_tokens = 0;
     expect_same(&a, &m);
 
-    rlai_msg_metrics mt = {1, 2, 3, 4, 5, 6, 7};
+    rlai_msg_metrics mt = {1, 2, 3, 4, 5, 6, 7, 8, 9};
     ck_assert_int_eq(rlai_proto_encode_done(&a, 7, "eog", &mt), 0);
     m = mk(RLAI_MSG_DONE, 7);
     m.u.done.stop = "eog";
@@ -632,7 +639,7 @@ START_TEST(test_convenience_encoders)
 
     /* non-finite metrics are written as 0 */
     rlai_buf_reset(&a);
-    rlai_msg_metrics bad = {NAN, INFINITY, -INFINITY, 2.5, 1, 1, 1};
+    rlai_msg_metrics bad = {NAN, INFINITY, -INFINITY, 2.5, 1, 1, 1, 0, 0};
     ck_assert_int_eq(rlai_proto_encode_done(&a, 3, "eog", &bad), 0);
     ck_assert_int_eq(dec(a.data, a.len, &d, err, sizeof err), 0);
     ck_assert(d.u.done.metrics.queue_ms == 0 && d.u.done.metrics.ttft_ms == 0 &&
@@ -1230,6 +1237,11 @@ GEN1(timeout_ms_negative, 160, "timeout_ms", i64(p, -1))
 GEN1(timeout_ms_str, 161, "timeout_ms", s(p, "100"))
 GEN1(timeout_ms_2p32, 162, "timeout_ms", u(p, UINT64_C(1) << 32))
 GEN1(timeout_ms_float, 163, "timeout_ms", f64(p, 100.0))
+GEN1(spec_unknown, 164, "spec", s(p, "fast"))
+GEN1(spec_draft, 165, "spec", s(p, "draft"))
+GEN1(spec_int, 166, "spec", u(p, 2))
+GEN1(spec_max_draft_0, 167, "spec_max_draft", u(p, 0))
+GEN1(spec_max_draft_17, 168, "spec_max_draft", u(p, 17))
 BC(stop_9) {
     head(p, 2, 54, "generate"); s(p, "prompt"); s(p, "x");
     s(p, "stop"); msgpack_pack_array(&p->pk, 9);
@@ -1408,6 +1420,11 @@ static const bad_case bad_cases[] = {
     C(timeout_ms_str, R, 161, GENERATE),
     C(timeout_ms_2p32, R, 162, GENERATE),
     C(timeout_ms_float, R, 163, GENERATE),
+    C(spec_unknown, R, 164, GENERATE),
+    C(spec_draft, R, 165, GENERATE),
+    C(spec_int, R, 166, GENERATE),
+    C(spec_max_draft_0, R, 167, GENERATE),
+    C(spec_max_draft_17, R, 168, GENERATE),
     C(stop_9, L, 54, GENERATE),
     C(stop_257_bytes, L, 55, GENERATE),
     C(chat_no_messages, R, 60, CHAT),

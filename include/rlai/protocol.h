@@ -74,6 +74,12 @@ void rlai_buf_reset(rlai_buf *b);          /* len = 0, keeps memory */
 
 /* Sampling/generation options shared by generate and chat. A field absent
  * from the wire keeps the engine default (has_* false). */
+/* Wire "spec" values (the same numbers as the engine's rlai_spec_mode). */
+#define RLAI_MSG_SPEC_AUTO 0   /* "auto": the daemon's setting */
+#define RLAI_MSG_SPEC_OFF 1    /* "off" */
+#define RLAI_MSG_SPEC_NGRAM 2  /* "ngram": prompt-lookup drafting */
+#define RLAI_PROTO_MAX_DRAFT 16u
+
 typedef struct rlai_msg_gen {
     int32_t max_tokens;            bool has_max_tokens;
     float temperature;             bool has_temperature;
@@ -86,6 +92,8 @@ typedef struct rlai_msg_gen {
     uint64_t seed;                 bool has_seed;
     bool ignore_eos;
     uint32_t timeout_ms;           bool has_timeout_ms;   /* 0 = none */
+    int32_t spec;                  bool has_spec;         /* "spec": RLAI_MSG_SPEC_* */
+    uint32_t spec_max_draft;       bool has_spec_max_draft; /* 1..RLAI_PROTO_MAX_DRAFT */
     char **stop;                   /* n_stop strings */
     uint32_t n_stop;
 } rlai_msg_gen;
@@ -98,6 +106,7 @@ typedef struct rlai_msg_chat_message {
 typedef struct rlai_msg_metrics {
     double queue_ms, ttft_ms, prefill_tps, decode_tps;
     uint32_t prompt_tokens, gen_tokens, reused_tokens;
+    uint32_t drafted_tokens, accepted_tokens;   /* speculative decoding; 0 when off */
 } rlai_msg_metrics;
 
 typedef struct rlai_msg {

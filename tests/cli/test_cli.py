@@ -114,3 +114,21 @@ def test_device_selection():
     r = run("run", "--device", "cpu", "Hi")
     assert r.returncode == 2
     assert b"--device applies to an in-process model" in r.stderr
+
+
+def test_spec_flag():
+    """--spec ngram gives the same greedy answer as --spec off; draft/self
+    and unknown modes are refused with the reason, for run and serve."""
+    prompt = "Repeat exactly: the silver key opens the north gate of Oakvale."
+    off = run("run", "--local", "-m", str(MODEL), "--spec", "off", "-n", "24", prompt)
+    on = run("run", "--local", "-m", str(MODEL), "--spec", "ngram", "--spec-max-draft", "4", "-n", "24", prompt)
+    assert off.returncode == 0 and on.returncode == 0, (off.stderr, on.stderr)
+    assert on.stdout == off.stdout
+    r = run("run", "--local", "-m", str(MODEL), "--spec", "draft", "-n", "4", "Hi")
+    assert r.returncode == 2 and b"not implemented" in r.stderr, r.stderr
+    r = run("run", "--local", "-m", str(MODEL), "--spec", "fast", "-n", "4", "Hi")
+    assert r.returncode == 2 and b"--spec must be off, ngram or auto" in r.stderr, r.stderr
+    r = run("serve", "-m", str(MODEL), "--spec", "self")
+    assert r.returncode == 2 and b"not implemented" in r.stderr, r.stderr
+    r = run("serve", "-m", str(MODEL), "--spec-max-draft", "17")
+    assert r.returncode == 2

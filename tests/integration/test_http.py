@@ -657,3 +657,72 @@ def test_timeout_ms_gives_finish_reason_timeout(engine):
         st, _, raw = engine.request("POST", path, {**body, "model": MODEL_ID, "timeout_ms": "soon"},
                                     headers={"Content-Type": "application/json"})
         assert st == 400 and "timeout_ms" in raw.decode(), raw
+
+
+COPY_TASK = [{"role": "user", "content": "Repeat this sentence three times: The keeper of Harrow Bay "
+              "lighthouse counted forty ships every night and wrote their names in a red book."}]
+
+
+def pipe_chat_done(sock_path, messages, max_tokens, **gen):
+    """One chat over the pipe with extra generation fields; returns (text, done frame)."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(120)
+    s.connect(str(sock_path))
+    payload = msgpack.packb({"v": 1, "id": 8, "type": "chat", "messages": messages,
+                             "max_tokens": max_tokens, **gen})
+    s.sendall(struct.pack(">I", len(payload)) + payload)
+    buf, text = b"", []
+    while True:
+        while len(buf) < 4 or len(buf) < 4 + struct.unpack(">I", buf[:4])[0]:
+            chunk = s.recv(65536)
+            assert chunk, "pipe closed"
+            buf += chunk
+        n = struct.unpack(">I", buf[:4])[0]
+        f = msgpack.unpackb(buf[4:4 + n], raw=False)
+        buf = buf[4 + n:]
+        if f["type"] == "token":
+            text.append(f["text"])
+        else:
+            s.close()
+            return "".join(text), f
+
+
+def test_speculative_decoding_per_request(engine):
+    """spec "ngram" gives the same greedy text as "off", reports the draft
+    tokens on HTTP (usage), on the wire (done metrics) and in /metrics."""
+    before = engine.metrics()
+    out = {}
+    for mode in ("off", "ngram"):
+        st, _, raw = engine.request("POST", "/v1/chat/completions",
+                                    {"model": MODEL_ID, "messages": COPY_TASK, "max_tokens": 48,
+                                     "temperature": 0, "spec": mode})
+        assert st == 200, raw
+        r = json.loads(raw)
+        out[mode] = r
+        d = r["usage"]["completion_tokens_details"]
+        assert d["accepted_prediction_tokens"] >= 0 and d["rejected_prediction_tokens"] >= 0
+    assert out["ngram"]["choices"][0]["message"]["content"] == out["off"]["choices"][0]["message"]["content"]
+    assert out["off"]["usage"]["completion_tokens_details"]["accepted_prediction_tokens"] == 0
+    acc = out["ngram"]["usage"]["completion_tokens_details"]["accepted_prediction_tokens"]
+    assert acc > 0, out["ngram"]["usage"]
+    after = engine.metrics()
+    grown = sample(after, "rlai_spec_accepted_tokens_total", transport="http") - \
+        sample(before, "rlai_spec_accepted_tokens_total", transport="http")
+    assert grown == acc
+    assert sample(after, "rlai_engine_spec_accepted_tokens_total") >= acc
+    # the same over the pipe
+    text_off, done_off = pipe_chat_done(engine.sock_path, COPY_TASK, 48, spec="off")
+    text_on, done_on = pipe_chat_done(engine.sock_path, COPY_TASK, 48, spec="ngram", spec_max_draft=6)
+    assert done_on["type"] == "done", done_on
+    assert text_on == text_off == out["off"]["choices"][0]["message"]["content"]
+    assert "drafted_tokens" not in done_off["metrics"]
+    assert 0 < done_on["metrics"]["accepted_tokens"] <= done_on["metrics"]["drafted_tokens"]
+    # refused values: not implemented modes say so
+    st, _, raw = engine.request("POST", "/v1/chat/completions",
+                                {"model": MODEL_ID, "messages": COPY_TASK, "spec": "draft"})
+    assert st == 400 and b"not implemented" in raw, raw
+    st, _, raw = engine.request("POST", "/v1/chat/completions",
+                                {"model": MODEL_ID, "messages": COPY_TASK, "spec_max_draft": 99})
+    assert st == 400 and b"spec_max_draft" in raw, raw
+    _, err = pipe_chat_done(engine.sock_path, COPY_TASK, 8, spec="self")
+    assert err["type"] == "error" and "not implemented" in err["msg"], err

@@ -394,8 +394,10 @@ class RTXLocalAIClient:
         (0 = greedy), ``top_k``, ``top_p``, ``min_p``, ``repeat_penalty``,
         ``presence_penalty``, ``frequency_penalty``, ``seed`` (uint),
         ``ignore_eos`` (bool), ``timeout_ms`` (wall-clock limit, stop
-        ``"timeout"`` when it ends the generation), ``stop`` (a str or up to
-        8 strs). An unknown option raises TypeError."""
+        ``"timeout"`` when it ends the generation), ``spec`` (``"off"``,
+        ``"ngram"`` or ``"auto"``: speculative decoding), ``spec_max_draft``
+        (1..16), ``stop`` (a str or up to 8 strs). An unknown option raises
+        TypeError."""
         return self._stream("generate", {"prompt": prompt, **opts}, timeout)
 
     def generate(self, prompt: str, *, timeout: Any = _UNSET, **opts: Any) -> Generation:

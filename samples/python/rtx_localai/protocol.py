@@ -47,8 +47,11 @@ GEN_OPTIONS: Tuple[Tuple[str, str], ...] = (
     ("seed", "uint"),
     ("ignore_eos", "bool"),
     ("timeout_ms", "uint32"),
+    ("spec", "spec"),
+    ("spec_max_draft", "draft"),
     ("stop", "strs"),
 )
+SPEC_MODES = ("off", "ngram", "auto")
 _GEN_NAMES = frozenset(n for n, _ in GEN_OPTIONS)
 
 REQUEST_TYPES = ("hello", "generate", "chat", "call", "cancel", "commands", "stats", "tokenize")
@@ -120,6 +123,14 @@ def gen_fields(opts: Mapping[str, Any]) -> List[Tuple[str, Any]]:
             if isinstance(v, bool) or not isinstance(v, (int, float)):
                 raise TypeError(f"{name} must be a number, not {type(v).__name__}")
             v = float(v)
+        elif kind == "spec":
+            v = _str(name, v)
+            if v not in SPEC_MODES:
+                raise ValueError(f"spec={v!r}: must be one of " + ", ".join(SPEC_MODES)
+                                 + ("; draft-model and self-speculative drafting are not implemented"
+                                    if v in ("draft", "self") else ""))
+        elif kind == "draft":
+            v = _int(name, v, 1, 16)
         elif kind == "bool":
             if not isinstance(v, bool):
                 raise TypeError(f"{name} must be a bool, not {type(v).__name__}")

@@ -29,6 +29,8 @@ class Metrics:
     prompt_tokens: int = 0      #: prompt length in tokens
     gen_tokens: int = 0         #: tokens generated
     reused_tokens: int = 0      #: prompt tokens served from the KV (prefix) cache
+    drafted_tokens: int = 0     #: speculative draft tokens verified
+    accepted_tokens: int = 0    #: of those, accepted
 
     @classmethod
     def from_wire(cls, m: Any) -> Optional["Metrics"]:
@@ -39,7 +41,9 @@ class Metrics:
         return cls(queue_ms=_num(m, "queue_ms", float), ttft_ms=_num(m, "ttft_ms", float),
                    prefill_tps=_num(m, "prefill_tps", float), decode_tps=_num(m, "decode_tps", float),
                    prompt_tokens=_num(m, "prompt_tokens", int), gen_tokens=_num(m, "gen_tokens", int),
-                   reused_tokens=_num(m, "reused_tokens", int))
+                   reused_tokens=_num(m, "reused_tokens", int),
+                   drafted_tokens=_num(m, "drafted_tokens", int),
+                   accepted_tokens=_num(m, "accepted_tokens", int))
 
 
 @dataclass

@@ -339,3 +339,17 @@ def test_timeout_ms_ends_with_stop_timeout(client):
     assert not client.generate(PROMPT, max_tokens=4, ignore_eos=True).timed_out
     with pytest.raises(ValueError):
         client.generate(PROMPT, timeout_ms=1 << 32)
+
+
+def test_speculative_decoding_option(client):
+    task = [{"role": "user", "content": "Repeat this sentence twice: Mira the smith of Oakvale forged "
+             "the silver key that opens the north gate."}]
+    off = client.chat(task, max_tokens=40, spec="off")
+    on = client.chat(task, max_tokens=40, spec="ngram", spec_max_draft=8)
+    assert on.text == off.text
+    assert off.metrics.drafted_tokens == 0
+    assert 0 < on.metrics.accepted_tokens <= on.metrics.drafted_tokens
+    with pytest.raises(ValueError, match="not implemented"):
+        client.chat(task, spec="draft")
+    with pytest.raises(ValueError):
+        client.chat(task, spec_max_draft=0)

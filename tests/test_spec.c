@@ -1,0 +1,393 @@
+/* test_spec.c - speculative decoding: the n-gram drafter and the adaptive
+ * draft length as pure functions; the rejection rule keeps the sampling
+ * distribution (chi-square on a fixed seed); and on the real default
+ * model, greedy output with speculation is token-for-token the output
+ * without it, alone and under continuous batching, with drafts actually
+ * accepted, max_tokens honoured exactly and every KV block returned. */
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rlai/engine.h"
+#include "sampler.h"
+#include "spec.h"
+
+#define MODEL RLAI_MODELS_DIR "/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+/* ------------------------------------------------------------ drafter */
+
+START_TEST(ngram_prefers_longest_suffix_and_most_recent_match)
+{
+    int32_t out[RLAI_SPEC_MAX_DRAFT];
+    int g = -1;
+    /* suffix "1 2 3" occurred at 0: the draft is what followed it */
+    const int32_t a[] = { 1, 2, 3, 4, 5, 6, 9, 1, 2, 3 };
+    int n = rlai_spec_ngram_draft(a, 10, 4, out, &g);
+    ck_assert_int_eq(n, 4);
+    ck_assert_int_eq(g, 3);
+    ck_assert(out[0] == 4 && out[1] == 5 && out[2] == 6 && out[3] == 9);
+    /* the 3-token suffix beats a more recent 1-token match */
+    const int32_t b[] = { 7, 8, 9, 50, 9, 60, 7, 8, 9 };
+    n = rlai_spec_ngram_draft(b, 9, 2, out, &g);
+    ck_assert_int_eq(g, 3);
+    ck_assert_int_eq(n, 2);
+    ck_assert(out[0] == 50 && out[1] == 9);
+    /* of two 2-token matches the most recent one wins */
+    const int32_t c[] = { 4, 5, 10, 1, 4, 5, 20, 2, 4, 5 };
+    n = rlai_spec_ngram_draft(c, 10, 1, out, &g);
+    ck_assert_int_eq(g, 2);
+    ck_assert_int_eq(n, 1);
+    ck_assert_int_eq(out[0], 20);
+    /* the draft stops at the end of the sequence */
+    const int32_t d[] = { 3, 3 };
+    n = rlai_spec_ngram_draft(d, 2, 8, out, &g);
+    ck_assert_int_eq(n, 1);
+    ck_assert_int_eq(g, 1);
+    ck_assert_int_eq(out[0], 3);
+    /* no earlier occurrence: nothing */
+    const int32_t e[] = { 1, 2, 3, 4 };
+    ck_assert_int_eq(rlai_spec_ngram_draft(e, 4, 8, out, &g), 0);
+    ck_assert_int_eq(g, 0);
+    ck_assert_int_eq(rlai_spec_ngram_draft(a, 10, 0, out, NULL), 0);
+    ck_assert_int_eq(rlai_spec_ngram_draft(a, 1, 4, out, NULL), 0);
+    /* max_draft is capped at RLAI_SPEC_MAX_DRAFT */
+    int32_t rep[43];
+    for (int i = 0; i < 43; i++)
+        rep[i] = i % 40;   /* 0..39 then 0 1 2: the match at 0 has 40 tokens after it */
+    ck_assert_int_eq(rlai_spec_ngram_draft(rep, 43, 1000, out, NULL), RLAI_SPEC_MAX_DRAFT);
+    ck_assert(out[0] == 3 && out[RLAI_SPEC_MAX_DRAFT - 1] == 18);
+}
+END_TEST
+
+START_TEST(adaptive_gamma_grows_shrinks_and_pauses)
+{
+    rlai_spec_state s;
+    rlai_spec_state_init(&s, 8);
+    ck_assert_int_eq(rlai_spec_next_gamma(&s), 4);
+    rlai_spec_feedback(&s, 4, 4);
+    ck_assert_int_eq(rlai_spec_next_gamma(&s), 6);
+    rlai_spec_feedback(&s, 6, 6);
+    rlai_spec_feedback(&s, 8, 8);
+    ck_assert_int_eq(rlai_spec_next_gamma(&s), 8);   /* capped at max_draft */
+    rlai_spec_feedback(&s, 8, 2);
+    int g = rlai_spec_next_gamma(&s);
+    ck_assert(g >= 3 && g < 8);                       /* shrinks towards accepted + 1 */
+    /* three verifications with nothing accepted: a pause, then a probe */
+    for (int i = 0; i < 3; i++)
+        rlai_spec_feedback(&s, 1, 0);
+    int paused = 0;
+    while (rlai_spec_next_gamma(&s) == 0)
+        ck_assert_int_lt(++paused, 1000);
+    ck_assert_int_ge(paused, 4);
+    /* a further failure pauses again, for longer */
+    rlai_spec_feedback(&s, 1, 0);
+    int paused2 = 0;
+    while (rlai_spec_next_gamma(&s) == 0)
+        ck_assert_int_lt(++paused2, 1000);
+    ck_assert_int_gt(paused2, paused);
+    /* off */
+    rlai_spec_state_init(&s, 0);
+    ck_assert_int_eq(rlai_spec_next_gamma(&s), 0);
+}
+END_TEST
+
+/* ------------------------------------------------------- rejection rule */
+
+/* Draws `trials` tokens with rlai_sampler_sample_draft(draft) and returns
+ * Pearson's chi-square of the counts against the expected p. */
+static double chi_square(const rlai_sampler_params *sp, const float *logits, int nv, int32_t draft,
+                         const double *p, int trials, int *counts)
+{
+    rlai_sampler *s = NULL;
+    ck_assert_int_eq(rlai_sampler_create(sp, nv, &s), 0);
+    float buf[16];
+    memset(counts, 0, sizeof(int) * (size_t)nv);
+    for (int t = 0; t < trials; t++) {
+        memcpy(buf, logits, sizeof(float) * (size_t)nv);
+        int32_t tok = rlai_sampler_sample_draft(s, buf, draft);
+        ck_assert(tok >= 0 && tok < nv);
+        counts[tok]++;
+    }
+    rlai_sampler_free(s);
+    double x2 = 0.0;
+    for (int i = 0; i < nv; i++) {
+        double e = p[i] * trials;
+        if (e == 0.0) {
+            ck_assert_msg(counts[i] == 0, "token %d has probability 0 but was drawn %d times", i, counts[i]);
+            continue;
+        }
+        x2 += (counts[i] - e) * (counts[i] - e) / e;
+    }
+    return x2;
+}
+
+START_TEST(rejection_rule_keeps_the_distribution)
+{
+    enum { NV = 6, TRIALS = 60000 };
+    const float logits[NV] = { 2.0f, 1.0f, 0.5f, 0.0f, -1.0f, -3.0f };
+    rlai_sampler_params sp;
+    memset(&sp, 0, sizeof(sp));
+    sp.temperature = 0.8f;
+    sp.top_p = 1.0f;
+    sp.repeat_penalty = 1.0f;
+    sp.seed = 1234;
+    double p[NV], z = 0.0;
+    for (int i = 0; i < NV; i++)
+        z += p[i] = exp(logits[i] / 0.8);
+    for (int i = 0; i < NV; i++)
+        p[i] /= z;
+    int counts[NV];
+    /* 5 degrees of freedom: 20.5 is the 0.1% critical value. Drafting the
+     * likeliest, a middling and the least likely token. */
+    const int32_t drafts[3] = { 0, 2, 5 };
+    for (int d = 0; d < 3; d++) {
+        double x2 = chi_square(&sp, logits, NV, drafts[d], p, TRIALS, counts);
+        ck_assert_msg(x2 < 20.5, "draft %d: chi-square %.2f (counts %d %d %d %d %d %d)", drafts[d], x2,
+                      counts[0], counts[1], counts[2], counts[3], counts[4], counts[5]);
+    }
+    /* top_k = 3: a draft outside the kept set is never accepted and the
+     * result follows the truncated, renormalised distribution. */
+    sp.top_k = 3;
+    double q[NV] = { 0 }, zq = p[0] + p[1] + p[2];
+    for (int i = 0; i < 3; i++)
+        q[i] = p[i] / zq;
+    double x2 = chi_square(&sp, logits, NV, 5, q, TRIALS, counts);
+    ck_assert_msg(x2 < 20.5, "top_k 3, draft outside: chi-square %.2f", x2);
+    ck_assert_int_eq(counts[5], 0);
+    x2 = chi_square(&sp, logits, NV, 1, q, TRIALS, counts);
+    ck_assert_msg(x2 < 20.5, "top_k 3, draft inside: chi-square %.2f", x2);
+    /* greedy: the argmax whatever the draft */
+    sp.top_k = 0;
+    sp.temperature = 0.0f;
+    rlai_sampler *s = NULL;
+    ck_assert_int_eq(rlai_sampler_create(&sp, NV, &s), 0);
+    float buf[NV];
+    memcpy(buf, logits, sizeof(buf));
+    ck_assert_int_eq(rlai_sampler_sample_draft(s, buf, 4), 0);
+    rlai_sampler_free(s);
+}
+END_TEST
+
+/* ------------------------------------------------------- real model */
+
+typedef struct result {
+    rlai_token toks[256];
+    int n;
+    bool done;
+    int status;
+    rlai_gen_metrics m;
+} result;
+
+static int collect(void *user, rlai_token tok, const char *text, size_t len)
+{
+    (void)text;
+    (void)len;
+    result *r = user;
+    if (tok >= 0 && r->n < 256)
+        r->toks[r->n++] = tok;
+    return 0;
+}
+
+static void done_cb(void *user, uint64_t id, int status, const rlai_gen_metrics *m)
+{
+    (void)id;
+    result *r = user;
+    ck_assert(!r->done);
+    r->done = true;
+    r->status = status;
+    r->m = *m;
+}
+
+static rlai_engine *open_engine(rlai_spec_mode spec, int spec_max_batch)
+{
+    rlai_engine_params p;
+    rlai_engine_params_init(&p);
+    p.n_threads = 2;
+    p.n_ctx = 1024;
+    p.spec = spec;
+    p.spec_max_batch = spec_max_batch;
+    rlai_engine *e = NULL;
+    char err[512];
+    ck_assert_msg(rlai_engine_open(MODEL, &p, &e, err, sizeof(err)) == 0, "%s", err);
+    return e;
+}
+
+static void submit(rlai_engine *e, const rlai_token *p, int n, int max_tokens, rlai_spec_mode spec,
+                   result *r)
+{
+    rlai_request_params rp;
+    memset(&rp, 0, sizeof(rp));
+    memset(r, 0, sizeof(*r));
+    rp.prompt = p;
+    rp.n_prompt = n;
+    rlai_gen_params_init(&rp.gen);
+    rp.gen.max_tokens = max_tokens;
+    rp.gen.ignore_eos = true;
+    rp.gen.spec = spec;
+    rp.on_token = collect;
+    rp.on_done = done_cb;
+    rp.user = r;
+    uint64_t id = 0;
+    ck_assert_int_eq(rlai_engine_submit(e, &rp, &id), 0);
+}
+
+static void run_until_idle(rlai_engine *e)
+{
+    int guard = 0;
+    while (rlai_engine_step(e) > 0)
+        ck_assert_int_lt(++guard, 100000);
+    rlai_engine_stats st;
+    rlai_engine_get_stats(e, &st);
+    ck_assert_int_eq(st.running + st.queued, 0);
+    ck_assert_int_eq(st.kv_blocks_used, 0);   /* rejected drafts left no block behind */
+}
+
+/* Text that repeats, as lore, quotes and code do. */
+static const char *prompts[4] = {
+    "<|im_start|>user\nRepeat this sentence three times: The keeper of Harrow Bay lighthouse counted "
+    "forty ships every night and wrote their names in a red book.<|im_end|>\n<|im_start|>assistant\n",
+    "<|im_start|>user\nRename the variable x to count:\nint f(int *a, int n) {\n    int x = 0;\n"
+    "    for (int i = 0; i < n; i++)\n        x += a[i];\n    return x;\n}<|im_end|>\n"
+    "<|im_start|>assistant\n",
+    "<|im_start|>user\nQuote exactly: \"Mira the smith of Oakvale forged the silver key that opens the "
+    "north gate.\"<|im_end|>\n<|im_start|>assistant\n",
+    "<|im_start|>user\nTell me about your favourite season.<|im_end|>\n<|im_start|>assistant\n",
+};
+
+#define NTOK 64
+
+START_TEST(greedy_output_is_identical_with_and_without_speculation)
+{
+    rlai_engine *e = open_engine(RLAI_SPEC_NGRAM, 0);
+    rlai_token p[4][256];
+    int n[4];
+    for (int i = 0; i < 4; i++) {
+        n[i] = rlai_engine_tokenize(e, prompts[i], strlen(prompts[i]), true, true, p[i], 256);
+        ck_assert_int_gt(n[i], 0);
+    }
+    result off[4], on;
+    long drafted = 0, accepted = 0;
+    for (int i = 0; i < 4; i++) {
+        submit(e, p[i], n[i], NTOK, RLAI_SPEC_OFF, &off[i]);
+        run_until_idle(e);
+        ck_assert(off[i].done && off[i].status == 0);
+        ck_assert_int_eq(off[i].n, NTOK);
+        ck_assert_int_eq(off[i].m.drafted_tokens, 0);
+        submit(e, p[i], n[i], NTOK, RLAI_SPEC_AUTO, &on);   /* AUTO = the engine's NGRAM */
+        run_until_idle(e);
+        ck_assert(on.done && on.status == 0);
+        ck_assert_int_eq(on.n, NTOK);
+        ck_assert_int_eq(on.m.gen_tokens, NTOK);
+        for (int k = 0; k < NTOK; k++)
+            ck_assert_msg(on.toks[k] == off[i].toks[k], "prompt %d: token %d differs (%d vs %d)", i, k,
+                          on.toks[k], off[i].toks[k]);
+        ck_assert_int_le(on.m.accepted_tokens, on.m.drafted_tokens);
+        drafted += on.m.drafted_tokens;
+        accepted += on.m.accepted_tokens;
+    }
+    /* the copy tasks must actually have used speculation */
+    ck_assert_int_gt(drafted, 0);
+    ck_assert_int_gt(accepted, NTOK / 2);
+    rlai_engine_stats st;
+    rlai_engine_get_stats(e, &st);
+    ck_assert_int_eq((long)st.spec_drafted_total, drafted);
+    ck_assert_int_eq((long)st.spec_accepted_total, accepted);
+
+    /* max_tokens is exact even when a draft reaches past it */
+    for (int mt = 1; mt <= 5; mt++) {
+        submit(e, p[0], n[0], mt, RLAI_SPEC_NGRAM, &on);
+        run_until_idle(e);
+        ck_assert_int_eq(on.n, mt);
+        ck_assert_int_eq(on.m.stop, RLAI_STOP_MAX_TOKENS);
+        ck_assert(memcmp(on.toks, off[0].toks, sizeof(rlai_token) * (size_t)mt) == 0);
+    }
+    rlai_engine_close(e);
+}
+END_TEST
+
+START_TEST(speculation_under_continuous_batching)
+{
+    rlai_token p[4][256];
+    int n[4];
+    result alone[4], r[4];
+    /* no batch limit: four sequences draft in the same steps */
+    rlai_engine *e = open_engine(RLAI_SPEC_NGRAM, -1);
+    for (int i = 0; i < 4; i++)
+        n[i] = rlai_engine_tokenize(e, prompts[i], strlen(prompts[i]), true, true, p[i], 256);
+    for (int i = 0; i < 4; i++) {
+        submit(e, p[i], n[i], NTOK, RLAI_SPEC_OFF, &alone[i]);
+        run_until_idle(e);
+    }
+    for (int i = 0; i < 4; i++)
+        submit(e, p[i], n[i], NTOK, RLAI_SPEC_AUTO, &r[i]);
+    run_until_idle(e);
+    int drafted = 0;
+    for (int i = 0; i < 4; i++) {
+        ck_assert(r[i].done && r[i].status == 0);
+        ck_assert_int_eq(r[i].n, NTOK);
+        ck_assert_msg(memcmp(r[i].toks, alone[i].toks, sizeof(rlai_token) * NTOK) == 0,
+                      "prompt %d: batched speculative output differs from the lone plain run", i);
+        drafted += r[i].m.drafted_tokens;
+    }
+    ck_assert_int_gt(drafted, 0);
+    rlai_engine_close(e);
+
+    /* the default batch limit (2): with four sequences decoding no one drafts */
+    e = open_engine(RLAI_SPEC_NGRAM, 0);
+    for (int i = 0; i < 4; i++)
+        submit(e, p[i], n[i], NTOK, RLAI_SPEC_AUTO, &r[i]);
+    run_until_idle(e);
+    for (int i = 0; i < 4; i++) {
+        ck_assert(memcmp(r[i].toks, alone[i].toks, sizeof(rlai_token) * NTOK) == 0);
+        ck_assert_int_eq(r[i].m.drafted_tokens, 0);
+    }
+    rlai_engine_close(e);
+}
+END_TEST
+
+START_TEST(spec_modes_parse_and_bad_values_are_refused)
+{
+    ck_assert_int_eq(rlai_spec_mode_parse("off"), RLAI_SPEC_OFF);
+    ck_assert_int_eq(rlai_spec_mode_parse("ngram"), RLAI_SPEC_NGRAM);
+    ck_assert_int_eq(rlai_spec_mode_parse("auto"), RLAI_SPEC_AUTO);
+    ck_assert_int_eq(rlai_spec_mode_parse("draft"), RLAI_ERR_UNSUPPORTED);
+    ck_assert_int_eq(rlai_spec_mode_parse("self"), RLAI_ERR_UNSUPPORTED);
+    ck_assert_int_eq(rlai_spec_mode_parse("fast"), RLAI_ERR_INVALID_ARG);
+    ck_assert_int_eq(rlai_spec_mode_parse(NULL), RLAI_ERR_INVALID_ARG);
+    rlai_engine *e = open_engine(RLAI_SPEC_AUTO, 0);
+    rlai_token t[4] = { 1, 2, 3, 4 };
+    rlai_request_params rp;
+    memset(&rp, 0, sizeof(rp));
+    rp.prompt = t;
+    rp.n_prompt = 4;
+    rlai_gen_params_init(&rp.gen);
+    uint64_t id;
+    rp.gen.spec = (rlai_spec_mode)7;
+    ck_assert_int_eq(rlai_engine_submit(e, &rp, &id), RLAI_ERR_INVALID_ARG);
+    rp.gen.spec = RLAI_SPEC_NGRAM;
+    rp.gen.spec_max_draft = 17;
+    ck_assert_int_eq(rlai_engine_submit(e, &rp, &id), RLAI_ERR_INVALID_ARG);
+    rlai_engine_close(e);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("spec");
+    TCase *tc = tcase_create("core");
+    tcase_set_timeout(tc, 1200);
+    tcase_add_test(tc, ngram_prefers_longest_suffix_and_most_recent_match);
+    tcase_add_test(tc, adaptive_gamma_grows_shrinks_and_pauses);
+    tcase_add_test(tc, rejection_rule_keeps_the_distribution);
+    tcase_add_test(tc, spec_modes_parse_and_bad_values_are_refused);
+    tcase_add_test(tc, greedy_output_is_identical_with_and_without_speculation);
+    tcase_add_test(tc, speculation_under_continuous_batching);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
