@@ -17,7 +17,7 @@
 #include <string.h>
 #include <time.h>
 
-#define ENGINE_NAME "rtx-localai 0.1.0"
+#define ENGINE_NAME "rtx-localai " RLAI_VERSION
 
 typedef struct job {
     struct job *next;          /* all-jobs list */

@@ -594,7 +594,7 @@ static cJSON *envelope(const hreq *r, bool chunk)
                                                     : "text_completion");
     cJSON_AddNumberToObject(j, "created", (double)r->h->created);
     cJSON_AddStringToObject(j, "model", r->model);
-    cJSON_AddStringToObject(j, "system_fingerprint", "rtx-localai-0.1.0");
+    cJSON_AddStringToObject(j, "system_fingerprint", "rtx-localai-" RLAI_VERSION);
     return j;
 }
 

@@ -848,6 +848,10 @@ int main(int argc, char **argv)
         return argc < 2 ? 2 : 0;
     }
     const char *cmd = argv[1];
+    if (!strcmp(cmd, "--version") || !strcmp(cmd, "version")) {
+        printf("rlai %s (protocol %d)\n", RLAI_VERSION, RLAI_PROTO_VERSION);
+        return 0;
+    }
     if (!strcmp(cmd, "run"))
         return cmd_run(argc - 1, argv + 1, MODE_RUN);
     if (!strcmp(cmd, "chat"))

@@ -21,7 +21,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define HOST_VERSION "rtx-localai 0.1.0"
+#define HOST_VERSION "rtx-localai " RLAI_VERSION
 #define PLUGIN_MAGIC 0x504c5547u   /* "PLUG" */
 #define CALL_MAGIC 0x43414c4cu     /* "CALL" */
 #define DEAD_MAGIC 0xdeadbeefu

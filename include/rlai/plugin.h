@@ -201,7 +201,7 @@ typedef struct rlai_host_api {
 
     /* ---- since 1.0: host and plugin ---- */
 
-    /* "rtx-localai 0.1.0" (static). */
+    /* "rtx-localai <version>", e.g. "rtx-localai 0.1.0" (static). */
     const char *(*host_version)(void);
     /* Static description of an rlai_error code; never NULL. */
     const char *(*strerror)(int code);

@@ -29,7 +29,7 @@
 #include "rlai/client.h"
 
 #ifndef RLAI_GASSIST_VERSION
-#define RLAI_GASSIST_VERSION "0.1.0"
+#define RLAI_GASSIST_VERSION RLAI_VERSION
 #endif
 
 #define RLAI_GASSIST_MAX_FUNCTION 64

@@ -132,3 +132,16 @@ def test_spec_flag():
     assert r.returncode == 2 and b"not implemented" in r.stderr, r.stderr
     r = run("serve", "-m", str(MODEL), "--spec-max-draft", "17")
     assert r.returncode == 2
+
+
+def test_version_in_one_place():
+    """meson.build's version reaches rlai --version; the Python SDK's two
+    copies must agree with it (they cannot read meson at import time)."""
+    root = Path(__file__).resolve().parents[2]
+    want = re.search(r"version\s*:\s*'([^']+)'", (root / "meson.build").read_text()).group(1)
+    r = run("--version")
+    assert r.returncode == 0 and r.stdout.decode().startswith(f"rlai {want} "), r.stdout
+    sdk = root / "samples" / "python"
+    assert re.search(r'^version = "([^"]+)"', (sdk / "pyproject.toml").read_text(), re.M).group(1) == want
+    assert re.search(r'^__version__ = "([^"]+)"', (sdk / "rtx_localai" / "__init__.py").read_text(),
+                     re.M).group(1) == want
