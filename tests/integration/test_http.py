@@ -167,27 +167,9 @@ def sample(metrics, name, **labels):
 
 def pipe_chat(sock_path, messages, max_tokens):
     """One greedy chat over the named pipe (msgpack protocol); returns the text."""
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.settimeout(120)
-    s.connect(str(sock_path))
-    payload = msgpack.packb({"v": 1, "id": 7, "type": "chat", "messages": messages, "max_tokens": max_tokens})
-    s.sendall(struct.pack(">I", len(payload)) + payload)
-    buf, text = b"", []
-    while True:
-        while len(buf) < 4 or len(buf) < 4 + struct.unpack(">I", buf[:4])[0]:
-            chunk = s.recv(65536)
-            assert chunk, "pipe closed"
-            buf += chunk
-        n = struct.unpack(">I", buf[:4])[0]
-        f = msgpack.unpackb(buf[4:4 + n], raw=False)
-        buf = buf[4 + n:]
-        if f["type"] == "token":
-            text.append(f["text"])
-        elif f["type"] == "done":
-            s.close()
-            return "".join(text)
-        else:
-            raise AssertionError(f"pipe chat failed: {f}")
+    text, end = pipe_chat_done(sock_path, messages, max_tokens)
+    assert end["type"] == "done", f"pipe chat failed: {end}"
+    return text
 
 
 @pytest.fixture(scope="module")
