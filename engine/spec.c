@@ -4,10 +4,11 @@
  * predictor in repeated text (a name, a quoted line, an identifier in code)
  * while longer suffixes rarely add precision for subword tokens and miss
  * more often; falling back to 2 and 1 tokens still finds continuations of
- * rare tokens (the first piece of a name). Weak (1-token) matches cost
- * little because a verification of k extra tokens at batch 1 costs only a
- * fraction of a decode step, and the adaptive state pauses drafting when
- * drafts keep being rejected. The most recent occurrence is preferred: it
+ * rare tokens (the first piece of a name). Weak (1-token) matches are
+ * tried because the adaptive state pauses drafting when drafts keep being
+ * rejected; note that a verification is not free: on a 2-core AVX2 CPU
+ * each extra token costs about half a decode step (bench_spec,
+ * docs/SPECULATIVE.md), so gamma does not yet weigh that cost. The most recent occurrence is preferred: it
  * is the likeliest to be continued the same way. */
 #include "spec.h"
 
