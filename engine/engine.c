@@ -125,6 +125,13 @@ int rlai_spec_mode_parse(const char *s)
     return RLAI_ERR_INVALID_ARG;
 }
 
+const char *rlai_spec_mode_error(int rc)
+{
+    return rc == RLAI_ERR_UNSUPPORTED
+               ? "must be off, ngram or auto: draft-model and self-speculative drafting are not implemented"
+               : "must be off, ngram or auto";
+}
+
 const char *rlai_stop_reason_name(rlai_stop_reason r)
 {
     switch (r) {

@@ -144,12 +144,8 @@ int rlai_config_load_json(rlai_config *c, const char *json, char *err, size_t er
             rc = get_str(it, k, &c->device, err, errlen);
         } else if (!strcmp(k, "spec")) {
             int mode = cJSON_IsString(it) ? rlai_spec_mode_parse(it->valuestring) : RLAI_ERR_INVALID_ARG;
-            if (mode == RLAI_ERR_UNSUPPORTED)
-                rc = fail(err, errlen, RLAI_ERR_FORMAT,
-                          "config: 'spec': draft-model and self-speculative drafting are not implemented "
-                          "(use \"off\", \"ngram\" or \"auto\")");
-            else if (mode < 0)
-                rc = fail(err, errlen, RLAI_ERR_FORMAT, "config: 'spec' must be \"off\", \"ngram\" or \"auto\"");
+            if (mode < 0)
+                rc = fail(err, errlen, RLAI_ERR_FORMAT, "config: 'spec' %s", rlai_spec_mode_error(mode));
             else
                 c->spec = mode;
         } else if (!strcmp(k, "spec_max_draft")) {

@@ -1089,13 +1089,8 @@ static bool parse_sampling(hreq *r, const cJSON *body, gen_request *g)
     /* Extension: speculative decoding per request (docs/SPECULATIVE.md). */
     if ((it = cJSON_GetObjectItemCaseSensitive(body, "spec")) && !cJSON_IsNull(it)) {
         int mode = cJSON_IsString(it) ? rlai_spec_mode_parse(it->valuestring) : RLAI_ERR_INVALID_ARG;
-        if (mode == RLAI_ERR_UNSUPPORTED)
-            return send_error(r, 400, "invalid_value", "spec",
-                              "'spec': draft-model and self-speculative drafting are not implemented "
-                              "(use \"off\", \"ngram\" or \"auto\")"), false;
         if (mode < 0)
-            return send_error(r, 400, "invalid_value", "spec",
-                              "'spec' must be \"off\", \"ngram\" or \"auto\""), false;
+            return send_error(r, 400, "invalid_value", "spec", "'spec' %s", rlai_spec_mode_error(mode)), false;
         g->gp.spec = (rlai_spec_mode)mode;
     }
     if ((it = cJSON_GetObjectItemCaseSensitive(body, "spec_max_draft")) && !cJSON_IsNull(it)) {

@@ -183,13 +183,8 @@ static int parse_kv_type(const char *s, rlai_kv_type *t)
 static int parse_spec(const char *s, rlai_spec_mode *out)
 {
     int m = rlai_spec_mode_parse(s);
-    if (m == RLAI_ERR_UNSUPPORTED) {
-        fprintf(stderr, "rlai: --spec %s: draft-model and self-speculative drafting are not implemented "
-                        "(use off, ngram or auto)\n", s);
-        return -1;
-    }
     if (m < 0) {
-        fprintf(stderr, "rlai: --spec must be off, ngram or auto\n");
+        fprintf(stderr, "rlai: --spec %s (got '%s')\n", rlai_spec_mode_error(m), s);
         return -1;
     }
     *out = (rlai_spec_mode)m;

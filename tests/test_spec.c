@@ -356,6 +356,8 @@ START_TEST(spec_modes_parse_and_bad_values_are_refused)
     ck_assert_int_eq(rlai_spec_mode_parse("self"), RLAI_ERR_UNSUPPORTED);
     ck_assert_int_eq(rlai_spec_mode_parse("fast"), RLAI_ERR_INVALID_ARG);
     ck_assert_int_eq(rlai_spec_mode_parse(NULL), RLAI_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(rlai_spec_mode_error(RLAI_ERR_UNSUPPORTED), "not implemented"));
+    ck_assert_ptr_null(strstr(rlai_spec_mode_error(RLAI_ERR_INVALID_ARG), "not implemented"));
     rlai_engine *e = open_engine(RLAI_SPEC_AUTO, 0);
     rlai_token t[4] = { 1, 2, 3, 4 };
     rlai_request_params rp;

@@ -55,6 +55,11 @@ typedef enum rlai_spec_mode {
  * RLAI_ERR_UNSUPPORTED for "draft" (a draft model is not implemented) and
  * RLAI_ERR_INVALID_ARG for anything else. */
 int rlai_spec_mode_parse(const char *s);
+/* Why rlai_spec_mode_parse refused a value, for a message that follows the
+ * option's name: "must be off, ngram or auto" (plus that draft-model and
+ * self-speculative drafting are not implemented, for RLAI_ERR_UNSUPPORTED).
+ * Static string. */
+const char *rlai_spec_mode_error(int rc);
 
 typedef struct rlai_engine_params {
     int n_threads;        /* 0 = number of online CPUs */
