@@ -1,28 +1,75 @@
-/* error.c - rlai_strerror: names for the engine's negative error codes. */
+/* error.c - everything generated from the error tables of rlai/error.h:
+ * messages, names and the wire / HTTP mappings. Built as its own small
+ * library (rlai_error) so the codec and the transports need not link the
+ * engine. */
 #include "rlai/error.h"
+
+#include <stddef.h>
 
 const char *rlai_strerror(int code)
 {
     switch (code) {
     case RLAI_OK: return "success";
-    case RLAI_ERR_NOMEM: return "out of memory";
-    case RLAI_ERR_IO: return "I/O error (file could not be opened, read or mapped)";
-    case RLAI_ERR_FORMAT: return "malformed input (file or data is corrupt or hostile)";
-    case RLAI_ERR_UNSUPPORTED: return "unsupported feature, type or architecture";
-    case RLAI_ERR_INVALID_ARG: return "invalid argument";
-    case RLAI_ERR_CONTEXT_FULL: return "context length exceeded";
-    case RLAI_ERR_KV_FULL: return "KV cache has no free blocks";
-    case RLAI_ERR_CANCELLED: return "cancelled";
-    case RLAI_ERR_NOT_FOUND: return "not found";
-    case RLAI_ERR_NOT_IMPLEMENTED: return "not implemented in this build";
-    case RLAI_ERR_TOKENIZER: return "text could not be tokenized";
-    case RLAI_ERR_TOO_LARGE: return "input exceeds a configured limit";
-    case RLAI_ERR_TIMEOUT: return "timed out";
-    case RLAI_ERR_DISCONNECTED: return "engine not reachable or connection lost";
-    case RLAI_ERR_BUSY: return "engine busy: too many requests in flight";
-    case RLAI_ERR_PROTOCOL: return "protocol error: malformed or unexpected message";
-    case RLAI_ERR_EXISTS: return "already exists (name taken)";
-    case RLAI_ERR_ABI: return "incompatible plugin ABI version or build signature";
+#define X(name, c, wire, http, oai, msg) case c: return msg;
+    RLAI_ERROR_MAP(X)
+#undef X
     default: return "unknown error";
+    }
+}
+
+const char *rlai_err_name(int code)
+{
+    switch (code) {
+    case RLAI_OK: return "OK";
+#define X(name, c, wire, http, oai, msg) case c: return #name;
+    RLAI_ERROR_MAP(X)
+#undef X
+    default: return "UNKNOWN";
+    }
+}
+
+int rlai_err_wire_code(int code)
+{
+    switch (code) {
+    case RLAI_OK: return RLAI_PE_INTERNAL;
+#define X(name, c, wire, http, oai, msg) case c: return RLAI_PE_##wire;
+    RLAI_ERROR_MAP(X)
+#undef X
+    default: return RLAI_PE_ENGINE;
+    }
+}
+
+int rlai_err_http_status(int code, const char **oai_code)
+{
+    const char *oc = NULL;
+    int status = 500;
+    switch (code) {
+#define X(name, c, wire, http, oai, msg) case c: status = http; oc = oai; break;
+    RLAI_ERROR_MAP(X)
+#undef X
+    default: break;
+    }
+    if (oai_code)
+        *oai_code = oc;
+    return status;
+}
+
+const char *rlai_wire_code_name(int wire_code)
+{
+    switch (wire_code) {
+#define X(name, c, meaning) case c: return #name;
+    RLAI_WIRE_CODE_MAP(X)
+#undef X
+    default: return "UNKNOWN";
+    }
+}
+
+const char *rlai_wire_code_meaning(int wire_code)
+{
+    switch (wire_code) {
+#define X(name, c, meaning) case c: return meaning;
+    RLAI_WIRE_CODE_MAP(X)
+#undef X
+    default: return "";
     }
 }

@@ -266,17 +266,10 @@ static int on_token(void *user, rlai_token tok, const char *text, size_t len)
     return 0;
 }
 
+/* Wire code of an engine error: the one table in rlai/error.h. */
 static int map_engine_error(int rc)
 {
-    switch (rc) {
-    case RLAI_ERR_CONTEXT_FULL: return RLAI_PE_CONTEXT_FULL;
-    case RLAI_ERR_INVALID_ARG: return RLAI_PE_BAD_REQUEST;
-    case RLAI_ERR_TOO_LARGE: return RLAI_PE_TOO_LARGE;
-    case RLAI_ERR_TOKENIZER: return RLAI_PE_BAD_REQUEST;
-    case RLAI_ERR_KV_FULL: return RLAI_PE_TOO_LARGE;
-    case RLAI_ERR_BUSY: return RLAI_PE_BUSY;
-    default: return RLAI_PE_ENGINE;
-    }
+    return rlai_err_wire_code(rc);
 }
 
 static void on_done(void *user, uint64_t engine_id, int status, const rlai_gen_metrics *gm)
@@ -474,14 +467,7 @@ static void submit_generation(rlai_daemon *d, rlai_conn conn, const rlai_msg *m)
 
 static int map_call_error(int rc)
 {
-    switch (rc) {
-    case RLAI_ERR_NOT_FOUND: return RLAI_PE_NOT_FOUND;
-    case RLAI_ERR_NOT_IMPLEMENTED: return RLAI_PE_NOT_IMPLEMENTED;
-    case RLAI_ERR_CANCELLED: return RLAI_PE_CANCELLED;
-    case RLAI_ERR_TIMEOUT: return RLAI_PE_TIMEOUT;
-    case RLAI_ERR_NOMEM: return RLAI_PE_INTERNAL;
-    default: return map_engine_error(rc);
-    }
+    return rlai_err_wire_code(rc);
 }
 
 static void end_job(rlai_daemon *d, job *j)

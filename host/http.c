@@ -515,21 +515,11 @@ static enum MHD_Result send_text(hreq *r, int status, const char *ctype, char *t
     return rc;
 }
 
-/* HTTP status and error code for an engine / plugin error. */
+/* HTTP status and OpenAI error code for an engine / plugin error: the one
+ * table in rlai/error.h. */
 static int status_of(int rc, const char **code)
 {
-    *code = NULL;
-    switch (rc) {
-    case RLAI_ERR_INVALID_ARG: case RLAI_ERR_TOKENIZER: case RLAI_ERR_FORMAT: return 400;
-    case RLAI_ERR_CONTEXT_FULL: case RLAI_ERR_KV_FULL: *code = "context_length_exceeded"; return 400;
-    case RLAI_ERR_TOO_LARGE: return 413;
-    case RLAI_ERR_NOT_FOUND: return 404;
-    case RLAI_ERR_NOT_IMPLEMENTED: case RLAI_ERR_UNSUPPORTED: return 501;
-    case RLAI_ERR_BUSY: *code = "rate_limit_exceeded"; return 429;
-    case RLAI_ERR_CANCELLED: *code = "shutdown"; return 503;
-    case RLAI_ERR_TIMEOUT: *code = "timeout"; return 504;
-    default: return 500;
-    }
+    return rlai_err_http_status(rc, code);
 }
 
 /* ---------------------------------------------------------- OpenAI objects */

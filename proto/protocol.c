@@ -32,23 +32,7 @@
 
 const char *rlai_proto_code_name(int code)
 {
-    switch (code) {
-    case RLAI_PE_BAD_FRAME: return "BAD_FRAME";
-    case RLAI_PE_BAD_VERSION: return "BAD_VERSION";
-    case RLAI_PE_BAD_REQUEST: return "BAD_REQUEST";
-    case RLAI_PE_TOO_LARGE: return "TOO_LARGE";
-    case RLAI_PE_BUSY: return "BUSY";
-    case RLAI_PE_NOT_FOUND: return "NOT_FOUND";
-    case RLAI_PE_CANCELLED: return "CANCELLED";
-    case RLAI_PE_CONTEXT_FULL: return "CONTEXT_FULL";
-    case RLAI_PE_ENGINE: return "ENGINE";
-    case RLAI_PE_DUPLICATE_ID: return "DUPLICATE_ID";
-    case RLAI_PE_SHUTDOWN: return "SHUTDOWN";
-    case RLAI_PE_INTERNAL: return "INTERNAL";
-    case RLAI_PE_NOT_IMPLEMENTED: return "NOT_IMPLEMENTED";
-    case RLAI_PE_TIMEOUT: return "TIMEOUT";
-    default: return "UNKNOWN";
-    }
+    return rlai_wire_code_name(code);
 }
 
 static const char *const type_names[] = {

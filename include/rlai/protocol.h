@@ -20,6 +20,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "rlai/error.h"
+
 #define RLAI_PROTO_VERSION 1
 
 /* Limits enforced by the decoder (a daemon may configure lower ones). */
@@ -41,24 +43,11 @@ typedef enum rlai_msg_type {
     RLAI_MSG_TOKEN, RLAI_MSG_RESULT, RLAI_MSG_DONE, RLAI_MSG_ERROR,
 } rlai_msg_type;
 
-/* Protocol error codes carried in error frames ("code" int, "name" str).
- * Kept apart from engine codes: the daemon maps engine errors onto these. */
-typedef enum rlai_proto_code {
-    RLAI_PE_BAD_FRAME = 1,        /* not msgpack / not a map / trailing bytes */
-    RLAI_PE_BAD_VERSION = 2,      /* "v" missing or unsupported */
-    RLAI_PE_BAD_REQUEST = 3,      /* missing/ill-typed field, unknown type, bad UTF-8 */
-    RLAI_PE_TOO_LARGE = 4,        /* frame, string, array or prompt over a limit */
-    RLAI_PE_BUSY = 5,             /* too many requests in flight (client or total) */
-    RLAI_PE_NOT_FOUND = 6,        /* unknown command / cancel target */
-    RLAI_PE_CANCELLED = 7,        /* request cancelled or engine shutting down */
-    RLAI_PE_CONTEXT_FULL = 8,     /* prompt + generation exceed the context */
-    RLAI_PE_ENGINE = 9,           /* inference failed */
-    RLAI_PE_DUPLICATE_ID = 10,    /* id already in flight for this client */
-    RLAI_PE_SHUTDOWN = 11,        /* engine stopping: request not run */
-    RLAI_PE_INTERNAL = 12,
-    RLAI_PE_NOT_IMPLEMENTED = 13,
-    RLAI_PE_TIMEOUT = 14,         /* request ran past its deadline */
-} rlai_proto_code;
+/* Protocol error codes carried in error frames ("code" int, "name" str):
+ * enum rlai_wire_code (RLAI_PE_*), generated from RLAI_WIRE_CODE_MAP in
+ * rlai/error.h, which also maps each engine error onto one of them
+ * (rlai_err_wire_code). */
+typedef enum rlai_wire_code rlai_proto_code;
 
 /* Static upper-snake name ("BAD_FRAME") of a protocol code; "UNKNOWN" otherwise. */
 const char *rlai_proto_code_name(int code);
