@@ -15,6 +15,7 @@
 #include "tokenizer.h"
 
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1237,4 +1238,71 @@ int rlai_engine_eval_logits(rlai_engine *e, const rlai_token *toks, int n, float
     free(pos);
     free(want);
     return rc;
+}
+
+/* ------------------------------------------------------------------
+ * The one request path: text or chat -> tokens -> limits -> submit. */
+
+static int text_fail(char *err, size_t errlen, int rc, const char *fmt, ...)
+{
+    if (err && errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return rc;
+}
+
+int rlai_engine_submit_text(rlai_engine *e, const rlai_text_request *rq, uint64_t *id, int *n_prompt,
+                            char *err, size_t errlen)
+{
+    if (err && errlen)
+        err[0] = 0;
+    if (!e || !rq || !id)
+        return text_fail(err, errlen, RLAI_ERR_INVALID_ARG, "invalid argument");
+    bool chat = rq->messages && rq->n_messages > 0;
+    if (chat == (rq->prompt != NULL))
+        return text_fail(err, errlen, RLAI_ERR_INVALID_ARG, "give either chat messages or a prompt");
+    rlai_token *toks = NULL;
+    int n = 0, rc;
+    if (chat) {
+        rc = rlai_engine_tokenize_chat(e, rq->messages, rq->n_messages, true, &toks, &n);
+        if (rc == RLAI_ERR_INVALID_ARG)
+            return text_fail(err, errlen, rc, "chat messages rejected by the template (roles: system, user, assistant)");
+        if (rc < 0)
+            return text_fail(err, errlen, rc, "%s", rlai_strerror(rc));
+    } else {
+        size_t len = strlen(rq->prompt);
+        n = rlai_engine_tokenize(e, rq->prompt, len, true, true, NULL, 0);
+        if (n < 0)
+            return text_fail(err, errlen, n, "%s", rlai_strerror(n));
+        toks = malloc(sizeof(rlai_token) * (size_t)(n > 0 ? n : 1));
+        if (!toks)
+            return text_fail(err, errlen, RLAI_ERR_NOMEM, "%s", rlai_strerror(RLAI_ERR_NOMEM));
+        n = rlai_engine_tokenize(e, rq->prompt, len, true, true, toks, n);
+        if (n < 0) {
+            free(toks);
+            return text_fail(err, errlen, n, "%s", rlai_strerror(n));
+        }
+    }
+    int limit = rq->max_prompt_tokens > 0 ? rq->max_prompt_tokens : e->n_ctx - 1;
+    if (n == 0) {
+        free(toks);
+        return text_fail(err, errlen, RLAI_ERR_INVALID_ARG, "empty prompt");
+    }
+    if (n > limit) {
+        free(toks);
+        return text_fail(err, errlen, RLAI_ERR_TOO_LARGE, "prompt has %d tokens; the limit is %d", n, limit);
+    }
+    rlai_request_params rp = rq->rp;
+    rp.prompt = toks;
+    rp.n_prompt = n;
+    rc = rlai_engine_submit(e, &rp, id);
+    free(toks);
+    if (rc < 0)
+        return text_fail(err, errlen, rc, "%s", rlai_strerror(rc));
+    if (n_prompt)
+        *n_prompt = n;
+    return 0;
 }

@@ -342,6 +342,84 @@ START_TEST(deadline_ends_request_with_timeout_and_frees_blocks)
 }
 END_TEST
 
+
+/* rlai_engine_submit_text, the request path of every front: a chat or a
+ * prompt gives the same tokens as tokenizing it by hand and submitting;
+ * its refusals carry a code and a reason, and never call on_done. */
+START_TEST(submit_text_equals_manual_path_and_refuses_clearly)
+{
+    rlai_engine *e = open_engine(0, 512);
+    rlai_chat_message msgs[2] = { { "system", "You are terse." }, { "user", "Name a colour." } };
+    rlai_token *ct = NULL;
+    int nct = 0;
+    ck_assert_int_eq(rlai_engine_tokenize_chat(e, msgs, 2, true, &ct, &nct), 0);
+    rlai_token pt[64];
+    int npt = tokenize(e, prompts[0], pt, 64);
+
+    result manual[2], viatext[2];
+    memset(manual, 0, sizeof manual);
+    memset(viatext, 0, sizeof viatext);
+    submit(e, ct, nct, NTOK, &manual[0]);
+    submit(e, pt, npt, NTOK, &manual[1]);
+    run_until_idle(e);
+
+    rlai_text_request rq;
+    memset(&rq, 0, sizeof rq);
+    rlai_gen_params_init(&rq.rp.gen);
+    rq.rp.gen.sampling.temperature = 0;
+    rq.rp.gen.max_tokens = NTOK;
+    rq.rp.gen.ignore_eos = true;
+    rq.rp.on_token = collect;
+    rq.rp.on_done = done_cb;
+    char err[256];
+    uint64_t id = 0;
+    int np = -1;
+    rq.messages = msgs;
+    rq.n_messages = 2;
+    rq.rp.user = &viatext[0];
+    ck_assert_int_eq(rlai_engine_submit_text(e, &rq, &id, &np, err, sizeof err), 0);
+    ck_assert_int_eq(np, nct);
+    rq.messages = NULL;
+    rq.n_messages = 0;
+    rq.prompt = prompts[0];
+    rq.rp.user = &viatext[1];
+    ck_assert_int_eq(rlai_engine_submit_text(e, &rq, &id, &np, err, sizeof err), 0);
+    ck_assert_int_eq(np, npt);
+    run_until_idle(e);
+    for (int i = 0; i < 2; i++) {
+        ck_assert(viatext[i].done && viatext[i].status == 0);
+        ck_assert_int_eq(viatext[i].n, manual[i].n);
+        ck_assert_int_eq(viatext[i].m.prompt_tokens, manual[i].m.prompt_tokens);
+        ck_assert_mem_eq(viatext[i].toks, manual[i].toks, sizeof(rlai_token) * (size_t)manual[i].n);
+    }
+
+    result never;
+    memset(&never, 0, sizeof never);
+    rq.rp.user = &never;
+    rq.max_prompt_tokens = 3;   /* prompts[0] has more */
+    ck_assert_int_eq(rlai_engine_submit_text(e, &rq, &id, NULL, err, sizeof err), RLAI_ERR_TOO_LARGE);
+    ck_assert_msg(strstr(err, "the limit is 3") != NULL, "%s", err);
+    rq.max_prompt_tokens = 0;
+    rq.prompt = "";
+    ck_assert_int_eq(rlai_engine_submit_text(e, &rq, &id, NULL, err, sizeof err), RLAI_ERR_INVALID_ARG);
+    ck_assert_str_eq(err, "empty prompt");
+    rq.messages = msgs;   /* both set */
+    rq.n_messages = 2;
+    rq.prompt = prompts[0];
+    ck_assert_int_eq(rlai_engine_submit_text(e, &rq, &id, NULL, err, sizeof err), RLAI_ERR_INVALID_ARG);
+    rq.prompt = NULL;
+    rlai_chat_message bad[1] = { { "narrator", "hello" } };
+    rq.messages = bad;
+    rq.n_messages = 1;
+    ck_assert_int_eq(rlai_engine_submit_text(e, &rq, &id, NULL, err, sizeof err), RLAI_ERR_INVALID_ARG);
+    ck_assert_msg(strstr(err, "template") != NULL, "%s", err);
+    ck_assert_int_eq(rlai_engine_step(e), 0);
+    ck_assert(!never.done);
+    free(ct);
+    rlai_engine_close(e);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("scheduler");
@@ -352,6 +430,7 @@ int main(void)
     tcase_add_test(tc, tiny_kv_budget_ends_every_request);
     tcase_add_test(tc, cancel_frees_blocks_within_a_step);
     tcase_add_test(tc, deadline_ends_request_with_timeout_and_frees_blocks);
+    tcase_add_test(tc, submit_text_equals_manual_path_and_refuses_clearly);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -274,6 +274,32 @@ typedef struct rlai_request_params {
  * RLAI_ERR_KV_FULL (can never fit the pool) or RLAI_ERR_BUSY (queue full). */
 int rlai_engine_submit(rlai_engine *e, const rlai_request_params *rp, uint64_t *id);
 
+/* The one request path of every front (wire, HTTP, plugins): chat
+ * messages or raw text -> template -> tokens -> prompt limit -> submit.
+ * Exactly one of `messages` (n_messages >= 1; the chat template is applied
+ * with the generation prompt, message content is never parsed for special
+ * tokens) or `prompt` (raw text: special-token text parsed, BOS as the
+ * model wants) is set. `rp` is what rlai_engine_submit takes; its prompt
+ * and n_prompt are ignored (filled here). */
+typedef struct rlai_text_request {
+    const rlai_chat_message *messages;  /* borrowed for the call */
+    int n_messages;
+    const char *prompt;                 /* borrowed for the call */
+    int max_prompt_tokens;              /* 0 = the context length - 1 */
+    rlai_request_params rp;
+} rlai_text_request;
+
+/* Builds the prompt of `rq` and submits it; *id as rlai_engine_submit.
+ * Returns 0, or a negative code with a one-line reason in err (may be
+ * NULL): RLAI_ERR_INVALID_ARG (neither or both of messages/prompt, a role
+ * the template refuses, an empty prompt), RLAI_ERR_TOO_LARGE (more prompt
+ * tokens than max_prompt_tokens), RLAI_ERR_TOKENIZER, or any error of
+ * rlai_engine_submit. On success *n_prompt (may be NULL) receives the
+ * number of prompt tokens. Nothing of rq is kept but what submit copies;
+ * on_done is called only when 0 is returned. Thread-safe as submit. */
+int rlai_engine_submit_text(rlai_engine *e, const rlai_text_request *rq, uint64_t *id, int *n_prompt,
+                            char *err, size_t errlen);
+
 /* A request whose gen.timeout_ms has passed (queued or running) ends at the
  * start of the next step with RLAI_STOP_TIMEOUT (status 0) and its KV
  * blocks are released, as for a cancel.
