@@ -4,7 +4,7 @@
 #include "rlai/engine.h"
 #include "chat.h"
 #include "dtype.h"
-#include "gguf.h"
+#include "rlai/gguf.h"
 #include "kernels.h"
 #include "kv_cache.h"
 #include "model.h"

@@ -9,7 +9,7 @@
  * little-endian host (x86-64). Numeric fields may be unaligned in the file,
  * so every read goes through memcpy.
  */
-#include "gguf.h"
+#include "rlai/gguf.h"
 #include "rlai/engine.h"
 
 #include <errno.h>
@@ -903,4 +903,21 @@ const rlai_gguf_tensor *rlai_gguf_find_tensor(const rlai_gguf *g, const char *na
     if (!g) return NULL;
     size_t i = index_lookup(g, g->t_index, g->t_index_cap, t_name, name);
     return i == SIZE_MAX ? NULL : &g->tensors[i];
+}
+
+/* ggml type names (the same as engine/dtype.c's for the types it computes)
+ * for the ids this reader can size (ggml.h's enum
+ * ggml_type; shared/reference/llama-gguf-facts.md section 2). */
+static const char *const type_names[] = {
+    [0] = "f32", [1] = "f16", [2] = "q4_0", [3] = "q4_1", [6] = "q5_0", [7] = "q5_1",
+    [8] = "q8_0", [9] = "q8_1", [10] = "q2_K", [11] = "q3_K", [12] = "q4_K", [13] = "q5_K",
+    [14] = "q6_K", [15] = "q8_K", [16] = "iq2_xxs", [17] = "iq2_xs", [18] = "iq3_xxs",
+    [19] = "iq1_s", [20] = "iq4_nl", [21] = "iq3_s", [22] = "iq2_s", [23] = "iq4_xs",
+    [24] = "i8", [25] = "i16", [26] = "i32", [27] = "i64", [28] = "f64", [29] = "iq1_m",
+    [30] = "bf16", [34] = "tq1_0", [35] = "tq2_0", [39] = "mxfp4",
+};
+
+const char *rlai_gguf_type_name(unsigned t)
+{
+    return t < sizeof type_names / sizeof type_names[0] ? type_names[t] : NULL;
 }

@@ -11,7 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdbool.h>
-#include "gguf.h"
+#include "rlai/gguf.h"
 #include "kernels.h"
 #include "kv_cache.h"
 #include "threadpool.h"

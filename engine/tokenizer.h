@@ -14,7 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdbool.h>
-#include "gguf.h"
+#include "rlai/gguf.h"
 
 typedef struct rlai_tokenizer rlai_tokenizer;
 

@@ -1,33 +1,13 @@
 /* gguf_describe.c - a GGUF header as JSON (see gguf_describe.h). */
 #include "gguf_describe.h"
 
-#include "gguf.h"
-#include "dtype.h"
+#include "rlai/gguf.h"
 #include "rlai/error.h"
 
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
-
-/* ggml type names for the ids engine/gguf.c can size (ggml.h's
- * enum ggml_type; shared/reference/llama-gguf-facts.md §2). */
-static const char *const type_names[] = {
-    [0] = "f32", [1] = "f16", [2] = "q4_0", [3] = "q4_1", [6] = "q5_0", [7] = "q5_1",
-    [8] = "q8_0", [9] = "q8_1", [10] = "q2_K", [11] = "q3_K", [12] = "q4_K", [13] = "q5_K",
-    [14] = "q6_K", [15] = "q8_K", [16] = "iq2_xxs", [17] = "iq2_xs", [18] = "iq3_xxs",
-    [19] = "iq1_s", [20] = "iq4_nl", [21] = "iq3_s", [22] = "iq2_s", [23] = "iq4_xs",
-    [24] = "i8", [25] = "i16", [26] = "i32", [27] = "i64", [28] = "f64", [29] = "iq1_m",
-    [30] = "bf16", [34] = "tq1_0", [35] = "tq2_0", [39] = "mxfp4",
-};
-
-const char *rlai_gguf_type_name(unsigned t)
-{
-    const char *e = rlai_dtype_name(t);      /* the engine's own names first */
-    if (strcmp(e, "unknown") != 0)
-        return e;
-    return t < sizeof type_names / sizeof type_names[0] ? type_names[t] : NULL;
-}
 
 static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
 #if defined(__GNUC__)
@@ -171,7 +151,7 @@ static int describe(const rlai_gguf *g, cJSON *o, char *err, size_t errlen)
     return 0;
 }
 
-int rlai_gguf_describe(const char *path, cJSON **out, char *err, size_t errlen)
+int rlai_host_gguf_describe(const char *path, cJSON **out, char *err, size_t errlen)
 {
     if (!out)
         return fail(err, errlen, RLAI_ERR_INVALID_ARG, "NULL output pointer");

@@ -2,7 +2,7 @@
  * gguf_describe for plugins, see include/rlai/plugin.h; used by fit).
  *
  * Only the header is parsed (the file is mapped, no tensor data is read),
- * with the engine's validating reader (engine/gguf.h). It works on files
+ * with the engine's public validating reader (rlai/gguf.h). It works on files
  * the engine cannot run: vocabulary-only files, unknown architectures,
  * tensor types the engine cannot compute (their name is reported). */
 #ifndef RLAI_HOST_GGUF_DESCRIBE_H
@@ -31,10 +31,6 @@
  * errlen > 0): the reader's (RLAI_ERR_IO, RLAI_ERR_FORMAT, RLAI_ERR_UNSUPPORTED
  * for a tensor type id without a known size), RLAI_ERR_INVALID_ARG for NULL
  * arguments, RLAI_ERR_NOMEM. *out is NULL on failure. Thread-safe. */
-int rlai_gguf_describe(const char *path, cJSON **out, char *err, size_t errlen);
-
-/* The ggml name of tensor type id t ("f32", "q4_0", "q6_K", "iq4_xs",
- * "bf16", ...); NULL for an id without a name. Static string. */
-const char *rlai_gguf_type_name(unsigned t);
+int rlai_host_gguf_describe(const char *path, cJSON **out, char *err, size_t errlen);
 
 #endif

@@ -8,13 +8,12 @@
  * "not implemented" error in this build. */
 #include "rlai/client.h"
 #include "rlai/engine.h"
+#include "rlai/vocab.h"
 #include "cli_call.h"
 #include "fit_cli.h"
 #include "gassist_manifest.h"
 #include "config.h"
 #include "daemon.h"
-#include "gguf.h"
-#include "tokenizer.h"
 
 #include <msgpack.h>
 #include <pthread.h>
@@ -801,38 +800,29 @@ static int cmd_tokenize(int argc, char **argv)
     if (!model)
         model = default_model(pathbuf, sizeof(pathbuf));
     char err[512];
-    rlai_gguf *g;
-    int rc = rlai_gguf_open_file(model, &g, err, sizeof(err));
+    rlai_vocab *v;
+    int rc = rlai_vocab_open(model, &v, err, sizeof(err));
     if (rc < 0) {
         fprintf(stderr, "rlai: %s: %s\n", model, err);
-        return 1;
-    }
-    rlai_tokenizer *t;
-    rc = rlai_tokenizer_load(g, &t, err, sizeof(err));
-    if (rc < 0) {
-        fprintf(stderr, "rlai: %s: %s\n", model, err);
-        rlai_gguf_close(g);
         return 1;
     }
     const char *text = argv[optind];
     size_t len = strlen(text);
-    int n = rlai_tokenizer_encode(t, text, len, false, false, NULL, 0);
+    int n = rlai_vocab_tokenize(v, text, len, false, false, NULL, 0);
     int32_t *ids = n > 0 ? malloc(sizeof(int32_t) * (size_t)n) : NULL;
     if (n > 0 && ids)
-        n = rlai_tokenizer_encode(t, text, len, false, false, ids, n);
+        n = rlai_vocab_tokenize(v, text, len, false, false, ids, n);
     if (n < 0 || (n > 0 && !ids)) {
         fprintf(stderr, "rlai: tokenize failed: %s\n", rlai_strerror(n < 0 ? n : RLAI_ERR_NOMEM));
         free(ids);
-        rlai_tokenizer_free(t);
-        rlai_gguf_close(g);
+        rlai_vocab_close(v);
         return 1;
     }
     for (int i = 0; i < n; i++)
         printf(i ? " %d" : "%d", ids[i]);
     printf("\n");
     free(ids);
-    rlai_tokenizer_free(t);
-    rlai_gguf_close(g);
+    rlai_vocab_close(v);
     return 0;
 }
 

@@ -1024,7 +1024,7 @@ static int api_model_info(rlai_plugin *self, cJSON **out)
 
 static int api_gguf_describe(const char *path, cJSON **out, char *err, size_t errlen)
 {
-    return rlai_gguf_describe(path, out, err, errlen);
+    return rlai_host_gguf_describe(path, out, err, errlen);
 }
 
 static const rlai_host_api host_api = {

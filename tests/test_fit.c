@@ -191,7 +191,7 @@ static int check_json(const char *params, cJSON **out, char *err, size_t errlen)
 {
     cJSON *p = cJSON_Parse(params);
     ck_assert_ptr_nonnull(p);
-    int rc = rlai_fit_check(p, rlai_gguf_describe, out, err, errlen);
+    int rc = rlai_fit_check(p, rlai_host_gguf_describe, out, err, errlen);
     cJSON_Delete(p);
     return rc;
 }
@@ -213,7 +213,7 @@ START_TEST(describe_default_model)
 {
     cJSON *d = NULL;
     char err[512];
-    ck_assert_int_eq(rlai_gguf_describe(SMOL, &d, err, sizeof err), 0);
+    ck_assert_int_eq(rlai_host_gguf_describe(SMOL, &d, err, sizeof err), 0);
     ck_assert_str_eq(cJSON_GetObjectItem(d, "arch")->valuestring, "llama");
     ck_assert_uint_eq(num(d, "n_layer", NULL), 30);
     ck_assert_uint_eq(num(d, "n_embd", NULL), 576);
@@ -294,7 +294,7 @@ START_TEST(describe_8b_header)
     make_8b();
     cJSON *d = NULL;
     char err[512];
-    ck_assert_int_eq(rlai_gguf_describe(path8b, &d, err, sizeof err), 0);
+    ck_assert_int_eq(rlai_host_gguf_describe(path8b, &d, err, sizeof err), 0);
     ck_assert_str_eq(cJSON_GetObjectItem(d, "name")->valuestring, "Test Llama-3-8B");
     ck_assert_uint_eq(num(d, "n_layer", NULL), 32);
     ck_assert_uint_eq(num(d, "n_head_kv", NULL), 8);
@@ -528,7 +528,7 @@ START_TEST(vocab_only_and_bad_files)
     cJSON *d = NULL, *r = NULL;
     /* A vocabulary-only file: the header is described (no tensors)... */
     const char *vocab = RLAI_TESTDATA "/tokenizer/ggml-vocab-gpt-2.gguf";
-    ck_assert_int_eq(rlai_gguf_describe(vocab, &d, err, sizeof err), 0);
+    ck_assert_int_eq(rlai_host_gguf_describe(vocab, &d, err, sizeof err), 0);
     ck_assert_str_eq(cJSON_GetObjectItem(d, "arch")->valuestring, "gpt2");
     ck_assert_uint_eq(num(d, "n_params", NULL), 0);
     ck_assert_uint_eq(num(d, "n_vocab", NULL), 50257);
@@ -559,7 +559,7 @@ START_TEST(vocab_only_and_bad_files)
     w_u64(f, 0);
     fclose(f);
     /* ne[0] = 64 is not a multiple of q4_K's 256: the reader refuses it. */
-    ck_assert_int_eq(rlai_gguf_describe(p, &d, err, sizeof err), RLAI_ERR_FORMAT);
+    ck_assert_int_eq(rlai_host_gguf_describe(p, &d, err, sizeof err), RLAI_ERR_FORMAT);
     ck_assert_ptr_null(d);
 
     /* An unknown tensor type id (31, removed from ggml) is a clear error. */
@@ -576,7 +576,7 @@ START_TEST(vocab_only_and_bad_files)
     w_u64(f, 0);
     fclose(f);
     ck_assert_int_eq(truncate(p, 4096), 0);
-    ck_assert_int_eq(rlai_gguf_describe(p, &d, err, sizeof err), RLAI_ERR_UNSUPPORTED);
+    ck_assert_int_eq(rlai_host_gguf_describe(p, &d, err, sizeof err), RLAI_ERR_UNSUPPORTED);
     ck_assert_ptr_nonnull(strstr(err, "type 31 unknown"));
 
     /* An unknown architecture with a known tensor type: described, no
@@ -594,7 +594,7 @@ START_TEST(vocab_only_and_bad_files)
     w_u64(f, 0);
     fclose(f);
     ck_assert_int_eq(truncate(p, 4096), 0);
-    ck_assert_int_eq(rlai_gguf_describe(p, &d, err, sizeof err), 0);
+    ck_assert_int_eq(rlai_host_gguf_describe(p, &d, err, sizeof err), 0);
     ck_assert_ptr_null(cJSON_GetObjectItem(d, "n_layer"));
     ck_assert_uint_eq(num(cJSON_GetObjectItem(d, "tensor_types"), "q4_K", "bytes"), 144);
     cJSON_Delete(d);
@@ -606,7 +606,7 @@ START_TEST(vocab_only_and_bad_files)
     rmdir(tmpdir);
 
     /* Missing file. */
-    ck_assert_int_eq(rlai_gguf_describe("/nonexistent/m.gguf", &d, err, sizeof err), RLAI_ERR_IO);
+    ck_assert_int_eq(rlai_host_gguf_describe("/nonexistent/m.gguf", &d, err, sizeof err), RLAI_ERR_IO);
     ck_assert_ptr_nonnull(strstr(err, "/nonexistent/m.gguf"));
 }
 END_TEST

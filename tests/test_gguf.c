@@ -13,7 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "gguf.h"
+#include "rlai/gguf.h"
 #include "rlai/engine.h"
 
 #ifndef RLAI_TESTDATA

@@ -16,7 +16,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "gguf.h"
+#include "rlai/gguf.h"
+#include "rlai/vocab.h"
 #include "tokenizer.h"
 #include "rlai/engine.h"
 
@@ -236,6 +237,39 @@ START_TEST(test_vocab_vectors)
     ck_assert_msg(dec_fail == 0, "%s: %d of %d vectors decode wrongly", name, dec_fail, v.n);
     free_vectors(&v);
     rlai_tokenizer_free(t);
+}
+END_TEST
+
+
+/* The public vocabulary-only API (rlai/vocab.h) gives the vectors' ids too,
+ * and refuses what it must. */
+START_TEST(test_public_vocab_api)
+{
+    const char *name = vocab_names[_i];
+    char path[512], err[256];
+    snprintf(path, sizeof path, VOCAB_DIR "ggml-vocab-%s.gguf", name);
+    rlai_vocab *vb = NULL;
+    ck_assert_msg(rlai_vocab_open(path, &vb, err, sizeof err) == 0, "%s", err);
+    ck_assert_int_gt(rlai_vocab_n_tokens(vb), 1000);
+    struct vectors v;
+    load_vectors(name, &v);
+    for (int i = 0; i < v.n; i++) {
+        int n = rlai_vocab_tokenize(vb, v.s[i], v.len[i], false, false, NULL, 0);
+        ck_assert_int_eq(n, v.n_ids[i]);
+        int32_t *ids = malloc(sizeof(int32_t) * (size_t)(n > 0 ? n : 1));
+        ck_assert_int_eq(rlai_vocab_tokenize(vb, v.s[i], v.len[i], false, false, ids, n), n);
+        ck_assert_mem_eq(ids, v.ids[i], sizeof(int32_t) * (size_t)n);
+        free(ids);
+    }
+    free_vectors(&v);
+    ck_assert_int_eq(rlai_vocab_tokenize(vb, NULL, 3, false, false, NULL, 0), RLAI_ERR_INVALID_ARG);
+    ck_assert_int_eq(rlai_vocab_tokenize(vb, "a", 1, false, false, NULL, 4), RLAI_ERR_INVALID_ARG);
+    rlai_vocab_close(vb);
+    vb = (rlai_vocab *)1;
+    ck_assert_int_eq(rlai_vocab_open("/nonexistent/v.gguf", &vb, err, sizeof err), RLAI_ERR_IO);
+    ck_assert_ptr_null(vb);
+    ck_assert_str_ne(err, "");
+    rlai_vocab_close(NULL);
 }
 END_TEST
 
@@ -891,6 +925,7 @@ static Suite *tokenizer_suite(void)
     TCase *tc = tcase_create("vectors");
     tcase_set_timeout(tc, 600);
     tcase_add_loop_test(tc, test_vocab_vectors, 0, 3);
+    tcase_add_loop_test(tc, test_public_vocab_api, 0, 3);
     tcase_add_loop_test(tc, test_hostile_inputs, 0, 3);
     tcase_add_test(tc, test_cap_and_args);
     tcase_add_test(tc, test_spm_specifics);

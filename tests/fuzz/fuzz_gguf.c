@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gguf.h"
+#include "rlai/gguf.h"
 #include "rlai/engine.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);

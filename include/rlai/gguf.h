@@ -1,4 +1,6 @@
-/* gguf.h - validating, memory-mapped reader for GGUF v2/v3 files.
+/* rlai/gguf.h - validating, memory-mapped reader for GGUF v2/v3 files (public:
+ * the host, tools and embedders read GGUF headers with it, as ggml exposes
+ * its gguf.h).
  *
  * rlai_gguf_open_* parses the whole header up front and validates every
  * count, string length, key type, array size, alignment, tensor shape, type
@@ -95,5 +97,9 @@ const rlai_gguf_tensor *rlai_gguf_find_tensor(const rlai_gguf *g, const char *na
 
 /* Size in bytes of the mapped file / buffer. */
 size_t rlai_gguf_file_size(const rlai_gguf *g);
+
+/* The ggml name of tensor type id t ("f32", "q4_0", "q6_K", "iq4_xs",
+ * "bf16", ...); NULL for an id without a name. Static string. */
+const char *rlai_gguf_type_name(unsigned t);
 
 #endif
