@@ -3,6 +3,8 @@
 #include "config.h"
 #include "api_key.h"
 #include "conn_guard.h"
+#include "embeddings.h"
+#include "logprobs.h"
 #include "rlai/error.h"
 #include "rlai/protocol.h"
 
@@ -286,6 +288,15 @@ struct hreq {
     bool live;                   /* in h->live */
     hreq *next_live;
 
+    /* logprobs (lp_mode 1 = chat, 2 = completions; lps appended under mu
+     * by the engine thread, lp_sent and lp_off on the connection thread) */
+    int lp_mode;
+    rlai_token_logprobs *lps;
+    int n_lps, cap_lps, lp_sent;
+    size_t lp_off;
+    char *echo_text;             /* completions "echo": the prompt text */
+    long long created;           /* request time (wall clock, seconds) */
+
     /* connection thread only */
     bytes out;
     size_t opos;
@@ -308,6 +319,8 @@ static void hreq_unref(hreq *r)
     free(r->model);
     free(r->command);
     free(r->lore_reply);
+    free(r->lps);
+    free(r->echo_text);
     pthread_cond_destroy(&r->cv);
     pthread_mutex_destroy(&r->mu);
     free(r);
@@ -592,7 +605,7 @@ static cJSON *envelope(const hreq *r, bool chunk)
     cJSON_AddStringToObject(j, "id", r->id);
     cJSON_AddStringToObject(j, "object", is_chat(r) ? (chunk ? "chat.completion.chunk" : "chat.completion")
                                                     : "text_completion");
-    cJSON_AddNumberToObject(j, "created", (double)r->h->created);
+    cJSON_AddNumberToObject(j, "created", (double)r->created);
     cJSON_AddStringToObject(j, "model", r->model);
     cJSON_AddStringToObject(j, "system_fingerprint", "rtx-localai-" RLAI_VERSION);
     return j;
@@ -673,7 +686,70 @@ static bool ended_badly(const hreq *r)
     return r->kind != K_PLUGIN && r->kind != K_LORE && r->have_gm && r->gm.stop == RLAI_STOP_CANCELLED;
 }
 
+/* Replaces choice's "logprobs" with the object for n tokens (chat:
+ * {"content": [...]}, completions: the legacy arrays). */
+static void put_logprobs(hreq *r, cJSON *choice, const rlai_token_logprobs *lp, int n)
+{
+    if (!r->lp_mode || !choice)
+        return;
+    cJSON *o = NULL;
+    if (r->lp_mode == 1) {
+        o = cJSON_CreateObject();
+        cJSON *content = cJSON_AddArrayToObject(o, "content");
+        if (!content || rlai_logprobs_chat_append(r->h->engine, lp, n, content) < 0) {
+            cJSON_Delete(o);
+            o = NULL;
+        }
+        if (o)
+            cJSON_AddNullToObject(o, "refusal");
+    } else {
+        o = rlai_logprobs_completion_json(r->h->engine, lp, n, &r->lp_off);
+    }
+    if (o)
+        cJSON_ReplaceItemInObjectCaseSensitive(choice, "logprobs", o);
+}
+
+/* The first choice of a chunk / body. */
+static cJSON *first_choice(cJSON *j)
+{
+    return cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(j, "choices"), 0);
+}
+
+/* Takes the logprobs not yet sent (connection thread): a malloc'd copy in
+ * *out (NULL when none), the count returned. */
+static int take_logprobs(hreq *r, rlai_token_logprobs **out)
+{
+    *out = NULL;
+    pthread_mutex_lock(&r->mu);
+    int n = r->n_lps - r->lp_sent;
+    if (n > 0 && (*out = malloc(sizeof(**out) * (size_t)n)) != NULL) {
+        memcpy(*out, r->lps + r->lp_sent, sizeof(**out) * (size_t)n);
+        r->lp_sent = r->n_lps;
+    } else {
+        n = 0;
+    }
+    pthread_mutex_unlock(&r->mu);
+    return n;
+}
+
 /* ---------------------------------------------------------- engine callbacks (engine thread) */
+
+static void gen_on_logprobs(void *user, const rlai_token_logprobs *lp)
+{
+    hreq *r = user;
+    pthread_mutex_lock(&r->mu);
+    if (r->n_lps == r->cap_lps) {
+        int cap = r->cap_lps ? r->cap_lps * 2 : 64;
+        rlai_token_logprobs *n = realloc(r->lps, sizeof(*n) * (size_t)cap);
+        if (n) {
+            r->lps = n;
+            r->cap_lps = cap;
+        }
+    }
+    if (r->n_lps < r->cap_lps)
+        r->lps[r->n_lps++] = *lp;
+    pthread_mutex_unlock(&r->mu);
+}
 
 static int gen_on_token(void *user, rlai_token tok, const char *text, size_t len)
 {
@@ -829,6 +905,11 @@ static bool produce(hreq *r)
         r->phase = 1;
         return true;
     }
+    if (r->phase == 0 && r->echo_text) {
+        sse_event(&r->out, NULL, chunk_json(r, r->echo_text, strlen(r->echo_text), false, NULL));
+        r->phase = 1;
+        return true;
+    }
     r->phase = 1;
     pthread_mutex_lock(&r->mu);
     bool alive = wait_progress(r);
@@ -851,7 +932,15 @@ static bool produce(hreq *r)
         if (events.len)
             bytes_add(&r->out, events.p, events.len);
     } else if (text.len) {
-        sse_event(&r->out, NULL, chunk_json(r, text.p, text.len, false, NULL));
+        cJSON *ch = chunk_json(r, text.p, text.len, false, NULL);
+        if (r->lp_mode) {
+            rlai_token_logprobs *lp;
+            int nl = take_logprobs(r, &lp);
+            if (nl)
+                put_logprobs(r, first_choice(ch), lp, nl);
+            free(lp);
+        }
+        sse_event(&r->out, NULL, ch);
         r->streamed = true;
     }
     bytes_free(&text);
@@ -878,6 +967,13 @@ static bool produce(hreq *r)
             if (!r->streamed && r->lore_reply && r->lore_reply[0])
                 sse_event(&r->out, NULL, chunk_json(r, r->lore_reply, strlen(r->lore_reply), false, NULL));
             cJSON *fin = chunk_json(r, NULL, 0, false, finish_reason(r));
+            if (r->lp_mode) {
+                rlai_token_logprobs *lp;
+                int nl = take_logprobs(r, &lp);
+                if (nl)
+                    put_logprobs(r, first_choice(fin), lp, nl);
+                free(lp);
+            }
             cJSON_AddItemToObject(fin, "timings", timings_json(r));
             sse_event(&r->out, NULL, fin);
             if (r->include_usage) {
@@ -997,7 +1093,27 @@ static enum MHD_Result finish_blocking(hreq *r)
         return send_json(r, 200, j);
     }
     const char *text = r->pending.len ? r->pending.p : r->lore_reply;
-    return send_json(r, 200, final_body(r, text));
+    if (r->echo_text) {
+        /* completions "echo": the prompt, then the completion */
+        size_t el = strlen(r->echo_text);
+        char *both = malloc(el + r->pending.len + 1);
+        if (!both)
+            return send_error(r, 500, NULL, NULL, "out of memory");
+        memcpy(both, r->echo_text, el);
+        memcpy(both + el, r->pending.p ? r->pending.p : "", r->pending.len);
+        both[el + r->pending.len] = 0;
+        cJSON *j = final_body(r, both);
+        free(both);
+        return send_json(r, 200, j);
+    }
+    cJSON *body = final_body(r, text);
+    if (r->lp_mode) {
+        rlai_token_logprobs *lp;
+        int nl = take_logprobs(r, &lp);
+        put_logprobs(r, first_choice(body), lp, nl);
+        free(lp);
+    }
+    return send_json(r, 200, body);
 }
 
 /* ---------------------------------------------------------- request parsing */
@@ -1005,6 +1121,7 @@ static enum MHD_Result finish_blocking(hreq *r)
 typedef struct gen_request {
     rlai_gen_params gp;
     const char *stops[MAX_STOPS + 1];
+    bool echo;                     /* completions: answer starts with the prompt */
 } gen_request;
 
 static bool json_is_int(const cJSON *v)
@@ -1026,6 +1143,55 @@ static bool opt_number(hreq *r, const cJSON *body, const char *key, double lo, d
     }
     *out = v->valuedouble;
     *present = true;
+    return true;
+}
+
+/* "logprobs" / "top_logprobs" (chat: a boolean and 0..20; completions:
+ * logprobs = 0..20 alternatives) and completions' "echo". Sets
+ * g->gp.top_logprobs and r->lp_mode / r->echo_text's wish (r->lp_off is
+ * set when the prompt text is known). Returns false after answering 400. */
+static bool parse_logprobs_echo(hreq *r, const cJSON *body, gen_request *g)
+{
+    const cJSON *lp = cJSON_GetObjectItemCaseSensitive(body, "logprobs");
+    const cJSON *top = cJSON_GetObjectItemCaseSensitive(body, "top_logprobs");
+    const cJSON *echo = cJSON_GetObjectItemCaseSensitive(body, "echo");
+    g->gp.top_logprobs = -1;
+    g->echo = false;
+    if (r->kind == K_CHAT) {
+        if (lp && !cJSON_IsNull(lp) && !cJSON_IsBool(lp))
+            return send_error(r, 400, "invalid_type", "logprobs", "'logprobs' must be a boolean"), false;
+        bool on = cJSON_IsTrue(lp);
+        if (top && !cJSON_IsNull(top)) {
+            if (!json_is_int(top) || top->valuedouble < 0 || top->valuedouble > RLAI_MAX_TOP_LOGPROBS)
+                return send_error(r, 400, "invalid_value", "top_logprobs",
+                                  "'top_logprobs' must be an integer in [0, %d]", RLAI_MAX_TOP_LOGPROBS), false;
+            if (!on)
+                return send_error(r, 400, "invalid_value", "top_logprobs",
+                                  "'top_logprobs' needs 'logprobs': true"), false;
+        }
+        if (on) {
+            r->lp_mode = 1;
+            g->gp.top_logprobs = top && !cJSON_IsNull(top) ? (int)top->valuedouble : 0;
+        }
+        if (echo && !cJSON_IsNull(echo) && !cJSON_IsFalse(echo))
+            return send_error(r, 400, "unsupported_value", "echo", "'echo' is a completions field"), false;
+        return true;
+    }
+    if (lp && !cJSON_IsNull(lp)) {
+        if (!json_is_int(lp) || lp->valuedouble < 0 || lp->valuedouble > RLAI_MAX_TOP_LOGPROBS)
+            return send_error(r, 400, "invalid_value", "logprobs",
+                              "'logprobs' must be an integer in [0, %d] (alternatives per token)",
+                              RLAI_MAX_TOP_LOGPROBS), false;
+        r->lp_mode = 2;
+        g->gp.top_logprobs = (int)lp->valuedouble;
+    }
+    if (echo && !cJSON_IsNull(echo) && !cJSON_IsBool(echo))
+        return send_error(r, 400, "invalid_type", "echo", "'echo' must be a boolean"), false;
+    g->echo = cJSON_IsTrue(echo);
+    if (g->echo && r->lp_mode)
+        return send_error(r, 400, "unsupported_value", "echo",
+                          "'echo' with 'logprobs' (log-probabilities of the prompt tokens) is not implemented"),
+               false;
     return true;
 }
 
@@ -1144,10 +1310,8 @@ static bool parse_sampling(hreq *r, const cJSON *body, gen_request *g)
     if ((it = cJSON_GetObjectItemCaseSensitive(body, "best_of")) && !cJSON_IsNull(it) &&
         !(json_is_int(it) && it->valuedouble == 1))
         return send_error(r, 400, "unsupported_value", "best_of", "only best_of = 1 is supported"), false;
-    if ((it = cJSON_GetObjectItemCaseSensitive(body, "logprobs")) && !cJSON_IsNull(it) && !cJSON_IsFalse(it))
-        return send_error(r, 400, "unsupported_value", "logprobs", "logprobs are not supported"), false;
-    if ((it = cJSON_GetObjectItemCaseSensitive(body, "echo")) && cJSON_IsTrue(it))
-        return send_error(r, 400, "unsupported_value", "echo", "echo is not supported"), false;
+    if (!parse_logprobs_echo(r, body, g))
+        return false;
     const char *no_tools[] = { "tools", "functions" };
     for (size_t i = 0; i < 2; i++) {
         it = cJSON_GetObjectItemCaseSensitive(body, no_tools[i]);
@@ -1357,6 +1521,10 @@ static enum MHD_Result run_generation(hreq *r, const rlai_token *toks, int n, ge
     rp.prompt = toks;
     rp.n_prompt = n;
     rp.gen = g->gp;
+    if (r->lp_mode) {
+        rp.gen.on_logprobs = gen_on_logprobs;
+        rp.gen.logprobs_user = r;
+    }
     rp.on_token = gen_on_token;
     rp.on_done = gen_on_done;
     rp.user = r;
@@ -1645,11 +1813,47 @@ static enum MHD_Result completions(hreq *r)
         send_error(r, 400, "invalid_value", "prompt", "'prompt' must be a string or an array of token ids");
         goto out;
     }
+    if (g.echo && n > 0) {
+        /* The prompt as text: the string given, or the ids' text. */
+        if (cJSON_IsString(p)) {
+            r->echo_text = strdup(p->valuestring);
+        } else {
+            int len = rlai_engine_detokenize(r->h->engine, toks, n, true, NULL, 0);
+            r->echo_text = len >= 0 ? malloc((size_t)len + 1) : NULL;
+            if (r->echo_text)
+                rlai_engine_detokenize(r->h->engine, toks, n, true, r->echo_text, (size_t)len + 1);
+        }
+        if (!r->echo_text) {
+            send_error(r, 500, NULL, NULL, "out of memory");
+            goto out;
+        }
+    }
     ret = run_generation(r, toks, n, &g);
 out:
     free(toks);
     cJSON_Delete(body);
     return ret;
+}
+
+/* POST /v1/embeddings (host/embeddings.c does the work). */
+static enum MHD_Result embeddings(hreq *r)
+{
+    cJSON *body = parse_body(r);
+    if (!body)
+        return MHD_YES;
+    const char *character;
+    if (!check_model(r, body, false, &character)) {
+        cJSON_Delete(body);
+        return MHD_YES;
+    }
+    cJSON *out = NULL;
+    int n_tok = 0;
+    rlai_embed_error err;
+    int st = rlai_embeddings_answer(r->h->engine, body, r->model, r->h->max_prompt_tokens, &out, &n_tok, &err);
+    cJSON_Delete(body);
+    if (st != 200)
+        return send_error(r, st, err.code, err.param, "%s", err.msg);
+    return send_json(r, 200, out);
 }
 
 static cJSON *model_object(rlai_http *h, const char *id)
@@ -2094,6 +2298,7 @@ static enum MHD_Result route(hreq *r, const char *url, const char *method)
         { "/v1/plugins", "plugins", true, false },
         { "/health", "health", true, false },
         { "/metrics", "metrics", true, false },
+        { "/v1/embeddings", "embeddings", false, true },
     };
     int hit = -1;
     for (size_t i = 0; i < sizeof(routes) / sizeof(routes[0]); i++)
@@ -2135,6 +2340,7 @@ static enum MHD_Result route(hreq *r, const char *url, const char *method)
     case 2: return models(r, sub);
     case 3: return plugins_list(r);
     case 4: return health(r);
+    case 6: return embeddings(r);
     default: return metrics(r);
     }
 }
@@ -2152,6 +2358,7 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
         r->h = h;
         r->conn = conn;
         r->refs = 1;                   /* MHD's, dropped in on_completed */
+        r->created = (long long)time(NULL);
         pthread_mutex_init(&r->mu, NULL);
         cond_init_monotonic(&r->cv);
         const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);

@@ -1,0 +1,211 @@
+"""OpenAI API coverage of the HTTP front with the `openai` client: logprobs
+(chat and completions, streamed and not), /v1/embeddings, per-request
+"created", completions "echo"."""
+import base64
+import json
+import math
+import time
+
+import numpy as np
+import pytest
+
+from test_http import HELLO, MODEL_ID, Engine, error_of, openai  # noqa: F401  (shared helpers)
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    e = Engine(tmp_path_factory.mktemp("http-api"))
+    yield e
+    rc = e.stop()
+    assert rc == 0, e.read_log()
+
+
+# ---------------------------------------------------------------- logprobs
+
+def check_chat_entries(content, n_top):
+    assert content, "no logprobs entries"
+    for ent in content:
+        assert ent.logprob <= 0
+        assert bytes(ent.bytes).decode("utf-8", errors="replace") == ent.token
+        assert len(ent.top_logprobs) == n_top
+        tl = [t.logprob for t in ent.top_logprobs]
+        assert tl == sorted(tl, reverse=True)
+        assert sum(math.exp(v) for v in tl) <= 1 + 1e-4
+        # the sampled token is never more probable than the best alternative
+        if n_top:
+            assert ent.logprob <= tl[0] + 1e-5
+
+
+def test_chat_logprobs_greedy(engine):
+    c = engine.client()
+    r = c.chat.completions.create(model=MODEL_ID, messages=HELLO, max_tokens=12, temperature=0,
+                                  logprobs=True, top_logprobs=4)
+    ch = r.choices[0]
+    content = ch.logprobs.content
+    assert len(content) == r.usage.completion_tokens
+    check_chat_entries(content, 4)
+    # greedy: each token is the most probable one, and the texts add up
+    for ent in content:
+        assert ent.token == ent.top_logprobs[0].token
+        assert abs(ent.logprob - ent.top_logprobs[0].logprob) < 1e-6
+    assert "".join(e.token for e in content) == ch.message.content
+    # the same request without logprobs gives the same text, and logprobs null
+    r2 = c.chat.completions.create(model=MODEL_ID, messages=HELLO, max_tokens=12, temperature=0)
+    assert r2.choices[0].message.content == ch.message.content
+    assert r2.choices[0].logprobs is None
+
+
+def test_chat_logprobs_streamed_equal_blocking(engine):
+    c = engine.client()
+    kw = dict(model=MODEL_ID, messages=HELLO, max_tokens=10, temperature=0.9, seed=1234,
+              logprobs=True, top_logprobs=2)
+    r = c.chat.completions.create(**kw)
+    got = []
+    text = ""
+    for ch in c.chat.completions.create(stream=True, **kw):
+        if ch.choices and ch.choices[0].logprobs and ch.choices[0].logprobs.content:
+            got += ch.choices[0].logprobs.content
+        if ch.choices and ch.choices[0].delta.content:
+            text += ch.choices[0].delta.content
+    want = r.choices[0].logprobs.content
+    assert text == r.choices[0].message.content
+    assert [e.token for e in got] == [e.token for e in want]
+    assert all(abs(a.logprob - b.logprob) < 1e-5 for a, b in zip(got, want))
+    check_chat_entries(got, 2)
+
+
+def test_chat_logprobs_errors(engine):
+    for body, param in [({"logprobs": "yes"}, "logprobs"),
+                        ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+                        ({"top_logprobs": 2}, "top_logprobs")]:
+        st, _, raw = engine.request("POST", "/v1/chat/completions",
+                                    dict(messages=HELLO, max_tokens=2, **body))
+        assert st == 400, raw
+        assert error_of(raw)["param"] == param
+
+
+def test_completions_logprobs(engine):
+    c = engine.client()
+    r = c.completions.create(model=MODEL_ID, prompt="The capital of France is", max_tokens=8,
+                             temperature=0, logprobs=3)
+    lp = r.choices[0].logprobs
+    n = r.usage.completion_tokens
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == n
+    assert "".join(lp.tokens) == r.choices[0].text
+    assert lp.text_offset[0] == 0
+    for i in range(1, n):
+        assert lp.text_offset[i] == lp.text_offset[i - 1] + len(lp.tokens[i - 1])
+    for tok, v, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+        assert 1 <= len(top) <= 3
+        assert v <= 0
+        assert abs(max(top.values()) - v) < 1e-6     # greedy picks the best
+    # streamed: the same arrays, offsets continuing across chunks
+    toks, offs = [], []
+    for ch in c.completions.create(model=MODEL_ID, prompt="The capital of France is", max_tokens=8,
+                                   temperature=0, logprobs=3, stream=True):
+        if ch.choices and ch.choices[0].logprobs:
+            toks += ch.choices[0].logprobs.tokens
+            offs += ch.choices[0].logprobs.text_offset
+    assert toks == lp.tokens and offs == lp.text_offset
+
+
+# ---------------------------------------------------------------- created, echo
+
+def test_created_is_request_time(engine):
+    c = engine.client()
+    time.sleep(1.2)
+    t0 = int(time.time())
+    r = c.chat.completions.create(model=MODEL_ID, messages=HELLO, max_tokens=2, temperature=0)
+    assert t0 <= r.created <= int(time.time())
+    chunks = list(c.completions.create(model=MODEL_ID, prompt="Hi", max_tokens=2, stream=True))
+    assert all(t0 <= ch.created <= int(time.time()) for ch in chunks)
+
+
+def test_completions_echo(engine):
+    c = engine.client()
+    prompt = "Once upon a time"
+    plain = c.completions.create(model=MODEL_ID, prompt=prompt, max_tokens=6, temperature=0)
+    r = c.completions.create(model=MODEL_ID, prompt=prompt, max_tokens=6, temperature=0, echo=True)
+    assert r.choices[0].text == prompt + plain.choices[0].text
+    s = "".join(ch.choices[0].text for ch in c.completions.create(
+        model=MODEL_ID, prompt=prompt, max_tokens=6, temperature=0, echo=True, stream=True) if ch.choices)
+    assert s == r.choices[0].text
+    st, _, raw = engine.request("POST", "/v1/completions", {"prompt": prompt, "echo": True, "logprobs": 1})
+    assert st == 400 and "not implemented" in error_of(raw)["message"]
+
+
+# ---------------------------------------------------------------- embeddings
+
+def cos(a, b):
+    return float(np.dot(a, b) / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+def test_embeddings_openai_client(engine):
+    c = engine.client()
+    texts = ["The cat sat on the mat.", "A cat was sitting on the mat.", "Quarterly revenue grew by 4 percent."]
+    r = c.embeddings.create(model=MODEL_ID, input=texts)
+    assert r.object == "list" and r.model == MODEL_ID
+    assert [d.index for d in r.data] == [0, 1, 2]
+    v = [np.array(d.embedding) for d in r.data]
+    assert all(len(x) == 576 for x in v)
+    assert all(abs(np.linalg.norm(x) - 1) < 1e-5 for x in v)
+    assert cos(v[0], v[1]) > cos(v[0], v[2])
+    # batch equals singles
+    for t, x in zip(texts, v):
+        one = np.array(c.embeddings.create(model=MODEL_ID, input=t).data[0].embedding)
+        assert np.max(np.abs(one - x)) < 1e-6
+    assert r.usage.prompt_tokens == r.usage.total_tokens > 10
+    # base64 (the openai client's default when numpy is around): same floats
+    st, _, raw = engine.request("POST", "/v1/embeddings", {"input": texts[0], "encoding_format": "base64"})
+    assert st == 200, raw
+    b = np.frombuffer(base64.b64decode(json.loads(raw)["data"][0]["embedding"]), dtype="<f4")
+    assert np.max(np.abs(b - v[0])) < 1e-6
+    # token ids: the same as the text's tokens
+    st, _, raw = engine.request("POST", "/v1/embeddings", {"input": [[1, 2, 3]]})
+    assert st == 200 and json.loads(raw)["usage"]["prompt_tokens"] == 3
+    two = c.embeddings.create(model=MODEL_ID, input=[[1, 2, 3], [4, 5]])
+    assert len(two.data) == 2 and two.usage.prompt_tokens == 5
+    one = c.embeddings.create(model=MODEL_ID, input=[1, 2, 3])
+    assert np.max(np.abs(np.array(one.data[0].embedding) - np.array(two.data[0].embedding))) < 1e-6
+
+
+def test_embeddings_errors(engine):
+    cases = [({}, "input"), ({"input": ""}, "input"), ({"input": []}, "input"), ({"input": [1.5]}, "input"),
+             ({"input": [[99999999]]}, "input"), ({"input": "x", "dimensions": 8}, "dimensions"),
+             ({"input": "x", "encoding_format": "hex"}, "encoding_format"), ({"input": {"a": 1}}, "input"),
+             ({"input": "x", "pooling": "max"}, "pooling")]
+    for body, param in cases:
+        st, _, raw = engine.request("POST", "/v1/embeddings", body)
+        assert st == 400, (body, raw)
+        assert error_of(raw)["param"] == param, (body, raw)
+    st, _, raw = engine.request("POST", "/v1/embeddings", {"input": "x", "model": "nope"})
+    assert st == 404
+    st, _, raw = engine.request("POST", "/v1/embeddings", {"input": "x", "dimensions": 576})
+    assert st == 200
+    st, _, raw = engine.request("GET", "/v1/embeddings")
+    assert st == 405
+
+
+def test_embeddings_while_generating(engine):
+    """Embeddings run between scheduler steps: the same vector while streams
+    are decoding, and the streams' greedy text unchanged."""
+    c = engine.client()
+    base = np.array(c.embeddings.create(model=MODEL_ID, input="hello world").data[0].embedding)
+    want = c.chat.completions.create(model=MODEL_ID, messages=HELLO, max_tokens=40, temperature=0,
+                                     ).choices[0].message.content
+    import threading
+    out = []
+
+    def gen():
+        out.append(c.chat.completions.create(model=MODEL_ID, messages=HELLO, max_tokens=40,
+                                             temperature=0).choices[0].message.content)
+    ts = [threading.Thread(target=gen) for _ in range(2)]
+    for t in ts:
+        t.start()
+    vecs = [np.array(c.embeddings.create(model=MODEL_ID, input="hello world").data[0].embedding)
+            for _ in range(5)]
+    for t in ts:
+        t.join()
+    assert out == [want, want]
+    for v in vecs:
+        assert np.max(np.abs(v - base)) < 1e-5
