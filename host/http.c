@@ -296,6 +296,8 @@ struct hreq {
     size_t lp_off;
     char *echo_text;             /* completions "echo": the prompt text */
     long long created;           /* request time (wall clock, seconds) */
+    hreq **kids;                 /* completions with a list prompt: one per prompt */
+    int n_kids;
 
     /* connection thread only */
     bytes out;
@@ -321,6 +323,9 @@ static void hreq_unref(hreq *r)
     free(r->lore_reply);
     free(r->lps);
     free(r->echo_text);
+    for (int i = 0; i < r->n_kids; i++)
+        hreq_unref(r->kids[i]);
+    free(r->kids);
     pthread_cond_destroy(&r->cv);
     pthread_mutex_destroy(&r->mu);
     free(r);
@@ -381,6 +386,8 @@ static void end_request(hreq *r, end_why why)
     uint64_t eid = r->engine_id, cid = r->call_id;
     pthread_cond_broadcast(&r->cv);
     pthread_mutex_unlock(&r->mu);
+    for (int i = 0; i < r->n_kids; i++)
+        end_request(r->kids[i], why);
     if (!running)
         return;
     if (eid)
@@ -989,12 +996,14 @@ static bool produce(hreq *r)
     return true;
 }
 
+static bool produce_multi(hreq *r);
+
 static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)
 {
     (void)pos;
     hreq *r = cls;
     while (r->opos >= r->out.len) {
-        if (!produce(r))
+        if (!(r->n_kids ? produce_multi(r) : produce(r)))
             /* Also when the client is gone: nobody reads the rest, and an
              * error return would only add a log line per disconnect. */
             return MHD_CONTENT_READER_END_OF_STREAM;
@@ -1761,6 +1770,8 @@ out:
     return ret;
 }
 
+static enum MHD_Result completions_multi(hreq *r, const cJSON *p, gen_request *g);
+
 static enum MHD_Result completions(hreq *r)
 {
     r->kind = K_COMPLETION;
@@ -1807,7 +1818,7 @@ static enum MHD_Result completions(hreq *r)
             toks[n++] = (rlai_token)t->valuedouble;
         }
     } else if (cJSON_IsArray(p) && cJSON_GetArraySize(p) > 1) {
-        send_error(r, 400, "unsupported_value", "prompt", "only one prompt per request is supported");
+        ret = completions_multi(r, p, &g);
         goto out;
     } else {
         send_error(r, 400, "invalid_value", "prompt", "'prompt' must be a string or an array of token ids");
@@ -1833,6 +1844,355 @@ out:
     free(toks);
     cJSON_Delete(body);
     return ret;
+}
+
+
+/* ---------------------------------------------------------- completions with a list prompt */
+
+#define MAX_PROMPTS 16
+
+/* A child request for one prompt of a list: collects that choice's text,
+ * logprobs and metrics through the usual engine callbacks. */
+static hreq *kid_new(hreq *r)
+{
+    hreq *k = calloc(1, sizeof(*k));
+    if (!k)
+        return NULL;
+    k->h = r->h;
+    k->fd = -1;
+    k->refs = 1;                       /* the parent's */
+    pthread_mutex_init(&k->mu, NULL);
+    cond_init_monotonic(&k->cv);
+    k->kind = K_COMPLETION;
+    k->lp_mode = r->lp_mode;
+    k->created = r->created;
+    snprintf(k->id, sizeof(k->id), "%s", r->id);
+    k->model = strdup(r->model ? r->model : "");
+    return k;
+}
+
+/* Submits one child's job. Returns 0 or a negative rlai_error. */
+static int kid_submit(hreq *k, const rlai_token *toks, int n, const rlai_gen_params *gp)
+{
+    rlai_http *h = k->h;
+    int rc = track(h, k);
+    if (rc < 0)
+        return rc;
+    rlai_request_params rp;
+    memset(&rp, 0, sizeof(rp));
+    rp.prompt = toks;
+    rp.n_prompt = n;
+    rp.gen = *gp;
+    if (k->lp_mode) {
+        rp.gen.on_logprobs = gen_on_logprobs;
+        rp.gen.logprobs_user = k;
+    }
+    rp.on_token = gen_on_token;
+    rp.on_done = gen_on_done;
+    rp.user = k;
+    hreq_ref(k);
+    uint64_t eid = 0;
+    rc = rlai_engine_submit(h->engine, &rp, &eid);
+    if (rc < 0) {
+        untrack(h, k);
+        hreq_unref(k);
+        return rc;
+    }
+    pthread_mutex_lock(&k->mu);
+    k->engine_id = eid;
+    pthread_mutex_unlock(&k->mu);
+    return 0;
+}
+
+static bool kids_done(hreq *r, bool *bad)
+{
+    bool all = true;
+    *bad = false;
+    for (int i = 0; i < r->n_kids; i++) {
+        hreq *k = r->kids[i];
+        pthread_mutex_lock(&k->mu);
+        all = all && k->done;
+        if (k->done && ended_badly(k))
+            *bad = true;
+        if (k->why == END_SHUTDOWN)
+            *bad = true;
+        pthread_mutex_unlock(&k->mu);
+    }
+    return all;
+}
+
+/* The first child that ended badly (for its error object). */
+static hreq *kid_bad(hreq *r)
+{
+    for (int i = 0; i < r->n_kids; i++)
+        if (r->kids[i]->done && ended_badly(r->kids[i]))
+            return r->kids[i];
+    return r->kids[0];
+}
+
+/* usage summed over the children (into r->gm) */
+static void kids_usage(hreq *r)
+{
+    memset(&r->gm, 0, sizeof(r->gm));
+    r->have_gm = true;
+    for (int i = 0; i < r->n_kids; i++) {
+        const rlai_gen_metrics *m = &r->kids[i]->gm;
+        r->gm.prompt_tokens += m->prompt_tokens;
+        r->gm.reused_tokens += m->reused_tokens;
+        r->gm.gen_tokens += m->gen_tokens;
+        r->gm.drafted_tokens += m->drafted_tokens;
+        r->gm.accepted_tokens += m->accepted_tokens;
+    }
+}
+
+/* Waits (connection thread) until every child is done or the client left. */
+static bool kids_wait(hreq *r)
+{
+    bool bad;
+    while (!kids_done(r, &bad) && !bad) {
+        pthread_mutex_lock(&r->mu);
+        struct timespec ts;
+        deadline_in(&ts, WAIT_SLICE_MS);
+        pthread_cond_timedwait(&r->cv, &r->mu, &ts);
+        bool gone = r->why == END_GONE;
+        pthread_mutex_unlock(&r->mu);
+        if (gone || peer_check(r->fd) == PEER_GONE)
+            return false;
+    }
+    return true;
+}
+
+/* One choice object of child i: its final body's choice, index i. */
+static cJSON *kid_choice(hreq *k, int i)
+{
+    size_t el = k->echo_text ? strlen(k->echo_text) : 0;
+    char *text = malloc(el + k->pending.len + 1);
+    if (!text)
+        return NULL;
+    memcpy(text, k->echo_text ? k->echo_text : "", el);
+    memcpy(text + el, k->pending.p ? k->pending.p : "", k->pending.len);
+    text[el + k->pending.len] = 0;
+    cJSON *body = final_body(k, text);
+    free(text);
+    cJSON *choices = cJSON_GetObjectItemCaseSensitive(body, "choices");
+    cJSON *c = cJSON_DetachItemFromArray(choices, 0);
+    cJSON_Delete(body);
+    if (!c)
+        return NULL;
+    cJSON_ReplaceItemInObjectCaseSensitive(c, "index", cJSON_CreateNumber(i));
+    if (k->lp_mode) {
+        rlai_token_logprobs *lp;
+        int nl = take_logprobs(k, &lp);
+        put_logprobs(k, c, lp, nl);
+        free(lp);
+    }
+    return c;
+}
+
+static enum MHD_Result multi_blocking(hreq *r)
+{
+    if (!kids_wait(r)) {
+        end_request(r, END_GONE);
+        return MHD_NO;
+    }
+    bool bad;
+    kids_done(r, &bad);
+    if (bad) {
+        hreq *k = kid_bad(r);
+        const char *code;
+        int st = k->done && k->status < 0 ? status_of(k->status, &code) : 503;
+        cJSON *e = late_error(k);
+        end_request(r, END_SHUTDOWN);
+        return send_json(r, st, e);
+    }
+    kids_usage(r);
+    cJSON *j = envelope(r, false);
+    cJSON *choices = cJSON_AddArrayToObject(j, "choices");
+    for (int i = 0; i < r->n_kids; i++) {
+        cJSON *c = kid_choice(r->kids[i], i);
+        if (!c) {
+            cJSON_Delete(j);
+            return send_error(r, 500, NULL, NULL, "out of memory");
+        }
+        cJSON_AddItemToArray(choices, c);
+    }
+    cJSON_AddItemToObject(j, "usage", usage_json(r));
+    return send_json(r, 200, j);
+}
+
+/* Streaming: every chunk carries one choice (its "index"); each child ends
+ * with its own finish_reason chunk, then usage (when asked) and [DONE]. */
+static bool produce_multi(hreq *r)
+{
+    r->out.len = 0;
+    r->opos = 0;
+    if (r->phase == 2)
+        return false;
+    if (r->phase == 0) {
+        r->phase = 1;
+        for (int i = 0; i < r->n_kids; i++)
+            if (r->kids[i]->echo_text) {
+                cJSON *ch = chunk_json(r->kids[i], r->kids[i]->echo_text, strlen(r->kids[i]->echo_text), false,
+                                       NULL);
+                cJSON_ReplaceItemInObjectCaseSensitive(first_choice(ch), "index", cJSON_CreateNumber(i));
+                sse_event(&r->out, NULL, ch);
+            }
+        if (r->out.len)
+            return true;
+    }
+    for (;;) {
+        bool bad, all = kids_done(r, &bad);
+        for (int i = 0; i < r->n_kids; i++) {
+            hreq *k = r->kids[i];
+            pthread_mutex_lock(&k->mu);
+            bytes text = k->pending;
+            memset(&k->pending, 0, sizeof(k->pending));
+            bool done = k->done;
+            bool fin_due = done && !k->streamed;       /* streamed: here "finish sent" */
+            if (fin_due)
+                k->streamed = true;
+            pthread_mutex_unlock(&k->mu);
+            if (text.len || (fin_due && !bad)) {
+                cJSON *ch = chunk_json(k, text.len ? text.p : NULL, text.len, false,
+                                       fin_due ? finish_reason(k) : NULL);
+                cJSON_ReplaceItemInObjectCaseSensitive(first_choice(ch), "index", cJSON_CreateNumber(i));
+                if (k->lp_mode) {
+                    rlai_token_logprobs *lp;
+                    int nl = take_logprobs(k, &lp);
+                    if (nl)
+                        put_logprobs(k, first_choice(ch), lp, nl);
+                    free(lp);
+                }
+                sse_event(&r->out, NULL, ch);
+            }
+            bytes_free(&text);
+        }
+        if (bad || all) {
+            if (bad) {
+                sse_event(&r->out, NULL, late_error(kid_bad(r)));
+                end_request(r, END_SHUTDOWN);
+            } else if (r->include_usage) {
+                kids_usage(r);
+                cJSON *u = envelope(r, true);
+                cJSON_AddArrayToObject(u, "choices");
+                cJSON_AddItemToObject(u, "usage", usage_json(r));
+                sse_event(&r->out, NULL, u);
+            }
+            bytes_str(&r->out, "data: [DONE]\n\n");
+            r->phase = 2;
+            return true;
+        }
+        if (r->out.len)
+            return true;
+        pthread_mutex_lock(&r->mu);
+        struct timespec ts;
+        deadline_in(&ts, WAIT_SLICE_MS);
+        pthread_cond_timedwait(&r->cv, &r->mu, &ts);
+        bool gone = r->why == END_GONE;
+        pthread_mutex_unlock(&r->mu);
+        if (gone || peer_check(r->fd) == PEER_GONE) {
+            end_request(r, END_GONE);
+            return false;
+        }
+    }
+}
+
+/* A list of prompts (strings or token-id lists): one choice per prompt,
+ * generated concurrently; seeds seed, seed+1, ... Returns after answering. */
+static enum MHD_Result completions_multi(hreq *r, const cJSON *p, gen_request *g)
+{
+    int n = cJSON_GetArraySize(p);
+    if (n > MAX_PROMPTS)
+        return send_error(r, 400, "invalid_value", "prompt", "at most %d prompts per request", MAX_PROMPTS);
+    rlai_model_info info;
+    rlai_engine_info(r->h->engine, &info);
+    rlai_token **toks = calloc((size_t)n, sizeof(*toks));
+    int *nt = calloc((size_t)n, sizeof(int));
+    r->kids = calloc((size_t)n, sizeof(hreq *));
+    if (!toks || !nt || !r->kids) {
+        free(toks);
+        free(nt);
+        return send_error(r, 500, NULL, NULL, "out of memory");
+    }
+    enum MHD_Result ret = MHD_YES;
+    bool ok = true;
+    int i = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, p) {
+        if (cJSON_IsString(e)) {
+            nt[i] = tokenize_all(r->h->engine, e->valuestring, &toks[i]);
+        } else if (cJSON_IsArray(e) && cJSON_GetArraySize(e) > 0) {
+            toks[i] = malloc(sizeof(rlai_token) * (size_t)cJSON_GetArraySize(e));
+            const cJSON *t;
+            cJSON_ArrayForEach(t, e) {
+                if (!toks[i] || !json_is_int(t) || t->valuedouble < 0 || t->valuedouble >= info.n_vocab) {
+                    nt[i] = RLAI_ERR_INVALID_ARG;
+                    break;
+                }
+                toks[i][nt[i]++] = (rlai_token)t->valuedouble;
+            }
+        } else {
+            nt[i] = RLAI_ERR_INVALID_ARG;
+        }
+        if (nt[i] <= 0 || nt[i] > r->h->max_prompt_tokens) {
+            if (nt[i] > 0)
+                send_error(r, 400, "context_length_exceeded", "prompt",
+                           "prompt[%d] has %d tokens; this model's maximum prompt length is %d tokens", i, nt[i],
+                           r->h->max_prompt_tokens);
+            else
+                send_error(r, 400, "invalid_value", "prompt",
+                           "prompt[%d] must be a non-empty string or a non-empty list of token ids in [0, %d)", i,
+                           info.n_vocab);
+            ok = false;
+            i++;
+            break;
+        }
+        i++;
+    }
+    for (int k = 0; ok && k < n; k++) {
+        hreq *kid = kid_new(r);
+        if (!kid) {
+            ok = false;
+            send_error(r, 500, NULL, NULL, "out of memory");
+            break;
+        }
+        r->kids[r->n_kids++] = kid;
+        if (g->echo) {
+            int len = rlai_engine_detokenize(r->h->engine, toks[k], nt[k], true, NULL, 0);
+            kid->echo_text = len >= 0 ? malloc((size_t)len + 1) : NULL;
+            if (kid->echo_text)
+                rlai_engine_detokenize(r->h->engine, toks[k], nt[k], true, kid->echo_text, (size_t)len + 1);
+            const cJSON *pk = cJSON_GetArrayItem(p, k);
+            if (cJSON_IsString(pk)) {
+                free(kid->echo_text);
+                kid->echo_text = strdup(pk->valuestring);
+            }
+        }
+        rlai_gen_params gp = g->gp;
+        gp.sampling.seed += (uint64_t)k;
+        int rc = kid_submit(kid, toks[k], nt[k], &gp);
+        if (rc < 0) {
+            ok = false;
+            end_request(r, END_GONE);
+            const char *code;
+            int st = status_of(rc, &code);
+            if (rc == RLAI_ERR_KV_FULL)
+                send_error(r, 400, "context_length_exceeded", NULL,
+                           "prompt[%d] plus max_tokens can never fit the KV cache", k);
+            else
+                send_error(r, rc == RLAI_ERR_BUSY ? 429 : st, rc == RLAI_ERR_BUSY ? "rate_limit_exceeded" : code,
+                           NULL, "engine refused prompt[%d]: %s", k, rlai_strerror(rc));
+        }
+    }
+    for (int k = 0; k < i; k++)
+        free(toks[k]);
+    free(toks);
+    free(nt);
+    if (!ok)
+        return ret;
+    if (!r->stream)
+        return multi_blocking(r);
+    return start_stream(r);
 }
 
 /* POST /v1/embeddings (host/embeddings.c does the work). */

@@ -209,3 +209,40 @@ def test_embeddings_while_generating(engine):
     assert out == [want, want]
     for v in vecs:
         assert np.max(np.abs(v - base)) < 1e-5
+
+
+# ---------------------------------------------------------------- list prompts
+
+def test_completions_list_prompt(engine):
+    c = engine.client()
+    prompts = ["The capital of France is", "1, 2, 3, 4,", "Once upon a time"]
+    singles = [c.completions.create(model=MODEL_ID, prompt=p, max_tokens=6, temperature=0).choices[0].text
+               for p in prompts]
+    r = c.completions.create(model=MODEL_ID, prompt=prompts, max_tokens=6, temperature=0)
+    assert [ch.index for ch in r.choices] == [0, 1, 2]
+    assert [ch.text for ch in r.choices] == singles
+    assert all(ch.finish_reason in ("stop", "length") for ch in r.choices)
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+    # token-id lists, with echo and logprobs per choice
+    ids = [[1, 504, 3575], [1, 28, 30]]
+    r2 = c.completions.create(model=MODEL_ID, prompt=ids, max_tokens=3, temperature=0, logprobs=1)
+    assert len(r2.choices) == 2 and all(len(ch.logprobs.tokens) >= 1 for ch in r2.choices)
+    e = c.completions.create(model=MODEL_ID, prompt=prompts[:2], max_tokens=4, temperature=0, echo=True)
+    assert [ch.text[:len(p)] for ch, p in zip(e.choices, prompts)] == prompts[:2]
+    # streamed: chunks carry their index; the texts add up to the same
+    texts = {0: "", 1: "", 2: ""}
+    fins = {}
+    for ch in c.completions.create(model=MODEL_ID, prompt=prompts, max_tokens=6, temperature=0, stream=True,
+                                   stream_options={"include_usage": True}):
+        for x in ch.choices:
+            texts[x.index] += x.text
+            if x.finish_reason:
+                fins[x.index] = x.finish_reason
+        if ch.usage:
+            assert ch.usage.completion_tokens == r.usage.completion_tokens
+    assert [texts[i] for i in range(3)] == singles
+    assert sorted(fins) == [0, 1, 2]
+    st, _, raw = engine.request("POST", "/v1/completions", {"prompt": ["a", 5], "max_tokens": 2})
+    assert st == 400 and "prompt[1]" in error_of(raw)["message"]
+    st, _, raw = engine.request("POST", "/v1/completions", {"prompt": ["a"] * 17, "max_tokens": 2})
+    assert st == 400
