@@ -4,6 +4,7 @@
 #include "api_key.h"
 #include "conn_guard.h"
 #include "embeddings.h"
+#include "json_int.h"
 #include "logprobs.h"
 #include "rlai/error.h"
 #include "rlai/protocol.h"
@@ -1249,9 +1250,12 @@ static bool parse_sampling(hreq *r, const cJSON *body, gen_request *g)
         s->top_k = (int)it->valuedouble;
     }
     if ((it = cJSON_GetObjectItemCaseSensitive(body, "seed")) && !cJSON_IsNull(it)) {
-        if (!json_is_int(it))
-            return send_error(r, 400, "invalid_value", "seed", "'seed' must be an integer"), false;
-        s->seed = (uint64_t)(long long)it->valuedouble;
+        /* From the body text: a double would round 64-bit seeds. */
+        uint64_t seed = 0;
+        if (!cJSON_IsNumber(it) || rlai_json_find_int(r->body.p, r->body.len, "seed", &seed, NULL) != 1)
+            return send_error(r, 400, "invalid_value", "seed",
+                              "'seed' must be an integer in [-9223372036854775808, 18446744073709551615]"), false;
+        s->seed = seed;
     }
     /* Extension: wall-clock limit (finish_reason "timeout" when it ends one). */
     if ((it = cJSON_GetObjectItemCaseSensitive(body, "timeout_ms")) && !cJSON_IsNull(it)) {
@@ -1697,12 +1701,16 @@ static enum MHD_Result lore_chat(hreq *r, const cJSON *body, const char *charact
         s = cJSON_GetObjectItemCaseSensitive(body, "user");
     if (cJSON_IsString(s) && s->valuestring[0])
         cJSON_AddStringToObject(p, "session", s->valuestring);
-    const char *pass[] = { "max_tokens", "temperature", "seed" };
+    const char *pass[] = { "max_tokens", "temperature" };
     for (size_t i = 0; i < sizeof(pass) / sizeof(pass[0]); i++) {
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(body, pass[i]);
         if (cJSON_IsNumber(v))
             cJSON_AddNumberToObject(p, pass[i], v->valuedouble);
     }
+    char seed_text[24];   /* the seed's exact text (a double would round it) */
+    if (cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(body, "seed")) &&
+        rlai_json_find_int_text(r->body.p, r->body.len, "seed", seed_text, sizeof(seed_text)) == 1)
+        cJSON_AddRawToObject(p, "seed", seed_text);
     const cJSON *mct = cJSON_GetObjectItemCaseSensitive(body, "max_completion_tokens");
     if (cJSON_IsNumber(mct)) {
         cJSON_DeleteItemFromObjectCaseSensitive(p, "max_tokens");

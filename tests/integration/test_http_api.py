@@ -246,3 +246,23 @@ def test_completions_list_prompt(engine):
     assert st == 400 and "prompt[1]" in error_of(raw)["message"]
     st, _, raw = engine.request("POST", "/v1/completions", {"prompt": ["a"] * 17, "max_tokens": 2})
     assert st == 400
+
+
+# ---------------------------------------------------------------- 64-bit seeds
+
+def test_seed_keeps_64_bits(engine):
+    """2^53 and 2^53 + 1 are the same double: read from the text they are two
+    seeds. The same seed reproduces; out-of-range seeds are refused."""
+    c = engine.client()
+
+    def gen(seed):
+        return c.completions.create(model=MODEL_ID, prompt="Once upon a time", max_tokens=24, temperature=1.5,
+                                    top_p=1, seed=seed, extra_body={"top_k": 0, "min_p": 0}).choices[0].text
+    a, b = gen(2 ** 53), gen(2 ** 53 + 1)
+    assert a != b
+    assert gen(2 ** 53 + 1) == b
+    assert gen(2 ** 64 - 1) != gen(2 ** 64 - 2)
+    assert gen(-1) == gen(2 ** 64 - 1)        # two's complement
+    for bad in (2 ** 64, -(2 ** 63) - 1, 1.5, "7"):
+        st, _, raw = engine.request("POST", "/v1/completions", {"prompt": "x", "max_tokens": 1, "seed": bad})
+        assert st == 400 and error_of(raw)["param"] == "seed", (bad, raw)
