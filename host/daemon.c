@@ -586,6 +586,7 @@ static void submit_call(rlai_daemon *d, rlai_conn conn, const rlai_msg *m)
     d->jobs = j;
     d->n_jobs++;
     j->call_id = UINT64_MAX;   /* marks a call until the host gives its id */
+    rlai_metrics_count_plugin_call(d->metrics, m->u.call.command, "ipc");
     int rc = d->plugins ? rlai_plugin_host_call_timed(d->plugins, m->u.call.command, m->u.call.params_json,
                                                       (int)m->u.call.timeout_ms, &sink, &j->call_id, err,
                                                       sizeof(err))

@@ -2683,7 +2683,7 @@ static enum MHD_Result route(hreq *r, const char *url, const char *method)
     }
     if (sub_post) {
         ep = "plugin_call";
-        rlai_metrics_count_request(r->h->metrics, ep, "http");
+        rlai_metrics_count_plugin_call(r->h->metrics, sub, "http");
         if (!post) {
             r->allow = "POST";
             return send_error(r, 405, "method_not_allowed", NULL, "%s %s: use POST", method, url);
