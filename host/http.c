@@ -299,6 +299,11 @@ struct hreq {
     long long created;           /* request time (wall clock, seconds) */
     hreq **kids;                 /* completions with a list prompt: one per prompt */
     int n_kids;
+    /* request log line (connection thread) */
+    double t_begin;              /* monotonic seconds at the first callback */
+    int http_status;             /* status of the answer queued, 0 = none */
+    char method[8];
+    char path[96];
 
     /* connection thread only */
     bytes out;
@@ -505,6 +510,7 @@ static enum MHD_Result send_json(hreq *r, int status, cJSON *j)
     MHD_destroy_response(resp);
     rlai_metrics_count_http_status(r->h->metrics, status);
     r->answered = true;
+    r->http_status = status;
     return rc;
 }
 
@@ -533,6 +539,7 @@ static enum MHD_Result send_text(hreq *r, int status, const char *ctype, char *t
     MHD_destroy_response(resp);
     rlai_metrics_count_http_status(r->h->metrics, status);
     r->answered = true;
+    r->http_status = status;
     return rc;
 }
 
@@ -1048,6 +1055,7 @@ static enum MHD_Result start_stream(hreq *r)
     MHD_destroy_response(resp);
     rlai_metrics_count_http_status(r->h->metrics, 200);
     r->answered = true;
+    r->http_status = 200;
     return rc;
 }
 
@@ -2727,6 +2735,9 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
         r->conn = conn;
         r->refs = 1;                   /* MHD's, dropped in on_completed */
         r->created = (long long)time(NULL);
+        r->t_begin = now_s();
+        snprintf(r->method, sizeof(r->method), "%s", method ? method : "?");
+        snprintf(r->path, sizeof(r->path), "%s", url ? url : "?");
         pthread_mutex_init(&r->mu, NULL);
         cond_init_monotonic(&r->cv);
         const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
@@ -2765,6 +2776,49 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
     return route(r, url, method);
 }
 
+/* One line per request on stderr (docs/SERVE.md "Request log"): UTC time,
+ * method and path, status ("-" when no answer went out: the client left
+ * first), prompt / completion tokens, milliseconds from the request's
+ * first byte to the end of its answer. Off with rlai_http_params.quiet. */
+static void log_request(hreq *r, enum MHD_RequestTerminationCode toe)
+{
+    if (r->h->quiet)
+        return;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    struct tm tm;
+    gmtime_r(&ts.tv_sec, &tm);
+    int pt = 0, ct = 0;
+    pthread_mutex_lock(&r->mu);
+    if (r->have_gm && !r->n_kids) {      /* a list prompt: the children's */
+        pt = r->gm.prompt_tokens;
+        ct = r->gm.gen_tokens;
+    }
+    pthread_mutex_unlock(&r->mu);
+    for (int i = 0; i < r->n_kids; i++) {
+        pthread_mutex_lock(&r->kids[i]->mu);
+        pt += r->kids[i]->gm.prompt_tokens;
+        ct += r->kids[i]->gm.gen_tokens;
+        pthread_mutex_unlock(&r->kids[i]->mu);
+    }
+    char st[8];
+    if (r->http_status)
+        snprintf(st, sizeof(st), "%d", r->http_status);
+    else
+        snprintf(st, sizeof(st), "-");
+    /* the path is the client's: keep it printable */
+    char path[sizeof(r->path)];
+    size_t i = 0;
+    for (; r->path[i] && i < sizeof(path) - 1; i++)
+        path[i] = r->path[i] > 0x20 && r->path[i] < 0x7f && r->path[i] != '"' ? r->path[i] : '_';
+    path[i] = 0;
+    fprintf(stderr, "rlai http: %04d-%02d-%02dT%02d:%02d:%02d.%03ldZ \"%s %s\" %s prompt_tokens=%d "
+                    "completion_tokens=%d ms=%.1f%s\n",
+            tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000,
+            r->method, path, st, pt, ct, (now_s() - r->t_begin) * 1e3,
+            toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? "" : " (connection ended early)");
+}
+
 static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls, enum MHD_RequestTerminationCode toe)
 {
     rlai_http *h = cls;
@@ -2774,6 +2828,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     if (!r)
         return;
     *con_cls = NULL;
+    log_request(r, toe);
     /* Nobody reads this request's output any more: stop what still runs
      * (a no-op for a request that has finished). */
     end_request(r, toe == MHD_REQUEST_TERMINATED_DAEMON_SHUTDOWN ? END_SHUTDOWN : END_GONE);

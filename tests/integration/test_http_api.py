@@ -266,3 +266,26 @@ def test_seed_keeps_64_bits(engine):
     for bad in (2 ** 64, -(2 ** 63) - 1, 1.5, "7"):
         st, _, raw = engine.request("POST", "/v1/completions", {"prompt": "x", "max_tokens": 1, "seed": bad})
         assert st == 400 and error_of(raw)["param"] == "seed", (bad, raw)
+
+
+# ---------------------------------------------------------------- request log
+
+def test_request_log_lines(engine):
+    import re
+    c = engine.client()
+    r = c.completions.create(model=MODEL_ID, prompt="Hello there", max_tokens=3, temperature=0)
+    st, _, _ = engine.request("POST", "/v1/completions", {"prompt": "x", "max_tokens": 0})
+    assert st == 400
+    st, _, _ = engine.request("GET", "/v1/no-such-route-xyz")
+    assert st == 404
+    time.sleep(0.3)
+    log = engine.read_log()
+    line_re = re.compile(r'^rlai http: \d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z "(\S+) (\S+)" (\d{3}|-) '
+                         r'prompt_tokens=(\d+) completion_tokens=(\d+) ms=([0-9.]+)', re.M)
+    lines = line_re.findall(log)
+    ok = [m for m in lines if m[1] == "/v1/completions" and m[2] == "200"
+          and int(m[3]) == r.usage.prompt_tokens and int(m[4]) == r.usage.completion_tokens]
+    assert ok, log[-3000:]
+    assert float(ok[-1][5]) > 0
+    assert any(m[1] == "/v1/completions" and m[2] == "400" for m in lines)
+    assert any(m[0] == "GET" and m[1] == "/v1/no-such-route-xyz" and m[2] == "404" for m in lines)
