@@ -1219,11 +1219,9 @@ static bool parse_sampling(hreq *r, const cJSON *body, gen_request *g)
 {
     rlai_gen_params_init(&g->gp);
     rlai_sampler_params *s = &g->gp.sampling;
-    /* OpenAI defaults: temperature 1, top_p 1, a fresh seed per request. */
-    s->temperature = 1.0f;
-    s->top_p = 1.0f;
-    uint64_t seq = atomic_fetch_add(&r->h->seq, 1);
-    s->seed = (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ull ^ (seq * 0xBF58476D1CE4E5B9ull) ^ (uint64_t)getpid();
+    /* The product defaults (engine.h, docs/DEFAULTS.md) and a fresh seed. */
+    rlai_sampler_params_product(s, rlai_fresh_seed());
+    g->gp.max_tokens = RLAI_DEFAULT_MAX_TOKENS;
     double v;
     bool has;
     if (!opt_number(r, body, "temperature", 0, 100, &v, &has))

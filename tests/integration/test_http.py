@@ -568,17 +568,19 @@ def test_plugin_routes(engine, plugin_dir):
     s.connect(str(engine.sock_path))
     payload = msgpack.packb({"v": 1, "id": 3, "type": "call", "command": "good.echo", "params": "{}"})
     s.sendall(struct.pack(">I", len(payload)) + payload)
-    buf = b""
-    while True:
+    buf, end = b"", None
+    while end is None:
         chunk = s.recv(65536)
         assert chunk
         buf += chunk
-        if len(buf) >= 4 and len(buf) >= 4 + struct.unpack(">I", buf[:4])[0]:
-            f = msgpack.unpackb(buf[4:4 + struct.unpack(">I", buf[:4])[0]], raw=False)
-            buf = buf[4 + struct.unpack(">I", buf[:4])[0]:]
+        while end is None and len(buf) >= 4 and len(buf) >= 4 + struct.unpack(">I", buf[:4])[0]:
+            n = struct.unpack(">I", buf[:4])[0]
+            f = msgpack.unpackb(buf[4:4 + n], raw=False)
+            buf = buf[4 + n:]
             if f["type"] in ("done", "error"):
-                break
+                end = f
     s.close()
+    assert end["type"] == "done", end
     after = engine.metrics()
     assert after["types"]["rlai_plugin_calls_total"] == "counter"
     d = lambda name, **lb: sample(after, name, **lb) - sample(before, name, **lb)  # noqa: E731
