@@ -408,8 +408,10 @@ static void lp_cb(void *user, const rlai_token_logprobs *lp)
 
 /* Every reported logprob equals the log-softmax (double) of the raw logits
  * rlai_engine_eval_logits gives for prompt + generated tokens, and the top
- * list holds the best ids in order. Fast mode: prefill vs decode rows may
- * differ by activation rounding, hence the 0.05 tolerance (nats). */
+ * list holds the best ids in order. Measured: worst 4e-7 nats (the decode
+ * rows and the batched re-evaluation agree to f32 rounding); 1e-3 leaves
+ * room for summation order while catching a temperature-scaled or
+ * penalised distribution (differences of 0.1 and more). */
 static void check_logprobs(const rlai_token *prompt, int n, const sink *s, const lp_sink *ls, int n_top)
 {
     ck_assert_int_eq(ls->n, s->n_toks);
@@ -455,7 +457,8 @@ static void check_logprobs(const rlai_token *prompt, int n, const sink *s, const
             ck_assert_msg(lp->top_ids[0] == best || row[best] - row[lp->top_ids[0]] < 0.1,
                           "top id %d vs reference %d", lp->top_ids[0], best);
     }
-    ck_assert_msg(worst < 0.05, "worst logprob difference %g", worst);
+    fprintf(stderr, "logprobs vs log-softmax(eval_logits): %d tokens, worst difference %.3g nats\n", ls->n, worst);
+    ck_assert_msg(worst < 1e-3, "worst logprob difference %g", worst);
     free(all);
     free(logits);
 }
