@@ -14,6 +14,7 @@
 #include "threadpool.h"
 #include "tokenizer.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -55,6 +56,10 @@ typedef struct rlai_req {
     int32_t draft[RLAI_SPEC_MAX_DRAFT];
     int n_draft;                 /* draft tokens fed this step */
     int row0;                    /* logits row of the last real token this step */
+    bool lp_on;                  /* gen.top_logprobs >= 0 with on_logprobs */
+    bool lp_ready;               /* lp holds the token sampled this step */
+    float *lp_raw;               /* n_vocab: raw logits copied before sampling */
+    rlai_token_logprobs lp;
 } rlai_req;
 
 
@@ -155,6 +160,33 @@ void rlai_gen_params_init(rlai_gen_params *p)
     p->sampling.repeat_last_n = 64;
     p->sampling.seed = 0x5eed;
     p->max_tokens = 256;
+    p->top_logprobs = -1;
+}
+
+void rlai_sampler_params_product(rlai_sampler_params *s, uint64_t seed)
+{
+    memset(s, 0, sizeof(*s));
+    s->temperature = RLAI_DEFAULT_TEMPERATURE;
+    s->top_k = RLAI_DEFAULT_TOP_K;
+    s->top_p = RLAI_DEFAULT_TOP_P;
+    s->min_p = RLAI_DEFAULT_MIN_P;
+    s->repeat_penalty = RLAI_DEFAULT_REPEAT_PENALTY;
+    s->repeat_last_n = 64;
+    s->seed = seed;
+}
+
+uint64_t rlai_fresh_seed(void)
+{
+    static atomic_ullong counter;
+    uint64_t c = atomic_fetch_add(&counter, 1) + 1;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t x = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+    x ^= c * 0x9E3779B97F4A7C15ull ^ (uint64_t)getpid() * 0xBF58476D1CE4E5B9ull;
+    /* splitmix64 finaliser */
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
 }
 
 static void set_err(char *err, size_t len, const char *msg)
@@ -491,6 +523,7 @@ static void req_free(rlai_engine *e, rlai_req *r)
     rlai_kv_seq_release(e->kv, &r->seq);
     rlai_sampler_free(r->smp);
     rlai_textstream_free(r->ts);
+    free(r->lp_raw);
     if (r->stops)
         for (char **s = r->stops; *s; s++)
             free(*s);
@@ -523,10 +556,16 @@ int rlai_engine_submit(rlai_engine *e, const rlai_request_params *rp, uint64_t *
         free(r);
         return RLAI_ERR_INVALID_ARG;
     }
+    r->lp_on = r->gp.on_logprobs && r->gp.top_logprobs >= 0;
+    if (r->lp_on && r->gp.top_logprobs > RLAI_MAX_TOP_LOGPROBS) {
+        free(r);
+        return RLAI_ERR_INVALID_ARG;
+    }
     {
         rlai_spec_mode mode = r->gp.spec == RLAI_SPEC_AUTO ? e->params.spec : r->gp.spec;
         int md = r->gp.spec_max_draft > 0 ? r->gp.spec_max_draft : e->params.spec_max_draft;
-        rlai_spec_state_init(&r->spec, mode == RLAI_SPEC_NGRAM ? md : 0);
+        /* Logprobs are taken from the one row each step samples: no drafts. */
+        rlai_spec_state_init(&r->spec, mode == RLAI_SPEC_NGRAM && !r->lp_on ? md : 0);
     }
     int max_new = r->gp.max_tokens > 0 ? r->gp.max_tokens : e->n_ctx;
     long total = (long)rp->n_prompt + max_new;
@@ -538,6 +577,8 @@ int rlai_engine_submit(rlai_engine *e, const rlai_request_params *rp, uint64_t *
     r->cap_toks = r->total + 1;
     r->toks = malloc(sizeof(rlai_token) * (size_t)r->cap_toks);
     int rc = r->toks ? 0 : RLAI_ERR_NOMEM;
+    if (rc == 0 && r->lp_on && !(r->lp_raw = malloc(sizeof(float) * (size_t)hp->n_vocab)))
+        rc = RLAI_ERR_NOMEM;
     if (rc == 0 && rp->gen.stop) {
         size_t n = 0;
         while (rp->gen.stop[n])
@@ -763,8 +804,14 @@ static void sample_rows(void *arg, int ith, int nth)
     for (int i = ith; i < j->n_rows; i += nth) {
         rlai_req *r = j->rows[i];
         float *lg = (float *)j->logits + (size_t)r->row0 * j->n_vocab;
+        if (r->lp_on)
+            memcpy(r->lp_raw, lg, sizeof(float) * j->n_vocab);   /* the sampler modifies lg */
         j->out[i] = r->n_draft > 0 ? rlai_sampler_sample_draft(r->smp, lg, r->draft[0])
                                    : rlai_sampler_sample(r->smp, lg);
+        if (r->lp_on) {
+            rlai_logprobs_compute(r->lp_raw, (int)j->n_vocab, j->out[i], r->gp.top_logprobs, &r->lp);
+            r->lp_ready = true;
+        }
     }
 }
 
@@ -776,6 +823,10 @@ static void req_sample(rlai_engine *e, rlai_req *r, int32_t tok)
     if (!r->gp.ignore_eos && rlai_tokenizer_is_eog(e->tok, tok)) {
         req_finish(e, r, RLAI_STOP_EOG, 0);
         return;
+    }
+    if (r->lp_on && r->lp_ready && r->lp.token == tok) {
+        r->gp.on_logprobs(r->gp.logprobs_user, &r->lp);
+        r->lp_ready = false;
     }
     rlai_sampler_accept(r->smp, tok);
     r->toks[r->n_toks++] = tok;
@@ -964,7 +1015,7 @@ static int step_locked(rlai_engine *e)
                 si++;
             }
             if (k > 0) {
-                rlai_batch b = { k, tokens, pos, sidx, want };
+                rlai_batch b = { k, tokens, pos, sidx, want, false };
                 rc = rlai_model_forward(e->mctx, e->kv, seqs, &b, e->step_logits);
             }
             if (rc == 0) {
@@ -1133,7 +1184,7 @@ static int prefill_no_logits(rlai_engine *e, rlai_kv_seq *seq, const rlai_token 
         for (int i = 0; i < n; i++)
             pos[i] = from + i;
         rlai_kv_seq *seqs[1] = { seq };
-        rlai_batch b = { n, toks + from, pos, NULL, want };
+        rlai_batch b = { n, toks + from, pos, NULL, want, false };
         rc = rlai_model_forward(e->mctx, e->kv, seqs, &b, NULL);
         if (rc == 0) {
             seq->n_tokens = to;
@@ -1231,7 +1282,7 @@ int rlai_engine_eval_logits(rlai_engine *e, const rlai_token *toks, int n, float
             want[i] = true;
         }
         rlai_kv_seq *seqs[1] = { &seq };
-        rlai_batch b = { n, toks, pos, NULL, want };
+        rlai_batch b = { n, toks, pos, NULL, want, false };
         rc = rlai_model_forward(e->mctx, e->kv, seqs, &b, logits);
     }
     rlai_kv_seq_release(e->kv, &seq);
@@ -1305,4 +1356,77 @@ int rlai_engine_submit_text(rlai_engine *e, const rlai_text_request *rq, uint64_
     if (n_prompt)
         *n_prompt = n;
     return 0;
+}
+
+/* Pooled final-norm hidden state of a fresh sequence (engine.h). Holds
+ * step_mu for the forward pass, so it never runs inside a scheduler step;
+ * its KV blocks come only from what admitted requests do not reserve. */
+static int embed_locked(rlai_engine *e, const rlai_token *toks, int n, rlai_pooling pooling, float *out)
+{
+    const rlai_hparams *hp = rlai_model_hparams(e->model);
+    int E = hp->n_embd;
+    int committed = 0;
+    for (rlai_req *r = e->running; r; r = r->next)
+        committed += r->reserve;
+    if (blocks_for(n) > rlai_kv_cache_n_free(e->kv) - committed)
+        return RLAI_ERR_BUSY;
+    int rows = pooling == RLAI_POOL_MEAN ? n : 1;
+    int32_t *pos = malloc(sizeof(int32_t) * (size_t)n);
+    bool *want = malloc(sizeof(bool) * (size_t)n);
+    float *hid = malloc(sizeof(float) * (size_t)rows * (size_t)E);
+    rlai_kv_seq seq;
+    memset(&seq, 0, sizeof(seq));
+    int rc = pos && want && hid ? 0 : RLAI_ERR_NOMEM;
+    if (rc == 0)
+        rc = rlai_kv_seq_reserve(e->kv, &seq, n);
+    if (rc == 0) {
+        for (int i = 0; i < n; i++) {
+            pos[i] = i;
+            want[i] = pooling == RLAI_POOL_MEAN || i == n - 1;
+        }
+        rlai_kv_seq *seqs[1] = { &seq };
+        rlai_batch b = { n, toks, pos, NULL, want, true };
+        rc = rlai_model_forward(e->mctx, e->kv, seqs, &b, hid);
+    }
+    if (rc == 0) {
+        for (int k = 0; k < E; k++) {
+            double acc = 0;
+            for (int i = 0; i < rows; i++)
+                acc += hid[(size_t)i * E + k];
+            out[k] = (float)(acc / rows);
+        }
+    }
+    rlai_kv_seq_release(e->kv, &seq);
+    free(pos);
+    free(want);
+    free(hid);
+    return rc;
+}
+
+int rlai_engine_embed(rlai_engine *e, const rlai_token *toks, int n, rlai_pooling pooling, bool normalize,
+                      float *out)
+{
+    if (!e || !toks || n <= 0 || !out || (pooling != RLAI_POOL_MEAN && pooling != RLAI_POOL_LAST))
+        return RLAI_ERR_INVALID_ARG;
+    if (n >= e->n_ctx)
+        return RLAI_ERR_CONTEXT_FULL;
+    const rlai_hparams *hp = rlai_model_hparams(e->model);
+    for (int i = 0; i < n; i++)
+        if (toks[i] < 0 || toks[i] >= hp->n_vocab)
+            return RLAI_ERR_INVALID_ARG;
+    pthread_mutex_lock(&e->step_mu);
+    int rc = embed_locked(e, toks, n, pooling, out);
+    refresh_kv_stats(e);
+    pthread_mutex_unlock(&e->step_mu);
+    if (rc == 0 && normalize) {
+        double ss = 0;
+        for (int k = 0; k < hp->n_embd; k++)
+            ss += (double)out[k] * out[k];
+        if (ss > 0) {
+            double inv = 1.0 / sqrt(ss);
+            for (int k = 0; k < hp->n_embd; k++)
+                out[k] = (float)(out[k] * inv);
+        }
+    }
+    return rc;
 }

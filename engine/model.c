@@ -563,6 +563,18 @@ static int forward_chunk(rlai_model_ctx *c, rlai_kv_cache *kv, rlai_kv_seq *cons
                     hp->norm_eps);
         n_out++;
     }
+    if (n_out > 0 && b->hidden) {
+        size_t hbytes = sizeof(float) * (size_t)n_out * E;
+        if (c->host) {
+            memcpy(*logits, c->out_rows, hbytes);
+        } else {
+            int rc = bi->download(be, c->out_rows, 0, *logits, hbytes);
+            if (rc < 0)
+                return rc;
+        }
+        *logits += (size_t)n_out * E;
+        return 0;
+    }
     if (n_out > 0) {
         size_t bytes = sizeof(float) * (size_t)n_out * hp->n_vocab;
         if (c->host) {

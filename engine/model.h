@@ -63,6 +63,8 @@ typedef struct rlai_batch {
     const int32_t *pos;
     const int32_t *seq;      /* NULL = all in seqs[0] */
     const bool *want;        /* NULL = last token only */
+    bool hidden;             /* output the final-norm hidden state (n_embd floats per
+                                wanted row) instead of logits */
 } rlai_batch;
 
 /* Runs the forward pass (splitting into chunks of max_batch) as a walk over

@@ -533,3 +533,55 @@ int32_t rlai_sampler_sample_draft(rlai_sampler *s, float *logits, int32_t draft)
         return draft;
     return draw(s, c, n, draft);
 }
+
+/* ---- log-probabilities ------------------------------------------------- */
+
+/* One pass for the maximum, one for the sum of exponentials (in double),
+ * while keeping the n_top best ids in a small array sorted by logit
+ * (descending, lower id first on ties): an insertion costs O(n_top) and
+ * happens only for a logit better than the current n_top-th. */
+void rlai_logprobs_compute(const float *raw, int n_vocab, int32_t tok, int n_top, rlai_token_logprobs *out)
+{
+    memset(out, 0, sizeof(*out));
+    out->token = tok;
+    if (n_top < 0)
+        n_top = 0;
+    if (n_top > RLAI_MAX_TOP_LOGPROBS)
+        n_top = RLAI_MAX_TOP_LOGPROBS;
+    if (n_top > n_vocab)
+        n_top = n_vocab;
+    float mx = -INFINITY;
+    for (int i = 0; i < n_vocab; i++)
+        if (raw[i] > mx)           /* NaN compares false */
+            mx = raw[i];
+    float tl[RLAI_MAX_TOP_LOGPROBS];
+    int32_t ti[RLAI_MAX_TOP_LOGPROBS];
+    int nt = 0;
+    double sum = 0.0;
+    for (int i = 0; i < n_vocab; i++) {
+        float l = raw[i];
+        if (isnan(l))
+            l = -INFINITY;
+        if (isfinite(mx))
+            sum += exp((double)l - (double)mx);
+        if (n_top == 0 || (nt == n_top && !(l > tl[nt - 1])))
+            continue;
+        int j = nt < n_top ? nt++ : n_top - 1;
+        while (j > 0 && l > tl[j - 1]) {
+            tl[j] = tl[j - 1];
+            ti[j] = ti[j - 1];
+            j--;
+        }
+        tl[j] = l;
+        ti[j] = i;
+    }
+    /* all -inf (or +inf present): no finite normaliser */
+    double lse = isfinite(mx) && sum > 0 ? (double)mx + log(sum) : INFINITY;
+    float t = tok >= 0 && tok < n_vocab && !isnan(raw[tok]) ? raw[tok] : -INFINITY;
+    out->logprob = isfinite(lse) ? (float)((double)t - lse) : -INFINITY;
+    out->n_top = nt;
+    for (int k = 0; k < nt; k++) {
+        out->top_ids[k] = ti[k];
+        out->top_logprobs[k] = isfinite(lse) ? (float)((double)tl[k] - lse) : -INFINITY;
+    }
+}

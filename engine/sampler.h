@@ -25,4 +25,11 @@ int32_t rlai_sampler_sample(rlai_sampler *s, float *logits);
  * logits is modified; the result is not recorded (call accept). */
 int32_t rlai_sampler_sample_draft(rlai_sampler *s, float *logits, int32_t draft);
 
+/* Log-probabilities of `tok` and of the n_top most probable ids under the
+ * log-softmax of raw[n_vocab] (unmodified model logits; see
+ * rlai_token_logprobs in engine.h). n_top is clamped to
+ * [0, RLAI_MAX_TOP_LOGPROBS] and to n_vocab. NaN counts as -inf; if every
+ * logit is -inf all logprobs are -inf. Does not allocate. */
+void rlai_logprobs_compute(const float *raw, int n_vocab, int32_t tok, int n_top, rlai_token_logprobs *out);
+
 #endif

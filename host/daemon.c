@@ -28,6 +28,8 @@ typedef struct job {
     uint64_t call_id;          /* plugin call (rlai_plugin_host_call), 0 = generation */
     atomic_int cancel;         /* 0, or the protocol code that ended it */
     rlai_buf buf;              /* frame encoding scratch (engine thread) */
+    rlai_msg_logprob lp;       /* the next token's logprobs (engine thread) */
+    bool has_lp;
 } job;
 
 struct rlai_daemon {
@@ -249,13 +251,30 @@ static void answer_commands(rlai_daemon *d, rlai_conn conn, uint64_t id)
 /* ---------------------------------------------------------- engine callbacks
  * (engine thread) */
 
+/* Engine thread, just before on_token of the same token: keep its logprobs. */
+static void on_logprobs(void *user, const rlai_token_logprobs *lp)
+{
+    job *j = user;
+    rlai_msg_logprob *m = &j->lp;
+    m->token = lp->token;
+    m->logprob = lp->logprob;
+    m->n_top = (uint32_t)(lp->n_top < RLAI_PROTO_MAX_TOP_LOGPROBS ? lp->n_top : RLAI_PROTO_MAX_TOP_LOGPROBS);
+    for (uint32_t k = 0; k < m->n_top; k++) {
+        m->top_ids[k] = lp->top_ids[k];
+        m->top_logprobs[k] = lp->top_logprobs[k];
+    }
+    j->has_lp = true;
+}
+
 static int on_token(void *user, rlai_token tok, const char *text, size_t len)
 {
     job *j = user;
     if (atomic_load(&j->cancel))
         return 1;
     int32_t t = tok;
-    if (rlai_proto_encode_token(&j->buf, j->id, text, len, &t, tok >= 0 ? 1 : 0) == 0) {
+    bool lp = j->has_lp && tok >= 0 && j->lp.token == tok;
+    j->has_lp = false;
+    if (rlai_proto_encode_token_lp(&j->buf, j->id, text, len, &t, tok >= 0 ? 1 : 0, &j->lp, lp ? 1 : 0) == 0) {
         int rc = rlai_server_send(j->d->server, j->conn, j->buf.data, j->buf.len);
         rlai_buf_reset(&j->buf);
         if (rc == RLAI_ERR_DISCONNECTED) {
@@ -440,6 +459,11 @@ static void submit_generation(rlai_daemon *d, rlai_conn conn, const rlai_msg *m)
             stops[i] = g->stop[i];
         rp.gen.stop = stops;
     }
+    if (g->has_top_logprobs) {
+        rp.gen.top_logprobs = (int)g->top_logprobs;
+        rp.gen.on_logprobs = on_logprobs;
+        rp.gen.logprobs_user = j;
+    }
     rp.on_token = on_token;
     rp.on_done = on_done;
     rp.user = j;
@@ -572,6 +596,7 @@ static void submit_call(rlai_daemon *d, rlai_conn conn, const rlai_msg *m)
     d->jobs = j;
     d->n_jobs++;
     j->call_id = UINT64_MAX;   /* marks a call until the host gives its id */
+    rlai_metrics_count_plugin_call(d->metrics, m->u.call.command, "ipc");
     int rc = d->plugins ? rlai_plugin_host_call_timed(d->plugins, m->u.call.command, m->u.call.params_json,
                                                       (int)m->u.call.timeout_ms, &sink, &j->call_id, err,
                                                       sizeof(err))

@@ -3,6 +3,9 @@
 #include "config.h"
 #include "api_key.h"
 #include "conn_guard.h"
+#include "embeddings.h"
+#include "json_int.h"
+#include "logprobs.h"
 #include "rlai/error.h"
 #include "rlai/protocol.h"
 
@@ -286,6 +289,22 @@ struct hreq {
     bool live;                   /* in h->live */
     hreq *next_live;
 
+    /* logprobs (lp_mode 1 = chat, 2 = completions; lps appended under mu
+     * by the engine thread, lp_sent and lp_off on the connection thread) */
+    int lp_mode;
+    rlai_token_logprobs *lps;
+    int n_lps, cap_lps, lp_sent;
+    size_t lp_off;
+    char *echo_text;             /* completions "echo": the prompt text */
+    long long created;           /* request time (wall clock, seconds) */
+    hreq **kids;                 /* completions with a list prompt: one per prompt */
+    int n_kids;
+    /* request log line (connection thread) */
+    double t_begin;              /* monotonic seconds at the first callback */
+    int http_status;             /* status of the answer queued, 0 = none */
+    char method[8];
+    char path[96];
+
     /* connection thread only */
     bytes out;
     size_t opos;
@@ -308,6 +327,11 @@ static void hreq_unref(hreq *r)
     free(r->model);
     free(r->command);
     free(r->lore_reply);
+    free(r->lps);
+    free(r->echo_text);
+    for (int i = 0; i < r->n_kids; i++)
+        hreq_unref(r->kids[i]);
+    free(r->kids);
     pthread_cond_destroy(&r->cv);
     pthread_mutex_destroy(&r->mu);
     free(r);
@@ -368,6 +392,8 @@ static void end_request(hreq *r, end_why why)
     uint64_t eid = r->engine_id, cid = r->call_id;
     pthread_cond_broadcast(&r->cv);
     pthread_mutex_unlock(&r->mu);
+    for (int i = 0; i < r->n_kids; i++)
+        end_request(r->kids[i], why);
     if (!running)
         return;
     if (eid)
@@ -484,6 +510,7 @@ static enum MHD_Result send_json(hreq *r, int status, cJSON *j)
     MHD_destroy_response(resp);
     rlai_metrics_count_http_status(r->h->metrics, status);
     r->answered = true;
+    r->http_status = status;
     return rc;
 }
 
@@ -512,6 +539,7 @@ static enum MHD_Result send_text(hreq *r, int status, const char *ctype, char *t
     MHD_destroy_response(resp);
     rlai_metrics_count_http_status(r->h->metrics, status);
     r->answered = true;
+    r->http_status = status;
     return rc;
 }
 
@@ -582,7 +610,7 @@ static cJSON *envelope(const hreq *r, bool chunk)
     cJSON_AddStringToObject(j, "id", r->id);
     cJSON_AddStringToObject(j, "object", is_chat(r) ? (chunk ? "chat.completion.chunk" : "chat.completion")
                                                     : "text_completion");
-    cJSON_AddNumberToObject(j, "created", (double)r->h->created);
+    cJSON_AddNumberToObject(j, "created", (double)r->created);
     cJSON_AddStringToObject(j, "model", r->model);
     cJSON_AddStringToObject(j, "system_fingerprint", "rtx-localai-" RLAI_VERSION);
     return j;
@@ -663,7 +691,70 @@ static bool ended_badly(const hreq *r)
     return r->kind != K_PLUGIN && r->kind != K_LORE && r->have_gm && r->gm.stop == RLAI_STOP_CANCELLED;
 }
 
+/* Replaces choice's "logprobs" with the object for n tokens (chat:
+ * {"content": [...]}, completions: the legacy arrays). */
+static void put_logprobs(hreq *r, cJSON *choice, const rlai_token_logprobs *lp, int n)
+{
+    if (!r->lp_mode || !choice)
+        return;
+    cJSON *o = NULL;
+    if (r->lp_mode == 1) {
+        o = cJSON_CreateObject();
+        cJSON *content = cJSON_AddArrayToObject(o, "content");
+        if (!content || rlai_logprobs_chat_append(r->h->engine, lp, n, content) < 0) {
+            cJSON_Delete(o);
+            o = NULL;
+        }
+        if (o)
+            cJSON_AddNullToObject(o, "refusal");
+    } else {
+        o = rlai_logprobs_completion_json(r->h->engine, lp, n, &r->lp_off);
+    }
+    if (o)
+        cJSON_ReplaceItemInObjectCaseSensitive(choice, "logprobs", o);
+}
+
+/* The first choice of a chunk / body. */
+static cJSON *first_choice(cJSON *j)
+{
+    return cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(j, "choices"), 0);
+}
+
+/* Takes the logprobs not yet sent (connection thread): a malloc'd copy in
+ * *out (NULL when none), the count returned. */
+static int take_logprobs(hreq *r, rlai_token_logprobs **out)
+{
+    *out = NULL;
+    pthread_mutex_lock(&r->mu);
+    int n = r->n_lps - r->lp_sent;
+    if (n > 0 && (*out = malloc(sizeof(**out) * (size_t)n)) != NULL) {
+        memcpy(*out, r->lps + r->lp_sent, sizeof(**out) * (size_t)n);
+        r->lp_sent = r->n_lps;
+    } else {
+        n = 0;
+    }
+    pthread_mutex_unlock(&r->mu);
+    return n;
+}
+
 /* ---------------------------------------------------------- engine callbacks (engine thread) */
+
+static void gen_on_logprobs(void *user, const rlai_token_logprobs *lp)
+{
+    hreq *r = user;
+    pthread_mutex_lock(&r->mu);
+    if (r->n_lps == r->cap_lps) {
+        int cap = r->cap_lps ? r->cap_lps * 2 : 64;
+        rlai_token_logprobs *n = realloc(r->lps, sizeof(*n) * (size_t)cap);
+        if (n) {
+            r->lps = n;
+            r->cap_lps = cap;
+        }
+    }
+    if (r->n_lps < r->cap_lps)
+        r->lps[r->n_lps++] = *lp;
+    pthread_mutex_unlock(&r->mu);
+}
 
 static int gen_on_token(void *user, rlai_token tok, const char *text, size_t len)
 {
@@ -819,6 +910,11 @@ static bool produce(hreq *r)
         r->phase = 1;
         return true;
     }
+    if (r->phase == 0 && r->echo_text) {
+        sse_event(&r->out, NULL, chunk_json(r, r->echo_text, strlen(r->echo_text), false, NULL));
+        r->phase = 1;
+        return true;
+    }
     r->phase = 1;
     pthread_mutex_lock(&r->mu);
     bool alive = wait_progress(r);
@@ -841,7 +937,15 @@ static bool produce(hreq *r)
         if (events.len)
             bytes_add(&r->out, events.p, events.len);
     } else if (text.len) {
-        sse_event(&r->out, NULL, chunk_json(r, text.p, text.len, false, NULL));
+        cJSON *ch = chunk_json(r, text.p, text.len, false, NULL);
+        if (r->lp_mode) {
+            rlai_token_logprobs *lp;
+            int nl = take_logprobs(r, &lp);
+            if (nl)
+                put_logprobs(r, first_choice(ch), lp, nl);
+            free(lp);
+        }
+        sse_event(&r->out, NULL, ch);
         r->streamed = true;
     }
     bytes_free(&text);
@@ -868,6 +972,13 @@ static bool produce(hreq *r)
             if (!r->streamed && r->lore_reply && r->lore_reply[0])
                 sse_event(&r->out, NULL, chunk_json(r, r->lore_reply, strlen(r->lore_reply), false, NULL));
             cJSON *fin = chunk_json(r, NULL, 0, false, finish_reason(r));
+            if (r->lp_mode) {
+                rlai_token_logprobs *lp;
+                int nl = take_logprobs(r, &lp);
+                if (nl)
+                    put_logprobs(r, first_choice(fin), lp, nl);
+                free(lp);
+            }
             cJSON_AddItemToObject(fin, "timings", timings_json(r));
             sse_event(&r->out, NULL, fin);
             if (r->include_usage) {
@@ -883,12 +994,14 @@ static bool produce(hreq *r)
     return true;
 }
 
+static bool produce_multi(hreq *r);
+
 static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)
 {
     (void)pos;
     hreq *r = cls;
     while (r->opos >= r->out.len) {
-        if (!produce(r))
+        if (!(r->n_kids ? produce_multi(r) : produce(r)))
             /* Also when the client is gone: nobody reads the rest, and an
              * error return would only add a log line per disconnect. */
             return MHD_CONTENT_READER_END_OF_STREAM;
@@ -932,6 +1045,7 @@ static enum MHD_Result start_stream(hreq *r)
     MHD_destroy_response(resp);
     rlai_metrics_count_http_status(r->h->metrics, 200);
     r->answered = true;
+    r->http_status = 200;
     return rc;
 }
 
@@ -987,7 +1101,27 @@ static enum MHD_Result finish_blocking(hreq *r)
         return send_json(r, 200, j);
     }
     const char *text = r->pending.len ? r->pending.p : r->lore_reply;
-    return send_json(r, 200, final_body(r, text));
+    if (r->echo_text) {
+        /* completions "echo": the prompt, then the completion */
+        size_t el = strlen(r->echo_text);
+        char *both = malloc(el + r->pending.len + 1);
+        if (!both)
+            return send_error(r, 500, NULL, NULL, "out of memory");
+        memcpy(both, r->echo_text, el);
+        memcpy(both + el, r->pending.p ? r->pending.p : "", r->pending.len);
+        both[el + r->pending.len] = 0;
+        cJSON *j = final_body(r, both);
+        free(both);
+        return send_json(r, 200, j);
+    }
+    cJSON *body = final_body(r, text);
+    if (r->lp_mode) {
+        rlai_token_logprobs *lp;
+        int nl = take_logprobs(r, &lp);
+        put_logprobs(r, first_choice(body), lp, nl);
+        free(lp);
+    }
+    return send_json(r, 200, body);
 }
 
 /* ---------------------------------------------------------- request parsing */
@@ -995,6 +1129,7 @@ static enum MHD_Result finish_blocking(hreq *r)
 typedef struct gen_request {
     rlai_gen_params gp;
     const char *stops[MAX_STOPS + 1];
+    bool echo;                     /* completions: answer starts with the prompt */
 } gen_request;
 
 static bool json_is_int(const cJSON *v)
@@ -1019,17 +1154,64 @@ static bool opt_number(hreq *r, const cJSON *body, const char *key, double lo, d
     return true;
 }
 
+/* "logprobs" / "top_logprobs" (chat: a boolean and 0..20; completions:
+ * logprobs = 0..20 alternatives) and completions' "echo". Sets
+ * g->gp.top_logprobs and r->lp_mode / r->echo_text's wish (r->lp_off is
+ * set when the prompt text is known). Returns false after answering 400. */
+static bool parse_logprobs_echo(hreq *r, const cJSON *body, gen_request *g)
+{
+    const cJSON *lp = cJSON_GetObjectItemCaseSensitive(body, "logprobs");
+    const cJSON *top = cJSON_GetObjectItemCaseSensitive(body, "top_logprobs");
+    const cJSON *echo = cJSON_GetObjectItemCaseSensitive(body, "echo");
+    g->gp.top_logprobs = -1;
+    g->echo = false;
+    if (r->kind == K_CHAT) {
+        if (lp && !cJSON_IsNull(lp) && !cJSON_IsBool(lp))
+            return send_error(r, 400, "invalid_type", "logprobs", "'logprobs' must be a boolean"), false;
+        bool on = cJSON_IsTrue(lp);
+        if (top && !cJSON_IsNull(top)) {
+            if (!json_is_int(top) || top->valuedouble < 0 || top->valuedouble > RLAI_MAX_TOP_LOGPROBS)
+                return send_error(r, 400, "invalid_value", "top_logprobs",
+                                  "'top_logprobs' must be an integer in [0, %d]", RLAI_MAX_TOP_LOGPROBS), false;
+            if (!on)
+                return send_error(r, 400, "invalid_value", "top_logprobs",
+                                  "'top_logprobs' needs 'logprobs': true"), false;
+        }
+        if (on) {
+            r->lp_mode = 1;
+            g->gp.top_logprobs = top && !cJSON_IsNull(top) ? (int)top->valuedouble : 0;
+        }
+        if (echo && !cJSON_IsNull(echo) && !cJSON_IsFalse(echo))
+            return send_error(r, 400, "unsupported_value", "echo", "'echo' is a completions field"), false;
+        return true;
+    }
+    if (lp && !cJSON_IsNull(lp)) {
+        if (!json_is_int(lp) || lp->valuedouble < 0 || lp->valuedouble > RLAI_MAX_TOP_LOGPROBS)
+            return send_error(r, 400, "invalid_value", "logprobs",
+                              "'logprobs' must be an integer in [0, %d] (alternatives per token)",
+                              RLAI_MAX_TOP_LOGPROBS), false;
+        r->lp_mode = 2;
+        g->gp.top_logprobs = (int)lp->valuedouble;
+    }
+    if (echo && !cJSON_IsNull(echo) && !cJSON_IsBool(echo))
+        return send_error(r, 400, "invalid_type", "echo", "'echo' must be a boolean"), false;
+    g->echo = cJSON_IsTrue(echo);
+    if (g->echo && r->lp_mode)
+        return send_error(r, 400, "unsupported_value", "echo",
+                          "'echo' with 'logprobs' (log-probabilities of the prompt tokens) is not implemented"),
+               false;
+    return true;
+}
+
 /* Maps the OpenAI sampling fields onto gen params. Returns false after
  * answering 400. Strings in g->stops point into body. */
 static bool parse_sampling(hreq *r, const cJSON *body, gen_request *g)
 {
     rlai_gen_params_init(&g->gp);
     rlai_sampler_params *s = &g->gp.sampling;
-    /* OpenAI defaults: temperature 1, top_p 1, a fresh seed per request. */
-    s->temperature = 1.0f;
-    s->top_p = 1.0f;
-    uint64_t seq = atomic_fetch_add(&r->h->seq, 1);
-    s->seed = (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ull ^ (seq * 0xBF58476D1CE4E5B9ull) ^ (uint64_t)getpid();
+    /* The product defaults (engine.h, docs/DEFAULTS.md) and a fresh seed. */
+    rlai_sampler_params_product(s, rlai_fresh_seed());
+    g->gp.max_tokens = RLAI_DEFAULT_MAX_TOKENS;
     double v;
     bool has;
     if (!opt_number(r, body, "temperature", 0, 100, &v, &has))
@@ -1064,9 +1246,12 @@ static bool parse_sampling(hreq *r, const cJSON *body, gen_request *g)
         s->top_k = (int)it->valuedouble;
     }
     if ((it = cJSON_GetObjectItemCaseSensitive(body, "seed")) && !cJSON_IsNull(it)) {
-        if (!json_is_int(it))
-            return send_error(r, 400, "invalid_value", "seed", "'seed' must be an integer"), false;
-        s->seed = (uint64_t)(long long)it->valuedouble;
+        /* From the body text: a double would round 64-bit seeds. */
+        uint64_t seed = 0;
+        if (!cJSON_IsNumber(it) || rlai_json_find_int(r->body.p, r->body.len, "seed", &seed, NULL) != 1)
+            return send_error(r, 400, "invalid_value", "seed",
+                              "'seed' must be an integer in [-9223372036854775808, 18446744073709551615]"), false;
+        s->seed = seed;
     }
     /* Extension: wall-clock limit (finish_reason "timeout" when it ends one). */
     if ((it = cJSON_GetObjectItemCaseSensitive(body, "timeout_ms")) && !cJSON_IsNull(it)) {
@@ -1134,10 +1319,8 @@ static bool parse_sampling(hreq *r, const cJSON *body, gen_request *g)
     if ((it = cJSON_GetObjectItemCaseSensitive(body, "best_of")) && !cJSON_IsNull(it) &&
         !(json_is_int(it) && it->valuedouble == 1))
         return send_error(r, 400, "unsupported_value", "best_of", "only best_of = 1 is supported"), false;
-    if ((it = cJSON_GetObjectItemCaseSensitive(body, "logprobs")) && !cJSON_IsNull(it) && !cJSON_IsFalse(it))
-        return send_error(r, 400, "unsupported_value", "logprobs", "logprobs are not supported"), false;
-    if ((it = cJSON_GetObjectItemCaseSensitive(body, "echo")) && cJSON_IsTrue(it))
-        return send_error(r, 400, "unsupported_value", "echo", "echo is not supported"), false;
+    if (!parse_logprobs_echo(r, body, g))
+        return false;
     const char *no_tools[] = { "tools", "functions" };
     for (size_t i = 0; i < 2; i++) {
         it = cJSON_GetObjectItemCaseSensitive(body, no_tools[i]);
@@ -1347,6 +1530,10 @@ static enum MHD_Result run_generation(hreq *r, const rlai_token *toks, int n, ge
     rp.prompt = toks;
     rp.n_prompt = n;
     rp.gen = g->gp;
+    if (r->lp_mode) {
+        rp.gen.on_logprobs = gen_on_logprobs;
+        rp.gen.logprobs_user = r;
+    }
     rp.on_token = gen_on_token;
     rp.on_done = gen_on_done;
     rp.user = r;
@@ -1510,12 +1697,16 @@ static enum MHD_Result lore_chat(hreq *r, const cJSON *body, const char *charact
         s = cJSON_GetObjectItemCaseSensitive(body, "user");
     if (cJSON_IsString(s) && s->valuestring[0])
         cJSON_AddStringToObject(p, "session", s->valuestring);
-    const char *pass[] = { "max_tokens", "temperature", "seed" };
+    const char *pass[] = { "max_tokens", "temperature" };
     for (size_t i = 0; i < sizeof(pass) / sizeof(pass[0]); i++) {
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(body, pass[i]);
         if (cJSON_IsNumber(v))
             cJSON_AddNumberToObject(p, pass[i], v->valuedouble);
     }
+    char seed_text[24];   /* the seed's exact text (a double would round it) */
+    if (cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(body, "seed")) &&
+        rlai_json_find_int_text(r->body.p, r->body.len, "seed", seed_text, sizeof(seed_text)) == 1)
+        cJSON_AddRawToObject(p, "seed", seed_text);
     const cJSON *mct = cJSON_GetObjectItemCaseSensitive(body, "max_completion_tokens");
     if (cJSON_IsNumber(mct)) {
         cJSON_DeleteItemFromObjectCaseSensitive(p, "max_tokens");
@@ -1583,6 +1774,8 @@ out:
     return ret;
 }
 
+static enum MHD_Result completions_multi(hreq *r, const cJSON *p, gen_request *g);
+
 static enum MHD_Result completions(hreq *r)
 {
     r->kind = K_COMPLETION;
@@ -1629,17 +1822,402 @@ static enum MHD_Result completions(hreq *r)
             toks[n++] = (rlai_token)t->valuedouble;
         }
     } else if (cJSON_IsArray(p) && cJSON_GetArraySize(p) > 1) {
-        send_error(r, 400, "unsupported_value", "prompt", "only one prompt per request is supported");
+        ret = completions_multi(r, p, &g);
         goto out;
     } else {
         send_error(r, 400, "invalid_value", "prompt", "'prompt' must be a string or an array of token ids");
         goto out;
+    }
+    if (g.echo && n > 0) {
+        /* The prompt as text: the string given, or the ids' text. */
+        if (cJSON_IsString(p)) {
+            r->echo_text = strdup(p->valuestring);
+        } else {
+            int len = rlai_engine_detokenize(r->h->engine, toks, n, true, NULL, 0);
+            r->echo_text = len >= 0 ? malloc((size_t)len + 1) : NULL;
+            if (r->echo_text)
+                rlai_engine_detokenize(r->h->engine, toks, n, true, r->echo_text, (size_t)len + 1);
+        }
+        if (!r->echo_text) {
+            send_error(r, 500, NULL, NULL, "out of memory");
+            goto out;
+        }
     }
     ret = run_generation(r, toks, n, &g);
 out:
     free(toks);
     cJSON_Delete(body);
     return ret;
+}
+
+
+/* ---------------------------------------------------------- completions with a list prompt */
+
+#define MAX_PROMPTS 16
+
+/* A child request for one prompt of a list: collects that choice's text,
+ * logprobs and metrics through the usual engine callbacks. */
+static hreq *kid_new(hreq *r)
+{
+    hreq *k = calloc(1, sizeof(*k));
+    if (!k)
+        return NULL;
+    k->h = r->h;
+    k->fd = -1;
+    k->refs = 1;                       /* the parent's */
+    pthread_mutex_init(&k->mu, NULL);
+    cond_init_monotonic(&k->cv);
+    k->kind = K_COMPLETION;
+    k->lp_mode = r->lp_mode;
+    k->created = r->created;
+    snprintf(k->id, sizeof(k->id), "%s", r->id);
+    k->model = strdup(r->model ? r->model : "");
+    return k;
+}
+
+/* Submits one child's job. Returns 0 or a negative rlai_error. */
+static int kid_submit(hreq *k, const rlai_token *toks, int n, const rlai_gen_params *gp)
+{
+    rlai_http *h = k->h;
+    int rc = track(h, k);
+    if (rc < 0)
+        return rc;
+    rlai_request_params rp;
+    memset(&rp, 0, sizeof(rp));
+    rp.prompt = toks;
+    rp.n_prompt = n;
+    rp.gen = *gp;
+    if (k->lp_mode) {
+        rp.gen.on_logprobs = gen_on_logprobs;
+        rp.gen.logprobs_user = k;
+    }
+    rp.on_token = gen_on_token;
+    rp.on_done = gen_on_done;
+    rp.user = k;
+    hreq_ref(k);
+    uint64_t eid = 0;
+    rc = rlai_engine_submit(h->engine, &rp, &eid);
+    if (rc < 0) {
+        untrack(h, k);
+        hreq_unref(k);
+        return rc;
+    }
+    pthread_mutex_lock(&k->mu);
+    k->engine_id = eid;
+    pthread_mutex_unlock(&k->mu);
+    return 0;
+}
+
+static bool kids_done(hreq *r, bool *bad)
+{
+    bool all = true;
+    *bad = false;
+    for (int i = 0; i < r->n_kids; i++) {
+        hreq *k = r->kids[i];
+        pthread_mutex_lock(&k->mu);
+        all = all && k->done;
+        if (k->done && ended_badly(k))
+            *bad = true;
+        if (k->why == END_SHUTDOWN)
+            *bad = true;
+        pthread_mutex_unlock(&k->mu);
+    }
+    return all;
+}
+
+/* The first child that ended badly (for its error object). */
+static hreq *kid_bad(hreq *r)
+{
+    for (int i = 0; i < r->n_kids; i++)
+        if (r->kids[i]->done && ended_badly(r->kids[i]))
+            return r->kids[i];
+    return r->kids[0];
+}
+
+/* usage summed over the children (into r->gm) */
+static void kids_usage(hreq *r)
+{
+    memset(&r->gm, 0, sizeof(r->gm));
+    r->have_gm = true;
+    for (int i = 0; i < r->n_kids; i++) {
+        const rlai_gen_metrics *m = &r->kids[i]->gm;
+        r->gm.prompt_tokens += m->prompt_tokens;
+        r->gm.reused_tokens += m->reused_tokens;
+        r->gm.gen_tokens += m->gen_tokens;
+        r->gm.drafted_tokens += m->drafted_tokens;
+        r->gm.accepted_tokens += m->accepted_tokens;
+    }
+}
+
+/* Waits (connection thread) until every child is done or the client left. */
+static bool kids_wait(hreq *r)
+{
+    bool bad;
+    while (!kids_done(r, &bad) && !bad) {
+        pthread_mutex_lock(&r->mu);
+        struct timespec ts;
+        deadline_in(&ts, WAIT_SLICE_MS);
+        pthread_cond_timedwait(&r->cv, &r->mu, &ts);
+        bool gone = r->why == END_GONE;
+        pthread_mutex_unlock(&r->mu);
+        if (gone || peer_check(r->fd) == PEER_GONE)
+            return false;
+    }
+    return true;
+}
+
+/* One choice object of child i: its final body's choice, index i. */
+static cJSON *kid_choice(hreq *k, int i)
+{
+    size_t el = k->echo_text ? strlen(k->echo_text) : 0;
+    char *text = malloc(el + k->pending.len + 1);
+    if (!text)
+        return NULL;
+    memcpy(text, k->echo_text ? k->echo_text : "", el);
+    memcpy(text + el, k->pending.p ? k->pending.p : "", k->pending.len);
+    text[el + k->pending.len] = 0;
+    cJSON *body = final_body(k, text);
+    free(text);
+    cJSON *choices = cJSON_GetObjectItemCaseSensitive(body, "choices");
+    cJSON *c = cJSON_DetachItemFromArray(choices, 0);
+    cJSON_Delete(body);
+    if (!c)
+        return NULL;
+    cJSON_ReplaceItemInObjectCaseSensitive(c, "index", cJSON_CreateNumber(i));
+    if (k->lp_mode) {
+        rlai_token_logprobs *lp;
+        int nl = take_logprobs(k, &lp);
+        put_logprobs(k, c, lp, nl);
+        free(lp);
+    }
+    return c;
+}
+
+static enum MHD_Result multi_blocking(hreq *r)
+{
+    if (!kids_wait(r)) {
+        end_request(r, END_GONE);
+        return MHD_NO;
+    }
+    bool bad;
+    kids_done(r, &bad);
+    if (bad) {
+        hreq *k = kid_bad(r);
+        const char *code;
+        int st = k->done && k->status < 0 ? status_of(k->status, &code) : 503;
+        cJSON *e = late_error(k);
+        end_request(r, END_SHUTDOWN);
+        return send_json(r, st, e);
+    }
+    kids_usage(r);
+    cJSON *j = envelope(r, false);
+    cJSON *choices = cJSON_AddArrayToObject(j, "choices");
+    for (int i = 0; i < r->n_kids; i++) {
+        cJSON *c = kid_choice(r->kids[i], i);
+        if (!c) {
+            cJSON_Delete(j);
+            return send_error(r, 500, NULL, NULL, "out of memory");
+        }
+        cJSON_AddItemToArray(choices, c);
+    }
+    cJSON_AddItemToObject(j, "usage", usage_json(r));
+    return send_json(r, 200, j);
+}
+
+/* Streaming: every chunk carries one choice (its "index"); each child ends
+ * with its own finish_reason chunk, then usage (when asked) and [DONE]. */
+static bool produce_multi(hreq *r)
+{
+    r->out.len = 0;
+    r->opos = 0;
+    if (r->phase == 2)
+        return false;
+    if (r->phase == 0) {
+        r->phase = 1;
+        for (int i = 0; i < r->n_kids; i++)
+            if (r->kids[i]->echo_text) {
+                cJSON *ch = chunk_json(r->kids[i], r->kids[i]->echo_text, strlen(r->kids[i]->echo_text), false,
+                                       NULL);
+                cJSON_ReplaceItemInObjectCaseSensitive(first_choice(ch), "index", cJSON_CreateNumber(i));
+                sse_event(&r->out, NULL, ch);
+            }
+        if (r->out.len)
+            return true;
+    }
+    for (;;) {
+        bool bad, all = kids_done(r, &bad);
+        for (int i = 0; i < r->n_kids; i++) {
+            hreq *k = r->kids[i];
+            pthread_mutex_lock(&k->mu);
+            bytes text = k->pending;
+            memset(&k->pending, 0, sizeof(k->pending));
+            bool done = k->done;
+            bool fin_due = done && !k->streamed;       /* streamed: here "finish sent" */
+            if (fin_due)
+                k->streamed = true;
+            pthread_mutex_unlock(&k->mu);
+            if (text.len || (fin_due && !bad)) {
+                cJSON *ch = chunk_json(k, text.len ? text.p : NULL, text.len, false,
+                                       fin_due ? finish_reason(k) : NULL);
+                cJSON_ReplaceItemInObjectCaseSensitive(first_choice(ch), "index", cJSON_CreateNumber(i));
+                if (k->lp_mode) {
+                    rlai_token_logprobs *lp;
+                    int nl = take_logprobs(k, &lp);
+                    if (nl)
+                        put_logprobs(k, first_choice(ch), lp, nl);
+                    free(lp);
+                }
+                sse_event(&r->out, NULL, ch);
+            }
+            bytes_free(&text);
+        }
+        if (bad || all) {
+            if (bad) {
+                sse_event(&r->out, NULL, late_error(kid_bad(r)));
+                end_request(r, END_SHUTDOWN);
+            } else if (r->include_usage) {
+                kids_usage(r);
+                cJSON *u = envelope(r, true);
+                cJSON_AddArrayToObject(u, "choices");
+                cJSON_AddItemToObject(u, "usage", usage_json(r));
+                sse_event(&r->out, NULL, u);
+            }
+            bytes_str(&r->out, "data: [DONE]\n\n");
+            r->phase = 2;
+            return true;
+        }
+        if (r->out.len)
+            return true;
+        pthread_mutex_lock(&r->mu);
+        struct timespec ts;
+        deadline_in(&ts, WAIT_SLICE_MS);
+        pthread_cond_timedwait(&r->cv, &r->mu, &ts);
+        bool gone = r->why == END_GONE;
+        pthread_mutex_unlock(&r->mu);
+        if (gone || peer_check(r->fd) == PEER_GONE) {
+            end_request(r, END_GONE);
+            return false;
+        }
+    }
+}
+
+/* A list of prompts (strings or token-id lists): one choice per prompt,
+ * generated concurrently; seeds seed, seed+1, ... Returns after answering. */
+static enum MHD_Result completions_multi(hreq *r, const cJSON *p, gen_request *g)
+{
+    int n = cJSON_GetArraySize(p);
+    if (n > MAX_PROMPTS)
+        return send_error(r, 400, "invalid_value", "prompt", "at most %d prompts per request", MAX_PROMPTS);
+    rlai_model_info info;
+    rlai_engine_info(r->h->engine, &info);
+    rlai_token **toks = calloc((size_t)n, sizeof(*toks));
+    int *nt = calloc((size_t)n, sizeof(int));
+    r->kids = calloc((size_t)n, sizeof(hreq *));
+    if (!toks || !nt || !r->kids) {
+        free(toks);
+        free(nt);
+        return send_error(r, 500, NULL, NULL, "out of memory");
+    }
+    enum MHD_Result ret = MHD_YES;
+    bool ok = true;
+    int i = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, p) {
+        if (cJSON_IsString(e)) {
+            nt[i] = tokenize_all(r->h->engine, e->valuestring, &toks[i]);
+        } else if (cJSON_IsArray(e) && cJSON_GetArraySize(e) > 0) {
+            toks[i] = malloc(sizeof(rlai_token) * (size_t)cJSON_GetArraySize(e));
+            const cJSON *t;
+            cJSON_ArrayForEach(t, e) {
+                if (!toks[i] || !json_is_int(t) || t->valuedouble < 0 || t->valuedouble >= info.n_vocab) {
+                    nt[i] = RLAI_ERR_INVALID_ARG;
+                    break;
+                }
+                toks[i][nt[i]++] = (rlai_token)t->valuedouble;
+            }
+        } else {
+            nt[i] = RLAI_ERR_INVALID_ARG;
+        }
+        if (nt[i] <= 0 || nt[i] > r->h->max_prompt_tokens) {
+            if (nt[i] > 0)
+                send_error(r, 400, "context_length_exceeded", "prompt",
+                           "prompt[%d] has %d tokens; this model's maximum prompt length is %d tokens", i, nt[i],
+                           r->h->max_prompt_tokens);
+            else
+                send_error(r, 400, "invalid_value", "prompt",
+                           "prompt[%d] must be a non-empty string or a non-empty list of token ids in [0, %d)", i,
+                           info.n_vocab);
+            ok = false;
+            i++;
+            break;
+        }
+        i++;
+    }
+    for (int k = 0; ok && k < n; k++) {
+        hreq *kid = kid_new(r);
+        if (!kid) {
+            ok = false;
+            send_error(r, 500, NULL, NULL, "out of memory");
+            break;
+        }
+        r->kids[r->n_kids++] = kid;
+        if (g->echo) {
+            int len = rlai_engine_detokenize(r->h->engine, toks[k], nt[k], true, NULL, 0);
+            kid->echo_text = len >= 0 ? malloc((size_t)len + 1) : NULL;
+            if (kid->echo_text)
+                rlai_engine_detokenize(r->h->engine, toks[k], nt[k], true, kid->echo_text, (size_t)len + 1);
+            const cJSON *pk = cJSON_GetArrayItem(p, k);
+            if (cJSON_IsString(pk)) {
+                free(kid->echo_text);
+                kid->echo_text = strdup(pk->valuestring);
+            }
+        }
+        rlai_gen_params gp = g->gp;
+        gp.sampling.seed += (uint64_t)k;
+        int rc = kid_submit(kid, toks[k], nt[k], &gp);
+        if (rc < 0) {
+            ok = false;
+            end_request(r, END_GONE);
+            const char *code;
+            int st = status_of(rc, &code);
+            if (rc == RLAI_ERR_KV_FULL)
+                send_error(r, 400, "context_length_exceeded", NULL,
+                           "prompt[%d] plus max_tokens can never fit the KV cache", k);
+            else
+                send_error(r, rc == RLAI_ERR_BUSY ? 429 : st, rc == RLAI_ERR_BUSY ? "rate_limit_exceeded" : code,
+                           NULL, "engine refused prompt[%d]: %s", k, rlai_strerror(rc));
+        }
+    }
+    for (int k = 0; k < i; k++)
+        free(toks[k]);
+    free(toks);
+    free(nt);
+    if (!ok)
+        return ret;
+    if (!r->stream)
+        return multi_blocking(r);
+    return start_stream(r);
+}
+
+/* POST /v1/embeddings (host/embeddings.c does the work). */
+static enum MHD_Result embeddings(hreq *r)
+{
+    cJSON *body = parse_body(r);
+    if (!body)
+        return MHD_YES;
+    const char *character;
+    if (!check_model(r, body, false, &character)) {
+        cJSON_Delete(body);
+        return MHD_YES;
+    }
+    cJSON *out = NULL;
+    int n_tok = 0;
+    rlai_embed_error err;
+    int st = rlai_embeddings_answer(r->h->engine, body, r->model, r->h->max_prompt_tokens, &out, &n_tok, &err);
+    cJSON_Delete(body);
+    if (st != 200)
+        return send_error(r, st, err.code, err.param, "%s", err.msg);
+    return send_json(r, 200, out);
 }
 
 static cJSON *model_object(rlai_http *h, const char *id)
@@ -2084,6 +2662,7 @@ static enum MHD_Result route(hreq *r, const char *url, const char *method)
         { "/v1/plugins", "plugins", true, false },
         { "/health", "health", true, false },
         { "/metrics", "metrics", true, false },
+        { "/v1/embeddings", "embeddings", false, true },
     };
     int hit = -1;
     for (size_t i = 0; i < sizeof(routes) / sizeof(routes[0]); i++)
@@ -2100,7 +2679,7 @@ static enum MHD_Result route(hreq *r, const char *url, const char *method)
     }
     if (sub_post) {
         ep = "plugin_call";
-        rlai_metrics_count_request(r->h->metrics, ep, "http");
+        rlai_metrics_count_plugin_call(r->h->metrics, sub, "http");
         if (!post) {
             r->allow = "POST";
             return send_error(r, 405, "method_not_allowed", NULL, "%s %s: use POST", method, url);
@@ -2125,6 +2704,7 @@ static enum MHD_Result route(hreq *r, const char *url, const char *method)
     case 2: return models(r, sub);
     case 3: return plugins_list(r);
     case 4: return health(r);
+    case 6: return embeddings(r);
     default: return metrics(r);
     }
 }
@@ -2142,6 +2722,10 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
         r->h = h;
         r->conn = conn;
         r->refs = 1;                   /* MHD's, dropped in on_completed */
+        r->created = (long long)time(NULL);
+        r->t_begin = now_s();
+        snprintf(r->method, sizeof(r->method), "%s", method ? method : "?");
+        snprintf(r->path, sizeof(r->path), "%s", url ? url : "?");
         pthread_mutex_init(&r->mu, NULL);
         cond_init_monotonic(&r->cv);
         const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
@@ -2180,6 +2764,49 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
     return route(r, url, method);
 }
 
+/* One line per request on stderr (docs/SERVE.md "Request log"): UTC time,
+ * method and path, status ("-" when no answer went out: the client left
+ * first), prompt / completion tokens, milliseconds from the request's
+ * first byte to the end of its answer. Off with rlai_http_params.quiet. */
+static void log_request(hreq *r, enum MHD_RequestTerminationCode toe)
+{
+    if (r->h->quiet)
+        return;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    struct tm tm;
+    gmtime_r(&ts.tv_sec, &tm);
+    int pt = 0, ct = 0;
+    pthread_mutex_lock(&r->mu);
+    if (r->have_gm && !r->n_kids) {      /* a list prompt: the children's */
+        pt = r->gm.prompt_tokens;
+        ct = r->gm.gen_tokens;
+    }
+    pthread_mutex_unlock(&r->mu);
+    for (int i = 0; i < r->n_kids; i++) {
+        pthread_mutex_lock(&r->kids[i]->mu);
+        pt += r->kids[i]->gm.prompt_tokens;
+        ct += r->kids[i]->gm.gen_tokens;
+        pthread_mutex_unlock(&r->kids[i]->mu);
+    }
+    char st[8];
+    if (r->http_status)
+        snprintf(st, sizeof(st), "%d", r->http_status);
+    else
+        snprintf(st, sizeof(st), "-");
+    /* the path is the client's: keep it printable */
+    char path[sizeof(r->path)];
+    size_t i = 0;
+    for (; r->path[i] && i < sizeof(path) - 1; i++)
+        path[i] = r->path[i] > 0x20 && r->path[i] < 0x7f && r->path[i] != '"' ? r->path[i] : '_';
+    path[i] = 0;
+    fprintf(stderr, "rlai http: %04d-%02d-%02dT%02d:%02d:%02d.%03ldZ \"%s %s\" %s prompt_tokens=%d "
+                    "completion_tokens=%d ms=%.1f%s\n",
+            tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000,
+            r->method, path, st, pt, ct, (now_s() - r->t_begin) * 1e3,
+            toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? "" : " (connection ended early)");
+}
+
 static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls, enum MHD_RequestTerminationCode toe)
 {
     rlai_http *h = cls;
@@ -2189,6 +2816,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     if (!r)
         return;
     *con_cls = NULL;
+    log_request(r, toe);
     /* Nobody reads this request's output any more: stop what still runs
      * (a no-op for a request that has finished). */
     end_request(r, toe == MHD_REQUEST_TERMINATED_DAEMON_SHUTDOWN ? END_SHUTDOWN : END_GONE);

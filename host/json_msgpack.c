@@ -4,6 +4,7 @@
 #include "rlai/protocol.h"
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <stdint.h>
@@ -63,16 +64,147 @@ int rlai_json_to_msgpack(const cJSON *v, msgpack_packer *pk)
     return rc < 0 ? rc : 0;
 }
 
+/* ---- msgpack -> JSON ------------------------------------------------------
+ *
+ * cJSON keeps numbers as doubles (printed with 15 digits) and strings as C
+ * strings, so three kinds of value would change on the way through it:
+ * integers of more than 15 digits, strings
+ * holding NUL and maps with a key holding NUL. Those become cJSON "raw"
+ * nodes carrying their exact JSON text (printed as is), written by the small
+ * writer below; everything else is an ordinary cJSON value. Keys have no
+ * length limit. */
+
+typedef struct jbuf {
+    char *p;
+    size_t len, cap;
+    bool oom;
+} jbuf;
+
+static void jb_add(jbuf *b, const char *s, size_t n)
+{
+    if (b->oom)
+        return;
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 64;
+        while (cap < b->len + n + 1)
+            cap *= 2;
+        char *np = realloc(b->p, cap);
+        if (!np) {
+            b->oom = true;
+            return;
+        }
+        b->p = np;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+    b->p[b->len] = 0;
+}
+
+static void jb_str(jbuf *b, const char *s, size_t n)
+{
+    jb_add(b, "\"", 1);
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        char esc[8];
+        if (c == '"' || c == '\\') {
+            esc[0] = '\\';
+            esc[1] = (char)c;
+            jb_add(b, esc, 2);
+        } else if (c < 0x20) {
+            snprintf(esc, sizeof(esc), "\\u%04x", c);
+            jb_add(b, esc, 6);
+        } else {
+            jb_add(b, (const char *)&c, 1);
+        }
+    }
+    jb_add(b, "\"", 1);
+}
+
+/* Exact JSON text of o (what a raw node carries). */
+static void jb_value(jbuf *b, const msgpack_object *o)
+{
+    char num[40];
+    switch (o->type) {
+    case MSGPACK_OBJECT_NIL: jb_add(b, "null", 4); break;
+    case MSGPACK_OBJECT_BOOLEAN: o->via.boolean ? jb_add(b, "true", 4) : jb_add(b, "false", 5); break;
+    case MSGPACK_OBJECT_POSITIVE_INTEGER:
+        jb_add(b, num, (size_t)snprintf(num, sizeof(num), "%llu", (unsigned long long)o->via.u64));
+        break;
+    case MSGPACK_OBJECT_NEGATIVE_INTEGER:
+        jb_add(b, num, (size_t)snprintf(num, sizeof(num), "%lld", (long long)o->via.i64));
+        break;
+    case MSGPACK_OBJECT_FLOAT32:
+    case MSGPACK_OBJECT_FLOAT64:
+        if (isfinite(o->via.f64))
+            jb_add(b, num, (size_t)snprintf(num, sizeof(num), "%.17g", o->via.f64));
+        else
+            jb_add(b, "null", 4);
+        break;
+    case MSGPACK_OBJECT_STR: jb_str(b, o->via.str.ptr, o->via.str.size); break;
+    case MSGPACK_OBJECT_ARRAY:
+        jb_add(b, "[", 1);
+        for (uint32_t i = 0; i < o->via.array.size; i++) {
+            if (i)
+                jb_add(b, ",", 1);
+            jb_value(b, &o->via.array.ptr[i]);
+        }
+        jb_add(b, "]", 1);
+        break;
+    case MSGPACK_OBJECT_MAP:
+        jb_add(b, "{", 1);
+        for (uint32_t i = 0; i < o->via.map.size; i++) {
+            const msgpack_object_kv *kv = &o->via.map.ptr[i];
+            if (i)
+                jb_add(b, ",", 1);
+            if (kv->key.type == MSGPACK_OBJECT_STR) {
+                jb_value(b, &kv->key);
+            } else {
+                jbuf k = { 0 };
+                jb_value(&k, &kv->key);
+                jb_str(b, k.p ? k.p : "", k.len);
+                b->oom |= k.oom;
+                free(k.p);
+            }
+            jb_add(b, ":", 1);
+            jb_value(b, &kv->val);
+        }
+        jb_add(b, "}", 1);
+        break;
+    case MSGPACK_OBJECT_BIN:
+        jb_add(b, num, (size_t)snprintf(num, sizeof(num), "\"<%u bytes>\"", o->via.bin.size));
+        break;
+    default: jb_add(b, "\"<ext>\"", 7); break;
+    }
+}
+
+static cJSON *raw_of(const msgpack_object *o)
+{
+    jbuf b = { 0 };
+    jb_value(&b, o);
+    cJSON *v = b.oom ? NULL : cJSON_CreateRaw(b.p);
+    free(b.p);
+    return v;
+}
+
+/* cJSON prints numbers with 15 significant digits: integers of at most 15
+ * digits print exactly, larger ones go raw. */
+#define EXACT_PRINT_INT 999999999999999ull
+
 cJSON *rlai_msgpack_to_json(const msgpack_object *o)
 {
     switch (o->type) {
     case MSGPACK_OBJECT_NIL: return cJSON_CreateNull();
     case MSGPACK_OBJECT_BOOLEAN: return cJSON_CreateBool(o->via.boolean);
-    case MSGPACK_OBJECT_POSITIVE_INTEGER: return cJSON_CreateNumber((double)o->via.u64);
-    case MSGPACK_OBJECT_NEGATIVE_INTEGER: return cJSON_CreateNumber((double)o->via.i64);
+    case MSGPACK_OBJECT_POSITIVE_INTEGER:
+        return o->via.u64 <= EXACT_PRINT_INT ? cJSON_CreateNumber((double)o->via.u64) : raw_of(o);
+    case MSGPACK_OBJECT_NEGATIVE_INTEGER:
+        return o->via.i64 >= -(int64_t)EXACT_PRINT_INT ? cJSON_CreateNumber((double)o->via.i64) : raw_of(o);
     case MSGPACK_OBJECT_FLOAT32:
     case MSGPACK_OBJECT_FLOAT64: return cJSON_CreateNumber(o->via.f64);
     case MSGPACK_OBJECT_STR: {
+        if (memchr(o->via.str.ptr, 0, o->via.str.size))
+            return raw_of(o);
         char *s = malloc(o->via.str.size + 1);
         if (!s)
             return NULL;
@@ -95,23 +227,29 @@ cJSON *rlai_msgpack_to_json(const msgpack_object *o)
         return a;
     }
     case MSGPACK_OBJECT_MAP: {
+        for (uint32_t i = 0; i < o->via.map.size; i++) {
+            const msgpack_object *k = &o->via.map.ptr[i].key;
+            if (k->type == MSGPACK_OBJECT_STR && memchr(k->via.str.ptr, 0, k->via.str.size))
+                return raw_of(o);       /* a cJSON key cannot hold NUL */
+        }
         cJSON *m = cJSON_CreateObject();
         for (uint32_t i = 0; m && i < o->via.map.size; i++) {
             const msgpack_object_kv *kv = &o->via.map.ptr[i];
-            char key[256];
-            if (kv->key.type == MSGPACK_OBJECT_STR) {
-                size_t n = kv->key.via.str.size < sizeof(key) - 1 ? kv->key.via.str.size : sizeof(key) - 1;
-                memcpy(key, kv->key.via.str.ptr, n);
-                key[n] = 0;
-            } else {
-                msgpack_object_print_buffer(key, sizeof(key), kv->key);
-            }
-            cJSON *v = rlai_msgpack_to_json(&kv->val);
+            jbuf key = { 0 };
+            if (kv->key.type == MSGPACK_OBJECT_STR)
+                jb_add(&key, kv->key.via.str.ptr, kv->key.via.str.size);
+            else
+                jb_value(&key, &kv->key);   /* a non-string key: its JSON text */
+            if (!key.p && !key.oom)
+                jb_add(&key, "", 0);
+            cJSON *v = key.oom ? NULL : rlai_msgpack_to_json(&kv->val);
             if (!v) {
+                free(key.p);
                 cJSON_Delete(m);
                 return NULL;
             }
-            cJSON_AddItemToObject(m, key, v);
+            cJSON_AddItemToObject(m, key.p, v);
+            free(key.p);
         }
         return m;
     }

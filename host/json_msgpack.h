@@ -14,8 +14,11 @@
  * hold a partial value: discard its buffer). */
 int rlai_json_to_msgpack(const cJSON *v, msgpack_packer *pk);
 
-/* The reverse, for printing: maps with non-string keys get the keys'
- * printed form; binary and ext values become strings of their length.
+/* The reverse, for printing: maps with non-string keys get the keys' JSON
+ * text as key; binary and ext values become strings of their length.
+ * Exact when printed: integers of more than 15 digits (any u64 / i64), strings holding
+ * NUL and maps with a key holding NUL become cJSON raw nodes with their
+ * exact JSON text (\u0000 escapes); keys of any length are kept whole.
  * Returns a new cJSON value (caller owns) or NULL when out of memory. */
 cJSON *rlai_msgpack_to_json(const msgpack_object *o);
 

@@ -16,7 +16,8 @@
 #define LABEL_MAX 32
 
 /* Histogram upper bounds (the +Inf bucket is implicit). */
-static const double ttft_bounds[] = { 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000 };
+/* seconds (Prometheus convention: durations in base units) */
+static const double ttft_bounds[] = { 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30 };
 #define N_TTFT (sizeof(ttft_bounds) / sizeof(ttft_bounds[0]))
 static const double tps_bounds[] = { 1, 5, 10, 25, 50, 100, 150, 200, 300, 500, 1000, 2000 };
 #define N_TPS (sizeof(tps_bounds) / sizeof(tps_bounds[0]))
@@ -48,6 +49,8 @@ struct rlai_metrics {
     int n_codes;
     struct { char command[LABEL_MAX * 2]; uint64_t n; } timeouts[MAX_PAIRS];
     int n_timeouts;
+    struct { char command[LABEL_MAX * 2]; char transport[LABEL_MAX]; uint64_t n; } calls[MAX_PAIRS];
+    int n_calls;
     int workers_stuck;
 };
 
@@ -146,6 +149,41 @@ void rlai_metrics_count_plugin_timeout(rlai_metrics *m, const char *command)
     pthread_mutex_unlock(&m->mu);
 }
 
+void rlai_metrics_count_plugin_call(rlai_metrics *m, const char *command, const char *transport)
+{
+    if (!m)
+        return;
+    rlai_metrics_count_request(m, "plugin_call", transport);
+    char name[LABEL_MAX * 2], tr[LABEL_MAX];
+    size_t i = 0;
+    for (; command && command[i] && i < sizeof(name) - 1; i++) {
+        char c = command[i];
+        bool ok = (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_' || c == '.';
+        name[i] = ok ? c : '_';
+    }
+    name[i] = 0;
+    copy_label(tr, transport);
+    pthread_mutex_lock(&m->mu);
+    int k = 0;
+    while (k < m->n_calls && (strcmp(m->calls[k].command, name) || strcmp(m->calls[k].transport, tr)))
+        k++;
+    if (k == m->n_calls) {
+        if (m->n_calls < MAX_PAIRS - 1) {
+            m->n_calls++;
+        } else {
+            k = MAX_PAIRS - 1;     /* the last slot is for everything that did not fit */
+            snprintf(name, sizeof(name), "other");
+            snprintf(tr, sizeof(tr), "other");
+            if (m->n_calls < MAX_PAIRS)
+                m->n_calls = MAX_PAIRS;
+        }
+        memcpy(m->calls[k].command, name, sizeof(name));
+        memcpy(m->calls[k].transport, tr, sizeof(tr));
+    }
+    m->calls[k].n++;
+    pthread_mutex_unlock(&m->mu);
+}
+
 void rlai_metrics_set_plugin_workers_stuck(rlai_metrics *m, int n)
 {
     if (!m)
@@ -221,7 +259,7 @@ void rlai_metrics_observe_generation(rlai_metrics *m, const char *transport, int
         t->drafted_tokens += (uint64_t)(gm->drafted_tokens > 0 ? gm->drafted_tokens : 0);
         t->accepted_tokens += (uint64_t)(gm->accepted_tokens > 0 ? gm->accepted_tokens : 0);
         if (gm->gen_tokens >= 1)
-            hist_add(&t->ttft, ttft_bounds, N_TTFT, gm->ttft_ms);
+            hist_add(&t->ttft, ttft_bounds, N_TTFT, gm->ttft_ms / 1000.0);
         if (gm->gen_tokens >= 2 && gm->decode_tps > 0)
             hist_add(&t->tps, tps_bounds, N_TPS, gm->decode_tps);
     }
@@ -308,6 +346,11 @@ char *rlai_metrics_render(rlai_metrics *m, const rlai_engine_stats *es, double u
         for (int i = 0; i < m->n_codes; i++)
             sb_printf(&b, "rlai_http_responses_total{code=\"%d\"} %llu\n", m->codes[i].code,
                       (unsigned long long)m->codes[i].n);
+        sb_printf(&b, "# HELP rlai_plugin_calls_total Plugin calls received, by command and transport.\n"
+                      "# TYPE rlai_plugin_calls_total counter\n");
+        for (int i = 0; i < m->n_calls; i++)
+            sb_printf(&b, "rlai_plugin_calls_total{command=\"%s\",transport=\"%s\"} %llu\n", m->calls[i].command,
+                      m->calls[i].transport, (unsigned long long)m->calls[i].n);
         sb_printf(&b, "# HELP rlai_plugin_calls_timed_out_total Plugin calls ended with TIMEOUT, by command.\n"
                       "# TYPE rlai_plugin_calls_timed_out_total counter\n");
         for (int i = 0; i < m->n_timeouts; i++)
@@ -329,10 +372,10 @@ char *rlai_metrics_render(rlai_metrics *m, const rlai_engine_stats *es, double u
                              "Speculative draft tokens verified (docs/SPECULATIVE.md).", "counter", drafted_tokens);
         RENDER_PER_TRANSPORT(&b, m, "rlai_spec_accepted_tokens_total",
                              "Speculative draft tokens accepted.", "counter", accepted_tokens);
-        sb_printf(&b, "# HELP rlai_ttft_milliseconds Time to first token (submit to first sampled token).\n"
-                      "# TYPE rlai_ttft_milliseconds histogram\n");
+        sb_printf(&b, "# HELP rlai_ttft_seconds Time to first token (submit to first sampled token).\n"
+                      "# TYPE rlai_ttft_seconds histogram\n");
         for (int i = 0; i < m->n_tr; i++)
-            render_hist(&b, "rlai_ttft_milliseconds", m->tr[i].name, &m->tr[i].ttft, ttft_bounds, N_TTFT);
+            render_hist(&b, "rlai_ttft_seconds", m->tr[i].name, &m->tr[i].ttft, ttft_bounds, N_TTFT);
         sb_printf(&b, "# HELP rlai_decode_tokens_per_second Decode rate of each generation.\n"
                       "# TYPE rlai_decode_tokens_per_second histogram\n");
         for (int i = 0; i < m->n_tr; i++)

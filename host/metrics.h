@@ -36,6 +36,12 @@ void rlai_metrics_count_request(rlai_metrics *m, const char *endpoint, const cha
  * sanitised; past 63 distinct names they count as "other"). m may be NULL. */
 void rlai_metrics_count_plugin_timeout(rlai_metrics *m, const char *command);
 
+/* Counts one plugin call received on `transport` ("http", "ipc"): in
+ * rlai_requests_total{endpoint="plugin_call"} and in
+ * rlai_plugin_calls_total{command,transport} (command sanitised as for
+ * timeouts; past 63 distinct pairs they count as "other"). m may be NULL. */
+void rlai_metrics_count_plugin_call(rlai_metrics *m, const char *command, const char *transport);
+
 /* Sets the gauge of plugin handlers running past their deadline. m may be NULL. */
 void rlai_metrics_set_plugin_workers_stuck(rlai_metrics *m, int n);
 

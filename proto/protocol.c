@@ -383,7 +383,7 @@ enum fid {
     F_CODE, F_NAME, F_MSG,
     F_MAX_TOKENS, F_TEMPERATURE, F_TOP_K, F_TOP_P, F_MIN_P, F_REPEAT_PENALTY,
     F_PRESENCE_PENALTY, F_FREQUENCY_PENALTY, F_SEED, F_IGNORE_EOS, F_TIMEOUT_MS,
-    F_SPEC, F_SPEC_MAX_DRAFT,
+    F_SPEC, F_SPEC_MAX_DRAFT, F_TOP_LOGPROBS,
     F_COUNT
 };
 
@@ -394,14 +394,14 @@ static const char *const field_names[F_COUNT] = {
     "code", "name", "msg",
     "max_tokens", "temperature", "top_k", "top_p", "min_p", "repeat_penalty",
     "presence_penalty", "frequency_penalty", "seed", "ignore_eos", "timeout_ms",
-    "spec", "spec_max_draft",
+    "spec", "spec_max_draft", "top_logprobs",
 };
 
 #define FB(f) (UINT64_C(1) << (f))
 #define GEN_FIELDS (FB(F_MAX_TOKENS) | FB(F_TEMPERATURE) | FB(F_TOP_K) | FB(F_TOP_P) | \
                     FB(F_MIN_P) | FB(F_REPEAT_PENALTY) | FB(F_PRESENCE_PENALTY) |     \
                     FB(F_FREQUENCY_PENALTY) | FB(F_SEED) | FB(F_IGNORE_EOS) | FB(F_TIMEOUT_MS) | \
-                    FB(F_SPEC) | FB(F_SPEC_MAX_DRAFT) | FB(F_STOP))
+                    FB(F_SPEC) | FB(F_SPEC_MAX_DRAFT) | FB(F_TOP_LOGPROBS) | FB(F_STOP))
 
 static uint64_t type_fields(rlai_msg_type t)
 {
@@ -617,6 +617,12 @@ static int decode_gen(dctx *c, const msgpack_object *const *f, rlai_msg_gen *g)
         if (v == 0) return fail(c, RLAI_PE_BAD_REQUEST, "field 'spec_max_draft' must be at least 1");
         g->spec_max_draft = (uint32_t)v;
         g->has_spec_max_draft = true;
+    }
+    if ((o = opt(f[F_TOP_LOGPROBS]))) {
+        uint64_t v = 0;
+        if ((rc = get_u64(c, o, "top_logprobs", RLAI_PROTO_MAX_TOP_LOGPROBS, &v))) return rc;
+        g->top_logprobs = (uint32_t)v;
+        g->has_top_logprobs = true;
     }
     if ((o = opt(f[F_STOP]))) {
         if (o->type != MSGPACK_OBJECT_ARRAY)
@@ -1101,7 +1107,8 @@ static size_t gen_count(const rlai_msg_gen *g)
 {
     return (size_t)g->has_max_tokens + g->has_temperature + g->has_top_k + g->has_top_p + g->has_min_p +
            g->has_repeat_penalty + g->has_presence_penalty + g->has_frequency_penalty + g->has_seed +
-           g->ignore_eos + g->has_timeout_ms + g->has_spec + g->has_spec_max_draft + (g->n_stop > 0);
+           g->ignore_eos + g->has_timeout_ms + g->has_spec + g->has_spec_max_draft + g->has_top_logprobs +
+           (g->n_stop > 0);
 }
 
 static void p_float(enc *e, const char *k, bool has, float v)
@@ -1132,6 +1139,10 @@ static void p_gen(enc *e, const rlai_msg_gen *g)
         p_key(e, "spec_max_draft");
         msgpack_pack_uint32(&e->pk, g->spec_max_draft);
     }
+    if (g->has_top_logprobs) {
+        p_key(e, "top_logprobs");
+        msgpack_pack_uint32(&e->pk, g->top_logprobs);
+    }
     if (g->n_stop) {
         p_key(e, "stop");
         msgpack_pack_array(&e->pk, g->n_stop);
@@ -1145,14 +1156,34 @@ static double finite_or_zero(double v)
 }
 
 static void p_token(enc *e, uint32_t version, uint64_t id, const char *text, size_t len,
-                    const int32_t *tokens, uint32_t n)
+                    const int32_t *tokens, uint32_t n, const rlai_msg_logprob *lp, uint32_t n_lp)
 {
-    p_head(e, 2, version, id, RLAI_MSG_TOKEN);
+    p_head(e, n_lp ? 3 : 2, version, id, RLAI_MSG_TOKEN);
     p_key(e, "text");
     p_str(e, text, len);
     p_key(e, "tokens");
     msgpack_pack_array(&e->pk, n);
     for (uint32_t i = 0; i < n; i++) msgpack_pack_int32(&e->pk, tokens[i]);
+    if (!n_lp) return;
+    /* logprobs: one map per token, {token, logprob, top: [[id, logprob], ...]} */
+    p_key(e, "logprobs");
+    msgpack_pack_array(&e->pk, n_lp);
+    for (uint32_t i = 0; i < n_lp; i++) {
+        msgpack_pack_map(&e->pk, 3);
+        p_key(e, "token");
+        msgpack_pack_int32(&e->pk, lp[i].token);
+        p_key(e, "logprob");
+        msgpack_pack_double(&e->pk, isfinite(lp[i].logprob) ? (double)lp[i].logprob : -9999.0);
+        p_key(e, "top");
+        uint32_t nt = lp[i].n_top < RLAI_PROTO_MAX_TOP_LOGPROBS ? lp[i].n_top : RLAI_PROTO_MAX_TOP_LOGPROBS;
+        msgpack_pack_array(&e->pk, nt);
+        for (uint32_t k = 0; k < nt; k++) {
+            msgpack_pack_array(&e->pk, 2);
+            msgpack_pack_int32(&e->pk, lp[i].top_ids[k]);
+            msgpack_pack_double(&e->pk,
+                                isfinite(lp[i].top_logprobs[k]) ? (double)lp[i].top_logprobs[k] : -9999.0);
+        }
+    }
 }
 
 static void p_done(enc *e, uint32_t version, uint64_t id, const char *stop, const rlai_msg_metrics *mt)
@@ -1260,7 +1291,7 @@ int rlai_proto_encode(const rlai_msg *m, rlai_buf *out)
         break;
     case RLAI_MSG_TOKEN: {
         const char *t = m->u.token.text ? m->u.token.text : "";
-        p_token(&e, v, m->id, t, strlen(t), m->u.token.tokens, m->u.token.n_tokens);
+        p_token(&e, v, m->id, t, strlen(t), m->u.token.tokens, m->u.token.n_tokens, NULL, 0);
         break;
     }
     case RLAI_MSG_RESULT:
@@ -1289,7 +1320,22 @@ int rlai_proto_encode_token(rlai_buf *out, uint64_t id, const char *text, size_t
     if (n_tokens && !tokens) return -RLAI_PE_BAD_REQUEST;
     enc e;
     enc_begin(&e, out);
-    p_token(&e, RLAI_PROTO_VERSION, id, text ? text : "", len, tokens, n_tokens);
+    p_token(&e, RLAI_PROTO_VERSION, id, text ? text : "", len, tokens, n_tokens, NULL, 0);
+    return enc_end(&e);
+}
+
+int rlai_proto_encode_token_lp(rlai_buf *out, uint64_t id, const char *text, size_t len, const int32_t *tokens,
+                               uint32_t n_tokens, const rlai_msg_logprob *lp, uint32_t n_lp)
+{
+    if (!out) return -RLAI_PE_BAD_REQUEST;
+    if (!text && len) return -RLAI_PE_BAD_REQUEST;
+    int rc = check_str(text ? text : "", len, RLAI_PROTO_MAX_STR, false);
+    if (rc) return rc;
+    if (n_tokens > RLAI_PROTO_MAX_TOKENS_ARRAY || n_lp > RLAI_PROTO_MAX_TOKENS_ARRAY) return -RLAI_PE_TOO_LARGE;
+    if ((n_tokens && !tokens) || (n_lp && !lp)) return -RLAI_PE_BAD_REQUEST;
+    enc e;
+    enc_begin(&e, out);
+    p_token(&e, RLAI_PROTO_VERSION, id, text ? text : "", len, tokens, n_tokens, lp, n_lp);
     return enc_end(&e);
 }
 

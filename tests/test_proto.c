@@ -334,7 +334,7 @@ static bool gen_eq(const rlai_msg_gen *a, const rlai_msg_gen *b)
 #define SAME(f) (a->has_##f == b->has_##f && (!a->has_##f || a->f == b->f))
     if (!(SAME(max_tokens) && SAME(temperature) && SAME(top_k) && SAME(top_p) && SAME(min_p) &&
           SAME(repeat_penalty) && SAME(presence_penalty) && SAME(frequency_penalty) && SAME(seed) &&
-          SAME(timeout_ms) && SAME(spec) && SAME(spec_max_draft)))
+          SAME(timeout_ms) && SAME(spec) && SAME(spec_max_draft) && SAME(top_logprobs)))
         return false;
 #undef SAME
     if (a->ignore_eos != b->ignore_eos || a->n_stop != b->n_stop) return false;
@@ -455,12 +455,13 @@ START_TEST(test_roundtrip_every_type)
     g.timeout_ms = UINT32_MAX; g.has_timeout_ms = true;
     g.spec = RLAI_MSG_SPEC_NGRAM; g.has_spec = true;
     g.spec_max_draft = RLAI_PROTO_MAX_DRAFT; g.has_spec_max_draft = true;
+    g.top_logprobs = RLAI_PROTO_MAX_TOP_LOGPROBS; g.has_top_logprobs = true;
     g.stop = stops; g.n_stop = 8;
     m.u.generate.prompt = "Once upon a time";
     m.u.generate.gen = g;
     roundtrip(&m);
     /* every option alone */
-    for (int k = 0; k < 15; k++) {
+    for (int k = 0; k < 16; k++) {
         rlai_msg_gen one = {0};
         switch (k) {
         case 0: one.has_max_tokens = true; one.max_tokens = 0; break;
@@ -477,6 +478,7 @@ START_TEST(test_roundtrip_every_type)
         case 11: one.has_spec = true; one.spec = RLAI_MSG_SPEC_OFF; break;
         case 12: one.has_spec = true; one.spec = RLAI_MSG_SPEC_AUTO; break;
         case 13: one.has_spec_max_draft = true; one.spec_max_draft = 1; break;
+        case 14: one.has_top_logprobs = true; one.top_logprobs = 0; break;
         default: one.stop = stops + 2; one.n_stop = 1; break;
         }
         m.u.generate.gen = one;
@@ -582,6 +584,56 @@ static void expect_same(rlai_buf *a, const rlai_msg *m)
     rlai_buf_free(&b);
     rlai_buf_reset(a);
 }
+
+/* A token frame with "logprobs": decodes as a plain token frame (the C
+ * decoder ignores the field) and carries the entries as documented. */
+START_TEST(test_token_logprobs_frame)
+{
+    rlai_buf b;
+    rlai_buf_init(&b);
+    int32_t t = 42;
+    rlai_msg_logprob lp = { .token = 42, .logprob = -0.25f, .n_top = 2 };
+    lp.top_ids[0] = 42;
+    lp.top_logprobs[0] = -0.25f;
+    lp.top_ids[1] = 7;
+    lp.top_logprobs[1] = -INFINITY;
+    ck_assert_int_eq(rlai_proto_encode_token_lp(&b, 9, "hi", 2, &t, 1, &lp, 1), 0);
+    rlai_msg m;
+    ck_assert_int_eq(dec(b.data, b.len, &m, NULL, 0), 0);
+    ck_assert_int_eq(m.type, RLAI_MSG_TOKEN);
+    ck_assert_uint_eq(m.u.token.n_tokens, 1);
+    rlai_msg_free(&m);
+    msgpack_unpacked up;
+    msgpack_unpacked_init(&up);
+    ck_assert_int_eq(msgpack_unpack_next(&up, (const char *)b.data, b.len, NULL), MSGPACK_UNPACK_SUCCESS);
+    const msgpack_object_map *mp = &up.data.via.map;
+    const msgpack_object *lps = NULL;
+    for (uint32_t i = 0; i < mp->size; i++)
+        if (mp->ptr[i].key.via.str.size == 8 && !memcmp(mp->ptr[i].key.via.str.ptr, "logprobs", 8))
+            lps = &mp->ptr[i].val;
+    ck_assert_ptr_nonnull(lps);
+    ck_assert_uint_eq(lps->via.array.size, 1);
+    const msgpack_object_map *e = &lps->via.array.ptr[0].via.map;
+    ck_assert_uint_eq(e->size, 3);
+    ck_assert_int_eq((int)e->ptr[0].val.via.u64, 42);
+    ck_assert(fabs(e->ptr[1].val.via.f64 + 0.25) < 1e-9);
+    const msgpack_object *top = &e->ptr[2].val;
+    ck_assert_uint_eq(top->via.array.size, 2);
+    ck_assert_int_eq((int)top->via.array.ptr[1].via.array.ptr[0].via.u64, 7);
+    ck_assert(top->via.array.ptr[1].via.array.ptr[1].via.f64 == -9999.0);
+    msgpack_unpacked_destroy(&up);
+    /* no entries: exactly the plain encoder's bytes */
+    rlai_buf a;
+    rlai_buf_init(&a);
+    rlai_buf_reset(&b);
+    ck_assert_int_eq(rlai_proto_encode_token_lp(&b, 9, "hi", 2, &t, 1, NULL, 0), 0);
+    ck_assert_int_eq(rlai_proto_encode_token(&a, 9, "hi", 2, &t, 1), 0);
+    ck_assert_uint_eq(a.len, b.len);
+    ck_assert_mem_eq(a.data, b.data, a.len);
+    rlai_buf_free(&a);
+    rlai_buf_free(&b);
+}
+END_TEST
 
 START_TEST(test_convenience_encoders)
 {
@@ -1242,6 +1294,8 @@ GEN1(spec_draft, 165, "spec", s(p, "draft"))
 GEN1(spec_int, 166, "spec", u(p, 2))
 GEN1(spec_max_draft_0, 167, "spec_max_draft", u(p, 0))
 GEN1(spec_max_draft_17, 168, "spec_max_draft", u(p, 17))
+GEN1(top_logprobs_21, 169, "top_logprobs", u(p, 21))
+GEN1(top_logprobs_negative, 170, "top_logprobs", i64(p, -1))
 BC(stop_9) {
     head(p, 2, 54, "generate"); s(p, "prompt"); s(p, "x");
     s(p, "stop"); msgpack_pack_array(&p->pk, 9);
@@ -1425,6 +1479,8 @@ static const bad_case bad_cases[] = {
     C(spec_int, R, 166, GENERATE),
     C(spec_max_draft_0, R, 167, GENERATE),
     C(spec_max_draft_17, R, 168, GENERATE),
+    C(top_logprobs_21, R, 169, GENERATE),
+    C(top_logprobs_negative, R, 170, GENERATE),
     C(stop_9, L, 54, GENERATE),
     C(stop_257_bytes, L, 55, GENERATE),
     C(chat_no_messages, R, 60, CHAT),
@@ -1542,6 +1598,7 @@ static Suite *proto_suite(void)
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_roundtrip_every_type);
     tcase_add_test(tc, test_convenience_encoders);
+    tcase_add_test(tc, test_token_logprobs_frame);
     tcase_add_test(tc, test_encoder_rejects);
     tcase_add_test(tc, test_accepted_variants);
     tcase_add_test(tc, test_limits_boundaries);

@@ -540,6 +540,59 @@ START_TEST(test_speed)
 }
 END_TEST
 
+
+/* rlai_logprobs_compute: log-softmax of raw logits, top-N in order with
+ * ties to the lower id, NaN as -inf, clamps. */
+START_TEST(test_logprobs_compute)
+{
+    enum { N = 300 };
+    float lg[N];
+    double sum = 0;
+    for (int i = 0; i < N; i++) {
+        lg[i] = (float)((i * 37) % 101) / 10.0f - 3.0f;
+        sum += exp((double)lg[i]);
+    }
+    lg[7] = NAN;
+    sum -= exp((double)((7 * 37) % 101) / 10.0 - 3.0);
+    lg[200] = lg[100] = 9.0f;          /* a tie for the best */
+    sum = 0;
+    for (int i = 0; i < N; i++)
+        if (!isnan(lg[i]))
+            sum += exp((double)lg[i]);
+    double lse = log(sum);
+    rlai_token_logprobs lp;
+    rlai_logprobs_compute(lg, N, 42, 5, &lp);
+    ck_assert_int_eq(lp.token, 42);
+    ck_assert(fabs(lp.logprob - (lg[42] - lse)) < 1e-5);
+    ck_assert_int_eq(lp.n_top, 5);
+    ck_assert_int_eq(lp.top_ids[0], 100);
+    ck_assert_int_eq(lp.top_ids[1], 200);
+    for (int k = 0; k < 5; k++) {
+        ck_assert(fabs(lp.top_logprobs[k] - (lg[lp.top_ids[k]] - lse)) < 1e-5);
+        if (k)
+            ck_assert(lp.top_logprobs[k] <= lp.top_logprobs[k - 1]);
+    }
+    /* the 5 best by brute force */
+    for (int k = 2; k < 5; k++) {
+        int better = 0;
+        for (int i = 0; i < N; i++)
+            if (!isnan(lg[i]) && lg[i] > lg[lp.top_ids[k]])
+                better++;
+        ck_assert_int_le(better, k);
+    }
+    rlai_logprobs_compute(lg, N, 7, 0, &lp);        /* a NaN token: -inf */
+    ck_assert(isinf(lp.logprob) && lp.logprob < 0);
+    ck_assert_int_eq(lp.n_top, 0);
+    rlai_logprobs_compute(lg, N, 1, 99, &lp);       /* clamped to the maximum */
+    ck_assert_int_eq(lp.n_top, RLAI_MAX_TOP_LOGPROBS);
+    rlai_logprobs_compute(lg, 3, 1, 10, &lp);       /* and to n_vocab */
+    ck_assert_int_eq(lp.n_top, 3);
+    float ninf[4] = { -INFINITY, -INFINITY, -INFINITY, -INFINITY };
+    rlai_logprobs_compute(ninf, 4, 2, 2, &lp);
+    ck_assert(isinf(lp.logprob) && isinf(lp.top_logprobs[0]));
+}
+END_TEST
+
 static Suite *sampler_suite(void)
 {
     Suite *s = suite_create("sampler");
@@ -557,6 +610,7 @@ static Suite *sampler_suite(void)
     tcase_add_test(tc, test_penalty_window);
     tcase_add_test(tc, test_nonfinite);
     tcase_add_test(tc, test_speed);
+    tcase_add_test(tc, test_logprobs_compute);
     suite_add_tcase(s, tc);
     return s;
 }

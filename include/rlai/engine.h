@@ -169,6 +169,39 @@ typedef struct rlai_sampler_params {
     uint64_t seed;         /* RNG seed */
 } rlai_sampler_params;
 
+/* Log-probabilities of generated tokens (rlai_gen_params.top_logprobs).
+ * Distribution: the log-softmax of the model's RAW logits for that
+ * position -- before repetition/presence/frequency penalties, temperature,
+ * top-k/top-p/min-p -- as llama-server and vLLM report by default; so a
+ * token sampled at temperature 0.8 is reported with its temperature-1
+ * probability. NaN logits count as -inf. top_ids / top_logprobs hold the
+ * n_top most probable ids in descending order (ties: lower id first); the
+ * sampled token need not be among them. */
+#define RLAI_MAX_TOP_LOGPROBS 20
+typedef struct rlai_token_logprobs {
+    rlai_token token;          /* the sampled (emitted) token */
+    float logprob;             /* its log-probability (natural log, <= 0) */
+    int n_top;                 /* entries in top_ids / top_logprobs */
+    rlai_token top_ids[RLAI_MAX_TOP_LOGPROBS];
+    float top_logprobs[RLAI_MAX_TOP_LOGPROBS];
+} rlai_token_logprobs;
+
+/* Called on the stepping thread once per emitted token, just before the
+ * token callback of the same token (not for an end-of-generation token
+ * that ends the request). *lp is valid during the call only. */
+typedef void (*rlai_logprobs_cb)(void *user, const rlai_token_logprobs *lp);
+
+/* Product sampling defaults, used by every front end (HTTP, CLI, wire
+ * protocol, SDK docs, LoreMaster's fallback): docs/DEFAULTS.md says why.
+ * rlai_gen_params_init() stays greedy (the engine's neutral default for
+ * tests and embedders); rlai_sampler_params_product() applies these. */
+#define RLAI_DEFAULT_TEMPERATURE 0.8f
+#define RLAI_DEFAULT_TOP_K 40
+#define RLAI_DEFAULT_TOP_P 0.95f
+#define RLAI_DEFAULT_MIN_P 0.05f
+#define RLAI_DEFAULT_REPEAT_PENALTY 1.0f
+#define RLAI_DEFAULT_MAX_TOKENS 256
+
 typedef struct rlai_gen_params {
     rlai_sampler_params sampling;
     int max_tokens;                 /* 0 = until context end */
@@ -180,10 +213,25 @@ typedef struct rlai_gen_params {
                                        RLAI_STOP_TIMEOUT (status 0, text so far kept) */
     rlai_spec_mode spec;            /* AUTO = engine's setting; OFF / NGRAM override it */
     int spec_max_draft;             /* 0 = engine's; else 1..16 (lowers or raises the cap) */
+    int top_logprobs;               /* -1 = off (default); 0..RLAI_MAX_TOP_LOGPROBS: report
+                                       each emitted token's logprob and this many top
+                                       alternatives through on_logprobs (needs on_logprobs;
+                                       speculative drafting is off for such a request) */
+    rlai_logprobs_cb on_logprobs;   /* NULL = no logprobs */
+    void *logprobs_user;            /* passed to on_logprobs */
 } rlai_gen_params;
 
-/* Defaults: greedy, penalties off, max_tokens 256, no stop strings. */
+/* Defaults: greedy, penalties off, max_tokens 256, no stop strings,
+ * no logprobs. */
 void rlai_gen_params_init(rlai_gen_params *p);
+
+/* Sets the product sampling defaults (RLAI_DEFAULT_*: temperature 0.8,
+ * top_k 40, top_p 0.95, min_p 0.05, penalties off) and `seed`. */
+void rlai_sampler_params_product(rlai_sampler_params *s, uint64_t seed);
+
+/* A fresh seed for one request: wall clock, a process-wide counter and the
+ * pid mixed (not predictable across requests). Thread-safe. */
+uint64_t rlai_fresh_seed(void);
 
 typedef enum rlai_stop_reason {
     RLAI_STOP_NONE = 0,
@@ -344,6 +392,26 @@ void rlai_engine_set_prefix_cache(rlai_engine *e, bool on);
  * tokens (same thread rules). */
 int rlai_engine_pin_prefix(rlai_engine *e, const rlai_token *toks, int n);
 int rlai_engine_unpin_prefix(rlai_engine *e, const rlai_token *toks, int n);
+
+/* Embeddings (docs/SERVE.md, /v1/embeddings). The hidden state is the
+ * model's final-norm output (after the last RMSNorm, before the LM head),
+ * one n_embd vector per position. */
+typedef enum rlai_pooling {
+    RLAI_POOL_MEAN = 0,   /* mean over every position (BOS included when present) */
+    RLAI_POOL_LAST = 1,   /* the last position's vector */
+} rlai_pooling;
+
+/* Evaluates `n` tokens as one fresh sequence (no prefix cache, nothing
+ * kept) and writes the pooled hidden state to out (caller-owned, n_embd
+ * floats, see rlai_model_info), L2-normalised to length 1 when normalize
+ * is true (as OpenAI returns embeddings). Thread-safe: it runs between two
+ * scheduler steps (as rlai_engine_pin_prefix; never from an engine
+ * callback) and never takes KV blocks admitted requests may still need
+ * (RLAI_ERR_BUSY when the pool is short now). Returns 0,
+ * RLAI_ERR_INVALID_ARG (bad ids, n <= 0, bad pooling),
+ * RLAI_ERR_CONTEXT_FULL (n >= context), RLAI_ERR_BUSY or RLAI_ERR_NOMEM. */
+int rlai_engine_embed(rlai_engine *e, const rlai_token *toks, int n, rlai_pooling pooling, bool normalize,
+                      float *out);
 
 /* Evaluates `n` tokens as one fresh sequence and writes the logits of every
  * position into `logits` (caller-owned, n * n_vocab floats, row-major).

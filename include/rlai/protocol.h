@@ -31,6 +31,7 @@
 #define RLAI_PROTO_MAX_STOPS 8                 /* stop strings */
 #define RLAI_PROTO_MAX_STOP_LEN 256
 #define RLAI_PROTO_MAX_TOKENS_ARRAY 65536      /* ids in one token/result frame */
+#define RLAI_PROTO_MAX_TOP_LOGPROBS 20         /* "top_logprobs" option, alternatives per token */
 #define RLAI_PROTO_MAX_CALL_TIMEOUT_MS 86400000u /* call "timeout_ms" (one day) */
 #define RLAI_PROTO_MAX_DEPTH 16                /* array/map nesting in any field value (result "data") */
 
@@ -83,6 +84,8 @@ typedef struct rlai_msg_gen {
     uint32_t timeout_ms;           bool has_timeout_ms;   /* 0 = none */
     int32_t spec;                  bool has_spec;         /* "spec": RLAI_MSG_SPEC_* */
     uint32_t spec_max_draft;       bool has_spec_max_draft; /* 1..RLAI_PROTO_MAX_DRAFT */
+    uint32_t top_logprobs;         bool has_top_logprobs;   /* 0..RLAI_PROTO_MAX_TOP_LOGPROBS: token
+                                                               frames carry "logprobs" */
     char **stop;                   /* n_stop strings */
     uint32_t n_stop;
 } rlai_msg_gen;
@@ -91,6 +94,16 @@ typedef struct rlai_msg_chat_message {
     char *role;
     char *content;
 } rlai_msg_chat_message;
+
+/* One token's log-probabilities in a token frame's "logprobs" (PROTOCOL.md
+ * 6.1): the raw-logit log-softmax of the token and of the n_top best ids. */
+typedef struct rlai_msg_logprob {
+    int32_t token;
+    float logprob;
+    uint32_t n_top;
+    int32_t top_ids[RLAI_PROTO_MAX_TOP_LOGPROBS];
+    float top_logprobs[RLAI_PROTO_MAX_TOP_LOGPROBS];
+} rlai_msg_logprob;
 
 typedef struct rlai_msg_metrics {
     double queue_ms, ttft_ms, prefill_tps, decode_tps;
@@ -140,6 +153,10 @@ void rlai_msg_free(rlai_msg *m);
 int rlai_proto_encode(const rlai_msg *m, rlai_buf *out);
 
 /* Convenience encoders for the daemon's hot path (no rlai_msg needed). */
+/* As rlai_proto_encode_token, with a "logprobs" array of n_lp entries
+ * (borrowed; none when n_lp is 0). -inf logprobs are written as -9999. */
+int rlai_proto_encode_token_lp(rlai_buf *out, uint64_t id, const char *text, size_t len, const int32_t *tokens,
+                               uint32_t n_tokens, const rlai_msg_logprob *lp, uint32_t n_lp);
 int rlai_proto_encode_token(rlai_buf *out, uint64_t id, const char *text, size_t len,
                             const int32_t *tokens, uint32_t n_tokens);
 int rlai_proto_encode_done(rlai_buf *out, uint64_t id, const char *stop, const rlai_msg_metrics *m);

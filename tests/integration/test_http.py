@@ -409,7 +409,7 @@ def test_metrics_format_and_growth(engine):
     before = engine.metrics()
     t = before["types"]
     assert t["rlai_requests_total"] == "counter"
-    assert t["rlai_ttft_milliseconds"] == "histogram"
+    assert t["rlai_ttft_seconds"] == "histogram"
     assert t["rlai_decode_tokens_per_second"] == "histogram"
     assert t["rlai_kv_blocks"] == "gauge"
     for state in ("total", "used", "cached", "pinned", "free"):
@@ -436,13 +436,16 @@ def test_metrics_format_and_growth(engine):
     # A histogram: cumulative buckets ending in +Inf == _count, and a _sum.
     s = after["samples"]
     buckets = sorted(((float(dict(k[1])["le"]), v) for k, v in s.items()
-                      if k[0] == "rlai_ttft_milliseconds_bucket" and dict(k[1])["transport"] == "http"))
+                      if k[0] == "rlai_ttft_seconds_bucket" and dict(k[1])["transport"] == "http"))
     assert buckets[-1][0] == float("inf")
     assert all(a[1] <= b[1] for a, b in zip(buckets, buckets[1:]))
-    count = sample(after, "rlai_ttft_milliseconds_count", transport="http")
+    count = sample(after, "rlai_ttft_seconds_count", transport="http")
     assert buckets[-1][1] == count >= 1
-    assert sample(after, "rlai_ttft_milliseconds_sum", transport="http") > 0
-    grew("rlai_ttft_milliseconds_count", 2, transport="http")
+    assert sample(after, "rlai_ttft_seconds_sum", transport="http") > 0
+    grew("rlai_ttft_seconds_count", 2, transport="http")
+    # seconds, not milliseconds: a 135M model's first token takes well under 60 s
+    assert 0 < sample(after, "rlai_ttft_seconds_sum", transport="http") < 60 * count
+    assert ("rlai_ttft_seconds_bucket", frozenset({("transport", "http"), ("le", "0.005")})) in s
     grew("rlai_decode_tokens_per_second_count", 2, transport="http")
     # The repeated prompt reused the prefix cache, as its usage says.
     assert r2.usage.prompt_tokens_details.cached_tokens > 0
@@ -555,6 +558,36 @@ def test_plugin_routes(engine, plugin_dir):
     j = json.loads(body)
     assert st == 200 and j["usage"]["completion_tokens"] == j["results"][0]["gen_tokens"]
     assert j["text"] == j["results"][0]["text"]
+
+    # Plugin calls count in rlai_requests_total and per command, on both transports.
+    before = engine.metrics()
+    engine.request("POST", "/v1/plugins/good.echo", {"x": 1})
+    engine.request("POST", "/v1/plugins/good.echo", {"x": 2})
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(60)
+    s.connect(str(engine.sock_path))
+    payload = msgpack.packb({"v": 1, "id": 3, "type": "call", "command": "good.echo", "params": "{}"})
+    s.sendall(struct.pack(">I", len(payload)) + payload)
+    buf, end = b"", None
+    while end is None:
+        chunk = s.recv(65536)
+        assert chunk
+        buf += chunk
+        while end is None and len(buf) >= 4 and len(buf) >= 4 + struct.unpack(">I", buf[:4])[0]:
+            n = struct.unpack(">I", buf[:4])[0]
+            f = msgpack.unpackb(buf[4:4 + n], raw=False)
+            buf = buf[4 + n:]
+            if f["type"] in ("done", "error"):
+                end = f
+    s.close()
+    assert end["type"] == "done", end
+    after = engine.metrics()
+    assert after["types"]["rlai_plugin_calls_total"] == "counter"
+    d = lambda name, **lb: sample(after, name, **lb) - sample(before, name, **lb)  # noqa: E731
+    assert d("rlai_plugin_calls_total", command="good.echo", transport="http") == 2
+    assert d("rlai_plugin_calls_total", command="good.echo", transport="ipc") == 1
+    assert d("rlai_requests_total", endpoint="plugin_call", transport="http") == 2
+    assert d("rlai_requests_total", endpoint="plugin_call", transport="ipc") == 1
 
 
 @pytest.fixture(scope="module")

@@ -63,6 +63,15 @@ class Engine:
             f"logits file has {a.size} floats, expected {len(ids)} x {n_vocab}"
         return a.reshape(len(ids), n_vocab).astype(np.float64)
 
+    def embed(self, model, ids, out_dir, n_embd, pooling="mean", precise=True, isa=None):
+        out = Path(out_dir) / f"embed-{os.getpid()}-{len(ids)}-{pooling}-{int(precise)}.bin"
+        self.run(model, *self._opts(precise, isa), "--tokens", " ".join(map(str, ids)),
+                 "--embed", pooling, "--out", out)
+        a = np.fromfile(out, dtype="<f4")
+        out.unlink()
+        assert a.size == n_embd, f"embedding file has {a.size} floats, expected {n_embd}"
+        return a.astype(np.float64)
+
     def greedy(self, model, ids, n, precise=True, isa=None):
         p = self.run(model, *self._opts(precise, isa), "--tokens", " ".join(map(str, ids)),
                      "--greedy", n)

@@ -185,10 +185,11 @@ class RefModel:
     def new_cache(self) -> KVCache:
         return KVCache(k=[None] * self.n_layer, v=[None] * self.n_layer, n=0)
 
-    def forward(self, tokens, cache: KVCache | None = None, last_only=False):
+    def forward(self, tokens, cache: KVCache | None = None, last_only=False, hidden=False):
         """Evaluate tokens (appended after what the cache holds).
 
-        Returns logits (T, n_vocab) float64, or (n_vocab,) for last_only."""
+        Returns logits (T, n_vocab) float64, or (n_vocab,) for last_only;
+        with hidden=True the final-norm hidden states (T, n_embd) instead."""
         tokens = np.asarray(tokens, dtype=np.int64)
         T = len(tokens)
         if T == 0:
@@ -248,6 +249,8 @@ class RefModel:
         if last_only:
             x = x[-1:]
         x = self._rmsnorm(x, self.out_norm)
+        if hidden:
+            return x[0] if last_only else x
         logits = self._mm(x, self.output)
         return logits[0] if last_only else logits
 

@@ -192,6 +192,29 @@ def test_real_fast(engine, real_ref, real_model_path, work_dir, name):
     assert gaps.max() < FAST_GREEDY_GAP
 
 
+def ref_embedding(ref, ids, pooling):
+    h = ref.forward(ids, hidden=True)
+    v = h.mean(axis=0) if pooling == "mean" else h[-1]
+    return v / np.linalg.norm(v)
+
+
+@pytest.mark.parametrize("pooling", ["mean", "last"])
+def test_real_embedding(engine, real_ref, real_model_path, work_dir, pooling):
+    """rlai_engine_embed (precise): the pooled, L2-normalised final-norm hidden
+    state equals the float64 reference's; fast mode within a looser bound."""
+    c = real_case(engine, real_ref, real_model_path, "raw_story")
+    ref = ref_embedding(real_ref, c["ids"], pooling)
+    got = engine.embed(real_model_path, c["ids"], work_dir, real_ref.n_embd, pooling, precise=True)
+    err = np.linalg.norm(got - ref)
+    fast = engine.embed(real_model_path, c["ids"], work_dir, real_ref.n_embd, pooling, precise=False)
+    ferr = np.linalg.norm(fast - ref)
+    report(f"real embedding {pooling}: precise L2 diff {err:.2e}, fast {ferr:.2e}, "
+           f"norm {np.linalg.norm(got):.6f}")
+    assert abs(np.linalg.norm(got) - 1) < 1e-5
+    assert err < 1e-3, err
+    assert ferr < 0.1, ferr
+
+
 # ============================================================ tiny models
 TINY = standard_specs()
 

@@ -4,6 +4,8 @@
  *       writes the logits of every position: n * n_vocab float32 LE, row-major
  *   rlai-logits MODEL [opts] --tokens "ID ..." --greedy N
  *       prints N greedily generated ids (EOS does not stop generation)
+ *   rlai-logits MODEL [opts] --tokens "ID ..." --embed mean|last --out FILE
+ *       writes the pooled, L2-normalised final-norm hidden state: n_embd float32 LE
  *   rlai-logits MODEL --tokenize "TEXT"
  *       prints the prompt ids (special tokens parsed, BOS if the model wants it)
  * Exit status 0 on success, 1 with a message on stderr otherwise. */
@@ -70,6 +72,7 @@ int main(int argc, char **argv)
     rlai_engine_params_init(&ep);
     const char *tokens = NULL, *outfile = NULL, *text = NULL;
     int greedy = 0;
+    const char *embed = NULL;
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -99,6 +102,9 @@ int main(int argc, char **argv)
             i++;
         } else if (!strcmp(a, "--greedy") && v) {
             greedy = atoi(v);
+            i++;
+        } else if (!strcmp(a, "--embed") && v) {
+            embed = v;
             i++;
         } else if (!strcmp(a, "--tokenize") && v) {
             text = v;
@@ -160,6 +166,27 @@ int main(int argc, char **argv)
     }
     rlai_model_info mi;
     rlai_engine_info(e, &mi);
+    if (embed) {
+        rlai_pooling pool = !strcmp(embed, "last") ? RLAI_POOL_LAST : RLAI_POOL_MEAN;
+        logits = malloc(sizeof(float) * (size_t)mi.n_embd);
+        if (!logits)
+            goto out;
+        rc = rlai_engine_embed(e, ids, n, pool, true, logits);
+        if (rc < 0) {
+            fprintf(stderr, "rlai-logits: embed: %s\n", rlai_strerror(rc));
+            goto out;
+        }
+        FILE *ef = fopen(outfile, "wb");
+        if (!ef || fwrite(logits, sizeof(float), (size_t)mi.n_embd, ef) != (size_t)mi.n_embd) {
+            fprintf(stderr, "rlai-logits: cannot write %s\n", outfile);
+            if (ef)
+                fclose(ef);
+            goto out;
+        }
+        fclose(ef);
+        status = 0;
+        goto out;
+    }
     logits = malloc(sizeof(float) * (size_t)n * (size_t)mi.n_vocab);
     if (!logits) {
         fprintf(stderr, "rlai-logits: out of memory\n");

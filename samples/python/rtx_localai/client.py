@@ -57,6 +57,7 @@ class Stream(Iterator[str]):
         self.kind: str = kind                #: generate, chat, call or the request type
         self.command: str = command          #: the command, for calls
         self.tokens: List[int] = []          #: token ids received so far
+        self.logprobs: List[Dict[str, Any]] = []  #: per-token logprobs so far (top_logprobs=N)
         self.results: List[Any] = []         #: data of the result frames received so far
         self.stop: Optional[str] = None      #: done.stop once ended successfully
         self.metrics: Optional[Metrics] = None  #: done.metrics once ended (if sent)
@@ -89,6 +90,13 @@ class Stream(Iterator[str]):
                 toks = f.get("tokens")
                 if isinstance(toks, list):
                     self.tokens.extend(x for x in toks if isinstance(x, int))
+                lps = f.get("logprobs")
+                if isinstance(lps, list):
+                    for e in lps:
+                        if isinstance(e, dict):
+                            top = [tuple(p) for p in e.get("top", []) if isinstance(p, list) and len(p) == 2]
+                            self.logprobs.append({"token": e.get("token"), "logprob": e.get("logprob"),
+                                                  "top": top})
                 if isinstance(text, str) and text:
                     self._parts.append(text)
                     return text
@@ -129,7 +137,7 @@ class Stream(Iterator[str]):
             pass
         if self.kind in ("generate", "chat"):
             return Generation(id=self.id, text=self.text, stop=self.stop or "", metrics=self.metrics,
-                              tokens=list(self.tokens))
+                              tokens=list(self.tokens), logprobs=list(self.logprobs))
         return CallResult(id=self.id, command=self.command, results=list(self.results), text=self.text,
                           stop=self.stop or "", metrics=self.metrics)
 
@@ -396,8 +404,9 @@ class RTXLocalAIClient:
         ``ignore_eos`` (bool), ``timeout_ms`` (wall-clock limit, stop
         ``"timeout"`` when it ends the generation), ``spec`` (``"off"``,
         ``"ngram"`` or ``"auto"``: speculative decoding), ``spec_max_draft``
-        (1..16), ``stop`` (a str or up to 8 strs). An unknown option raises
-        TypeError."""
+        (1..16), ``top_logprobs`` (0..20: per-token logprobs in
+        ``Stream.logprobs`` / ``Generation.logprobs``), ``stop`` (a str or up
+        to 8 strs). An unknown option raises TypeError."""
         return self._stream("generate", {"prompt": prompt, **opts}, timeout)
 
     def generate(self, prompt: str, *, timeout: Any = _UNSET, **opts: Any) -> Generation:

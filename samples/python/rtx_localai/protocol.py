@@ -49,6 +49,7 @@ GEN_OPTIONS: Tuple[Tuple[str, str], ...] = (
     ("timeout_ms", "uint32"),
     ("spec", "spec"),
     ("spec_max_draft", "draft"),
+    ("top_logprobs", "toplp"),
     ("stop", "strs"),
 )
 SPEC_MODES = ("off", "ngram", "auto")
@@ -131,6 +132,8 @@ def gen_fields(opts: Mapping[str, Any]) -> List[Tuple[str, Any]]:
                                     if v in ("draft", "self") else ""))
         elif kind == "draft":
             v = _int(name, v, 1, 16)
+        elif kind == "toplp":
+            v = _int(name, v, 0, 20)
         elif kind == "bool":
             if not isinstance(v, bool):
                 raise TypeError(f"{name} must be a bool, not {type(v).__name__}")

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional
 
 __all__ = ["Metrics", "Generation", "CallResult", "STOP_REASONS"]
 
@@ -55,6 +55,10 @@ class Generation:
     stop: str                       #: why it ended: eog, max_tokens, stop_string, context, cancelled, timeout
     metrics: Optional[Metrics]      #: the done frame's metrics (None if the engine sent none)
     tokens: List[int] = field(default_factory=list)  #: token ids, in order
+    #: with ``top_logprobs=N``: one dict per generated token, ``{"token": id,
+    #: "logprob": float, "top": [(id, logprob), ...]}`` (raw-logit
+    #: log-softmax, natural log; PROTOCOL.md 6.1); empty otherwise
+    logprobs: List[Dict[str, Any]] = field(default_factory=list)
 
     @property
     def cancelled(self) -> bool:

@@ -353,3 +353,18 @@ def test_speculative_decoding_option(client):
         client.chat(task, spec="draft")
     with pytest.raises(ValueError):
         client.chat(task, spec_max_draft=0)
+
+
+def test_top_logprobs_per_token(client):
+    g = client.generate("The capital of France is", max_tokens=6, temperature=0, ignore_eos=True, top_logprobs=3)
+    assert len(g.logprobs) == len(g.tokens) == 6
+    for tok, e in zip(g.tokens, g.logprobs):
+        assert e["token"] == tok and e["logprob"] <= 0
+        assert len(e["top"]) == 3
+        lps = [lp for _, lp in e["top"]]
+        assert lps == sorted(lps, reverse=True)
+        assert e["top"][0][0] == tok and abs(e["top"][0][1] - e["logprob"]) < 1e-6   # greedy: the best
+    plain = client.generate("The capital of France is", max_tokens=6, temperature=0, ignore_eos=True)
+    assert plain.tokens == g.tokens and plain.logprobs == []
+    with pytest.raises(ValueError):
+        client.generate("x", top_logprobs=21)

@@ -1,0 +1,29 @@
+/* logprobs.h - OpenAI "logprobs" objects from the engine's per-token
+ * log-probabilities (rlai_token_logprobs, engine.h), for the HTTP front.
+ *
+ * Token text is the token's own bytes (special tokens as their text);
+ * "token" strings are those bytes with invalid UTF-8 (a token that ends
+ * mid-character) replaced by U+FFFD, "bytes" the exact bytes. A logprob of
+ * -inf is written as -9999.0 (OpenAI's convention; JSON has no -inf). */
+#ifndef RLAI_HOST_LOGPROBS_H
+#define RLAI_HOST_LOGPROBS_H
+
+#include <cjson/cJSON.h>
+#include <stddef.h>
+#include "rlai/engine.h"
+
+/* Appends one chat entry per token to `content` (a cJSON array, borrowed):
+ * {token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}. Returns
+ * 0 or RLAI_ERR_NOMEM. */
+int rlai_logprobs_chat_append(const rlai_engine *e, const rlai_token_logprobs *lp, int n, cJSON *content);
+
+/* A legacy-completions object for n tokens: {tokens, token_logprobs,
+ * top_logprobs: [{token: logprob}], text_offset}. *offset is the character
+ * offset of the first token in the choice's text and is advanced past the
+ * n tokens. Returns a new object (caller owns) or NULL when out of memory. */
+cJSON *rlai_logprobs_completion_json(const rlai_engine *e, const rlai_token_logprobs *lp, int n, size_t *offset);
+
+/* The number of UTF-8 characters (non-continuation bytes) in s[0..n). */
+size_t rlai_utf8_chars(const char *s, size_t n);
+
+#endif

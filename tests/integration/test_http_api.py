@@ -1,0 +1,291 @@
+"""OpenAI API coverage of the HTTP front with the `openai` client: logprobs
+(chat and completions, streamed and not), /v1/embeddings, per-request
+"created", completions "echo"."""
+import base64
+import json
+import math
+import time
+
+import numpy as np
+import pytest
+
+from test_http import HELLO, MODEL_ID, Engine, error_of, openai  # noqa: F401  (shared helpers)
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    e = Engine(tmp_path_factory.mktemp("http-api"))
+    yield e
+    rc = e.stop()
+    assert rc == 0, e.read_log()
+
+
+# ---------------------------------------------------------------- logprobs
+
+def check_chat_entries(content, n_top):
+    assert content, "no logprobs entries"
+    for ent in content:
+        assert ent.logprob <= 0
+        assert bytes(ent.bytes).decode("utf-8", errors="replace") == ent.token
+        assert len(ent.top_logprobs) == n_top
+        tl = [t.logprob for t in ent.top_logprobs]
+        assert tl == sorted(tl, reverse=True)
+        assert sum(math.exp(v) for v in tl) <= 1 + 1e-4
+        # the sampled token is never more probable than the best alternative
+        if n_top:
+            assert ent.logprob <= tl[0] + 1e-5
+
+
+def test_chat_logprobs_greedy(engine):
+    c = engine.client()
+    r = c.chat.completions.create(model=MODEL_ID, messages=HELLO, max_tokens=12, temperature=0,
+                                  logprobs=True, top_logprobs=4)
+    ch = r.choices[0]
+    content = ch.logprobs.content
+    assert len(content) == r.usage.completion_tokens
+    check_chat_entries(content, 4)
+    # greedy: each token is the most probable one, and the texts add up
+    for ent in content:
+        assert ent.token == ent.top_logprobs[0].token
+        assert abs(ent.logprob - ent.top_logprobs[0].logprob) < 1e-6
+    assert "".join(e.token for e in content) == ch.message.content
+    # the same request without logprobs gives the same text, and logprobs null
+    r2 = c.chat.completions.create(model=MODEL_ID, messages=HELLO, max_tokens=12, temperature=0)
+    assert r2.choices[0].message.content == ch.message.content
+    assert r2.choices[0].logprobs is None
+
+
+def test_chat_logprobs_streamed_equal_blocking(engine):
+    c = engine.client()
+    kw = dict(model=MODEL_ID, messages=HELLO, max_tokens=10, temperature=0.9, seed=1234,
+              logprobs=True, top_logprobs=2)
+    r = c.chat.completions.create(**kw)
+    got = []
+    text = ""
+    for ch in c.chat.completions.create(stream=True, **kw):
+        if ch.choices and ch.choices[0].logprobs and ch.choices[0].logprobs.content:
+            got += ch.choices[0].logprobs.content
+        if ch.choices and ch.choices[0].delta.content:
+            text += ch.choices[0].delta.content
+    want = r.choices[0].logprobs.content
+    assert text == r.choices[0].message.content
+    assert [e.token for e in got] == [e.token for e in want]
+    assert all(abs(a.logprob - b.logprob) < 1e-5 for a, b in zip(got, want))
+    check_chat_entries(got, 2)
+
+
+def test_chat_logprobs_errors(engine):
+    for body, param in [({"logprobs": "yes"}, "logprobs"),
+                        ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+                        ({"top_logprobs": 2}, "top_logprobs")]:
+        st, _, raw = engine.request("POST", "/v1/chat/completions",
+                                    dict(messages=HELLO, max_tokens=2, **body))
+        assert st == 400, raw
+        assert error_of(raw)["param"] == param
+
+
+def test_completions_logprobs(engine):
+    c = engine.client()
+    r = c.completions.create(model=MODEL_ID, prompt="The capital of France is", max_tokens=8,
+                             temperature=0, logprobs=3)
+    lp = r.choices[0].logprobs
+    n = r.usage.completion_tokens
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == n
+    assert "".join(lp.tokens) == r.choices[0].text
+    assert lp.text_offset[0] == 0
+    for i in range(1, n):
+        assert lp.text_offset[i] == lp.text_offset[i - 1] + len(lp.tokens[i - 1])
+    for tok, v, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+        assert 1 <= len(top) <= 3
+        assert v <= 0
+        assert abs(max(top.values()) - v) < 1e-6     # greedy picks the best
+    # streamed: the same arrays, offsets continuing across chunks
+    toks, offs = [], []
+    for ch in c.completions.create(model=MODEL_ID, prompt="The capital of France is", max_tokens=8,
+                                   temperature=0, logprobs=3, stream=True):
+        if ch.choices and ch.choices[0].logprobs:
+            toks += ch.choices[0].logprobs.tokens
+            offs += ch.choices[0].logprobs.text_offset
+    assert toks == lp.tokens and offs == lp.text_offset
+
+
+# ---------------------------------------------------------------- created, echo
+
+def test_created_is_request_time(engine):
+    c = engine.client()
+    time.sleep(1.2)
+    t0 = int(time.time())
+    r = c.chat.completions.create(model=MODEL_ID, messages=HELLO, max_tokens=2, temperature=0)
+    assert t0 <= r.created <= int(time.time())
+    chunks = list(c.completions.create(model=MODEL_ID, prompt="Hi", max_tokens=2, stream=True))
+    assert all(t0 <= ch.created <= int(time.time()) for ch in chunks)
+
+
+def test_completions_echo(engine):
+    c = engine.client()
+    prompt = "Once upon a time"
+    plain = c.completions.create(model=MODEL_ID, prompt=prompt, max_tokens=6, temperature=0)
+    r = c.completions.create(model=MODEL_ID, prompt=prompt, max_tokens=6, temperature=0, echo=True)
+    assert r.choices[0].text == prompt + plain.choices[0].text
+    s = "".join(ch.choices[0].text for ch in c.completions.create(
+        model=MODEL_ID, prompt=prompt, max_tokens=6, temperature=0, echo=True, stream=True) if ch.choices)
+    assert s == r.choices[0].text
+    st, _, raw = engine.request("POST", "/v1/completions", {"prompt": prompt, "echo": True, "logprobs": 1})
+    assert st == 400 and "not implemented" in error_of(raw)["message"]
+
+
+# ---------------------------------------------------------------- embeddings
+
+def cos(a, b):
+    return float(np.dot(a, b) / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+def test_embeddings_openai_client(engine):
+    c = engine.client()
+    texts = ["The cat sat on the mat.", "A cat was sitting on the mat.", "Quarterly revenue grew by 4 percent."]
+    r = c.embeddings.create(model=MODEL_ID, input=texts)
+    assert r.object == "list" and r.model == MODEL_ID
+    assert [d.index for d in r.data] == [0, 1, 2]
+    v = [np.array(d.embedding) for d in r.data]
+    assert all(len(x) == 576 for x in v)
+    assert all(abs(np.linalg.norm(x) - 1) < 1e-5 for x in v)
+    assert cos(v[0], v[1]) > cos(v[0], v[2])
+    # batch equals singles
+    for t, x in zip(texts, v):
+        one = np.array(c.embeddings.create(model=MODEL_ID, input=t).data[0].embedding)
+        assert np.max(np.abs(one - x)) < 1e-6
+    assert r.usage.prompt_tokens == r.usage.total_tokens > 10
+    # base64 (the openai client's default when numpy is around): same floats
+    st, _, raw = engine.request("POST", "/v1/embeddings", {"input": texts[0], "encoding_format": "base64"})
+    assert st == 200, raw
+    b = np.frombuffer(base64.b64decode(json.loads(raw)["data"][0]["embedding"]), dtype="<f4")
+    assert np.max(np.abs(b - v[0])) < 1e-6
+    # token ids: the same as the text's tokens
+    st, _, raw = engine.request("POST", "/v1/embeddings", {"input": [[1, 2, 3]]})
+    assert st == 200 and json.loads(raw)["usage"]["prompt_tokens"] == 3
+    two = c.embeddings.create(model=MODEL_ID, input=[[1, 2, 3], [4, 5]])
+    assert len(two.data) == 2 and two.usage.prompt_tokens == 5
+    one = c.embeddings.create(model=MODEL_ID, input=[1, 2, 3])
+    assert np.max(np.abs(np.array(one.data[0].embedding) - np.array(two.data[0].embedding))) < 1e-6
+
+
+def test_embeddings_errors(engine):
+    cases = [({}, "input"), ({"input": ""}, "input"), ({"input": []}, "input"), ({"input": [1.5]}, "input"),
+             ({"input": [[99999999]]}, "input"), ({"input": "x", "dimensions": 8}, "dimensions"),
+             ({"input": "x", "encoding_format": "hex"}, "encoding_format"), ({"input": {"a": 1}}, "input"),
+             ({"input": "x", "pooling": "max"}, "pooling")]
+    for body, param in cases:
+        st, _, raw = engine.request("POST", "/v1/embeddings", body)
+        assert st == 400, (body, raw)
+        assert error_of(raw)["param"] == param, (body, raw)
+    st, _, raw = engine.request("POST", "/v1/embeddings", {"input": "x", "model": "nope"})
+    assert st == 404
+    st, _, raw = engine.request("POST", "/v1/embeddings", {"input": "x", "dimensions": 576})
+    assert st == 200
+    st, _, raw = engine.request("GET", "/v1/embeddings")
+    assert st == 405
+
+
+def test_embeddings_while_generating(engine):
+    """Embeddings run between scheduler steps: the same vector while streams
+    are decoding, and the streams' greedy text unchanged."""
+    c = engine.client()
+    base = np.array(c.embeddings.create(model=MODEL_ID, input="hello world").data[0].embedding)
+    want = c.chat.completions.create(model=MODEL_ID, messages=HELLO, max_tokens=40, temperature=0,
+                                     ).choices[0].message.content
+    import threading
+    out = []
+
+    def gen():
+        out.append(c.chat.completions.create(model=MODEL_ID, messages=HELLO, max_tokens=40,
+                                             temperature=0).choices[0].message.content)
+    ts = [threading.Thread(target=gen) for _ in range(2)]
+    for t in ts:
+        t.start()
+    vecs = [np.array(c.embeddings.create(model=MODEL_ID, input="hello world").data[0].embedding)
+            for _ in range(5)]
+    for t in ts:
+        t.join()
+    assert out == [want, want]
+    for v in vecs:
+        assert np.max(np.abs(v - base)) < 1e-5
+
+
+# ---------------------------------------------------------------- list prompts
+
+def test_completions_list_prompt(engine):
+    c = engine.client()
+    prompts = ["The capital of France is", "1, 2, 3, 4,", "Once upon a time"]
+    singles = [c.completions.create(model=MODEL_ID, prompt=p, max_tokens=6, temperature=0).choices[0].text
+               for p in prompts]
+    r = c.completions.create(model=MODEL_ID, prompt=prompts, max_tokens=6, temperature=0)
+    assert [ch.index for ch in r.choices] == [0, 1, 2]
+    assert [ch.text for ch in r.choices] == singles
+    assert all(ch.finish_reason in ("stop", "length") for ch in r.choices)
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+    # token-id lists, with echo and logprobs per choice
+    ids = [[1, 504, 3575], [1, 28, 30]]
+    r2 = c.completions.create(model=MODEL_ID, prompt=ids, max_tokens=3, temperature=0, logprobs=1)
+    assert len(r2.choices) == 2 and all(len(ch.logprobs.tokens) >= 1 for ch in r2.choices)
+    e = c.completions.create(model=MODEL_ID, prompt=prompts[:2], max_tokens=4, temperature=0, echo=True)
+    assert [ch.text[:len(p)] for ch, p in zip(e.choices, prompts)] == prompts[:2]
+    # streamed: chunks carry their index; the texts add up to the same
+    texts = {0: "", 1: "", 2: ""}
+    fins = {}
+    for ch in c.completions.create(model=MODEL_ID, prompt=prompts, max_tokens=6, temperature=0, stream=True,
+                                   stream_options={"include_usage": True}):
+        for x in ch.choices:
+            texts[x.index] += x.text
+            if x.finish_reason:
+                fins[x.index] = x.finish_reason
+        if ch.usage:
+            assert ch.usage.completion_tokens == r.usage.completion_tokens
+    assert [texts[i] for i in range(3)] == singles
+    assert sorted(fins) == [0, 1, 2]
+    st, _, raw = engine.request("POST", "/v1/completions", {"prompt": ["a", 5], "max_tokens": 2})
+    assert st == 400 and "prompt[1]" in error_of(raw)["message"]
+    st, _, raw = engine.request("POST", "/v1/completions", {"prompt": ["a"] * 17, "max_tokens": 2})
+    assert st == 400
+
+
+# ---------------------------------------------------------------- 64-bit seeds
+
+def test_seed_keeps_64_bits(engine):
+    """2^53 and 2^53 + 1 are the same double: read from the text they are two
+    seeds. The same seed reproduces; out-of-range seeds are refused."""
+    c = engine.client()
+
+    def gen(seed):
+        return c.completions.create(model=MODEL_ID, prompt="Once upon a time", max_tokens=24, temperature=1.5,
+                                    top_p=1, seed=seed, extra_body={"top_k": 0, "min_p": 0}).choices[0].text
+    a, b = gen(2 ** 53), gen(2 ** 53 + 1)
+    assert a != b
+    assert gen(2 ** 53 + 1) == b
+    assert gen(2 ** 64 - 1) != gen(2 ** 64 - 2)
+    assert gen(-1) == gen(2 ** 64 - 1)        # two's complement
+    for bad in (2 ** 64, -(2 ** 63) - 1, 1.5, "7"):
+        st, _, raw = engine.request("POST", "/v1/completions", {"prompt": "x", "max_tokens": 1, "seed": bad})
+        assert st == 400 and error_of(raw)["param"] == "seed", (bad, raw)
+
+
+# ---------------------------------------------------------------- request log
+
+def test_request_log_lines(engine):
+    import re
+    c = engine.client()
+    r = c.completions.create(model=MODEL_ID, prompt="Hello there", max_tokens=3, temperature=0)
+    st, _, _ = engine.request("POST", "/v1/completions", {"prompt": "x", "max_tokens": 0})
+    assert st == 400
+    st, _, _ = engine.request("GET", "/v1/no-such-route-xyz")
+    assert st == 404
+    time.sleep(0.3)
+    log = engine.read_log()
+    line_re = re.compile(r'^rlai http: \d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z "(\S+) (\S+)" (\d{3}|-) '
+                         r'prompt_tokens=(\d+) completion_tokens=(\d+) ms=([0-9.]+)', re.M)
+    lines = line_re.findall(log)
+    ok = [m for m in lines if m[1] == "/v1/completions" and m[2] == "200"
+          and int(m[3]) == r.usage.prompt_tokens and int(m[4]) == r.usage.completion_tokens]
+    assert ok, log[-3000:]
+    assert float(ok[-1][5]) > 0
+    assert any(m[1] == "/v1/completions" and m[2] == "400" for m in lines)
+    assert any(m[0] == "GET" and m[1] == "/v1/no-such-route-xyz" and m[2] == "404" for m in lines)
