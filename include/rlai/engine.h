@@ -22,6 +22,7 @@ extern "C" {
 #endif
 
 #include "rlai/error.h"
+#include "rlai/grammar.h"
 
 typedef int32_t rlai_token;
 typedef struct rlai_engine rlai_engine;
@@ -180,6 +181,13 @@ typedef struct rlai_gen_params {
                                        RLAI_STOP_TIMEOUT (status 0, text so far kept) */
     rlai_spec_mode spec;            /* AUTO = engine's setting; OFF / NGRAM override it */
     int spec_max_draft;             /* 0 = engine's; else 1..16 (lowers or raises the cap) */
+    const rlai_grammar *grammar;    /* NULL = free text; else every sampled token keeps
+                                       the output a prefix of a sentence of the grammar,
+                                       end-of-generation is allowed only when the text is
+                                       complete and generation stops (RLAI_STOP_EOG) when
+                                       nothing can follow. Speculative drafting is off for
+                                       the request. The engine takes its own reference at
+                                       submit: the caller may unref it afterwards. */
 } rlai_gen_params;
 
 /* Defaults: greedy, penalties off, max_tokens 256, no stop strings. */
