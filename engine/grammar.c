@@ -262,6 +262,8 @@ typedef struct memo_ent {
 typedef struct sc {
     rlai_grammar *g;
     const cJSON *root;
+    const cJSON *scopes[G_MAX_SCHEMA_DEPTH + 2];   /* enclosing schemas holding $defs / definitions */
+    int n_scopes;
     char *err;
     size_t errlen;
     memo_ent *memo;
@@ -753,14 +755,24 @@ static int compile_type(sc *c, const cJSON *s, const char *type, int depth)
     return sc_fail(c, RLAI_ERR_INVALID_ARG, "unknown JSON Schema type '%s'", type);
 }
 
+/* "#/$defs/NAME" is looked up in the innermost enclosing schema that has
+ * the name in its $defs (so a schema embedded in another one, as tool
+ * parameters are in the tool-call grammar, keeps its own $defs), then in
+ * the document root. */
 static const cJSON *resolve_ref(sc *c, const char *ref)
 {
     const char *pre[] = { "#/$defs/", "#/definitions/" };
     for (int i = 0; i < 2; i++) {
         size_t n = strlen(pre[i]);
         if (!strncmp(ref, pre[i], n) && ref[n] && !strchr(ref + n, '/')) {
-            const cJSON *defs = cJSON_GetObjectItemCaseSensitive(c->root, i ? "definitions" : "$defs");
-            return defs ? cJSON_GetObjectItemCaseSensitive(defs, ref + n) : NULL;
+            for (int k = c->n_scopes - 1; k >= -1; k--) {
+                const cJSON *sch = k >= 0 ? c->scopes[k] : c->root;
+                const cJSON *defs = cJSON_GetObjectItemCaseSensitive(sch, i ? "definitions" : "$defs");
+                const cJSON *t = defs ? cJSON_GetObjectItemCaseSensitive(defs, ref + n) : NULL;
+                if (t)
+                    return t;
+            }
+            return NULL;
         }
     }
     if (!strcmp(ref, "#"))
@@ -790,12 +802,26 @@ static int memo_add(sc *c, const cJSON *n, int rule)
     return 0;
 }
 
+static int compile_node(sc *c, const cJSON *s, int depth);
+
 static int compile(sc *c, const cJSON *s, int depth)
+{
+    if (depth > G_MAX_SCHEMA_DEPTH)
+        return sc_fail(c, RLAI_ERR_TOO_LARGE, "schema nested deeper than %d levels", G_MAX_SCHEMA_DEPTH);
+    bool scope = cJSON_IsObject(s) && (cJSON_GetObjectItemCaseSensitive(s, "$defs") ||
+                                       cJSON_GetObjectItemCaseSensitive(s, "definitions"));
+    if (scope)
+        c->scopes[c->n_scopes++] = s;
+    int r = compile_node(c, s, depth);
+    if (scope)
+        c->n_scopes--;
+    return r;
+}
+
+static int compile_node(sc *c, const cJSON *s, int depth)
 {
     rlai_grammar *g = c->g;
     int rc;
-    if (depth > G_MAX_SCHEMA_DEPTH)
-        return sc_fail(c, RLAI_ERR_TOO_LARGE, "schema nested deeper than %d levels", G_MAX_SCHEMA_DEPTH);
     if (cJSON_IsTrue(s) || (cJSON_IsObject(s) && !s->child)) {
         if ((rc = value_rules(c)) < 0)
             return rc;
@@ -906,7 +932,35 @@ static int compile(sc *c, const cJSON *s, int depth)
     return c->r_value;
 }
 
+/* root' ::= ws{0..4} root | [^{ \t\n\r] any* | () */
+static int or_text(rlai_grammar *g, int root)
+{
+    int r = rule_new(g), rc;
+    if (r < 0)
+        return r;
+    gseq q = { 0 };
+    seq_rep(&q, set_of(g, " \n\t"), 0, 4);
+    seq_ref(&q, root);
+    if ((rc = rule_alt(g, r, &q)) < 0)
+        return rc;
+    uint64_t first[4] = { ~0ull, ~0ull, ~0ull, ~0ull };
+    first['{' >> 6] &= ~(1ull << ('{' & 63));
+    first[0] &= ~((1ull << ' ') | (1ull << '\n') | (1ull << '\t') | (1ull << '\r'));
+    uint64_t all[4] = { ~0ull, ~0ull, ~0ull, ~0ull };
+    seq_set(&q, set_add(g, first));
+    seq_rep(&q, set_add(g, all), 0, G_INF);
+    if ((rc = rule_alt(g, r, &q)) < 0 || (rc = rule_alt(g, r, &q)) < 0)
+        return rc;
+    return r;
+}
+
 int rlai_grammar_from_json_schema(const char *schema, size_t len, rlai_grammar **out, char *err, size_t errlen)
+{
+    return rlai_grammar_from_json_schema_flags(schema, len, 0, out, err, errlen);
+}
+
+int rlai_grammar_from_json_schema_flags(const char *schema, size_t len, unsigned flags, rlai_grammar **out,
+                                        char *err, size_t errlen)
 {
     if (err && errlen)
         err[0] = 0;
@@ -926,6 +980,8 @@ int rlai_grammar_from_json_schema(const char *schema, size_t len, rlai_grammar *
     c.g = grammar_new();
     c.r_value = c.r_string = c.r_number = c.r_integer = c.r_object = c.r_array = c.r_int = -1;
     int rc = c.g ? compile(&c, root, 0) : RLAI_ERR_NOMEM;
+    if (rc >= 0 && (flags & RLAI_GRAMMAR_OR_TEXT))
+        rc = or_text(c.g, rc);
     if (rc < 0 && c.err && c.errlen && !c.err[0])
         sc_fail(&c, rc, "%s", rlai_strerror(rc));
     if (rc >= 0)
@@ -1389,6 +1445,7 @@ struct rlai_gvocab {
     int32_t *dup;                /* next token with the same bytes, or -1 */
     uint32_t *eog;               /* bitset */
     uint32_t *plain;             /* bitset: every byte printable ASCII, not '"' or '\' */
+    uint32_t *any;               /* bitset: every token with bytes (not EOG) */
     trie all, nonplain;
 };
 
@@ -1479,11 +1536,12 @@ int rlai_gvocab_create(const rlai_tokenizer *tk, rlai_gvocab **out)
     v->dup = malloc(sizeof(int32_t) * (size_t)n);
     v->eog = calloc((size_t)v->words, sizeof(uint32_t));
     v->plain = calloc((size_t)v->words, sizeof(uint32_t));
+    v->any = calloc((size_t)v->words, sizeof(uint32_t));
     size_t cap = (size_t)n * 8 + 64, used = 0;
     v->blob = malloc(cap);
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)n);
     int32_t *np = malloc(sizeof(int32_t) * (size_t)n);
-    int rc = v->off && v->len && v->dup && v->eog && v->plain && v->blob && ids && np ? 0 : RLAI_ERR_NOMEM;
+    int rc = v->off && v->len && v->dup && v->eog && v->plain && v->any && v->blob && ids && np ? 0 : RLAI_ERR_NOMEM;
     int n_ids = 0, n_np = 0;
     for (int t = 0; rc == 0 && t < n; t++) {
         v->dup[t] = -1;
@@ -1520,6 +1578,7 @@ int rlai_gvocab_create(const rlai_tokenizer *tk, rlai_gvocab **out)
         qsort(ids, (size_t)n_ids, sizeof(int32_t), tok_cmp);
         sort_v = NULL;
         for (int i = 0; i < n_ids; i++) {
+            v->any[ids[i] >> 5] |= 1u << (ids[i] & 31);
             if (tok_plain(v, ids[i]))
                 v->plain[ids[i] >> 5] |= 1u << (ids[i] & 31);
             else
@@ -1561,6 +1620,7 @@ void rlai_gvocab_free(rlai_gvocab *v)
     free(v->dup);
     free(v->eog);
     free(v->plain);
+    free(v->any);
     free(v->all.n);
     free(v->nonplain.n);
     free(v);
@@ -1628,14 +1688,20 @@ int rlai_grammar_matcher_mask(rlai_grammar_matcher *m, const rlai_gvocab *v, uin
     /* Inside an unbounded string every plain token is text: take them all
      * at once and walk only the tokens holding a quote, backslash, control
      * or non-ASCII byte. */
-    bool in_str = false;
-    for (int i = 0; i < m->st->n && !in_str; i++) {
+    bool in_str = false, any = false;
+    for (int i = 0; i < m->st->n && !any; i++) {
         const gframe *h = m->st->h[i];
         const gelem *e = &m->g->el[h->ei];
-        in_str = e->kind == GE_STR && h->aux == 0 && e->b == G_INF;
+        in_str |= e->kind == GE_STR && h->aux == 0 && e->b == G_INF;
+        /* free text (RLAI_GRAMMAR_OR_TEXT): every byte, without end */
+        any = e->kind == GE_REP && e->b == G_INF && h->cnt >= e->a && m->g->sets[e->set][0] == ~0ull &&
+              m->g->sets[e->set][1] == ~0ull && m->g->sets[e->set][2] == ~0ull && m->g->sets[e->set][3] == ~0ull;
     }
     int rc;
-    if (in_str) {
+    if (any) {
+        memcpy(mask, v->any, sizeof(uint32_t) * (size_t)v->words);
+        rc = 0;
+    } else if (in_str) {
         memcpy(mask, v->plain, sizeof(uint32_t) * (size_t)v->words);
         rc = walk(m, v, &v->nonplain, mask);
     } else {

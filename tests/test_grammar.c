@@ -144,6 +144,24 @@ START_TEST(schema_objects_and_types)
     ck_assert(acc(g, "\"x\""));
     rlai_grammar_unref(g);
 
+    /* or-text (tool_choice auto): a call, or text not starting with '{' */
+    const char *call = "{\"properties\":{\"name\":{\"const\":\"f\"}},\"required\":[\"name\"]}";
+    ck_assert_int_eq(rlai_grammar_from_json_schema_flags(call, strlen(call), RLAI_GRAMMAR_OR_TEXT, &g, NULL, 0), 0);
+    ck_assert(acc(g, "{\"name\":\"f\"}"));
+    ck_assert(acc(g, "\n {\"name\":\"f\"}"));
+    ck_assert(acc(g, "Hello {\"name\":\"g\"} \xff"));
+    ck_assert(acc(g, ""));
+    ck_assert(!acc(g, "{\"name\":\"g\"}"));
+    ck_assert(!acc(g, " hello"));
+    rlai_grammar_unref(g);
+
+    /* nested $defs (tool parameters inside a wrapper) resolve in their own scope */
+    g = schema("{\"properties\":{\"args\":{\"$defs\":{\"u\":{\"enum\":[\"c\",\"f\"]}},\"properties\":"
+               "{\"unit\":{\"$ref\":\"#/$defs/u\"}},\"required\":[\"unit\"]}},\"required\":[\"args\"]}");
+    ck_assert(acc(g, "{\"args\":{\"unit\":\"f\"}}"));
+    ck_assert(!acc(g, "{\"args\":{\"unit\":\"k\"}}"));
+    rlai_grammar_unref(g);
+
     /* property names are escaped */
     g = schema("{\"properties\":{\"a\\\"b\":{\"type\":\"integer\"}},\"required\":[\"a\\\"b\"]}");
     ck_assert(acc(g, "{\"a\\\"b\":1}"));
@@ -285,6 +303,12 @@ START_TEST(fast_mask_equals_brute_force)
                "\"required\":[\"name\",\"kind\",\"xs\"]}");
     for (int r = 0; r < 4; r++)
         walk_compare(g, 40);
+    rlai_grammar_unref(g);
+    const char *call = "{\"properties\":{\"name\":{\"const\":\"get_weather\"},\"arguments\":{\"type\":\"object\"}},"
+                       "\"required\":[\"name\",\"arguments\"]}";
+    ck_assert_int_eq(rlai_grammar_from_json_schema_flags(call, strlen(call), RLAI_GRAMMAR_OR_TEXT, &g, NULL, 0), 0);
+    for (int r = 0; r < 4; r++)
+        walk_compare(g, 12);
     rlai_grammar_unref(g);
 }
 END_TEST

@@ -37,6 +37,14 @@ typedef struct rlai_grammar rlai_grammar;
 int rlai_grammar_from_json_schema(const char *schema, size_t len, rlai_grammar **out,
                                   char *err, size_t errlen);
 
+/* As rlai_grammar_from_json_schema, with flags:
+ * RLAI_GRAMMAR_OR_TEXT: the schema's JSON (after at most 4 whitespace
+ * bytes), or any text whose first byte is not '{' or whitespace, or
+ * nothing (tool_choice "auto": the model answers in text or calls). */
+#define RLAI_GRAMMAR_OR_TEXT 1u
+int rlai_grammar_from_json_schema_flags(const char *schema, size_t len, unsigned flags, rlai_grammar **out,
+                                        char *err, size_t errlen);
+
 /* The generic grammar of response_format json_object: any JSON object.
  * *out owns a new grammar. Returns 0 or RLAI_ERR_NOMEM. */
 int rlai_grammar_json_object(rlai_grammar **out);
