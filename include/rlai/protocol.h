@@ -96,6 +96,8 @@ typedef struct rlai_msg_gen {
     uint32_t spec_max_draft;       bool has_spec_max_draft; /* 1..RLAI_PROTO_MAX_DRAFT */
     char **stop;                   /* n_stop strings */
     uint32_t n_stop;
+    char *response_format;         /* JSON text of an OpenAI response_format object
+                                      (docs/STRUCTURED.md), or NULL; owned */
 } rlai_msg_gen;
 
 typedef struct rlai_msg_chat_message {
