@@ -10,6 +10,7 @@
 #include "model.h"
 #include "sampler.h"
 #include "spec.h"
+#include "grammar.h"
 #include "textstream.h"
 #include "threadpool.h"
 #include "tokenizer.h"
@@ -60,6 +61,9 @@ typedef struct rlai_req {
     bool lp_ready;               /* lp holds the token sampled this step */
     float *lp_raw;               /* n_vocab: raw logits copied before sampling */
     rlai_token_logprobs lp;
+    rlai_grammar_matcher *gm;    /* gen.grammar's matcher, or NULL */
+    uint32_t *gmask;             /* allowed tokens of this step (bitset) */
+    int gerr;                    /* mask failure of this step (< 0), else 0 */
 } rlai_req;
 
 
@@ -95,6 +99,8 @@ struct rlai_engine {
     float *step_logits;          /* max_running rows of n_vocab */
     int step_logits_rows;
     rlai_engine_stats stats;     /* snapshot, under qmu */
+    pthread_mutex_t gv_mu;       /* guards building gvocab */
+    rlai_gvocab *gvocab;         /* token bytes and tries for grammars (built on first use) */
 };
 
 static double now_ms(void)
@@ -210,6 +216,7 @@ int rlai_engine_open(const char *path, const rlai_engine_params *params,
     pthread_mutex_init(&e->qmu, NULL);
     pthread_cond_init(&e->qcv, NULL);
     pthread_mutex_init(&e->step_mu, NULL);
+    pthread_mutex_init(&e->gv_mu, NULL);
     if (params)
         e->params = *params;
     else
@@ -355,6 +362,8 @@ void rlai_engine_close(rlai_engine *e)
     free(e->step_logits);
     pthread_mutex_destroy(&e->qmu);
     pthread_mutex_destroy(&e->step_mu);
+    pthread_mutex_destroy(&e->gv_mu);
+    rlai_gvocab_free(e->gvocab);
     pthread_cond_destroy(&e->qcv);
     rlai_model_ctx_free(e->mctx);
     rlai_kv_cache_destroy(e->kv);
@@ -522,6 +531,8 @@ static void req_free(rlai_engine *e, rlai_req *r)
         return;
     rlai_kv_seq_release(e->kv, &r->seq);
     rlai_sampler_free(r->smp);
+    rlai_grammar_matcher_free(r->gm);
+    free(r->gmask);
     rlai_textstream_free(r->ts);
     free(r->lp_raw);
     if (r->stops)
@@ -595,6 +606,17 @@ int rlai_engine_submit(rlai_engine *e, const rlai_request_params *rp, uint64_t *
         rc = rlai_sampler_create(&r->gp.sampling, hp->n_vocab, &r->smp);
     if (rc == 0)
         rc = rlai_textstream_create(r->gp.stop, &r->ts);
+    if (rc == 0 && rp->gen.grammar) {
+        pthread_mutex_lock(&e->gv_mu);
+        if (!e->gvocab)
+            rc = rlai_gvocab_create(e->tok, &e->gvocab);
+        pthread_mutex_unlock(&e->gv_mu);
+        if (rc == 0)
+            rc = rlai_grammar_matcher_create(rp->gen.grammar, &r->gm);
+        if (rc == 0 && !(r->gmask = malloc(sizeof(uint32_t) * (size_t)rlai_gvocab_mask_words(e->gvocab))))
+            rc = RLAI_ERR_NOMEM;
+        r->gp.grammar = NULL;   /* the matcher holds the reference */
+    }
     if (rc < 0) {
         req_free(e, r);
         return rc;
@@ -791,12 +813,34 @@ static void admit(rlai_engine *e, rlai_req **finished)
  * RNG, candidates and history), so rows are sampled on the thread pool and
  * the result is the same as sampling them one after the other. */
 typedef struct sample_job {
+    const rlai_gvocab *gv;
     rlai_req **rows;
     const float *logits;
     size_t n_vocab;
     int n_rows;
     int32_t *out;
 } sample_job;
+
+/* Grammar: logits of tokens the grammar refuses become -inf before the
+ * sampling chain. Returns the allowed count or a negative error (in r->gerr). */
+static int grammar_mask(const rlai_gvocab *gv, rlai_req *r, float *lg, size_t n_vocab)
+{
+    int c = rlai_grammar_matcher_mask(r->gm, gv, r->gmask);
+    if (c <= 0) {
+        r->gerr = c < 0 ? c : RLAI_ERR_INVALID_ARG;
+        return r->gerr;
+    }
+    const uint32_t *mk = r->gmask;
+    for (size_t t = 0; t < n_vocab; t++)
+        if (!((mk[t >> 5] >> (t & 31)) & 1))
+            lg[t] = -INFINITY;
+    return c;
+}
+
+static bool grammar_allows(const rlai_req *r, int32_t tok)
+{
+    return tok >= 0 && ((r->gmask[tok >> 5] >> (tok & 31)) & 1);
+}
 
 static void sample_rows(void *arg, int ith, int nth)
 {
@@ -806,6 +850,10 @@ static void sample_rows(void *arg, int ith, int nth)
         float *lg = (float *)j->logits + (size_t)r->row0 * j->n_vocab;
         if (r->lp_on)
             memcpy(r->lp_raw, lg, sizeof(float) * j->n_vocab);   /* the sampler modifies lg */
+        if (r->gm && grammar_mask(j->gv, r, lg, j->n_vocab) < 0) {
+            j->out[i] = -1;
+            continue;
+        }
         j->out[i] = r->n_draft > 0 ? rlai_sampler_sample_draft(r->smp, lg, r->draft[0])
                                    : rlai_sampler_sample(r->smp, lg);
         if (r->lp_on) {
@@ -820,6 +868,25 @@ static void req_sample(rlai_engine *e, rlai_req *r, int32_t tok)
 {
     if (r->t_first == 0)
         r->t_first = now_ms();
+    if (r->gm) {
+        if (tok >= 0 && !grammar_allows(r, tok)) {
+            /* every allowed logit was -inf: take the first allowed token */
+            int32_t t = 0, nv = rlai_gvocab_n_vocab(e->gvocab);
+            while (t < nv && !grammar_allows(r, t))
+                t++;
+            tok = t < nv ? t : -1;
+        }
+        int grc = tok < 0 ? (r->gerr ? r->gerr : RLAI_ERR_INVALID_ARG)
+                          : rlai_grammar_matcher_accept_token(r->gm, e->gvocab, tok);
+        if (grc < 0) {
+            req_finish(e, r, RLAI_STOP_NONE, grc);
+            return;
+        }
+        if (rlai_tokenizer_is_eog(e->tok, tok)) {   /* allowed only when complete */
+            req_finish(e, r, RLAI_STOP_EOG, 0);
+            return;
+        }
+    }
     if (!r->gp.ignore_eos && rlai_tokenizer_is_eog(e->tok, tok)) {
         req_finish(e, r, RLAI_STOP_EOG, 0);
         return;
@@ -856,6 +923,8 @@ static void req_sample(rlai_engine *e, rlai_req *r, int32_t tok)
     }
     if (stopped)
         req_finish(e, r, RLAI_STOP_STRING, 0);
+    else if (r->gm && rlai_grammar_matcher_done(r->gm))
+        req_finish(e, r, RLAI_STOP_EOG, 0);
     else if (r->gp.max_tokens > 0 && r->mt.gen_tokens >= r->gp.max_tokens)
         req_finish(e, r, RLAI_STOP_MAX_TOKENS, 0);
     else if (r->n_toks >= r->total || r->n_toks >= e->n_ctx)
@@ -946,7 +1015,7 @@ static int step_locked(rlai_engine *e)
             continue;
         r->n_draft = 0;
         int t = step_take(r, &budget);
-        if (t == 1 && r->n_toks > r->n_prompt && spec_ok) {
+        if (t == 1 && r->n_toks > r->n_prompt && spec_ok && !r->gm) {
             int g = rlai_spec_next_gamma(&r->spec);
             int room = r->total - r->n_toks; /* KV positions reserved beyond the pending token */
             if (g > room)
@@ -1032,7 +1101,7 @@ static int step_locked(rlai_engine *e)
                 int32_t sampled_stack[64];
                 int32_t *sampled = n_rows <= 64 ? sampled_stack : malloc(sizeof(int32_t) * (size_t)n_rows);
                 if (sampled) {
-                    sample_job sj = { rows, e->step_logits, (size_t)hp->n_vocab, n_rows, sampled };
+                    sample_job sj = { e->gvocab, rows, e->step_logits, (size_t)hp->n_vocab, n_rows, sampled };
                     rlai_threadpool_run(n_rows > 1 ? e->tp : NULL, sample_rows, &sj);
                 }
                 for (int i = 0; i < n_rows; i++) {

@@ -5,6 +5,7 @@
 #include "json_msgpack.h"
 #include "metrics.h"
 #include "plugin_host.h"
+#include "tools.h"
 #include "server.h"
 #include "rlai/engine.h"
 #include "rlai/protocol.h"
@@ -464,6 +465,23 @@ static void submit_generation(rlai_daemon *d, rlai_conn conn, const rlai_msg *m)
         rp.gen.on_logprobs = on_logprobs;
         rp.gen.logprobs_user = j;
     }
+    /* Structured output (docs/STRUCTURED.md): the engine takes its own
+     * reference to the grammar at submit. */
+    rlai_grammar *grammar = NULL;
+    if (g->response_format) {
+        char gerr[300] = "";
+        cJSON *rf = cJSON_Parse(g->response_format);
+        int grc = rf ? rlai_response_format_grammar(rf, &grammar, gerr, sizeof(gerr)) : RLAI_ERR_INVALID_ARG;
+        cJSON_Delete(rf);
+        if (grc < 0) {
+            free(stops);
+            free(toks);
+            free_job(j);
+            send_error(d, conn, m->id, RLAI_PE_BAD_REQUEST, gerr[0] ? gerr : "response_format is not a JSON object");
+            return;
+        }
+        rp.gen.grammar = grammar;
+    }
     rp.on_token = on_token;
     rp.on_done = on_done;
     rp.user = j;
@@ -482,6 +500,7 @@ static void submit_generation(rlai_daemon *d, rlai_conn conn, const rlai_msg *m)
     } else {
         pthread_mutex_unlock(&d->mu);
     }
+    rlai_grammar_unref(grammar);
     free(stops);
     free(toks);
 }

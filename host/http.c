@@ -6,6 +6,7 @@
 #include "embeddings.h"
 #include "json_int.h"
 #include "logprobs.h"
+#include "tools.h"
 #include "rlai/error.h"
 #include "rlai/protocol.h"
 
@@ -288,6 +289,10 @@ struct hreq {
     uint64_t engine_id, call_id;
     bool live;                   /* in h->live */
     hreq *next_live;
+    rlai_tools tools;            /* K_CHAT with tools (host/tools.h) */
+    bytes held;                  /* streamed tool mode: text kept back until done */
+    bool tool_decided;           /* tool_choice auto: the reply's first byte was seen */
+    bool tool_called;            /* the reply was a call: finish_reason "tool_calls" */
 
     /* logprobs (lp_mode 1 = chat, 2 = completions; lps appended under mu
      * by the engine thread, lp_sent and lp_off on the connection thread) */
@@ -332,6 +337,8 @@ static void hreq_unref(hreq *r)
     for (int i = 0; i < r->n_kids; i++)
         hreq_unref(r->kids[i]);
     free(r->kids);
+    rlai_tools_free(&r->tools);
+    bytes_free(&r->held);
     pthread_cond_destroy(&r->cv);
     pthread_mutex_destroy(&r->mu);
     free(r);
@@ -561,6 +568,8 @@ static const char *finish_reason(const hreq *r)
             return "timeout";
         return "stop";
     }
+    if (r->tool_called)
+        return "tool_calls";
     switch (r->gm.stop) {
     case RLAI_STOP_MAX_TOKENS: case RLAI_STOP_CONTEXT: return "length";
     case RLAI_STOP_TIMEOUT: return "timeout";   /* extension value (docs/SERVE.md) */
@@ -660,7 +669,14 @@ static cJSON *final_body(const hreq *r, const char *text)
     if (is_chat(r)) {
         cJSON *m = cJSON_AddObjectToObject(c, "message");
         cJSON_AddStringToObject(m, "role", "assistant");
-        cJSON_AddStringToObject(m, "content", text ? text : "");
+        cJSON *calls = rlai_tools_extract(&r->tools, text, (uint64_t)(uintptr_t)r ^ r->engine_id);
+        if (calls) {
+            ((hreq *)r)->tool_called = true;
+            cJSON_AddNullToObject(m, "content");
+            cJSON_AddItemToObject(m, "tool_calls", calls);
+        } else {
+            cJSON_AddStringToObject(m, "content", text ? text : "");
+        }
     } else {
         cJSON_AddStringToObject(c, "text", text ? text : "");
     }
@@ -735,6 +751,71 @@ static int take_logprobs(hreq *r, rlai_token_logprobs **out)
     }
     pthread_mutex_unlock(&r->mu);
     return n;
+}
+
+/* ---------------------------------------------------------- tool calls in streams */
+
+/* Streamed chat with tools: a reply that is (or, for tool_choice auto,
+ * starts like) a call is kept back in r->held and sent as tool_calls
+ * deltas when it is complete. Returns true when text was taken. */
+static bool tool_hold(hreq *r, bytes *text)
+{
+    if (r->tools.mode == RLAI_TOOLS_OFF || (r->tool_decided && !r->held.len))
+        return false;
+    if (bytes_add(&r->held, text->p, text->len) < 0)
+        return false;
+    bytes_free(text);
+    if (r->tool_decided || r->tools.mode != RLAI_TOOLS_AUTO)
+        return true;
+    size_t i = 0;
+    while (i < r->held.len && strchr(" \n\t\r", r->held.p[i]))
+        i++;
+    if (i == r->held.len)
+        return true;            /* only whitespace yet */
+    r->tool_decided = true;
+    if (r->held.p[i] == '{')
+        return true;
+    *text = r->held;            /* text: send what was kept, stream from now on */
+    memset(&r->held, 0, sizeof(r->held));
+    return false;
+}
+
+/* At the end of a stream: the kept text as tool_calls deltas (OpenAI's
+ * shape: id, type and name with empty arguments, then the arguments), or
+ * as content when it is not a call. */
+static void tool_flush(hreq *r)
+{
+    cJSON *calls = rlai_tools_extract(&r->tools, r->held.p, (uint64_t)(uintptr_t)r ^ r->engine_id);
+    if (!calls) {
+        sse_event(&r->out, NULL, chunk_json(r, r->held.p, r->held.len, false, NULL));
+    } else {
+        r->tool_called = true;
+        const cJSON *c0 = calls->child;
+        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(c0, "function");
+        cJSON *a = chunk_json(r, NULL, 0, false, NULL);
+        cJSON *d = cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(a, "choices"), 0),
+                                                    "delta");
+        cJSON *tc = cJSON_CreateObject();
+        cJSON_AddNumberToObject(tc, "index", 0);
+        cJSON_AddStringToObject(tc, "id", cJSON_GetObjectItemCaseSensitive(c0, "id")->valuestring);
+        cJSON_AddStringToObject(tc, "type", "function");
+        cJSON *tf = cJSON_AddObjectToObject(tc, "function");
+        cJSON_AddStringToObject(tf, "name", cJSON_GetObjectItemCaseSensitive(fn, "name")->valuestring);
+        cJSON_AddStringToObject(tf, "arguments", "");
+        cJSON_AddItemToArray(cJSON_AddArrayToObject(d, "tool_calls"), tc);
+        sse_event(&r->out, NULL, a);
+        cJSON *b = chunk_json(r, NULL, 0, false, NULL);
+        d = cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(b, "choices"), 0),
+                                             "delta");
+        tc = cJSON_CreateObject();
+        cJSON_AddNumberToObject(tc, "index", 0);
+        tf = cJSON_AddObjectToObject(tc, "function");
+        cJSON_AddStringToObject(tf, "arguments", cJSON_GetObjectItemCaseSensitive(fn, "arguments")->valuestring);
+        cJSON_AddItemToArray(cJSON_AddArrayToObject(d, "tool_calls"), tc);
+        sse_event(&r->out, NULL, b);
+        cJSON_Delete(calls);
+    }
+    bytes_free(&r->held);
 }
 
 /* ---------------------------------------------------------- engine callbacks (engine thread) */
@@ -946,6 +1027,8 @@ static bool produce(hreq *r)
             free(lp);
         }
         sse_event(&r->out, NULL, ch);
+    } else if (text.len && !tool_hold(r, &text)) {
+        sse_event(&r->out, NULL, chunk_json(r, text.p, text.len, false, NULL));
         r->streamed = true;
     }
     bytes_free(&text);
@@ -971,6 +1054,8 @@ static bool produce(hreq *r)
         } else {
             if (!r->streamed && r->lore_reply && r->lore_reply[0])
                 sse_event(&r->out, NULL, chunk_json(r, r->lore_reply, strlen(r->lore_reply), false, NULL));
+            if (r->held.len)
+                tool_flush(r);
             cJSON *fin = chunk_json(r, NULL, 0, false, finish_reason(r));
             if (r->lp_mode) {
                 rlai_token_logprobs *lp;
@@ -1128,6 +1213,7 @@ static enum MHD_Result finish_blocking(hreq *r)
 
 typedef struct gen_request {
     rlai_gen_params gp;
+    rlai_grammar *grammar;      /* response_format's (owned), or NULL */
     const char *stops[MAX_STOPS + 1];
     bool echo;                     /* completions: answer starts with the prompt */
 } gen_request;
@@ -1322,19 +1408,18 @@ static bool parse_sampling(hreq *r, const cJSON *body, gen_request *g)
     if (!parse_logprobs_echo(r, body, g))
         return false;
     const char *no_tools[] = { "tools", "functions" };
-    for (size_t i = 0; i < 2; i++) {
+    for (size_t i = 0; i < 2 && r->kind != K_CHAT; i++) {
         it = cJSON_GetObjectItemCaseSensitive(body, no_tools[i]);
         if (it && cJSON_IsArray(it) && cJSON_GetArraySize(it) > 0)
-            return send_error(r, 400, "unsupported_value", no_tools[i], "'%s' (function calling) is not supported",
-                              no_tools[i]), false;
+            return send_error(r, 400, "unsupported_value", no_tools[i],
+                              "'%s' (function calling) is supported on /v1/chat/completions only", no_tools[i]), false;
     }
-    it = cJSON_GetObjectItemCaseSensitive(body, "response_format");
-    if (it && cJSON_IsObject(it)) {
-        const cJSON *t = cJSON_GetObjectItemCaseSensitive(it, "type");
-        if (!cJSON_IsString(t) || strcmp(t->valuestring, "text") != 0)
-            return send_error(r, 400, "unsupported_value", "response_format",
-                              "only response_format {\"type\": \"text\"} is supported"), false;
-    }
+    /* Structured output (host/tools.c, docs/STRUCTURED.md). */
+    char ferr[300] = "";
+    if (rlai_response_format_grammar(cJSON_GetObjectItemCaseSensitive(body, "response_format"), &g->grammar, ferr,
+                                     sizeof(ferr)) < 0)
+        return send_error(r, 400, "invalid_value", "response_format", "%s", ferr), false;
+    g->gp.grammar = g->grammar;
     it = cJSON_GetObjectItemCaseSensitive(body, "ignore_eos");   /* extension */
     if (it && !cJSON_IsNull(it) && !cJSON_IsBool(it))
         return send_error(r, 400, "invalid_type", "ignore_eos", "'ignore_eos' must be a boolean"), false;
@@ -1464,10 +1549,10 @@ static bool parse_messages(hreq *r, const cJSON *body, chat_msgs *out)
         const char *rl = role->valuestring;
         if (!strcmp(rl, "developer"))
             rl = "system";
-        if (strcmp(rl, "system") && strcmp(rl, "user") && strcmp(rl, "assistant")) {
+        if (strcmp(rl, "system") && strcmp(rl, "user") && strcmp(rl, "assistant") && strcmp(rl, "tool")) {
             chat_msgs_free(out);
             return send_error(r, 400, "unsupported_value", "messages",
-                              "messages[%d]: role '%.40s' is not supported (system, developer, user, assistant)",
+                              "messages[%d]: role '%.40s' is not supported (system, developer, user, assistant, tool)",
                               i, role->valuestring), false;
         }
         const cJSON *calls = cJSON_GetObjectItemCaseSensitive(e, "tool_calls");
@@ -1475,6 +1560,12 @@ static bool parse_messages(hreq *r, const cJSON *body, chat_msgs *out)
         if (!content_text(r, cJSON_GetObjectItemCaseSensitive(e, "content"), i, may_omit, &out->texts[i])) {
             chat_msgs_free(out);
             return false;
+        }
+        if (out->texts[i] && (!strcmp(rl, "tool") || may_omit)) {
+            /* tool results and earlier calls as text (host/tools.c) */
+            char *t = rlai_tools_message_text(msgs, e, rl, out->texts[i], &rl);
+            free(out->texts[i]);
+            out->texts[i] = t;
         }
         if (!out->texts[i]) {
             chat_msgs_free(out);
@@ -1722,6 +1813,48 @@ static enum MHD_Result lore_chat(hreq *r, const cJSON *body, const char *charact
     return rc;
 }
 
+/* tools / tool_choice: the tools' description joins the system turn and
+ * the call grammar constrains the reply. Returns false after a 400. */
+static bool chat_tools(hreq *r, const cJSON *body, gen_request *g, chat_msgs *cm)
+{
+    char err[300] = "";
+    const char *param = "tools";
+    if (rlai_tools_parse(body, &r->tools, err, sizeof(err), &param) < 0)
+        return send_error(r, 400, "invalid_value", param, "%s", err), false;
+    if (r->tools.mode == RLAI_TOOLS_OFF)
+        return true;
+    if (g->grammar)
+        return send_error(r, 400, "unsupported_value", "response_format",
+                          "response_format json_object / json_schema together with tools is not supported"), false;
+    g->gp.grammar = r->tools.grammar;
+    bool has_sys = cm->n > 0 && !strcmp(cm->m[0].role, "system");
+    size_t need = strlen(r->tools.system) + (has_sys ? strlen(cm->texts[0]) + 2 : 0) + 1;
+    char *sys = malloc(need);
+    rlai_chat_message *nm = has_sys ? cm->m : realloc(cm->m, sizeof(*nm) * (size_t)(cm->n + 1));
+    char **nt = has_sys ? cm->texts : realloc(cm->texts, sizeof(char *) * (size_t)(cm->n + 1));
+    if (nm)
+        cm->m = nm;
+    if (nt)
+        cm->texts = nt;
+    if (!sys || !nm || !nt) {
+        free(sys);
+        return send_error(r, 500, NULL, NULL, "out of memory"), false;
+    }
+    if (has_sys) {
+        snprintf(sys, need, "%s\n\n%s", cm->texts[0], r->tools.system);
+        free(cm->texts[0]);
+    } else {
+        memmove(cm->m + 1, cm->m, sizeof(*nm) * (size_t)cm->n);
+        memmove(cm->texts + 1, cm->texts, sizeof(char *) * (size_t)cm->n);
+        cm->n++;
+        snprintf(sys, need, "%s", r->tools.system);
+    }
+    cm->texts[0] = sys;
+    cm->m[0].role = "system";
+    cm->m[0].content = sys;
+    return true;
+}
+
 static enum MHD_Result chat_completions(hreq *r)
 {
     r->kind = K_CHAT;
@@ -1729,6 +1862,7 @@ static enum MHD_Result chat_completions(hreq *r)
     if (!body)
         return MHD_YES;
     gen_request g;
+    memset(&g, 0, sizeof(g));
     const char *character = NULL;
     chat_msgs cm = { 0 };
     enum MHD_Result ret = MHD_YES;
@@ -1751,6 +1885,8 @@ static enum MHD_Result chat_completions(hreq *r)
         ret = lore_chat(r, body, character, &cm);
         goto out;
     }
+    if (!chat_tools(r, body, &g, &cm))
+        goto out;
     /* Message content is never parsed for special tokens (role injection). */
     rlai_token *toks = NULL;
     int n = 0;
@@ -1770,6 +1906,7 @@ static enum MHD_Result chat_completions(hreq *r)
     free(toks);
 out:
     chat_msgs_free(&cm);
+    rlai_grammar_unref(g.grammar);
     cJSON_Delete(body);
     return ret;
 }
@@ -1783,6 +1920,7 @@ static enum MHD_Result completions(hreq *r)
     if (!body)
         return MHD_YES;
     gen_request g;
+    memset(&g, 0, sizeof(g));
     const char *character;
     enum MHD_Result ret = MHD_YES;
     rlai_token *toks = NULL;
@@ -1846,6 +1984,7 @@ static enum MHD_Result completions(hreq *r)
     ret = run_generation(r, toks, n, &g);
 out:
     free(toks);
+    rlai_grammar_unref(g.grammar);
     cJSON_Delete(body);
     return ret;
 }

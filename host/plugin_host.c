@@ -4,6 +4,7 @@
 #include "rlai/plugin.h"
 #include "gguf_describe.h"
 #include "metrics.h"
+#include "tools.h"
 #include "rlai/protocol.h"
 
 #include <dirent.h>
@@ -831,6 +832,20 @@ static int api_generate(rlai_call *call, const rlai_gen_request *req_in, size_t 
         rp.gen.sampling.repeat_penalty = req.repeat_penalty;
     rp.gen.sampling.seed = req.seed;
     rp.gen.stop = req.stop;
+    rlai_grammar *grammar = NULL;   /* structured output (host/tools.c) */
+    if (req.response_format) {
+        char gerr[300];
+        cJSON *rf = cJSON_Parse(req.response_format);
+        rc = rf ? rlai_response_format_grammar(rf, &grammar, gerr, sizeof(gerr)) : RLAI_ERR_INVALID_ARG;
+        cJSON_Delete(rf);
+        if (rc < 0) {
+            free(toks);
+            pthread_mutex_destroy(&w.mu);
+            pthread_cond_destroy(&w.cv);
+            return rc;
+        }
+        rp.gen.grammar = grammar;
+    }
     rp.on_token = gen_on_token;
     rp.on_done = gen_on_done;
     rp.user = &w;
@@ -842,6 +857,7 @@ static int api_generate(rlai_call *call, const rlai_gen_request *req_in, size_t 
         call->engine_id = eid;
     pthread_mutex_unlock(&call->mu);
     free(toks);
+    rlai_grammar_unref(grammar);   /* the engine holds its own reference */
     if (rc < 0) {
         pthread_mutex_destroy(&w.mu);
         pthread_cond_destroy(&w.cv);

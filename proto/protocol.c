@@ -383,7 +383,7 @@ enum fid {
     F_CODE, F_NAME, F_MSG,
     F_MAX_TOKENS, F_TEMPERATURE, F_TOP_K, F_TOP_P, F_MIN_P, F_REPEAT_PENALTY,
     F_PRESENCE_PENALTY, F_FREQUENCY_PENALTY, F_SEED, F_IGNORE_EOS, F_TIMEOUT_MS,
-    F_SPEC, F_SPEC_MAX_DRAFT, F_TOP_LOGPROBS,
+    F_SPEC, F_SPEC_MAX_DRAFT, F_TOP_LOGPROBS, F_RESPONSE_FORMAT,
     F_COUNT
 };
 
@@ -394,14 +394,15 @@ static const char *const field_names[F_COUNT] = {
     "code", "name", "msg",
     "max_tokens", "temperature", "top_k", "top_p", "min_p", "repeat_penalty",
     "presence_penalty", "frequency_penalty", "seed", "ignore_eos", "timeout_ms",
-    "spec", "spec_max_draft", "top_logprobs",
+    "spec", "spec_max_draft", "top_logprobs", "response_format",
 };
 
 #define FB(f) (UINT64_C(1) << (f))
 #define GEN_FIELDS (FB(F_MAX_TOKENS) | FB(F_TEMPERATURE) | FB(F_TOP_K) | FB(F_TOP_P) | \
                     FB(F_MIN_P) | FB(F_REPEAT_PENALTY) | FB(F_PRESENCE_PENALTY) |     \
                     FB(F_FREQUENCY_PENALTY) | FB(F_SEED) | FB(F_IGNORE_EOS) | FB(F_TIMEOUT_MS) | \
-                    FB(F_SPEC) | FB(F_SPEC_MAX_DRAFT) | FB(F_TOP_LOGPROBS) | FB(F_STOP))
+                    FB(F_SPEC) | FB(F_SPEC_MAX_DRAFT) | FB(F_TOP_LOGPROBS) | FB(F_STOP) | \
+                    FB(F_RESPONSE_FORMAT))
 
 static uint64_t type_fields(rlai_msg_type t)
 {
@@ -624,6 +625,9 @@ static int decode_gen(dctx *c, const msgpack_object *const *f, rlai_msg_gen *g)
         g->top_logprobs = (uint32_t)v;
         g->has_top_logprobs = true;
     }
+    if ((o = opt(f[F_RESPONSE_FORMAT])) &&
+        (rc = get_str(c, o, "response_format", RLAI_PROTO_MAX_STR, false, &g->response_format)))
+        return rc;
     if ((o = opt(f[F_STOP]))) {
         if (o->type != MSGPACK_OBJECT_ARRAY)
             return fail(c, RLAI_PE_BAD_REQUEST, "field 'stop' must be an array of str, not %s",
@@ -914,6 +918,7 @@ static void gen_free(rlai_msg_gen *g)
     if (g->stop)
         for (uint32_t i = 0; i < g->n_stop; i++) free(g->stop[i]);
     free(g->stop);
+    free(g->response_format);
 }
 
 void rlai_msg_free(rlai_msg *m)
@@ -994,6 +999,10 @@ static int check_gen(const rlai_msg_gen *g)
         return -RLAI_PE_BAD_REQUEST;
     if (g->n_stop > RLAI_PROTO_MAX_STOPS) return -RLAI_PE_TOO_LARGE;
     if (g->n_stop && !g->stop) return -RLAI_PE_BAD_REQUEST;
+    if (g->response_format) {
+        int rc = check_cstr(g->response_format, RLAI_PROTO_MAX_STR, false);
+        if (rc) return rc;
+    }
     for (uint32_t i = 0; i < g->n_stop; i++) {
         int rc = check_cstr(g->stop[i], RLAI_PROTO_MAX_STOP_LEN, true);
         if (rc) return rc;
@@ -1108,7 +1117,7 @@ static size_t gen_count(const rlai_msg_gen *g)
     return (size_t)g->has_max_tokens + g->has_temperature + g->has_top_k + g->has_top_p + g->has_min_p +
            g->has_repeat_penalty + g->has_presence_penalty + g->has_frequency_penalty + g->has_seed +
            g->ignore_eos + g->has_timeout_ms + g->has_spec + g->has_spec_max_draft + g->has_top_logprobs +
-           (g->n_stop > 0);
+           (g->n_stop > 0) + (g->response_format != NULL);
 }
 
 static void p_float(enc *e, const char *k, bool has, float v)
@@ -1143,6 +1152,7 @@ static void p_gen(enc *e, const rlai_msg_gen *g)
         p_key(e, "top_logprobs");
         msgpack_pack_uint32(&e->pk, g->top_logprobs);
     }
+    if (g->response_format) { p_key(e, "response_format"); p_key(e, g->response_format); }
     if (g->n_stop) {
         p_key(e, "stop");
         msgpack_pack_array(&e->pk, g->n_stop);

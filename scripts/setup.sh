@@ -46,11 +46,11 @@ install_debs() {
 
 setup_venv() {
     if [ ! -x .venv/bin/python ]; then
-        log "creating Python venv .venv (numpy, gguf, pytest, pyzmq, msgpack, openai for the tests)"
+        log "creating Python venv .venv (numpy, gguf, pytest, pyzmq, msgpack, openai, jsonschema, langchain-openai for the tests)"
         python3 -m venv .venv
     fi
-    if ! .venv/bin/python -c "import numpy, gguf, pytest, zmq, msgpack, openai" 2>/dev/null; then
-        .venv/bin/pip install -q --disable-pip-version-check numpy gguf pytest pyzmq msgpack openai
+    if ! .venv/bin/python -c "import numpy, gguf, pytest, zmq, msgpack, openai, jsonschema, langchain_openai" 2>/dev/null; then
+        .venv/bin/pip install -q --disable-pip-version-check numpy gguf pytest pyzmq msgpack openai jsonschema langchain-openai
     fi
 }
 

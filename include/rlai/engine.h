@@ -22,6 +22,7 @@ extern "C" {
 #endif
 
 #include "rlai/error.h"
+#include "rlai/grammar.h"
 
 typedef int32_t rlai_token;
 typedef struct rlai_engine rlai_engine;
@@ -219,6 +220,13 @@ typedef struct rlai_gen_params {
                                        speculative drafting is off for such a request) */
     rlai_logprobs_cb on_logprobs;   /* NULL = no logprobs */
     void *logprobs_user;            /* passed to on_logprobs */
+    const rlai_grammar *grammar;    /* NULL = free text; else every sampled token keeps
+                                       the output a prefix of a sentence of the grammar,
+                                       end-of-generation is allowed only when the text is
+                                       complete and generation stops (RLAI_STOP_EOG) when
+                                       nothing can follow. Speculative drafting is off for
+                                       the request. The engine takes its own reference at
+                                       submit: the caller may unref it afterwards. */
 } rlai_gen_params;
 
 /* Defaults: greedy, penalties off, max_tokens 256, no stop strings,

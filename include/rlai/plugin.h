@@ -176,6 +176,14 @@ typedef struct rlai_gen_request {
     const char *const *stop;        /* NULL-terminated stop strings, or NULL */
     bool stream;                    /* forward every text piece to the caller as a
                                        `token` frame while generating */
+    const char *response_format;    /* added later in 1.1 (older plugins pass a smaller
+                                       req_size and do not have it): JSON text of an
+                                       OpenAI response_format object ({"type":"json_object"}
+                                       or {"type":"json_schema","json_schema":{"schema":..}}),
+                                       or NULL; the output is then JSON valid under it
+                                       (docs/STRUCTURED.md). A bad or unsupported schema
+                                       makes generate return RLAI_ERR_INVALID_ARG /
+                                       RLAI_ERR_UNSUPPORTED. */
 } rlai_gen_request;
 
 /* Outcome of a generation (filled by host->generate). */

@@ -88,6 +88,8 @@ typedef struct rlai_msg_gen {
                                                                frames carry "logprobs" */
     char **stop;                   /* n_stop strings */
     uint32_t n_stop;
+    char *response_format;         /* JSON text of an OpenAI response_format object
+                                      (docs/STRUCTURED.md), or NULL; owned */
 } rlai_msg_gen;
 
 typedef struct rlai_msg_chat_message {

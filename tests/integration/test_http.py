@@ -339,8 +339,8 @@ def test_bad_json_and_routes(engine):
     assert st == 400
     st, _, body = engine.request("POST", "/v1/chat/completions", {"messages": "hi"})
     assert st == 400 and error_of(body)["param"] == "messages"
-    st, _, body = engine.request("POST", "/v1/chat/completions", {"messages": [{"role": "tool", "content": "x"}]})
-    assert st == 400
+    st, _, body = engine.request("POST", "/v1/chat/completions", {"messages": [{"role": "robot", "content": "x"}]})
+    assert st == 400   # (role "tool" is a tool result turn: docs/STRUCTURED.md)
     st, _, body = engine.request("GET", "/v1/nothing-here")
     assert st == 404 and error_of(body)["code"] == "not_found"
     st, hdr, body = engine.request("GET", "/v1/chat/completions")

@@ -282,3 +282,25 @@ def test_plugin_template_builds_out_of_tree_and_runs(tmp_path):
     finally:
         assert e.stop() == 0
     assert "loaded plugin hello 1.0.0 (2 commands)" in e.stderr
+
+
+def test_plugin_engine_job_with_response_format(eng):
+    """An engine job of a plugin may ask for JSON (rlai_gen_request.response_format)."""
+    c = ZmqClient(eng.zmq_ipc)
+    schema = {"type": "object", "properties": {"fruit": {"type": "string", "maxLength": 20}},
+              "required": ["fruit"], "additionalProperties": False}
+    rf = {"type": "json_schema", "json_schema": {"name": "f", "schema": schema}}
+    c.request("call", 1, command="good.generate",
+              params=json.dumps({"prompt": "Name a fruit.", "max_tokens": 40, "response_format": rf}))
+    frames = c.collect(1)
+    assert frames[-1]["type"] == "done", frames[-1]
+    res = result_data(frames)[0]
+    obj = json.loads(res["text"])
+    assert list(obj) == ["fruit"] and isinstance(obj["fruit"], str)
+    assert res["stop"] == "eog"
+    bad = {"type": "json_schema", "json_schema": {"name": "f", "schema": {"type": "string", "pattern": "x"}}}
+    c.request("call", 2, command="good.generate",
+              params=json.dumps({"prompt": "Hi", "max_tokens": 4, "response_format": bad}))
+    frames = c.collect(2)
+    assert frames[-1]["type"] == "error"
+    c.close()

@@ -9,6 +9,7 @@ float64, so the output matches the test vectors byte for byte.
 """
 from __future__ import annotations
 
+import json
 import os
 from typing import Any, Dict, Iterable, List, Mapping, Sequence, Tuple, Union
 
@@ -50,6 +51,7 @@ GEN_OPTIONS: Tuple[Tuple[str, str], ...] = (
     ("spec", "spec"),
     ("spec_max_draft", "draft"),
     ("top_logprobs", "toplp"),
+    ("response_format", "json"),
     ("stop", "strs"),
 )
 SPEC_MODES = ("off", "ngram", "auto")
@@ -134,6 +136,11 @@ def gen_fields(opts: Mapping[str, Any]) -> List[Tuple[str, Any]]:
             v = _int(name, v, 1, 16)
         elif kind == "toplp":
             v = _int(name, v, 0, 20)
+        elif kind == "json":
+            # an OpenAI response_format object, sent as its JSON text
+            if isinstance(v, Mapping):
+                v = json.dumps(v)
+            v = _str(name, v)
         elif kind == "bool":
             if not isinstance(v, bool):
                 raise TypeError(f"{name} must be a bool, not {type(v).__name__}")

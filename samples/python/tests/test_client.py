@@ -1,6 +1,7 @@
 """RTXLocalAIClient against a real `rlai serve` (see conftest.py)."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -368,3 +369,20 @@ def test_top_logprobs_per_token(client):
     assert plain.tokens == g.tokens and plain.logprobs == []
     with pytest.raises(ValueError):
         client.generate("x", top_logprobs=21)
+def test_response_format_json_schema(client):
+    schema = {"type": "object", "properties": {"country": {"type": "string", "maxLength": 30},
+                                               "capital": {"type": "string", "maxLength": 30}},
+              "required": ["country", "capital"], "additionalProperties": False}
+    rf = {"type": "json_schema", "json_schema": {"name": "capital", "schema": schema}}
+    g = client.chat(FRANCE, max_tokens=80, temperature=0, response_format=rf)
+    obj = json.loads(g.text)
+    assert set(obj) == {"country", "capital"} and all(isinstance(v, str) for v in obj.values())
+    assert g.stop == "eog"
+    j = client.generate(PROMPT, max_tokens=60, temperature=0, response_format={"type": "json_object"})
+    assert j.stop in ("eog", "max_tokens") and j.text.startswith("{")
+    if j.stop == "eog":
+        assert isinstance(json.loads(j.text), dict)
+    with pytest.raises(rl.BadRequest) as ei:
+        client.chat(FRANCE, max_tokens=8, response_format={"type": "json_schema", "json_schema": {
+            "name": "x", "schema": {"type": "string", "pattern": "a"}}})
+    assert "'pattern' is not supported" in str(ei.value)

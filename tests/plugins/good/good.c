@@ -70,8 +70,12 @@ static int cmd_generate(rlai_call *call, const cJSON *params, void *user)
     req.n_messages = 1;
     req.max_tokens = cJSON_IsNumber(n) ? (int)n->valuedouble : 16;
     req.stream = true;
+    const cJSON *rf = cJSON_GetObjectItemCaseSensitive(params, "response_format");
+    char *rft = cJSON_IsObject(rf) ? cJSON_PrintUnformatted(rf) : NULL;
+    req.response_format = rft;
     rlai_gen_result res;
     int rc = H->generate(call, &req, sizeof(req), &res);
+    free(rft);
     if (rc < 0)
         return H->reply_error(call, rc, "generate failed: %s", H->strerror(rc));
     cJSON *r = cJSON_CreateObject();

@@ -1,0 +1,1748 @@
+/* grammar.c - JSON Schema to a byte-level context-free grammar, a
+ * pushdown matcher over it and the per-step token mask (grammar.h).
+ *
+ * Grammar: rules with alternatives; an alternative is a sequence of
+ * elements ended by GE_END. Elements are
+ *   GE_CHARS  one byte from a 256-bit set
+ *   GE_REP    min..max bytes from a set (whitespace, digits), skippable
+ *   GE_STR    the body of a JSON string and its closing quote, min..max
+ *             characters (escapes and UTF-8 sequences checked)
+ *   GE_REF    a rule
+ * Matcher state: a set of heads; a head is a frame (element, counters)
+ * whose parent chain holds the return addresses (GE_REF positions). Frames
+ * are immutable and shared between states (persistent stacks), so
+ * stepping a byte allocates only what changes, and a plain string byte
+ * inside an unbounded string gives back the very same state. A GE_REF in
+ * tail position does not push a return frame, so repetition by right
+ * recursion runs in constant stack.
+ */
+#include "grammar.h"
+
+#include <cjson/cJSON.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { GE_END = 0, GE_CHARS, GE_REP, GE_STR, GE_REF };
+#define G_INF 0x7fffffff
+#define G_MAX_STACK 256     /* return frames: nesting limit of generated text */
+#define G_MAX_HEADS 128     /* parallel heads in one state */
+#define G_WS_MAX 16         /* whitespace bytes between two JSON tokens */
+#define G_MAX_ELEMS (1 << 20)
+#define G_MAX_SCHEMA_DEPTH 64
+#define G_MAX_REPEAT 1024   /* minItems / maxItems / minLength bound */
+
+typedef struct gelem {
+    uint8_t kind;
+    uint16_t set;            /* GE_CHARS / GE_REP: index into sets */
+    int32_t a, b;            /* REP, STR: min, max; REF: rule */
+} gelem;
+
+typedef struct grule {
+    int32_t *alt;            /* start element of each alternative */
+    int n, cap;
+} grule;
+
+struct rlai_grammar {
+    atomic_int refs;
+    gelem *el;
+    int n_el, cap_el;
+    grule *rules;
+    int n_rules, cap_rules;
+    uint64_t (*sets)[4];
+    int n_sets, cap_sets;
+    int root;
+};
+
+/* ------------------------------------------------------------------ */
+/* Building                                                            */
+
+typedef struct gseq {
+    gelem *e;
+    int n, cap;
+    bool oom;
+} gseq;
+
+static void seq_push(gseq *s, gelem e)
+{
+    if (s->n == s->cap) {
+        int nc = s->cap ? s->cap * 2 : 16;
+        gelem *ne = realloc(s->e, sizeof(gelem) * (size_t)nc);
+        if (!ne) {
+            s->oom = true;
+            return;
+        }
+        s->e = ne;
+        s->cap = nc;
+    }
+    s->e[s->n++] = e;
+}
+
+static int set_add(rlai_grammar *g, const uint64_t bits[4])
+{
+    for (int i = 0; i < g->n_sets; i++)
+        if (!memcmp(g->sets[i], bits, sizeof(uint64_t) * 4))
+            return i;
+    if (g->n_sets >= 65535)
+        return RLAI_ERR_TOO_LARGE;
+    if (g->n_sets == g->cap_sets) {
+        int nc = g->cap_sets ? g->cap_sets * 2 : 64;
+        void *ns = realloc(g->sets, sizeof(g->sets[0]) * (size_t)nc);
+        if (!ns)
+            return RLAI_ERR_NOMEM;
+        g->sets = ns;
+        g->cap_sets = nc;
+    }
+    memcpy(g->sets[g->n_sets], bits, sizeof(uint64_t) * 4);
+    return g->n_sets++;
+}
+
+static void bits_set(uint64_t b[4], int c) { b[c >> 6] |= 1ull << (c & 63); }
+
+static int set_of(rlai_grammar *g, const char *chars)
+{
+    uint64_t b[4] = { 0, 0, 0, 0 };
+    for (const unsigned char *p = (const unsigned char *)chars; *p; p++)
+        bits_set(b, *p);
+    return set_add(g, b);
+}
+
+static int set_range(rlai_grammar *g, int lo, int hi)
+{
+    uint64_t b[4] = { 0, 0, 0, 0 };
+    for (int c = lo; c <= hi; c++)
+        bits_set(b, c);
+    return set_add(g, b);
+}
+
+static void seq_byte(rlai_grammar *g, gseq *s, unsigned char c)
+{
+    uint64_t b[4] = { 0, 0, 0, 0 };
+    bits_set(b, c);
+    int id = set_add(g, b);
+    if (id < 0) {
+        s->oom = true;
+        return;
+    }
+    seq_push(s, (gelem){ GE_CHARS, (uint16_t)id, 0, 0 });
+}
+
+static void seq_lit(rlai_grammar *g, gseq *s, const char *text, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        seq_byte(g, s, (unsigned char)text[i]);
+}
+
+static void seq_set(gseq *s, int set)
+{
+    if (set < 0)
+        s->oom = true;
+    else
+        seq_push(s, (gelem){ GE_CHARS, (uint16_t)set, 0, 0 });
+}
+
+static void seq_rep(gseq *s, int set, int min, int max)
+{
+    if (set < 0)
+        s->oom = true;
+    else
+        seq_push(s, (gelem){ GE_REP, (uint16_t)set, min, max });
+}
+
+static void seq_ws(rlai_grammar *g, gseq *s) { seq_rep(s, set_of(g, " \n\t"), 0, G_WS_MAX); }
+static void seq_ref(gseq *s, int rule)
+{
+    if (rule < 0)
+        s->oom = true;
+    else
+        seq_push(s, (gelem){ GE_REF, 0, rule, 0 });
+}
+
+static int rule_new(rlai_grammar *g)
+{
+    if (g->n_rules == g->cap_rules) {
+        int nc = g->cap_rules ? g->cap_rules * 2 : 32;
+        grule *nr = realloc(g->rules, sizeof(grule) * (size_t)nc);
+        if (!nr)
+            return RLAI_ERR_NOMEM;
+        g->rules = nr;
+        g->cap_rules = nc;
+    }
+    memset(&g->rules[g->n_rules], 0, sizeof(grule));
+    return g->n_rules++;
+}
+
+/* Appends s (then frees it) as an alternative of rule r. */
+static int rule_alt(rlai_grammar *g, int r, gseq *s)
+{
+    int rc = 0;
+    if (s->oom || r < 0)
+        rc = r < 0 ? r : RLAI_ERR_NOMEM;
+    else if (g->n_el + s->n + 1 > G_MAX_ELEMS)
+        rc = RLAI_ERR_TOO_LARGE;
+    if (rc == 0 && g->n_el + s->n + 1 > g->cap_el) {
+        int nc = g->cap_el ? g->cap_el : 256;
+        while (nc < g->n_el + s->n + 1)
+            nc *= 2;
+        gelem *ne = realloc(g->el, sizeof(gelem) * (size_t)nc);
+        if (!ne)
+            rc = RLAI_ERR_NOMEM;
+        else {
+            g->el = ne;
+            g->cap_el = nc;
+        }
+    }
+    grule *ru = rc == 0 ? &g->rules[r] : NULL;
+    if (rc == 0 && ru->n == ru->cap) {
+        int nc = ru->cap ? ru->cap * 2 : 2;
+        int32_t *na = realloc(ru->alt, sizeof(int32_t) * (size_t)nc);
+        if (!na)
+            rc = RLAI_ERR_NOMEM;
+        else {
+            ru->alt = na;
+            ru->cap = nc;
+        }
+    }
+    if (rc == 0) {
+        ru->alt[ru->n++] = g->n_el;
+        if (s->n)
+            memcpy(g->el + g->n_el, s->e, sizeof(gelem) * (size_t)s->n);
+        g->n_el += s->n;
+        g->el[g->n_el++] = (gelem){ GE_END, 0, 0, 0 };
+    }
+    free(s->e);
+    memset(s, 0, sizeof(*s));
+    return rc;
+}
+
+static rlai_grammar *grammar_new(void)
+{
+    rlai_grammar *g = calloc(1, sizeof(*g));
+    if (g)
+        atomic_init(&g->refs, 1);
+    return g;
+}
+
+static void grammar_free(rlai_grammar *g)
+{
+    if (!g)
+        return;
+    for (int i = 0; i < g->n_rules; i++)
+        free(g->rules[i].alt);
+    free(g->rules);
+    free(g->el);
+    free(g->sets);
+    free(g);
+}
+
+rlai_grammar *rlai_grammar_ref(const rlai_grammar *cg)
+{
+    rlai_grammar *g = (rlai_grammar *)cg;
+    if (g)
+        atomic_fetch_add(&g->refs, 1);
+    return g;
+}
+
+void rlai_grammar_unref(rlai_grammar *g)
+{
+    if (g && atomic_fetch_sub(&g->refs, 1) == 1)
+        grammar_free(g);
+}
+
+/* ------------------------------------------------------------------ */
+/* Schema compiler                                                     */
+
+typedef struct memo_ent {
+    const cJSON *node;
+    int rule;
+} memo_ent;
+
+typedef struct sc {
+    rlai_grammar *g;
+    const cJSON *root;
+    const cJSON *scopes[G_MAX_SCHEMA_DEPTH + 2];   /* enclosing schemas holding $defs / definitions */
+    int n_scopes;
+    char *err;
+    size_t errlen;
+    memo_ent *memo;
+    int n_memo, cap_memo;
+    int r_value, r_string, r_number, r_integer, r_object, r_array, r_int, r_minus, r_frac, r_exp;
+} sc;
+
+static int sc_fail(sc *c, int rc, const char *fmt, ...)
+{
+    if (c->err && c->errlen && !c->err[0]) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(c->err, c->errlen, fmt, ap);
+        va_end(ap);
+    }
+    return rc;
+}
+
+/* A rule with one alternative, built by the caller into s. */
+static int rule_one(rlai_grammar *g, gseq *s)
+{
+    int r = rule_new(g);
+    if (r < 0) {
+        free(s->e);
+        return r;
+    }
+    int rc = rule_alt(g, r, s);
+    return rc < 0 ? rc : r;
+}
+
+static int lit_rule(rlai_grammar *g, const char *text)
+{
+    gseq s = { 0 };
+    seq_lit(g, &s, text, strlen(text));
+    return rule_one(g, &s);
+}
+
+/* Number building blocks (digit runs bounded so output cannot run away). */
+static int number_rules(sc *c)
+{
+    rlai_grammar *g = c->g;
+    if (c->r_int >= 0)
+        return 0;
+    int rc;
+    gseq s = { 0 };
+    if ((c->r_int = rule_new(g)) < 0)
+        return c->r_int;
+    seq_byte(g, &s, '0');
+    if ((rc = rule_alt(g, c->r_int, &s)) < 0)
+        return rc;
+    seq_set(&s, set_range(g, '1', '9'));
+    seq_rep(&s, set_range(g, '0', '9'), 0, 15);
+    if ((rc = rule_alt(g, c->r_int, &s)) < 0)
+        return rc;
+    if ((c->r_minus = rule_new(g)) < 0)
+        return c->r_minus;
+    seq_byte(g, &s, '-');
+    if ((rc = rule_alt(g, c->r_minus, &s)) < 0 || (rc = rule_alt(g, c->r_minus, &s)) < 0)
+        return rc;
+    if ((c->r_frac = rule_new(g)) < 0)
+        return c->r_frac;
+    seq_byte(g, &s, '.');
+    seq_rep(&s, set_range(g, '0', '9'), 1, 15);
+    if ((rc = rule_alt(g, c->r_frac, &s)) < 0 || (rc = rule_alt(g, c->r_frac, &s)) < 0)
+        return rc;
+    if ((c->r_exp = rule_new(g)) < 0)
+        return c->r_exp;
+    seq_set(&s, set_of(g, "eE"));
+    seq_rep(&s, set_of(g, "+-"), 0, 1);
+    seq_rep(&s, set_range(g, '0', '9'), 1, 3);
+    if ((rc = rule_alt(g, c->r_exp, &s)) < 0 || (rc = rule_alt(g, c->r_exp, &s)) < 0)
+        return rc;
+    return 0;
+}
+
+static int integer_rule(sc *c)
+{
+    if (c->r_integer >= 0)
+        return c->r_integer;
+    int rc = number_rules(c);
+    if (rc < 0)
+        return rc;
+    gseq s = { 0 };
+    seq_ref(&s, c->r_minus);
+    seq_ref(&s, c->r_int);
+    return c->r_integer = rule_one(c->g, &s);
+}
+
+static int number_rule(sc *c)
+{
+    if (c->r_number >= 0)
+        return c->r_number;
+    int rc = number_rules(c);
+    if (rc < 0)
+        return rc;
+    gseq s = { 0 };
+    seq_ref(&s, c->r_minus);
+    seq_ref(&s, c->r_int);
+    seq_ref(&s, c->r_frac);
+    seq_ref(&s, c->r_exp);
+    return c->r_number = rule_one(c->g, &s);
+}
+
+static int string_rule(sc *c, int min, int max)
+{
+    if (min == 0 && max == G_INF && c->r_string >= 0)
+        return c->r_string;
+    gseq s = { 0 };
+    seq_byte(c->g, &s, '"');
+    seq_push(&s, (gelem){ GE_STR, 0, min, max });
+    int r = rule_one(c->g, &s);
+    if (min == 0 && max == G_INF)
+        c->r_string = r;
+    return r;
+}
+
+/* The generic JSON value and object rules (json_object, {} schemas). */
+static int value_rules(sc *c)
+{
+    if (c->r_value >= 0)
+        return 0;
+    rlai_grammar *g = c->g;
+    int rc;
+    gseq s = { 0 };
+    int str = string_rule(c, 0, G_INF), num = number_rule(c);
+    if (str < 0 || num < 0)
+        return str < 0 ? str : num;
+    if ((c->r_value = rule_new(g)) < 0 || (c->r_object = rule_new(g)) < 0 || (c->r_array = rule_new(g)) < 0)
+        return RLAI_ERR_NOMEM;
+    int member = rule_new(g), mtail = rule_new(g), atail = rule_new(g);
+    if (member < 0 || mtail < 0 || atail < 0)
+        return RLAI_ERR_NOMEM;
+    const int alts[] = { c->r_object, c->r_array, str, num };
+    for (int i = 0; i < 4; i++) {
+        seq_ref(&s, alts[i]);
+        if ((rc = rule_alt(g, c->r_value, &s)) < 0)
+            return rc;
+    }
+    const char *lits[] = { "true", "false", "null" };
+    for (int i = 0; i < 3; i++) {
+        seq_lit(g, &s, lits[i], strlen(lits[i]));
+        if ((rc = rule_alt(g, c->r_value, &s)) < 0)
+            return rc;
+    }
+    /* member ::= string ws ':' ws value */
+    seq_ref(&s, str);
+    seq_ws(g, &s);
+    seq_byte(g, &s, ':');
+    seq_ws(g, &s);
+    seq_ref(&s, c->r_value);
+    if ((rc = rule_alt(g, member, &s)) < 0)
+        return rc;
+    /* mtail ::= ws ',' ws member mtail | () */
+    seq_ws(g, &s);
+    seq_byte(g, &s, ',');
+    seq_ws(g, &s);
+    seq_ref(&s, member);
+    seq_ref(&s, mtail);
+    if ((rc = rule_alt(g, mtail, &s)) < 0 || (rc = rule_alt(g, mtail, &s)) < 0)
+        return rc;
+    /* object ::= '{' ws '}' | '{' ws member mtail ws '}' */
+    seq_byte(g, &s, '{');
+    seq_ws(g, &s);
+    seq_byte(g, &s, '}');
+    if ((rc = rule_alt(g, c->r_object, &s)) < 0)
+        return rc;
+    seq_byte(g, &s, '{');
+    seq_ws(g, &s);
+    seq_ref(&s, member);
+    seq_ref(&s, mtail);
+    seq_ws(g, &s);
+    seq_byte(g, &s, '}');
+    if ((rc = rule_alt(g, c->r_object, &s)) < 0)
+        return rc;
+    /* atail ::= ws ',' ws value atail | () ; array like object */
+    seq_ws(g, &s);
+    seq_byte(g, &s, ',');
+    seq_ws(g, &s);
+    seq_ref(&s, c->r_value);
+    seq_ref(&s, atail);
+    if ((rc = rule_alt(g, atail, &s)) < 0 || (rc = rule_alt(g, atail, &s)) < 0)
+        return rc;
+    seq_byte(g, &s, '[');
+    seq_ws(g, &s);
+    seq_byte(g, &s, ']');
+    if ((rc = rule_alt(g, c->r_array, &s)) < 0)
+        return rc;
+    seq_byte(g, &s, '[');
+    seq_ws(g, &s);
+    seq_ref(&s, c->r_value);
+    seq_ref(&s, atail);
+    seq_ws(g, &s);
+    seq_byte(g, &s, ']');
+    return rule_alt(g, c->r_array, &s);
+}
+
+static bool kw_in(const char *k, const char *const *list)
+{
+    for (; *list; list++)
+        if (!strcmp(k, *list))
+            return true;
+    return false;
+}
+
+static const char *const kw_supported[] = {
+    "type", "properties", "required", "additionalProperties", "items", "minItems", "maxItems",
+    "enum", "const", "anyOf", "oneOf", "$ref", "$defs", "definitions", "minLength", "maxLength", NULL
+};
+/* Annotations: no effect on what is valid ("format" is an annotation by
+ * default in JSON Schema 2020-12; it is not enforced). */
+static const char *const kw_annotation[] = {
+    "title", "description", "default", "examples", "$schema", "$id", "$comment", "format",
+    "deprecated", "readOnly", "writeOnly", "nullable", NULL
+};
+
+static int compile(sc *c, const cJSON *s, int depth);
+
+static int get_count(sc *c, const cJSON *s, const char *key, int dflt, int *out)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(s, key);
+    *out = dflt;
+    if (!v)
+        return 0;
+    if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble != (double)(long long)v->valuedouble)
+        return sc_fail(c, RLAI_ERR_INVALID_ARG, "'%s' must be a non-negative integer", key);
+    if (v->valuedouble > G_MAX_REPEAT)
+        return sc_fail(c, RLAI_ERR_TOO_LARGE, "'%s' above %d is not supported", key, G_MAX_REPEAT);
+    *out = (int)v->valuedouble;
+    return 0;
+}
+
+/* Literal alternatives (enum / const): each value printed compactly. */
+static int literal_alt(sc *c, int r, const cJSON *v)
+{
+    char *text = cJSON_PrintUnformatted(v);
+    if (!text)
+        return RLAI_ERR_NOMEM;
+    gseq s = { 0 };
+    seq_lit(c->g, &s, text, strlen(text));
+    free(text);
+    return rule_alt(c->g, r, &s);
+}
+
+static int compile_array(sc *c, const cJSON *s, int depth)
+{
+    rlai_grammar *g = c->g;
+    const cJSON *items = cJSON_GetObjectItemCaseSensitive(s, "items");
+    int min, max, rc;
+    if ((rc = get_count(c, s, "minItems", 0, &min)) < 0 || (rc = get_count(c, s, "maxItems", G_INF, &max)) < 0)
+        return rc;
+    if (min > max)
+        return sc_fail(c, RLAI_ERR_INVALID_ARG, "minItems is greater than maxItems");
+    int item;
+    if (items) {
+        if (cJSON_IsArray(items))
+            return sc_fail(c, RLAI_ERR_UNSUPPORTED, "JSON Schema 'items' as an array (tuple) is not supported");
+        item = compile(c, items, depth + 1);
+    } else {
+        if ((rc = value_rules(c)) < 0)
+            return rc;
+        item = c->r_value;
+    }
+    if (item < 0)
+        return item;
+    int r = rule_new(g);
+    if (r < 0)
+        return r;
+    gseq q = { 0 };
+    if (min == 0) {
+        seq_byte(g, &q, '[');
+        seq_ws(g, &q);
+        seq_byte(g, &q, ']');
+        if ((rc = rule_alt(g, r, &q)) < 0)
+            return rc;
+    }
+    if (max == 0)
+        return r;
+    /* tail after the first item: (ws ',' ws item){min-1 .. max-1} */
+    int tail;
+    int lo = min > 1 ? min - 1 : 0;
+    if (max == G_INF) {
+        if ((tail = rule_new(g)) < 0)
+            return tail;
+        seq_ws(g, &q);
+        seq_byte(g, &q, ',');
+        seq_ws(g, &q);
+        seq_ref(&q, item);
+        seq_ref(&q, tail);
+        if ((rc = rule_alt(g, tail, &q)) < 0 || (rc = rule_alt(g, tail, &q)) < 0)
+            return rc;
+    } else {
+        /* optional chain of max-1-lo items */
+        int prev = -1;
+        for (int k = 0; k < max - 1 - lo; k++) {
+            int o = rule_new(g);
+            if (o < 0)
+                return o;
+            seq_ws(g, &q);
+            seq_byte(g, &q, ',');
+            seq_ws(g, &q);
+            seq_ref(&q, item);
+            if (prev >= 0)
+                seq_ref(&q, prev);
+            if ((rc = rule_alt(g, o, &q)) < 0 || (rc = rule_alt(g, o, &q)) < 0)
+                return rc;
+            prev = o;
+        }
+        tail = prev;
+    }
+    seq_byte(g, &q, '[');
+    seq_ws(g, &q);
+    seq_ref(&q, item);
+    for (int k = 0; k < lo; k++) {
+        seq_ws(g, &q);
+        seq_byte(g, &q, ',');
+        seq_ws(g, &q);
+        seq_ref(&q, item);
+    }
+    if (tail >= 0)
+        seq_ref(&q, tail);
+    seq_ws(g, &q);
+    seq_byte(g, &q, ']');
+    if ((rc = rule_alt(g, r, &q)) < 0)
+        return rc;
+    return r;
+}
+
+static int compile_object(sc *c, const cJSON *s, int depth)
+{
+    rlai_grammar *g = c->g;
+    const cJSON *props = cJSON_GetObjectItemCaseSensitive(s, "properties");
+    const cJSON *req = cJSON_GetObjectItemCaseSensitive(s, "required");
+    const cJSON *ap = cJSON_GetObjectItemCaseSensitive(s, "additionalProperties");
+    int rc;
+    if (props && !cJSON_IsObject(props))
+        return sc_fail(c, RLAI_ERR_INVALID_ARG, "'properties' must be an object");
+    if (req && !cJSON_IsArray(req))
+        return sc_fail(c, RLAI_ERR_INVALID_ARG, "'required' must be an array of property names");
+    if (ap && !cJSON_IsBool(ap) && !cJSON_IsObject(ap))
+        return sc_fail(c, RLAI_ERR_INVALID_ARG, "'additionalProperties' must be a boolean or a schema");
+    int n = props ? cJSON_GetArraySize(props) : 0;
+    for (const cJSON *q = req ? req->child : NULL; q; q = q->next) {
+        if (!cJSON_IsString(q))
+            return sc_fail(c, RLAI_ERR_INVALID_ARG, "'required' must be an array of property names");
+        if (!props || !cJSON_GetObjectItemCaseSensitive(props, q->valuestring))
+            return sc_fail(c, RLAI_ERR_UNSUPPORTED,
+                           "required property '%s' is not in 'properties' (not supported)", q->valuestring);
+    }
+    if (n == 0) {
+        if (ap && cJSON_IsObject(ap) && ap->child) {
+            /* a map: any keys, values of one schema */
+            int val = compile(c, ap, depth + 1), str = string_rule(c, 0, G_INF);
+            if (val < 0 || str < 0)
+                return val < 0 ? val : str;
+            int r = rule_new(g), member = rule_new(g), tail = rule_new(g);
+            if (r < 0 || member < 0 || tail < 0)
+                return RLAI_ERR_NOMEM;
+            gseq q = { 0 };
+            seq_ref(&q, str);
+            seq_ws(g, &q);
+            seq_byte(g, &q, ':');
+            seq_ws(g, &q);
+            seq_ref(&q, val);
+            if ((rc = rule_alt(g, member, &q)) < 0)
+                return rc;
+            seq_ws(g, &q);
+            seq_byte(g, &q, ',');
+            seq_ws(g, &q);
+            seq_ref(&q, member);
+            seq_ref(&q, tail);
+            if ((rc = rule_alt(g, tail, &q)) < 0 || (rc = rule_alt(g, tail, &q)) < 0)
+                return rc;
+            seq_byte(g, &q, '{');
+            seq_ws(g, &q);
+            seq_byte(g, &q, '}');
+            if ((rc = rule_alt(g, r, &q)) < 0)
+                return rc;
+            seq_byte(g, &q, '{');
+            seq_ws(g, &q);
+            seq_ref(&q, member);
+            seq_ref(&q, tail);
+            seq_ws(g, &q);
+            seq_byte(g, &q, '}');
+            return (rc = rule_alt(g, r, &q)) < 0 ? rc : r;
+        }
+        if (ap && cJSON_IsFalse(ap))
+            return lit_rule(g, "{}");
+        if ((rc = value_rules(c)) < 0)
+            return rc;
+        return c->r_object;
+    }
+    if (ap && cJSON_IsObject(ap) && ap->child)
+        return sc_fail(c, RLAI_ERR_UNSUPPORTED,
+                       "JSON Schema 'additionalProperties' as a schema together with 'properties' is not supported");
+    /* Properties in schema order; optional ones may be left out.
+     * L[k][f]: properties k.. where f = nothing written yet. */
+    int *L = malloc(sizeof(int) * 2 * (size_t)(n + 1));
+    if (!L)
+        return RLAI_ERR_NOMEM;
+    rc = 0;
+    for (int k = 0; k <= n && rc == 0; k++)
+        for (int f = 0; f < 2 && rc == 0; f++)
+            if ((L[2 * k + f] = rule_new(g)) < 0)
+                rc = L[2 * k + f];
+    gseq q = { 0 };
+    for (int f = 0; f < 2 && rc == 0; f++) {
+        seq_ws(g, &q);
+        seq_byte(g, &q, '}');
+        rc = rule_alt(g, L[2 * n + f], &q);
+    }
+    const cJSON *p = props ? props->child : NULL;
+    for (int k = 0; k < n && rc == 0; k++, p = p->next) {
+        int val = compile(c, p, depth + 1);
+        if (val < 0) {
+            rc = val;
+            break;
+        }
+        bool required = false;
+        for (const cJSON *x = req ? req->child : NULL; x; x = x->next)
+            if (!strcmp(x->valuestring, p->string))
+                required = true;
+        cJSON *key = cJSON_CreateString(p->string);
+        char *kt = key ? cJSON_PrintUnformatted(key) : NULL;
+        cJSON_Delete(key);
+        if (!kt) {
+            rc = RLAI_ERR_NOMEM;
+            break;
+        }
+        for (int f = 0; f < 2 && rc == 0; f++) {
+            if (!f) {
+                seq_ws(g, &q);
+                seq_byte(g, &q, ',');
+                seq_ws(g, &q);
+            }
+            seq_lit(g, &q, kt, strlen(kt));
+            seq_ws(g, &q);
+            seq_byte(g, &q, ':');
+            seq_ws(g, &q);
+            seq_ref(&q, val);
+            seq_ref(&q, L[2 * (k + 1)]);
+            rc = rule_alt(g, L[2 * k + f], &q);
+            if (rc == 0 && !required) {
+                seq_ref(&q, L[2 * (k + 1) + f]);
+                rc = rule_alt(g, L[2 * k + f], &q);
+            }
+        }
+        free(kt);
+    }
+    int r = rc;
+    if (rc == 0) {
+        seq_byte(g, &q, '{');
+        seq_ws(g, &q);
+        seq_ref(&q, L[1]);
+        r = rule_one(g, &q);
+    }
+    free(L);
+    return r;
+}
+
+static int compile_type(sc *c, const cJSON *s, const char *type, int depth)
+{
+    if (!strcmp(type, "object"))
+        return compile_object(c, s, depth);
+    if (!strcmp(type, "array"))
+        return compile_array(c, s, depth);
+    if (!strcmp(type, "string")) {
+        int min, max, rc;
+        if ((rc = get_count(c, s, "minLength", 0, &min)) < 0 || (rc = get_count(c, s, "maxLength", G_INF, &max)) < 0)
+            return rc;
+        if (min > max)
+            return sc_fail(c, RLAI_ERR_INVALID_ARG, "minLength is greater than maxLength");
+        return string_rule(c, min, max);
+    }
+    if (!strcmp(type, "number"))
+        return number_rule(c);
+    if (!strcmp(type, "integer"))
+        return integer_rule(c);
+    if (!strcmp(type, "boolean")) {
+        int r = rule_new(c->g), rc;
+        gseq q = { 0 };
+        seq_lit(c->g, &q, "true", 4);
+        if (r < 0 || (rc = rule_alt(c->g, r, &q)) < 0)
+            return r < 0 ? r : rc;
+        seq_lit(c->g, &q, "false", 5);
+        return (rc = rule_alt(c->g, r, &q)) < 0 ? rc : r;
+    }
+    if (!strcmp(type, "null"))
+        return lit_rule(c->g, "null");
+    return sc_fail(c, RLAI_ERR_INVALID_ARG, "unknown JSON Schema type '%s'", type);
+}
+
+/* "#/$defs/NAME" is looked up in the innermost enclosing schema that has
+ * the name in its $defs (so a schema embedded in another one, as tool
+ * parameters are in the tool-call grammar, keeps its own $defs), then in
+ * the document root. */
+static const cJSON *resolve_ref(sc *c, const char *ref)
+{
+    const char *pre[] = { "#/$defs/", "#/definitions/" };
+    for (int i = 0; i < 2; i++) {
+        size_t n = strlen(pre[i]);
+        if (!strncmp(ref, pre[i], n) && ref[n] && !strchr(ref + n, '/')) {
+            for (int k = c->n_scopes - 1; k >= -1; k--) {
+                const cJSON *sch = k >= 0 ? c->scopes[k] : c->root;
+                const cJSON *defs = cJSON_GetObjectItemCaseSensitive(sch, i ? "definitions" : "$defs");
+                const cJSON *t = defs ? cJSON_GetObjectItemCaseSensitive(defs, ref + n) : NULL;
+                if (t)
+                    return t;
+            }
+            return NULL;
+        }
+    }
+    if (!strcmp(ref, "#"))
+        return c->root;
+    return NULL;
+}
+
+static int memo_find(sc *c, const cJSON *n)
+{
+    for (int i = 0; i < c->n_memo; i++)
+        if (c->memo[i].node == n)
+            return c->memo[i].rule;
+    return -1;
+}
+
+static int memo_add(sc *c, const cJSON *n, int rule)
+{
+    if (c->n_memo == c->cap_memo) {
+        int nc = c->cap_memo ? c->cap_memo * 2 : 8;
+        memo_ent *nm = realloc(c->memo, sizeof(memo_ent) * (size_t)nc);
+        if (!nm)
+            return RLAI_ERR_NOMEM;
+        c->memo = nm;
+        c->cap_memo = nc;
+    }
+    c->memo[c->n_memo++] = (memo_ent){ n, rule };
+    return 0;
+}
+
+static int compile_node(sc *c, const cJSON *s, int depth);
+
+static int compile(sc *c, const cJSON *s, int depth)
+{
+    if (depth > G_MAX_SCHEMA_DEPTH)
+        return sc_fail(c, RLAI_ERR_TOO_LARGE, "schema nested deeper than %d levels", G_MAX_SCHEMA_DEPTH);
+    bool scope = cJSON_IsObject(s) && (cJSON_GetObjectItemCaseSensitive(s, "$defs") ||
+                                       cJSON_GetObjectItemCaseSensitive(s, "definitions"));
+    if (scope)
+        c->scopes[c->n_scopes++] = s;
+    int r = compile_node(c, s, depth);
+    if (scope)
+        c->n_scopes--;
+    return r;
+}
+
+static int compile_node(sc *c, const cJSON *s, int depth)
+{
+    rlai_grammar *g = c->g;
+    int rc;
+    if (cJSON_IsTrue(s) || (cJSON_IsObject(s) && !s->child)) {
+        if ((rc = value_rules(c)) < 0)
+            return rc;
+        return c->r_value;
+    }
+    if (cJSON_IsFalse(s))
+        return sc_fail(c, RLAI_ERR_UNSUPPORTED, "the schema 'false' (no valid value) is not supported");
+    if (!cJSON_IsObject(s))
+        return sc_fail(c, RLAI_ERR_INVALID_ARG, "a schema must be a JSON object or a boolean");
+    for (const cJSON *k = s->child; k; k = k->next)
+        if (!kw_in(k->string, kw_supported) && !kw_in(k->string, kw_annotation))
+            return sc_fail(c, RLAI_ERR_UNSUPPORTED, "JSON Schema keyword '%s' is not supported", k->string);
+    const cJSON *ref = cJSON_GetObjectItemCaseSensitive(s, "$ref");
+    if (ref) {
+        if (!cJSON_IsString(ref))
+            return sc_fail(c, RLAI_ERR_INVALID_ARG, "'$ref' must be a string");
+        for (const cJSON *k = s->child; k; k = k->next)
+            if (strcmp(k->string, "$ref") && strcmp(k->string, "$defs") && strcmp(k->string, "definitions") &&
+                !kw_in(k->string, kw_annotation))
+                return sc_fail(c, RLAI_ERR_UNSUPPORTED, "'$ref' with the sibling keyword '%s' is not supported",
+                               k->string);
+        const cJSON *t = resolve_ref(c, ref->valuestring);
+        if (!t)
+            return sc_fail(c, RLAI_ERR_INVALID_ARG,
+                           "'$ref' '%s' not found (only '#', '#/$defs/NAME' and '#/definitions/NAME' are supported)",
+                           ref->valuestring);
+        int r = memo_find(c, t);
+        if (r >= 0)
+            return r;
+        if ((r = rule_new(g)) < 0 || (rc = memo_add(c, t, r)) < 0)
+            return r < 0 ? r : rc;
+        int inner = compile(c, t, depth + 1);
+        if (inner < 0)
+            return inner;
+        gseq q = { 0 };
+        seq_ref(&q, inner);
+        return (rc = rule_alt(g, r, &q)) < 0 ? rc : r;
+    }
+    const cJSON *en = cJSON_GetObjectItemCaseSensitive(s, "enum");
+    const cJSON *cn = cJSON_GetObjectItemCaseSensitive(s, "const");
+    if (en || cn) {
+        if (en && (!cJSON_IsArray(en) || !en->child))
+            return sc_fail(c, RLAI_ERR_INVALID_ARG, "'enum' must be a non-empty array");
+        int r = rule_new(g);
+        if (r < 0)
+            return r;
+        if (cn)
+            return (rc = literal_alt(c, r, cn)) < 0 ? rc : r;
+        for (const cJSON *v = en->child; v; v = v->next)
+            if ((rc = literal_alt(c, r, v)) < 0)
+                return rc;
+        return r;
+    }
+    const cJSON *any = cJSON_GetObjectItemCaseSensitive(s, "anyOf");
+    if (!any)
+        any = cJSON_GetObjectItemCaseSensitive(s, "oneOf");
+    if (any) {
+        if (!cJSON_IsArray(any) || !any->child)
+            return sc_fail(c, RLAI_ERR_INVALID_ARG, "'%s' must be a non-empty array of schemas", any->string);
+        int r = rule_new(g);
+        if (r < 0)
+            return r;
+        for (const cJSON *v = any->child; v; v = v->next) {
+            int sub = compile(c, v, depth + 1);
+            if (sub < 0)
+                return sub;
+            gseq q = { 0 };
+            seq_ref(&q, sub);
+            if ((rc = rule_alt(g, r, &q)) < 0)
+                return rc;
+        }
+        return r;
+    }
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(s, "type");
+    if (cJSON_IsString(type))
+        return compile_type(c, s, type->valuestring, depth);
+    if (cJSON_IsArray(type)) {
+        int r = rule_new(g);
+        if (r < 0)
+            return r;
+        if (!type->child)
+            return sc_fail(c, RLAI_ERR_INVALID_ARG, "'type' must not be an empty array");
+        for (const cJSON *t = type->child; t; t = t->next) {
+            if (!cJSON_IsString(t))
+                return sc_fail(c, RLAI_ERR_INVALID_ARG, "'type' must be a string or an array of strings");
+            int sub = compile_type(c, s, t->valuestring, depth);
+            if (sub < 0)
+                return sub;
+            gseq q = { 0 };
+            seq_ref(&q, sub);
+            if ((rc = rule_alt(g, r, &q)) < 0)
+                return rc;
+        }
+        return r;
+    }
+    if (type)
+        return sc_fail(c, RLAI_ERR_INVALID_ARG, "'type' must be a string or an array of strings");
+    if (cJSON_GetObjectItemCaseSensitive(s, "properties") || cJSON_GetObjectItemCaseSensitive(s, "required") ||
+        cJSON_GetObjectItemCaseSensitive(s, "additionalProperties"))
+        return compile_object(c, s, depth);
+    if (cJSON_GetObjectItemCaseSensitive(s, "items") || cJSON_GetObjectItemCaseSensitive(s, "minItems") ||
+        cJSON_GetObjectItemCaseSensitive(s, "maxItems"))
+        return compile_array(c, s, depth);
+    if (cJSON_GetObjectItemCaseSensitive(s, "minLength") || cJSON_GetObjectItemCaseSensitive(s, "maxLength"))
+        return compile_type(c, s, "string", depth);
+    if ((rc = value_rules(c)) < 0)
+        return rc;
+    return c->r_value;
+}
+
+/* root' ::= ws{0..4} root | [^{ \t\n\r] any* | () */
+static int or_text(rlai_grammar *g, int root)
+{
+    int r = rule_new(g), rc;
+    if (r < 0)
+        return r;
+    gseq q = { 0 };
+    seq_rep(&q, set_of(g, " \n\t"), 0, 4);
+    seq_ref(&q, root);
+    if ((rc = rule_alt(g, r, &q)) < 0)
+        return rc;
+    uint64_t first[4] = { ~0ull, ~0ull, ~0ull, ~0ull };
+    first['{' >> 6] &= ~(1ull << ('{' & 63));
+    first[0] &= ~((1ull << ' ') | (1ull << '\n') | (1ull << '\t') | (1ull << '\r'));
+    uint64_t all[4] = { ~0ull, ~0ull, ~0ull, ~0ull };
+    seq_set(&q, set_add(g, first));
+    seq_rep(&q, set_add(g, all), 0, G_INF);
+    if ((rc = rule_alt(g, r, &q)) < 0 || (rc = rule_alt(g, r, &q)) < 0)
+        return rc;
+    return r;
+}
+
+int rlai_grammar_from_json_schema(const char *schema, size_t len, rlai_grammar **out, char *err, size_t errlen)
+{
+    return rlai_grammar_from_json_schema_flags(schema, len, 0, out, err, errlen);
+}
+
+int rlai_grammar_from_json_schema_flags(const char *schema, size_t len, unsigned flags, rlai_grammar **out,
+                                        char *err, size_t errlen)
+{
+    if (err && errlen)
+        err[0] = 0;
+    if (!out)
+        return RLAI_ERR_INVALID_ARG;
+    *out = NULL;
+    if (!schema)
+        return RLAI_ERR_INVALID_ARG;
+    cJSON *root = cJSON_ParseWithLength(schema, len);
+    sc c;
+    memset(&c, 0, sizeof(c));
+    c.err = err;
+    c.errlen = errlen;
+    if (!root)
+        return sc_fail(&c, RLAI_ERR_INVALID_ARG, "the schema is not valid JSON");
+    c.root = root;
+    c.g = grammar_new();
+    c.r_value = c.r_string = c.r_number = c.r_integer = c.r_object = c.r_array = c.r_int = -1;
+    int rc = c.g ? compile(&c, root, 0) : RLAI_ERR_NOMEM;
+    if (rc >= 0 && (flags & RLAI_GRAMMAR_OR_TEXT))
+        rc = or_text(c.g, rc);
+    if (rc < 0 && c.err && c.errlen && !c.err[0])
+        sc_fail(&c, rc, "%s", rlai_strerror(rc));
+    if (rc >= 0)
+        c.g->root = rc;
+    cJSON_Delete(root);
+    free(c.memo);
+    if (rc < 0) {
+        grammar_free(c.g);
+        return rc;
+    }
+    *out = c.g;
+    return 0;
+}
+
+int rlai_grammar_json_object(rlai_grammar **out)
+{
+    if (!out)
+        return RLAI_ERR_INVALID_ARG;
+    *out = NULL;
+    sc c;
+    memset(&c, 0, sizeof(c));
+    c.g = grammar_new();
+    c.r_value = c.r_string = c.r_number = c.r_integer = c.r_object = c.r_array = c.r_int = -1;
+    int rc = c.g ? value_rules(&c) : RLAI_ERR_NOMEM;
+    if (rc < 0) {
+        grammar_free(c.g);
+        return rc;
+    }
+    c.g->root = c.r_object;
+    *out = c.g;
+    return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* Matcher                                                             */
+
+typedef struct gframe {
+    int32_t ei;                  /* element (a head) or GE_REF position (a return frame) */
+    int32_t aux;                 /* GE_STR: 0 text, 1..3 UTF-8 bytes due, 10 after '\', 11..14 \u digits */
+    int32_t cnt;                 /* GE_REP bytes / GE_STR characters so far */
+    int32_t depth;               /* return frames below */
+    const struct gframe *parent; /* return address */
+} gframe;
+
+typedef struct gstate {
+    int n;
+    bool acc;                    /* the text so far is complete */
+    const gframe *h[];
+} gstate;
+
+typedef struct ablk {
+    struct ablk *next;
+    size_t used, cap;
+    _Alignas(16) unsigned char data[];
+} ablk;
+
+typedef struct arena {
+    ablk *head, *cur;
+} arena;
+
+static void *aalloc(arena *a, size_t n)
+{
+    n = (n + 15) & ~(size_t)15;
+    while (a->cur && a->cur->used + n > a->cur->cap)
+        a->cur = a->cur->next;
+    if (!a->cur) {
+        size_t cap = n > (256u << 10) ? n : (256u << 10);
+        ablk *b = malloc(sizeof(ablk) + cap);
+        if (!b)
+            return NULL;
+        b->used = 0;
+        b->cap = cap;
+        b->next = NULL;
+        ablk **pp = &a->head;
+        while (*pp)
+            pp = &(*pp)->next;
+        *pp = b;
+        a->cur = b;
+    }
+    void *p = a->cur->data + a->cur->used;
+    a->cur->used += n;
+    return p;
+}
+
+static void areset(arena *a)
+{
+    for (ablk *b = a->head; b; b = b->next)
+        b->used = 0;
+    a->cur = a->head;
+}
+
+static void afree(arena *a)
+{
+    for (ablk *b = a->head, *n; b; b = n) {
+        n = b->next;
+        free(b);
+    }
+    a->head = a->cur = NULL;
+}
+
+struct rlai_grammar_matcher {
+    rlai_grammar *g;
+    const gstate *st;            /* committed state (in keep[ki]) */
+    arena keep[2];
+    int ki;
+    arena scratch;               /* states of a feed or a mask walk */
+    bool oom;
+    const gstate **walk;         /* per-depth states of the trie walk */
+    int walk_cap;
+};
+
+typedef struct hbuf {
+    int n;
+    bool acc;
+    const gframe *h[G_MAX_HEADS];
+} hbuf;
+
+static const gframe *frame_new(rlai_grammar_matcher *m, arena *a, int ei, int aux, int cnt, const gframe *parent)
+{
+    gframe *f = aalloc(a, sizeof(gframe));
+    if (!f) {
+        m->oom = true;
+        return NULL;
+    }
+    f->ei = ei;
+    f->aux = aux;
+    f->cnt = cnt;
+    f->parent = parent;
+    f->depth = parent ? parent->depth + 1 : 0;
+    return f;
+}
+
+static void push_head(hbuf *o, const gframe *f)
+{
+    if (!f)
+        return;
+    for (int i = 0; i < o->n; i++) {
+        const gframe *x = o->h[i];
+        if (x == f || (x->ei == f->ei && x->aux == f->aux && x->cnt == f->cnt && x->parent == f->parent))
+            return;
+    }
+    if (o->n < G_MAX_HEADS)
+        o->h[o->n++] = f;
+}
+
+/* Adds the heads reachable from position ei (with return frame parent). */
+static void expand(rlai_grammar_matcher *m, arena *a, int ei, const gframe *parent, hbuf *o, int guard)
+{
+    const rlai_grammar *g = m->g;
+    if (guard > 64)
+        return;
+    const gelem *e = &g->el[ei];
+    switch (e->kind) {
+    case GE_END:
+        if (!parent)
+            o->acc = true;
+        else
+            expand(m, a, parent->ei + 1, parent->parent, o, guard + 1);
+        return;
+    case GE_REF: {
+        const gframe *ret = parent;
+        if (g->el[ei + 1].kind != GE_END) {
+            if (parent && parent->depth >= G_MAX_STACK)
+                return;
+            if (!(ret = frame_new(m, a, ei, 0, 0, parent)))
+                return;
+        }
+        const grule *ru = &g->rules[e->a];
+        for (int i = 0; i < ru->n; i++)
+            expand(m, a, ru->alt[i], ret, o, guard + 1);
+        return;
+    }
+    default:
+        push_head(o, frame_new(m, a, ei, 0, 0, parent));
+        return;
+    }
+}
+
+static bool in_set(const rlai_grammar *g, int set, unsigned char b)
+{
+    return (g->sets[set][b >> 6] >> (b & 63)) & 1;
+}
+
+static void step_head(rlai_grammar_matcher *m, arena *a, const gframe *h, unsigned char b, hbuf *o, int guard);
+
+static void step_exit(rlai_grammar_matcher *m, arena *a, const gframe *h, unsigned char b, hbuf *o, int guard)
+{
+    hbuf t;
+    t.n = 0;
+    t.acc = false;
+    expand(m, a, h->ei + 1, h->parent, &t, 0);
+    for (int i = 0; i < t.n; i++)
+        step_head(m, a, t.h[i], b, o, guard + 1);
+}
+
+static void step_head(rlai_grammar_matcher *m, arena *a, const gframe *h, unsigned char b, hbuf *o, int guard)
+{
+    const rlai_grammar *g = m->g;
+    const gelem *e = &g->el[h->ei];
+    if (guard > 32)
+        return;
+    switch (e->kind) {
+    case GE_CHARS:
+        if (in_set(g, e->set, b))
+            expand(m, a, h->ei + 1, h->parent, o, 0);
+        return;
+    case GE_REP:
+        if (h->cnt < e->b && in_set(g, e->set, b)) {
+            if (e->b == G_INF && h->cnt >= e->a)
+                push_head(o, h);
+            else
+                push_head(o, frame_new(m, a, h->ei, 0, h->cnt + 1, h->parent));
+        }
+        if (h->cnt >= e->a)
+            step_exit(m, a, h, b, o, guard);
+        return;
+    case GE_STR: {
+        int aux = h->aux, cnt = h->cnt, min = e->a, max = e->b;
+        if (aux == 0) {
+            if (b == '"') {
+                if (cnt >= min)
+                    expand(m, a, h->ei + 1, h->parent, o, 0);
+            } else if (b == '\\') {
+                if (cnt < max)
+                    push_head(o, frame_new(m, a, h->ei, 10, cnt, h->parent));
+            } else if (b < 0x20) {
+                return;
+            } else if (b < 0x80) {
+                if (cnt < max) {
+                    if (max == G_INF && cnt >= min)
+                        push_head(o, h);
+                    else
+                        push_head(o, frame_new(m, a, h->ei, 0, cnt + 1, h->parent));
+                }
+            } else {
+                int need = b >= 0xC2 && b <= 0xDF ? 1 : b >= 0xE0 && b <= 0xEF ? 2 : b >= 0xF0 && b <= 0xF4 ? 3 : 0;
+                if (need && cnt < max)
+                    push_head(o, frame_new(m, a, h->ei, need, cnt + 1, h->parent));
+            }
+        } else if (aux <= 3) {
+            if (b >= 0x80 && b <= 0xBF)
+                push_head(o, frame_new(m, a, h->ei, aux - 1, cnt, h->parent));
+        } else if (aux == 10) {
+            if (b && strchr("\"\\/bfnrt", b))
+                push_head(o, frame_new(m, a, h->ei, 0, cnt + 1, h->parent));
+            else if (b == 'u')
+                push_head(o, frame_new(m, a, h->ei, 11, cnt, h->parent));
+        } else {
+            bool hex = (b >= '0' && b <= '9') || (b >= 'a' && b <= 'f') || (b >= 'A' && b <= 'F');
+            if (hex)
+                push_head(o, frame_new(m, a, h->ei, aux == 14 ? 0 : aux + 1, aux == 14 ? cnt + 1 : cnt, h->parent));
+        }
+        return;
+    }
+    default:
+        return;
+    }
+}
+
+static bool head_can_end(rlai_grammar_matcher *m, arena *a, const gframe *h, int guard)
+{
+    const gelem *e = &m->g->el[h->ei];
+    if (e->kind != GE_REP || h->cnt < e->a || guard > 32)
+        return false;
+    hbuf t;
+    t.n = 0;
+    t.acc = false;
+    expand(m, a, h->ei + 1, h->parent, &t, 0);
+    if (t.acc)
+        return true;
+    for (int i = 0; i < t.n; i++)
+        if (head_can_end(m, a, t.h[i], guard + 1))
+            return true;
+    return false;
+}
+
+static bool state_can_end(rlai_grammar_matcher *m, const gstate *s)
+{
+    if (s->acc)
+        return true;
+    for (int i = 0; i < s->n; i++)
+        if (head_can_end(m, &m->scratch, s->h[i], 0))
+            return true;
+    return false;
+}
+
+/* The state after byte b, or NULL when b is rejected. The result is s
+ * itself when nothing changed. */
+static const gstate *step(rlai_grammar_matcher *m, arena *a, const gstate *s, unsigned char b)
+{
+    hbuf o;
+    o.n = 0;
+    o.acc = false;
+    for (int i = 0; i < s->n; i++)
+        step_head(m, a, s->h[i], b, &o, 0);
+    if (o.n == 0 && !o.acc)
+        return NULL;
+    if (o.n == s->n && o.acc == s->acc && !memcmp(o.h, s->h, sizeof(o.h[0]) * (size_t)o.n))
+        return s;
+    gstate *ns = aalloc(a, sizeof(gstate) + sizeof(o.h[0]) * (size_t)o.n);
+    if (!ns) {
+        m->oom = true;
+        return NULL;
+    }
+    ns->n = o.n;
+    ns->acc = o.acc;
+    memcpy(ns->h, o.h, sizeof(o.h[0]) * (size_t)o.n);
+    return ns;
+}
+
+/* Deep copy of a state into arena a (frames shared within the copy). */
+typedef struct fmap {
+    const gframe *from;
+    const gframe *to;
+} fmap;
+
+static const gframe *copy_frame(rlai_grammar_matcher *m, arena *a, const gframe *f, fmap *map, int *n_map, int cap)
+{
+    if (!f)
+        return NULL;
+    for (int i = 0; i < *n_map; i++)
+        if (map[i].from == f)
+            return map[i].to;
+    const gframe *p = copy_frame(m, a, f->parent, map, n_map, cap);
+    if (f->parent && !p)
+        return NULL;
+    const gframe *nf = frame_new(m, a, f->ei, f->aux, f->cnt, p);
+    if (nf && *n_map < cap)
+        map[(*n_map)++] = (fmap){ f, nf };
+    return nf;
+}
+
+static const gstate *copy_state(rlai_grammar_matcher *m, arena *a, const gstate *s)
+{
+    gstate *ns = aalloc(a, sizeof(gstate) + sizeof(s->h[0]) * (size_t)s->n);
+    if (!ns) {
+        m->oom = true;
+        return NULL;
+    }
+    ns->n = s->n;
+    ns->acc = s->acc;
+    fmap map[512];
+    int n_map = 0;
+    for (int i = 0; i < s->n; i++)
+        if (!(ns->h[i] = copy_frame(m, a, s->h[i], map, &n_map, 512)))
+            return NULL;
+    return ns;
+}
+
+int rlai_grammar_matcher_create(const rlai_grammar *g, rlai_grammar_matcher **out)
+{
+    if (!out)
+        return RLAI_ERR_INVALID_ARG;
+    *out = NULL;
+    if (!g)
+        return RLAI_ERR_INVALID_ARG;
+    rlai_grammar_matcher *m = calloc(1, sizeof(*m));
+    if (!m)
+        return RLAI_ERR_NOMEM;
+    m->g = rlai_grammar_ref(g);
+    hbuf o;
+    o.n = 0;
+    o.acc = false;
+    const grule *ru = &g->rules[g->root];
+    for (int i = 0; i < ru->n; i++)
+        expand(m, &m->keep[0], ru->alt[i], NULL, &o, 0);
+    gstate *s = aalloc(&m->keep[0], sizeof(gstate) + sizeof(o.h[0]) * (size_t)o.n);
+    if (!s || m->oom) {
+        rlai_grammar_matcher_free(m);
+        return RLAI_ERR_NOMEM;
+    }
+    s->n = o.n;
+    s->acc = o.acc;
+    memcpy(s->h, o.h, sizeof(o.h[0]) * (size_t)o.n);
+    m->st = s;
+    *out = m;
+    return 0;
+}
+
+void rlai_grammar_matcher_free(rlai_grammar_matcher *m)
+{
+    if (!m)
+        return;
+    afree(&m->keep[0]);
+    afree(&m->keep[1]);
+    afree(&m->scratch);
+    free(m->walk);
+    rlai_grammar_unref(m->g);
+    free(m);
+}
+
+int rlai_grammar_matcher_feed(rlai_grammar_matcher *m, const char *bytes, size_t n)
+{
+    if (!m || (!bytes && n))
+        return RLAI_ERR_INVALID_ARG;
+    if (n == 0)
+        return 0;
+    areset(&m->scratch);
+    m->oom = false;
+    const gstate *s = m->st;
+    for (size_t i = 0; i < n && s; i++)
+        s = step(m, &m->scratch, s, (unsigned char)bytes[i]);
+    if (m->oom)
+        return RLAI_ERR_NOMEM;
+    if (!s)
+        return RLAI_ERR_INVALID_ARG;
+    int ki = 1 - m->ki;
+    areset(&m->keep[ki]);
+    const gstate *ns = copy_state(m, &m->keep[ki], s);
+    if (!ns)
+        return RLAI_ERR_NOMEM;
+    m->st = ns;
+    m->ki = ki;
+    return 0;
+}
+
+bool rlai_grammar_matcher_can_end(const rlai_grammar_matcher *cm)
+{
+    rlai_grammar_matcher *m = (rlai_grammar_matcher *)cm;
+    if (!m)
+        return false;
+    areset(&m->scratch);
+    return state_can_end(m, m->st);
+}
+
+bool rlai_grammar_matcher_done(const rlai_grammar_matcher *m)
+{
+    return m && m->st->acc && m->st->n == 0;
+}
+
+bool rlai_grammar_accepts(const rlai_grammar *g, const char *text, size_t len)
+{
+    rlai_grammar_matcher *m = NULL;
+    if (rlai_grammar_matcher_create(g, &m) < 0)
+        return false;
+    bool ok = rlai_grammar_matcher_feed(m, text, len) == 0 && rlai_grammar_matcher_can_end(m);
+    rlai_grammar_matcher_free(m);
+    return ok;
+}
+
+/* ------------------------------------------------------------------ */
+/* Vocabulary index and token masks                                    */
+
+typedef struct tnode {
+    int32_t tok;                 /* first token ending here, or -1 */
+    int32_t end;                 /* index after this node's subtree */
+    uint16_t depth;              /* 1 = first byte */
+    uint8_t byte;
+} tnode;
+
+typedef struct trie {
+    tnode *n;
+    int count;
+} trie;
+
+struct rlai_gvocab {
+    int n_vocab, words, max_len;
+    uint32_t *off;
+    uint16_t *len;
+    unsigned char *blob;
+    int32_t *dup;                /* next token with the same bytes, or -1 */
+    uint32_t *eog;               /* bitset */
+    uint32_t *plain;             /* bitset: every byte printable ASCII, not '"' or '\' */
+    uint32_t *any;               /* bitset: every token with bytes (not EOG) */
+    trie all, nonplain;
+};
+
+static const rlai_gvocab *sort_v;
+static int tok_cmp(const void *pa, const void *pb)
+{
+    int32_t a = *(const int32_t *)pa, b = *(const int32_t *)pb;
+    const rlai_gvocab *v = sort_v;
+    size_t la = v->len[a], lb = v->len[b];
+    int c = memcmp(v->blob + v->off[a], v->blob + v->off[b], la < lb ? la : lb);
+    if (c)
+        return c;
+    if (la != lb)
+        return la < lb ? -1 : 1;
+    return a < b ? -1 : a > b;
+}
+
+static bool tok_plain(const rlai_gvocab *v, int t)
+{
+    for (int i = 0; i < v->len[t]; i++) {
+        unsigned char c = v->blob[v->off[t] + i];
+        if (c < 0x20 || c >= 0x80 || c == '"' || c == '\\')
+            return false;
+    }
+    return true;
+}
+
+/* Builds a pre-order trie of the tokens in ids (sorted by bytes). */
+static int trie_build(rlai_gvocab *v, const int32_t *ids, int n, trie *t)
+{
+    size_t total = 0;
+    for (int i = 0; i < n; i++)
+        total += v->len[ids[i]];
+    t->n = malloc(sizeof(tnode) * (total + 1));
+    int *path = malloc(sizeof(int) * ((size_t)v->max_len + 2));
+    if (!t->n || !path) {
+        free(path);
+        return RLAI_ERR_NOMEM;
+    }
+    int cnt = 0, plen = 0, prev = -1;
+    for (int i = 0; i < n; i++) {
+        int id = ids[i], l = v->len[id];
+        const unsigned char *b = v->blob + v->off[id];
+        int lcp = 0;
+        if (prev >= 0) {
+            const unsigned char *pb = v->blob + v->off[prev];
+            int pl = v->len[prev];
+            while (lcp < l && lcp < pl && b[lcp] == pb[lcp])
+                lcp++;
+            if (lcp == l && l == pl) {
+                /* same bytes: chain as a duplicate of the node's token */
+                int32_t first = t->n[path[l - 1]].tok;
+                while (v->dup[first] >= 0)
+                    first = v->dup[first];
+                v->dup[first] = id;
+                continue;
+            }
+        }
+        for (int d = plen - 1; d >= lcp; d--)
+            t->n[path[d]].end = cnt;
+        for (int d = lcp; d < l; d++) {
+            t->n[cnt] = (tnode){ d + 1 == l ? id : -1, 0, (uint16_t)(d + 1), b[d] };
+            path[d] = cnt++;
+        }
+        plen = l;
+        prev = id;
+    }
+    for (int d = plen - 1; d >= 0; d--)
+        t->n[path[d]].end = cnt;
+    t->count = cnt;
+    free(path);
+    return 0;
+}
+
+int rlai_gvocab_create(const rlai_tokenizer *tk, rlai_gvocab **out)
+{
+    if (!tk || !out)
+        return RLAI_ERR_INVALID_ARG;
+    *out = NULL;
+    int n = rlai_tokenizer_n_vocab(tk);
+    rlai_gvocab *v = calloc(1, sizeof(*v));
+    if (!v)
+        return RLAI_ERR_NOMEM;
+    v->n_vocab = n;
+    v->words = (n + 31) / 32;
+    v->off = calloc((size_t)n, sizeof(uint32_t));
+    v->len = calloc((size_t)n, sizeof(uint16_t));
+    v->dup = malloc(sizeof(int32_t) * (size_t)n);
+    v->eog = calloc((size_t)v->words, sizeof(uint32_t));
+    v->plain = calloc((size_t)v->words, sizeof(uint32_t));
+    v->any = calloc((size_t)v->words, sizeof(uint32_t));
+    size_t cap = (size_t)n * 8 + 64, used = 0;
+    v->blob = malloc(cap);
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)n);
+    int32_t *np = malloc(sizeof(int32_t) * (size_t)n);
+    int rc = v->off && v->len && v->dup && v->eog && v->plain && v->any && v->blob && ids && np ? 0 : RLAI_ERR_NOMEM;
+    int n_ids = 0, n_np = 0;
+    for (int t = 0; rc == 0 && t < n; t++) {
+        v->dup[t] = -1;
+        if (rlai_tokenizer_is_eog(tk, t)) {
+            v->eog[t >> 5] |= 1u << (t & 31);
+            continue;   /* allowed only as the end, never as text */
+        }
+        int attr = rlai_tokenizer_attr(tk, t);
+        if (attr == RLAI_TOKEN_CONTROL || attr == RLAI_TOKEN_UNUSED || attr == RLAI_TOKEN_UNKNOWN)
+            continue;
+        char tmp[512];
+        int l = rlai_tokenizer_token_to_piece(tk, t, false, tmp, sizeof(tmp));
+        if (l <= 0 || l > (int)sizeof(tmp))
+            continue;   /* no bytes (or absurdly long): never allowed */
+        if (used + (size_t)l > cap) {
+            cap = (cap + (size_t)l) * 2;
+            unsigned char *nb = realloc(v->blob, cap);
+            if (!nb) {
+                rc = RLAI_ERR_NOMEM;
+                break;
+            }
+            v->blob = nb;
+        }
+        memcpy(v->blob + used, tmp, (size_t)l);
+        v->off[t] = (uint32_t)used;
+        v->len[t] = (uint16_t)l;
+        used += (size_t)l;
+        if (l > v->max_len)
+            v->max_len = l;
+        ids[n_ids++] = t;
+    }
+    if (rc == 0) {
+        sort_v = v;   /* qsort has no context argument; creation is rare */
+        qsort(ids, (size_t)n_ids, sizeof(int32_t), tok_cmp);
+        sort_v = NULL;
+        for (int i = 0; i < n_ids; i++) {
+            v->any[ids[i] >> 5] |= 1u << (ids[i] & 31);
+            if (tok_plain(v, ids[i]))
+                v->plain[ids[i] >> 5] |= 1u << (ids[i] & 31);
+            else
+                np[n_np++] = ids[i];
+        }
+        rc = trie_build(v, ids, n_ids, &v->all);
+    }
+    if (rc == 0) {
+        /* duplicates were chained by the first build; the second must not chain again */
+        int32_t *save = malloc(sizeof(int32_t) * (size_t)n);
+        if (!save)
+            rc = RLAI_ERR_NOMEM;
+        else {
+            memcpy(save, v->dup, sizeof(int32_t) * (size_t)n);
+            for (int t = 0; t < n; t++)
+                v->dup[t] = -1;
+            rc = trie_build(v, np, n_np, &v->nonplain);
+            memcpy(v->dup, save, sizeof(int32_t) * (size_t)n);
+            free(save);
+        }
+    }
+    free(ids);
+    free(np);
+    if (rc < 0) {
+        rlai_gvocab_free(v);
+        return rc;
+    }
+    *out = v;
+    return 0;
+}
+
+void rlai_gvocab_free(rlai_gvocab *v)
+{
+    if (!v)
+        return;
+    free(v->off);
+    free(v->len);
+    free(v->blob);
+    free(v->dup);
+    free(v->eog);
+    free(v->plain);
+    free(v->any);
+    free(v->all.n);
+    free(v->nonplain.n);
+    free(v);
+}
+
+int rlai_gvocab_n_vocab(const rlai_gvocab *v) { return v ? v->n_vocab : 0; }
+int rlai_gvocab_mask_words(const rlai_gvocab *v) { return v ? v->words : 0; }
+
+static void mark(const rlai_gvocab *v, uint32_t *mask, int32_t t)
+{
+    for (; t >= 0; t = v->dup[t])
+        mask[t >> 5] |= 1u << (t & 31);
+}
+
+static int walk(rlai_grammar_matcher *m, const rlai_gvocab *v, const trie *t, uint32_t *mask)
+{
+    if (m->walk_cap < v->max_len + 1) {
+        const gstate **nw = realloc(m->walk, sizeof(*nw) * (size_t)(v->max_len + 1));
+        if (!nw)
+            return RLAI_ERR_NOMEM;
+        m->walk = nw;
+        m->walk_cap = v->max_len + 1;
+    }
+    const gstate **st = m->walk;
+    st[0] = m->st;
+    const tnode *nd = t->n;
+    for (int i = 0; i < t->count;) {
+        const gstate *s = step(m, &m->scratch, st[nd[i].depth - 1], nd[i].byte);
+        if (!s) {
+            if (m->oom)
+                return RLAI_ERR_NOMEM;
+            i = nd[i].end;
+            continue;
+        }
+        if (nd[i].tok >= 0)
+            mark(v, mask, nd[i].tok);
+        if (s->n == 0) {
+            i = nd[i].end;
+            continue;
+        }
+        st[nd[i].depth] = s;
+        i++;
+    }
+    return 0;
+}
+
+static int finish_mask(rlai_grammar_matcher *m, const rlai_gvocab *v, uint32_t *mask)
+{
+    if (state_can_end(m, m->st))
+        for (int w = 0; w < v->words; w++)
+            mask[w] |= v->eog[w];
+    int count = 0;
+    for (int w = 0; w < v->words; w++)
+        count += __builtin_popcount(mask[w]);
+    return count;
+}
+
+int rlai_grammar_matcher_mask(rlai_grammar_matcher *m, const rlai_gvocab *v, uint32_t *mask)
+{
+    if (!m || !v || !mask)
+        return RLAI_ERR_INVALID_ARG;
+    areset(&m->scratch);
+    m->oom = false;
+    memset(mask, 0, sizeof(uint32_t) * (size_t)v->words);
+    /* Inside an unbounded string every plain token is text: take them all
+     * at once and walk only the tokens holding a quote, backslash, control
+     * or non-ASCII byte. */
+    bool in_str = false, any = false;
+    for (int i = 0; i < m->st->n && !any; i++) {
+        const gframe *h = m->st->h[i];
+        const gelem *e = &m->g->el[h->ei];
+        in_str |= e->kind == GE_STR && h->aux == 0 && e->b == G_INF;
+        /* free text (RLAI_GRAMMAR_OR_TEXT): every byte, without end */
+        any = e->kind == GE_REP && e->b == G_INF && h->cnt >= e->a && m->g->sets[e->set][0] == ~0ull &&
+              m->g->sets[e->set][1] == ~0ull && m->g->sets[e->set][2] == ~0ull && m->g->sets[e->set][3] == ~0ull;
+    }
+    int rc;
+    if (any) {
+        memcpy(mask, v->any, sizeof(uint32_t) * (size_t)v->words);
+        rc = 0;
+    } else if (in_str) {
+        memcpy(mask, v->plain, sizeof(uint32_t) * (size_t)v->words);
+        rc = walk(m, v, &v->nonplain, mask);
+    } else {
+        rc = walk(m, v, &v->all, mask);
+    }
+    if (rc < 0)
+        return rc;
+    return finish_mask(m, v, mask);
+}
+
+int rlai_grammar_matcher_mask_slow(rlai_grammar_matcher *m, const rlai_gvocab *v, uint32_t *mask)
+{
+    if (!m || !v || !mask)
+        return RLAI_ERR_INVALID_ARG;
+    memset(mask, 0, sizeof(uint32_t) * (size_t)v->words);
+    for (int t = 0; t < v->n_vocab; t++) {
+        if (!v->len[t])
+            continue;
+        areset(&m->scratch);
+        m->oom = false;
+        const gstate *s = m->st;
+        for (int i = 0; i < v->len[t] && s; i++)
+            s = step(m, &m->scratch, s, v->blob[v->off[t] + i]);
+        if (m->oom)
+            return RLAI_ERR_NOMEM;
+        if (s)
+            mask[t >> 5] |= 1u << (t & 31);
+    }
+    areset(&m->scratch);
+    return finish_mask(m, v, mask);
+}
+
+int rlai_grammar_matcher_accept_token(rlai_grammar_matcher *m, const rlai_gvocab *v, int32_t tok)
+{
+    if (!m || !v || tok < 0 || tok >= v->n_vocab)
+        return RLAI_ERR_INVALID_ARG;
+    if ((v->eog[tok >> 5] >> (tok & 31)) & 1) {
+        areset(&m->scratch);
+        return state_can_end(m, m->st) ? 0 : RLAI_ERR_INVALID_ARG;
+    }
+    if (!v->len[tok])
+        return RLAI_ERR_INVALID_ARG;
+    return rlai_grammar_matcher_feed(m, (const char *)v->blob + v->off[tok], v->len[tok]);
+}

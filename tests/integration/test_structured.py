@@ -1,0 +1,203 @@
+"""Structured output and function calling over the OpenAI front
+(docs/STRUCTURED.md): a real `rlai serve` on the default model, spoken to
+with the `openai` package and langchain-openai. response_format json_object
+and json_schema give JSON that parses and validates (jsonschema); bad
+schemas are a 400 naming the keyword; tools give tool_calls (blocking and
+streamed, OpenAI's delta shape) with arguments valid under the function's
+parameters, and a tool result turn is accepted; LangChain's bind_tools and
+with_structured_output work against the served endpoint."""
+import json
+
+import pytest
+
+from test_http import Engine, MODEL, RLAI  # noqa: F401  (same fixtures and skips)
+
+openai = pytest.importorskip("openai")
+jsonschema = pytest.importorskip("jsonschema")
+
+pytestmark = [
+    pytest.mark.skipif(not RLAI, reason="RLAI_BIN not set (run through meson test)"),
+    pytest.mark.skipif(not MODEL.exists(), reason="default model not fetched (scripts/setup.sh)"),
+]
+
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 30},
+        "age": {"type": "integer"},
+        "pets": {"type": "array", "items": {"enum": ["cat", "dog", "fish"]}, "maxItems": 3},
+    },
+    "required": ["name", "age", "pets"],
+    "additionalProperties": False,
+}
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the current weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 40},
+                           "unit": {"enum": ["celsius", "fahrenheit"]}},
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    e = Engine(tmp_path_factory.mktemp("structured"))
+    yield e
+    e.stop()
+
+
+def chat(engine, **kw):
+    kw.setdefault("model", "default")
+    kw.setdefault("temperature", 0)
+    kw.setdefault("max_tokens", 200)
+    return engine.client().chat.completions.create(**kw)
+
+
+def test_json_schema_output_validates(engine):
+    r = chat(engine, messages=[{"role": "user", "content": "Describe a person called Ann who has a cat."}],
+             response_format={"type": "json_schema",
+                              "json_schema": {"name": "person", "schema": PERSON, "strict": True}})
+    c = r.choices[0]
+    assert c.finish_reason == "stop", c
+    obj = json.loads(c.message.content)
+    jsonschema.validate(obj, PERSON)
+
+
+def test_json_object_output_parses_and_streams(engine):
+    msgs = [{"role": "user", "content": "Give me a JSON object with a colour and a number."}]
+    r = chat(engine, messages=msgs, response_format={"type": "json_object"})
+    obj = json.loads(r.choices[0].message.content)
+    assert isinstance(obj, dict)
+    # the same request streamed gives the same text
+    parts = [ch.choices[0].delta.content or "" for ch in
+             chat(engine, messages=msgs, response_format={"type": "json_object"}, stream=True) if ch.choices]
+    assert "".join(parts) == r.choices[0].message.content
+
+
+def test_completions_json_schema(engine):
+    r = engine.client().completions.create(model="default", prompt="A person as JSON:", temperature=0,
+                                           max_tokens=150, extra_body={"response_format": {
+                                               "type": "json_schema", "json_schema": {"name": "p", "schema": PERSON}}})
+    jsonschema.validate(json.loads(r.choices[0].text), PERSON)
+
+
+@pytest.mark.parametrize("schema,needle", [
+    ({"type": "string", "pattern": "^a"}, "'pattern' is not supported"),
+    ({"type": "wat"}, "unknown JSON Schema type 'wat'"),
+    ({"$ref": "#/$defs/none"}, "not found"),
+])
+def test_bad_schema_is_400(engine, schema, needle):
+    with pytest.raises(openai.BadRequestError) as ei:
+        chat(engine, messages=[{"role": "user", "content": "hi"}],
+             response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}})
+    assert needle in str(ei.value)
+    assert ei.value.body["param"] == "response_format"
+    # the server keeps serving
+    assert chat(engine, messages=[{"role": "user", "content": "hi"}], max_tokens=4).choices[0].message.content
+
+
+def check_call(call):
+    assert call.type == "function"
+    assert call.id.startswith("call_")
+    assert call.function.name == "get_weather"
+    args = json.loads(call.function.arguments)
+    jsonschema.validate(args, WEATHER["function"]["parameters"])
+    return args
+
+
+def test_tools_required_blocking_and_tool_turn(engine):
+    msgs = [{"role": "user", "content": "What is the weather in Paris?"}]
+    r = chat(engine, messages=msgs, tools=[WEATHER], tool_choice="required")
+    c = r.choices[0]
+    assert c.finish_reason == "tool_calls"
+    assert c.message.content is None
+    assert len(c.message.tool_calls) == 1
+    check_call(c.message.tool_calls[0])
+    # the call and its result go back; the model answers in text
+    call = c.message.tool_calls[0]
+    msgs += [{"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+             {"role": "tool", "tool_call_id": call.id, "content": "{\"temperature\": 21, \"sky\": \"clear\"}"}]
+    r2 = chat(engine, messages=msgs, tools=[WEATHER], tool_choice="none", max_tokens=40)
+    assert r2.choices[0].finish_reason in ("stop", "length")
+    assert r2.choices[0].message.content
+    assert not r2.choices[0].message.tool_calls
+
+
+def test_tools_named_streamed_deltas(engine):
+    stream = chat(engine, messages=[{"role": "user", "content": "Weather in Oslo, please."}], tools=[WEATHER],
+                  tool_choice={"type": "function", "function": {"name": "get_weather"}}, stream=True)
+    name, args, ids, finish = "", "", set(), None
+    for ch in stream:
+        if not ch.choices:
+            continue
+        d = ch.choices[0].delta
+        for tc in d.tool_calls or []:
+            assert tc.index == 0
+            if tc.id:
+                ids.add(tc.id)
+            if tc.function and tc.function.name:
+                name += tc.function.name
+            if tc.function and tc.function.arguments:
+                args += tc.function.arguments
+        finish = ch.choices[0].finish_reason or finish
+    assert finish == "tool_calls"
+    assert name == "get_weather" and len(ids) == 1
+    jsonschema.validate(json.loads(args), WEATHER["function"]["parameters"])
+
+
+def test_tools_auto_gives_text_or_a_valid_call(engine):
+    for q in ["What is the weather in Rome?", "Say hello."]:
+        r = chat(engine, messages=[{"role": "user", "content": q}], tools=[WEATHER], tool_choice="auto", max_tokens=60)
+        c = r.choices[0]
+        if c.message.tool_calls:
+            assert c.finish_reason == "tool_calls"
+            check_call(c.message.tool_calls[0])
+        else:
+            assert not c.message.content.lstrip().startswith("{")
+
+
+def test_tools_errors(engine):
+    with pytest.raises(openai.BadRequestError) as ei:
+        chat(engine, messages=[{"role": "user", "content": "hi"}], tools=[WEATHER],
+             tool_choice={"type": "function", "function": {"name": "nope"}})
+    assert "'nope'" in str(ei.value)
+    bad = {"type": "function", "function": {"name": "f", "parameters": {"type": "string", "pattern": "x"}}}
+    with pytest.raises(openai.BadRequestError) as ei:
+        chat(engine, messages=[{"role": "user", "content": "hi"}], tools=[bad])
+    assert "tools[0].function.parameters" in str(ei.value) and "'pattern'" in str(ei.value)
+
+
+def test_langchain_bind_tools_and_structured_output(engine):
+    lc = pytest.importorskip("langchain_openai")
+    pydantic = pytest.importorskip("pydantic")
+    from langchain_core.tools import tool
+
+    llm = lc.ChatOpenAI(base_url=engine.base + "/v1", api_key=engine.api_key, model="default", temperature=0,
+                        max_tokens=150, max_retries=0, timeout=300)
+
+    @tool
+    def get_weather(city: str) -> str:
+        """Get the current weather in a city."""
+        return "sunny"
+
+    msg = llm.bind_tools([get_weather], tool_choice="get_weather").invoke("What is the weather in Berlin?")
+    assert len(msg.tool_calls) == 1
+    assert msg.tool_calls[0]["name"] == "get_weather"
+    assert isinstance(msg.tool_calls[0]["args"].get("city"), str)
+
+    class Person(pydantic.BaseModel):
+        name: str
+        age: int
+
+    # json_schema (response_format) and function calling (tools) methods
+    for method in ("json_schema", "function_calling"):
+        p = llm.with_structured_output(Person, method=method).invoke("Describe Bob, aged 40.")
+        assert isinstance(p, Person), (method, p)

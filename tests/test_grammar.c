@@ -1,0 +1,473 @@
+/* test_grammar.c - grammar-constrained sampling (engine/grammar.c):
+ * schemas compile or are refused with the right code and a message naming
+ * the keyword; the byte matcher accepts valid and rejects invalid JSON;
+ * the fast token mask (trie walk, plain-token shortcut) equals a brute
+ * force mask on states reached by random walks over the real vocabulary;
+ * and on the real default model, greedy output under a schema is complete,
+ * valid JSON, token-for-token the same with speculative decoding asked for
+ * and every token was allowed by the mask of its step. */
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rlai/engine.h"
+#include "rlai/grammar.h"
+#include "grammar.h"
+#include "rlai/gguf.h"
+#include "tokenizer.h"
+
+#define MODEL RLAI_MODELS_DIR "/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+static rlai_grammar *schema(const char *s)
+{
+    rlai_grammar *g = NULL;
+    char err[256];
+    int rc = rlai_grammar_from_json_schema(s, strlen(s), &g, err, sizeof(err));
+    ck_assert_msg(rc == 0, "schema %s: %s", s, err);
+    ck_assert_ptr_nonnull(g);
+    return g;
+}
+
+static bool acc(const rlai_grammar *g, const char *t) { return rlai_grammar_accepts(g, t, strlen(t)); }
+
+START_TEST(json_object_accepts_objects_only)
+{
+    rlai_grammar *g = NULL;
+    ck_assert_int_eq(rlai_grammar_json_object(&g), 0);
+    ck_assert(acc(g, "{}"));
+    ck_assert(acc(g, "{ }"));
+    ck_assert(acc(g, "{\"a\":1}"));
+    ck_assert(acc(g, "{\"a\": [1, 2.5, -3e2, true, false, null, \"x\\n\\u00e9\", {\"b\": {}}]}"));
+    ck_assert(acc(g, "{\n  \"k\": \"caf\xc3\xa9\"\n}"));
+    ck_assert(!acc(g, "[]"));
+    ck_assert(!acc(g, "\"str\""));
+    ck_assert(!acc(g, "{"));
+    ck_assert(!acc(g, "{\"a\":}"));
+    ck_assert(!acc(g, "{\"a\":1,}"));
+    ck_assert(!acc(g, "{\"a\":01}"));
+    ck_assert(!acc(g, "{\"a\":\"\\x\"}"));
+    ck_assert(!acc(g, "{\"a\":\"line\nbreak\"}"));
+    ck_assert(!acc(g, "{\"a\":\"\xff\"}"));
+    ck_assert(!acc(g, "{}x"));
+    ck_assert(!acc(g, "{}  "));
+    /* whitespace is bounded: a run of 17 spaces is refused */
+    ck_assert(acc(g, "{                }"));
+    ck_assert(!acc(g, "{                 }"));
+    /* incremental: a prefix is fed, cannot end; the rest completes it */
+    rlai_grammar_matcher *m = NULL;
+    ck_assert_int_eq(rlai_grammar_matcher_create(g, &m), 0);
+    ck_assert_int_eq(rlai_grammar_matcher_feed(m, "{\"a\"", 4), 0);
+    ck_assert(!rlai_grammar_matcher_can_end(m));
+    ck_assert_int_eq(rlai_grammar_matcher_feed(m, "}", 1), RLAI_ERR_INVALID_ARG);
+    ck_assert_int_eq(rlai_grammar_matcher_feed(m, ":2}", 3), 0);
+    ck_assert(rlai_grammar_matcher_can_end(m));
+    ck_assert(rlai_grammar_matcher_done(m));
+    rlai_grammar_matcher_free(m);
+    rlai_grammar_unref(g);
+}
+END_TEST
+
+START_TEST(schema_objects_and_types)
+{
+    rlai_grammar *g = schema("{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\"},"
+                             "\"age\":{\"type\":\"integer\"},\"tags\":{\"type\":\"array\",\"items\":"
+                             "{\"type\":\"string\"},\"maxItems\":2}},\"required\":[\"name\",\"age\"],"
+                             "\"additionalProperties\":false}");
+    ck_assert(acc(g, "{\"name\":\"Bo\",\"age\":7}"));
+    ck_assert(acc(g, "{ \"name\": \"Bo\", \"age\": -7, \"tags\": [\"a\", \"b\"] }"));
+    ck_assert(acc(g, "{\"name\":\"\",\"age\":0,\"tags\":[]}"));
+    ck_assert(!acc(g, "{\"age\":7,\"name\":\"Bo\"}"));          /* schema order */
+    ck_assert(!acc(g, "{\"name\":\"Bo\"}"));                   /* required age */
+    ck_assert(!acc(g, "{\"name\":\"Bo\",\"age\":7.5}"));       /* integer */
+    ck_assert(!acc(g, "{\"name\":\"Bo\",\"age\":7,\"tags\":[\"a\",\"b\",\"c\"]}"));  /* maxItems */
+    ck_assert(!acc(g, "{\"name\":\"Bo\",\"age\":7,\"x\":1}"));   /* additional */
+    ck_assert(!acc(g, "{\"name\":3,\"age\":7}"));
+    rlai_grammar_unref(g);
+
+    g = schema("{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"boolean\"},\"b\":{\"type\":\"null\"},"
+               "\"c\":{\"type\":\"number\"}}}");   /* nothing required */
+    ck_assert(acc(g, "{}"));
+    ck_assert(acc(g, "{\"b\":null}"));
+    ck_assert(acc(g, "{\"a\":true,\"c\":1.25e-3}"));
+    ck_assert(!acc(g, "{,\"b\":null}"));
+    ck_assert(!acc(g, "{\"a\":true,}"));
+    ck_assert(!acc(g, "{\"a\":1}"));
+    rlai_grammar_unref(g);
+
+    g = schema("{\"enum\":[\"red\",\"green\",3,null]}");
+    ck_assert(acc(g, "\"red\""));
+    ck_assert(acc(g, "3"));
+    ck_assert(acc(g, "null"));
+    ck_assert(!acc(g, "\"blue\""));
+    ck_assert(!acc(g, "\"re\""));
+    rlai_grammar_unref(g);
+
+    g = schema("{\"const\":{\"k\":[1,\"x\"]}}");
+    ck_assert(acc(g, "{\"k\":[1,\"x\"]}"));
+    ck_assert(!acc(g, "{\"k\":[1]}"));
+    rlai_grammar_unref(g);
+
+    g = schema("{\"type\":\"array\",\"items\":{\"anyOf\":[{\"type\":\"integer\"},{\"type\":\"object\","
+               "\"properties\":{\"x\":{\"type\":\"string\",\"minLength\":2,\"maxLength\":3}},\"required\":[\"x\"]}]},"
+               "\"minItems\":2}");
+    ck_assert(acc(g, "[1,2]"));
+    ck_assert(acc(g, "[1,{\"x\":\"ab\"},{\"x\":\"\xc3\xa9\\n\\u0041\"}]"));
+    ck_assert(!acc(g, "[1]"));
+    ck_assert(!acc(g, "[1,{\"x\":\"a\"}]"));
+    ck_assert(!acc(g, "[1,{\"x\":\"abcd\"}]"));
+    rlai_grammar_unref(g);
+
+    g = schema("{\"type\":[\"string\",\"null\"]}");
+    ck_assert(acc(g, "\"s\""));
+    ck_assert(acc(g, "null"));
+    ck_assert(!acc(g, "1"));
+    rlai_grammar_unref(g);
+
+    /* $ref into $defs, recursive */
+    g = schema("{\"$defs\":{\"node\":{\"type\":\"object\",\"properties\":{\"v\":{\"type\":\"integer\"},"
+               "\"kids\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/node\"}}},\"required\":[\"v\"],"
+               "\"additionalProperties\":false}},\"$ref\":\"#/$defs/node\"}");
+    ck_assert(acc(g, "{\"v\":1,\"kids\":[{\"v\":2},{\"v\":3,\"kids\":[{\"v\":4}]}]}"));
+    ck_assert(!acc(g, "{\"v\":1,\"kids\":[{}]}"));
+    rlai_grammar_unref(g);
+
+    g = schema("{\"definitions\":{\"c\":{\"enum\":[\"a\",\"b\"]}},\"type\":\"object\","
+               "\"properties\":{\"c\":{\"$ref\":\"#/definitions/c\",\"description\":\"d\"}},\"required\":[\"c\"]}");
+    ck_assert(acc(g, "{\"c\":\"b\"}"));
+    ck_assert(!acc(g, "{\"c\":\"z\"}"));
+    rlai_grammar_unref(g);
+
+    /* {} and true: any JSON value */
+    g = schema("{}");
+    ck_assert(acc(g, "[1,{\"a\":null}]"));
+    ck_assert(acc(g, "\"x\""));
+    rlai_grammar_unref(g);
+
+    /* or-text (tool_choice auto): a call, or text not starting with '{' */
+    const char *call = "{\"properties\":{\"name\":{\"const\":\"f\"}},\"required\":[\"name\"]}";
+    ck_assert_int_eq(rlai_grammar_from_json_schema_flags(call, strlen(call), RLAI_GRAMMAR_OR_TEXT, &g, NULL, 0), 0);
+    ck_assert(acc(g, "{\"name\":\"f\"}"));
+    ck_assert(acc(g, "\n {\"name\":\"f\"}"));
+    ck_assert(acc(g, "Hello {\"name\":\"g\"} \xff"));
+    ck_assert(acc(g, ""));
+    ck_assert(!acc(g, "{\"name\":\"g\"}"));
+    ck_assert(!acc(g, " hello"));
+    rlai_grammar_unref(g);
+
+    /* nested $defs (tool parameters inside a wrapper) resolve in their own scope */
+    g = schema("{\"properties\":{\"args\":{\"$defs\":{\"u\":{\"enum\":[\"c\",\"f\"]}},\"properties\":"
+               "{\"unit\":{\"$ref\":\"#/$defs/u\"}},\"required\":[\"unit\"]}},\"required\":[\"args\"]}");
+    ck_assert(acc(g, "{\"args\":{\"unit\":\"f\"}}"));
+    ck_assert(!acc(g, "{\"args\":{\"unit\":\"k\"}}"));
+    rlai_grammar_unref(g);
+
+    /* property names are escaped */
+    g = schema("{\"properties\":{\"a\\\"b\":{\"type\":\"integer\"}},\"required\":[\"a\\\"b\"]}");
+    ck_assert(acc(g, "{\"a\\\"b\":1}"));
+    rlai_grammar_unref(g);
+}
+END_TEST
+
+static void refused(const char *s, int code, const char *needle)
+{
+    rlai_grammar *g = (rlai_grammar *)1;
+    char err[256] = "";
+    int rc = rlai_grammar_from_json_schema(s, strlen(s), &g, err, sizeof(err));
+    ck_assert_msg(rc == code, "schema %s: rc %d want %d (%s)", s, rc, code, err);
+    ck_assert_ptr_null(g);
+    ck_assert_msg(strstr(err, needle), "schema %s: message '%s' lacks '%s'", s, err, needle);
+}
+
+START_TEST(schema_refusals)
+{
+    refused("{\"type\":\"string\",\"pattern\":\"^a\"}", RLAI_ERR_UNSUPPORTED, "'pattern' is not supported");
+    refused("{\"type\":\"number\",\"minimum\":3}", RLAI_ERR_UNSUPPORTED, "'minimum'");
+    refused("{\"allOf\":[{}]}", RLAI_ERR_UNSUPPORTED, "'allOf'");
+    refused("{\"type\":\"object\",\"properties\":{\"a\":{\"not\":{}}}}", RLAI_ERR_UNSUPPORTED, "'not'");
+    refused("{\"type\":\"object\"", RLAI_ERR_INVALID_ARG, "not valid JSON");
+    refused("[1]", RLAI_ERR_INVALID_ARG, "must be a JSON object");
+    refused("{\"type\":\"thing\"}", RLAI_ERR_INVALID_ARG, "unknown JSON Schema type 'thing'");
+    refused("{\"$ref\":\"#/$defs/missing\"}", RLAI_ERR_INVALID_ARG, "not found");
+    refused("{\"$ref\":\"http://x/y\"}", RLAI_ERR_INVALID_ARG, "not found");
+    refused("{\"type\":\"array\",\"minItems\":3,\"maxItems\":2}", RLAI_ERR_INVALID_ARG, "minItems");
+    refused("{\"type\":\"array\",\"maxItems\":100000}", RLAI_ERR_TOO_LARGE, "maxItems");
+    refused("{\"type\":\"string\",\"maxLength\":-1}", RLAI_ERR_INVALID_ARG, "maxLength");
+    refused("{\"properties\":{\"a\":{}},\"required\":[\"b\"]}", RLAI_ERR_UNSUPPORTED, "'b'");
+    refused("false", RLAI_ERR_UNSUPPORTED, "false");
+    refused("{\"enum\":[]}", RLAI_ERR_INVALID_ARG, "enum");
+    /* deep nesting is refused, not a stack overflow */
+    char deep[2000] = "";
+    for (int i = 0; i < 100; i++)
+        strcat(deep, "{\"items\":");
+    strcat(deep, "{}");
+    for (int i = 0; i < 100; i++)
+        strcat(deep, "}");
+    refused(deep, RLAI_ERR_TOO_LARGE, "deeper");
+    rlai_grammar *g = NULL;
+    ck_assert_int_eq(rlai_grammar_from_json_schema(NULL, 0, &g, NULL, 0), RLAI_ERR_INVALID_ARG);
+    ck_assert_int_eq(rlai_grammar_from_json_schema("{}", 2, NULL, NULL, 0), RLAI_ERR_INVALID_ARG);
+    rlai_grammar_unref(NULL);
+}
+END_TEST
+
+/* ------------------------------------------------- masks on the real vocab */
+
+static rlai_gvocab *V;
+static rlai_tokenizer *TK;
+static rlai_gguf *GG;
+
+static void vocab_setup(void)
+{
+    char err[256];
+    ck_assert_int_eq(rlai_gguf_open_file(MODEL, &GG, err, sizeof(err)), 0);
+    ck_assert_int_eq(rlai_tokenizer_load(GG, &TK, err, sizeof(err)), 0);
+    ck_assert_int_eq(rlai_gvocab_create(TK, &V), 0);
+}
+
+static void vocab_teardown(void)
+{
+    rlai_gvocab_free(V);
+    rlai_tokenizer_free(TK);
+    rlai_gguf_close(GG);
+}
+
+static uint64_t rng = 88172645463325252ull;
+static uint32_t rnd(void)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (uint32_t)(rng >> 11);
+}
+
+static bool bit(const uint32_t *m, int t) { return (m[t >> 5] >> (t & 31)) & 1; }
+
+/* Random walk: at each state compare the masks, then take a random
+ * allowed token (biased towards short ones so the text closes). */
+static void walk_compare(rlai_grammar *g, int steps)
+{
+    int w = rlai_gvocab_mask_words(V), nv = rlai_gvocab_n_vocab(V);
+    uint32_t *fast = malloc(sizeof(uint32_t) * (size_t)w), *slow = malloc(sizeof(uint32_t) * (size_t)w);
+    rlai_grammar_matcher *m = NULL;
+    ck_assert_int_eq(rlai_grammar_matcher_create(g, &m), 0);
+    int compared = 0;
+    for (int s = 0; s < steps; s++) {
+        int nf = rlai_grammar_matcher_mask(m, V, fast);
+        int ns = rlai_grammar_matcher_mask_slow(m, V, slow);
+        ck_assert_int_eq(nf, ns);
+        ck_assert_int_gt(nf, 0);
+        ck_assert(!memcmp(fast, slow, sizeof(uint32_t) * (size_t)w));
+        compared++;
+        /* pick: every allowed token once in a while, mostly single bytes */
+        int32_t pick = -1;
+        char one[2] = { 0, 0 };
+        for (int tries = 0; tries < 200 && pick < 0; tries++) {
+            int32_t t = (int32_t)(rnd() % (uint32_t)nv);
+            if (!bit(fast, t) || rlai_tokenizer_is_eog(TK, t))
+                continue;
+            char buf[64];
+            int l = rlai_tokenizer_token_to_piece(TK, t, false, buf, sizeof(buf));
+            if (l > 3 && rnd() % 4)
+                continue;
+            pick = t;
+        }
+        if (pick < 0) {
+            for (int32_t t = 0; t < nv && pick < 0; t++)
+                if (bit(fast, t) && !rlai_tokenizer_is_eog(TK, t))
+                    pick = t;
+        }
+        if (pick < 0)
+            break;   /* only EOG left: complete */
+        (void)one;
+        ck_assert_int_eq(rlai_grammar_matcher_accept_token(m, V, pick), 0);
+        if (rlai_grammar_matcher_done(m))
+            break;
+    }
+    ck_assert_int_gt(compared, 3);
+    rlai_grammar_matcher_free(m);
+    free(fast);
+    free(slow);
+}
+
+START_TEST(fast_mask_equals_brute_force)
+{
+    rlai_grammar *g = NULL;
+    ck_assert_int_eq(rlai_grammar_json_object(&g), 0);
+    for (int r = 0; r < 4; r++)
+        walk_compare(g, 40);
+    rlai_grammar_unref(g);
+    g = schema("{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":6},"
+               "\"kind\":{\"enum\":[\"cat\",\"dog\"]},\"n\":{\"type\":\"number\"},\"ok\":{\"type\":\"boolean\"},"
+               "\"xs\":{\"type\":\"array\",\"items\":{\"type\":\"integer\"},\"minItems\":1,\"maxItems\":3}},"
+               "\"required\":[\"name\",\"kind\",\"xs\"]}");
+    for (int r = 0; r < 4; r++)
+        walk_compare(g, 40);
+    rlai_grammar_unref(g);
+    const char *call = "{\"properties\":{\"name\":{\"const\":\"get_weather\"},\"arguments\":{\"type\":\"object\"}},"
+                       "\"required\":[\"name\",\"arguments\"]}";
+    ck_assert_int_eq(rlai_grammar_from_json_schema_flags(call, strlen(call), RLAI_GRAMMAR_OR_TEXT, &g, NULL, 0), 0);
+    for (int r = 0; r < 4; r++)
+        walk_compare(g, 12);
+    rlai_grammar_unref(g);
+}
+END_TEST
+
+START_TEST(mask_rules_at_the_edges)
+{
+    rlai_grammar *g = schema("{\"enum\":[\"ab\"]}");
+    int w = rlai_gvocab_mask_words(V), nv = rlai_gvocab_n_vocab(V);
+    uint32_t *mk = malloc(sizeof(uint32_t) * (size_t)w);
+    rlai_grammar_matcher *m = NULL;
+    ck_assert_int_eq(rlai_grammar_matcher_create(g, &m), 0);
+    /* at the start no EOG and no control token is allowed */
+    ck_assert_int_gt(rlai_grammar_matcher_mask(m, V, mk), 0);
+    for (int t = 0; t < nv; t++)
+        if (bit(mk, t)) {
+            ck_assert(!rlai_tokenizer_is_eog(TK, t));
+            char buf[64];
+            int l = rlai_tokenizer_token_to_piece(TK, t, false, buf, sizeof(buf));
+            ck_assert_int_gt(l, 0);
+            ck_assert(!strncmp(buf, "\"ab\"", (size_t)l));
+        }
+    int32_t eog = rlai_tokenizer_eos(TK);
+    ck_assert_int_eq(rlai_grammar_matcher_accept_token(m, V, eog), RLAI_ERR_INVALID_ARG);
+    ck_assert_int_eq(rlai_grammar_matcher_feed(m, "\"ab\"", 4), 0);
+    /* complete: only end-of-generation tokens remain */
+    int n = rlai_grammar_matcher_mask(m, V, mk);
+    ck_assert_int_gt(n, 0);
+    for (int t = 0; t < nv; t++)
+        ck_assert(bit(mk, t) == rlai_tokenizer_is_eog(TK, t));
+    ck_assert_int_eq(rlai_grammar_matcher_accept_token(m, V, eog), 0);
+    rlai_grammar_matcher_free(m);
+    rlai_grammar_unref(g);
+    free(mk);
+}
+END_TEST
+
+/* ------------------------------------------------------ real model */
+
+typedef struct collect {
+    char text[8192];
+    size_t len;
+    rlai_token toks[1024];
+    int n;
+} collect;
+
+static int on_tok(void *user, rlai_token tok, const char *text, size_t len)
+{
+    collect *c = user;
+    if (c->len + len < sizeof(c->text)) {
+        memcpy(c->text + c->len, text, len);
+        c->len += len;
+        c->text[c->len] = 0;
+    }
+    if (tok >= 0 && c->n < 1024)
+        c->toks[c->n++] = tok;
+    return 0;
+}
+
+static void run_model(rlai_engine *e, rlai_grammar *g, rlai_spec_mode spec, collect *c, rlai_gen_metrics *mt)
+{
+    rlai_chat_message msgs[] = {
+        { "system", "You reply with JSON only." },
+        { "user", "Describe a cat named Tom who is 3 years old, with two hobbies." },
+    };
+    rlai_token *toks = NULL;
+    int n = 0;
+    ck_assert_int_eq(rlai_engine_tokenize_chat(e, msgs, 2, true, &toks, &n), 0);
+    rlai_gen_params gp;
+    rlai_gen_params_init(&gp);
+    gp.sampling.temperature = 0;
+    gp.max_tokens = 200;
+    gp.grammar = g;
+    gp.spec = spec;
+    memset(c, 0, sizeof(*c));
+    ck_assert_int_eq(rlai_engine_generate_tokens(e, toks, n, &gp, on_tok, c, mt), 0);
+    free(toks);
+}
+
+START_TEST(model_greedy_under_schema_is_valid)
+{
+    const char *sch = "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":20},"
+                      "\"age\":{\"type\":\"integer\"},\"hobbies\":{\"type\":\"array\",\"items\":{\"type\":\"string\","
+                      "\"maxLength\":24},\"minItems\":2,\"maxItems\":2}},\"required\":[\"name\",\"age\",\"hobbies\"],"
+                      "\"additionalProperties\":false}";
+    rlai_grammar *g = schema(sch);
+    rlai_engine_params ep;
+    rlai_engine_params_init(&ep);
+    ep.n_threads = 2;
+    rlai_engine *e = NULL;
+    char err[256];
+    ck_assert_int_eq(rlai_engine_open(MODEL, &ep, &e, err, sizeof(err)), 0);
+    collect *a = malloc(sizeof(collect)), *b = malloc(sizeof(collect));
+    rlai_gen_metrics ma, mb;
+    run_model(e, g, RLAI_SPEC_OFF, a, &ma);
+    ck_assert_msg(ma.stop == RLAI_STOP_EOG, "stop %d text %s", ma.stop, a->text);
+    ck_assert_msg(rlai_grammar_accepts(g, a->text, a->len), "not valid: %s", a->text);
+    ck_assert_ptr_nonnull(strstr(a->text, "\"hobbies\""));
+    /* speculation asked for is off under a grammar: same tokens, nothing drafted */
+    run_model(e, g, RLAI_SPEC_NGRAM, b, &mb);
+    ck_assert_int_eq(mb.drafted_tokens, 0);
+    ck_assert_int_eq(a->n, b->n);
+    ck_assert(!memcmp(a->toks, b->toks, sizeof(rlai_token) * (size_t)a->n));
+    /* every emitted token was allowed by the mask of its step */
+    rlai_gvocab *v = NULL;
+    rlai_tokenizer *tk = NULL;
+    rlai_gguf *gg = NULL;
+    ck_assert_int_eq(rlai_gguf_open_file(MODEL, &gg, err, sizeof(err)), 0);
+    ck_assert_int_eq(rlai_tokenizer_load(gg, &tk, err, sizeof(err)), 0);
+    ck_assert_int_eq(rlai_gvocab_create(tk, &v), 0);
+    uint32_t *mk = malloc(sizeof(uint32_t) * (size_t)rlai_gvocab_mask_words(v));
+    rlai_grammar_matcher *m = NULL;
+    ck_assert_int_eq(rlai_grammar_matcher_create(g, &m), 0);
+    for (int i = 0; i < a->n; i++) {
+        ck_assert_int_gt(rlai_grammar_matcher_mask(m, v, mk), 0);
+        ck_assert(bit(mk, a->toks[i]));
+        ck_assert_int_eq(rlai_grammar_matcher_accept_token(m, v, a->toks[i]), 0);
+    }
+    ck_assert(rlai_grammar_matcher_done(m));
+    rlai_grammar_matcher_free(m);
+    free(mk);
+    rlai_gvocab_free(v);
+    rlai_tokenizer_free(tk);
+    rlai_gguf_close(gg);
+    /* json_object under the scheduler, two requests at once */
+    rlai_grammar *jo = NULL;
+    ck_assert_int_eq(rlai_grammar_json_object(&jo), 0);
+    run_model(e, jo, RLAI_SPEC_AUTO, a, &ma);
+    ck_assert_msg(rlai_grammar_accepts(jo, a->text, a->len) || ma.stop == RLAI_STOP_MAX_TOKENS,
+                  "stop %d: %s", ma.stop, a->text);
+    ck_assert(a->text[0] == '{');
+    rlai_grammar_unref(jo);
+    rlai_grammar_unref(g);   /* the engine holds no reference after the requests */
+    rlai_engine_close(e);
+    free(a);
+    free(b);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("grammar");
+    TCase *tc = tcase_create("matcher");
+    tcase_add_test(tc, json_object_accepts_objects_only);
+    tcase_add_test(tc, schema_objects_and_types);
+    tcase_add_test(tc, schema_refusals);
+    suite_add_tcase(s, tc);
+    TCase *tv = tcase_create("vocab");
+    tcase_add_checked_fixture(tv, vocab_setup, vocab_teardown);
+    tcase_set_timeout(tv, 600);
+    tcase_add_test(tv, fast_mask_equals_brute_force);
+    tcase_add_test(tv, mask_rules_at_the_edges);
+    suite_add_tcase(s, tv);
+    TCase *tm = tcase_create("model");
+    tcase_set_timeout(tm, 600);
+    tcase_add_test(tm, model_greedy_under_schema_is_valid);
+    suite_add_tcase(s, tm);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
