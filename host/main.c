@@ -8,6 +8,7 @@
  * "not implemented" error in this build. */
 #include "rlai/client.h"
 #include "rlai/engine.h"
+#include "chat_repl.h"
 #include "cli_call.h"
 #include "fit_cli.h"
 #include "gassist_manifest.h"
@@ -391,9 +392,18 @@ static int remote_generate(session *ss, const char *raw_prompt, const rlai_chat_
         return rc;
     }
     size_t rlen = 0;
+    bool cancel_sent = false;
     for (;;) {
         rlai_msg f;
-        rc = rlai_client_recv(ss->client, -1, &f);
+        /* Short waits so that Ctrl-C in rlai chat is noticed: it cancels
+         * the request, whose stream then ends with done or error. */
+        if (!cancel_sent && rlai_chat_repl_interrupted()) {
+            rlai_client_cancel(ss->client, m.id);
+            cancel_sent = true;
+        }
+        rc = rlai_client_recv(ss->client, 100, &f);
+        if (rc == RLAI_ERR_TIMEOUT)
+            continue;
         if (rc < 0) {
             end_line();
             fprintf(stderr, "rlai: %s\n", rlai_strerror(rc));
@@ -442,6 +452,8 @@ static int local_cb(void *user, rlai_token tok, const char *text, size_t len)
 {
     local_sink *ls = user;
     stream_cb(NULL, tok, text, len);
+    if (rlai_chat_repl_interrupted())
+        return 1;   /* Ctrl-C in rlai chat: stop this reply */
     if (ls && len) {
         char *r = realloc(ls->reply, ls->len + len + 1);
         if (r) {
@@ -495,65 +507,10 @@ static int session_generate(session *ss, const char *raw_prompt, const rlai_chat
                       : remote_generate(ss, raw_prompt, msgs, n_msgs, reply);
 }
 
-/* Interactive multi-turn chat: history kept here, each turn sends the
- * whole conversation. */
-static int chat_loop(session *ss, const char *system)
+/* `rlai chat`: the loop lives in chat_repl.c; each turn comes here. */
+static int chat_generate(void *user, const rlai_chat_message *msgs, int n, char **reply)
 {
-    rlai_chat_message *msgs = NULL;
-    int n = 0, cap = 0;
-    char *line = NULL;
-    size_t lcap = 0;
-    int rc = 0;
-    if (system) {
-        cap = 8;
-        msgs = calloc((size_t)cap, sizeof(*msgs));
-        if (!msgs)
-            return 1;
-        msgs[n++] = (rlai_chat_message){ "system", strdup(system) };
-    }
-    fprintf(stderr, "rlai chat: type a message, an empty line or Ctrl-D to quit, /reset to start over\n");
-    for (;;) {
-        fprintf(stderr, "> ");
-        ssize_t got = getline(&line, &lcap, stdin);
-        if (got <= 0)
-            break;
-        while (got > 0 && (line[got - 1] == '\n' || line[got - 1] == '\r'))
-            line[--got] = 0;
-        if (got == 0)
-            break;
-        if (!strcmp(line, "/reset")) {
-            for (int i = system ? 1 : 0; i < n; i++)
-                free((char *)msgs[i].content);
-            n = system ? 1 : 0;
-            continue;
-        }
-        if (n + 2 > cap) {
-            cap = cap ? cap * 2 : 8;
-            rlai_chat_message *nm = realloc(msgs, sizeof(*msgs) * (size_t)cap);
-            if (!nm) {
-                rc = 1;
-                break;
-            }
-            msgs = nm;
-        }
-        msgs[n++] = (rlai_chat_message){ "user", strdup(line) };
-        char *reply = NULL;
-        if (session_generate(ss, NULL, msgs, n, &reply) < 0) {
-            free(reply);
-            free((char *)msgs[--n].content);
-            if (ss->client) {
-                rc = 1;
-                break;
-            }
-            continue;
-        }
-        msgs[n++] = (rlai_chat_message){ "assistant", reply ? reply : strdup("") };
-    }
-    for (int i = 0; i < n; i++)
-        free((char *)msgs[i].content);
-    free(msgs);
-    free(line);
-    return rc;
+    return session_generate(user, NULL, msgs, n, reply);
 }
 
 static int cmd_run(int argc, char **argv, run_mode mode)
@@ -698,7 +655,9 @@ static int cmd_run(int argc, char **argv, run_mode mode)
         }
     }
     if (mode == MODE_CHAT) {
-        rc = chat_loop(&ss, system);
+        rlai_chat_repl_params cp = { .system = system, .generate = chat_generate, .user = &ss,
+                                     .end_on_error = ss.client != NULL };
+        rc = rlai_chat_repl_run(&cp);
     } else {
         const char *prompt = stdin_prompt ? stdin_prompt : argv[optind];
         rlai_chat_message msgs[2];
@@ -829,6 +788,29 @@ out:
     return status;
 }
 
+/* --plugins DIR adds folders: one that names the default folder (or an
+ * earlier --plugins) again is dropped, so nothing is loaded twice. */
+static void drop_duplicate_plugin_dirs(rlai_config *cfg)
+{
+    char a[PATH_MAX], b[PATH_MAX];
+    int keep = 0;
+    for (int i = 0; i < cfg->n_plugin_dirs_extra; i++) {
+        char *dir = cfg->plugin_dirs_extra[i];
+        bool dup = false;
+        if (realpath(dir, a)) {
+            if (cfg->plugins_dir && realpath(cfg->plugins_dir, b) && !strcmp(a, b))
+                dup = true;
+            for (int k = 0; k < keep && !dup; k++)
+                dup = realpath(cfg->plugin_dirs_extra[k], b) && !strcmp(a, b);
+        }
+        if (dup)
+            free(dir);
+        else
+            cfg->plugin_dirs_extra[keep++] = dir;
+    }
+    cfg->n_plugin_dirs_extra = keep;
+}
+
 static void serve_usage(FILE *f)
 {
     fprintf(f,
@@ -856,8 +838,10 @@ static void serve_usage(FILE *f)
 
         "      --max-frame-bytes N, --max-prompt-tokens N,\n"
         "      --max-inflight-client N, --max-inflight-total N\n"
-        "      --plugins DIR          load every plugin folder in DIR (default: <exe>/../plugins)\n"
-        "      --no-plugins           load no plugins\n"
+        "      --plugins DIR          also load every plugin folder in DIR, after the default ones\n"
+        "                             (<exe>/../plugins, or the config's plugins.dir); repeatable\n"
+        "      --no-plugins           load no plugins (not even the default ones)\n"
+        "      --no-default-plugins   load only the --plugins folders\n"
         "      --plugin-workers N     threads running plugin commands (default 4)\n"
         "      --no-prefix-cache      disable the prefix cache (for comparisons)\n"
         "      --api-key-file PATH    API key file for HTTP and --zmq-tcp (default $XDG_CONFIG_HOME/rlai/api_key,\n"
@@ -870,7 +854,7 @@ static int cmd_serve(int argc, char **argv)
 {
     enum { S_CONFIG = 300, S_KV, S_ZMQ, S_ZMQ_TCP, S_PIPE, S_REMOTE, S_FRAME, S_PROMPT, S_CLIENT, S_TOTAL,
            S_KVTYPE, S_DEVICE, S_HTTP, S_PLUGINS, S_NO_PLUGINS, S_PLUGIN_WORKERS, S_NO_PREFIX,
-           S_KEY_FILE, S_NO_AUTH, S_CORS, S_MAXCONN, S_MAXCONN_IP, S_SPEC, S_SPEC_DRAFT };
+           S_KEY_FILE, S_NO_AUTH, S_CORS, S_MAXCONN, S_MAXCONN_IP, S_SPEC, S_SPEC_DRAFT, S_NO_DEF_PLUGINS };
     static const struct option opts[] = {
         { "config", required_argument, 0, S_CONFIG }, { "model", required_argument, 0, 'm' },
         { "threads", required_argument, 0, 't' }, { "ctx", required_argument, 0, 'c' },
@@ -887,6 +871,7 @@ static int cmd_serve(int argc, char **argv)
         { "max-connections", required_argument, 0, S_MAXCONN },
         { "max-connections-per-ip", required_argument, 0, S_MAXCONN_IP },
         { "plugins", required_argument, 0, S_PLUGINS }, { "no-plugins", no_argument, 0, S_NO_PLUGINS },
+        { "no-default-plugins", no_argument, 0, S_NO_DEF_PLUGINS },
         { "plugin-workers", required_argument, 0, S_PLUGIN_WORKERS },
         { "no-prefix-cache", no_argument, 0, S_NO_PREFIX },
         { "api-key-file", required_argument, 0, S_KEY_FILE }, { "no-auth", no_argument, 0, S_NO_AUTH },
@@ -915,6 +900,7 @@ static int cmd_serve(int argc, char **argv)
     optind = 1;
     int bad = 0, v = 0, li = -1;
     bool cors_flag = false;            /* the first --cors-origin replaces the config file's list */
+    bool no_default_plugins = false;   /* --no-default-plugins: only the --plugins folders */
     while ((c = getopt_long(argc, argv, "m:t:c:h", opts, &li)) != -1) {
         note_opt(opts, li, c);
         li = -1;
@@ -941,8 +927,9 @@ static int cmd_serve(int argc, char **argv)
         case S_PROMPT: bad |= parse_int(optarg, 1, 1 << 20, &cfg.max_prompt_tokens); break;
         case S_CLIENT: bad |= parse_int(optarg, 1, 4096, &cfg.max_inflight_client); break;
         case S_TOTAL: bad |= parse_int(optarg, 1, 65536, &cfg.max_inflight_total); break;
-        case S_PLUGINS: bad |= rlai_config_set_str(&cfg.plugins_dir, optarg); cfg.plugins_off = false; break;
+        case S_PLUGINS: bad |= rlai_config_add_plugin_dir(&cfg, optarg); cfg.plugins_off = false; break;
         case S_NO_PLUGINS: cfg.plugins_off = true; break;
+        case S_NO_DEF_PLUGINS: no_default_plugins = true; break;
         case S_PLUGIN_WORKERS: bad |= parse_int(optarg, 1, 64, &cfg.plugin_workers); break;
         case S_NO_PREFIX: cfg.no_prefix_cache = true; break;
         case S_DEVICE: bad |= rlai_config_set_str(&cfg.device, optarg); break;
@@ -989,8 +976,11 @@ static int cmd_serve(int argc, char **argv)
     pthread_sigmask(SIG_BLOCK, &set, NULL);
     signal(SIGPIPE, SIG_IGN);
     char plugdir[PATH_MAX];
-    if (!cfg.plugins_off && !cfg.plugins_dir && default_plugins_dir(plugdir, sizeof(plugdir)))
+    if (no_default_plugins)
+        rlai_config_set_str(&cfg.plugins_dir, NULL);
+    else if (!cfg.plugins_off && !cfg.plugins_dir && default_plugins_dir(plugdir, sizeof(plugdir)))
         bad |= rlai_config_set_str(&cfg.plugins_dir, plugdir);
+    drop_duplicate_plugin_dirs(&cfg);
     rlai_daemon *d;
     if (rlai_daemon_start(&cfg, &d, err, sizeof(err)) < 0) {
         fprintf(stderr, "rlai serve: %s\n", err);
