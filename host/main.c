@@ -4,10 +4,11 @@
  * running engine (run and chat take --local to load the model in-process);
  * tokenize and info read a model file directly; call and plugins are
  * clients for plugin commands (cli_call.c); fit estimates memory and
- * speed through the fit plugin, in-process (fit_cli.c). bench answers with a clear
- * "not implemented" error in this build. */
+ * speed through the fit plugin, in-process (fit_cli.c); bench measures speed
+ * in-process (bench_cli.c); the chat loop is chat_repl.c. */
 #include "rlai/client.h"
 #include "rlai/engine.h"
+#include "bench_cli.h"
 #include "chat_repl.h"
 #include "cli_call.h"
 #include "fit_cli.h"
@@ -1102,13 +1103,9 @@ int main(int argc, char **argv)
         return rlai_fit_cli_main(argc - 1, argv + 1);
     if (!strcmp(cmd, "gassist"))
         return rlai_gassist_manifest_main(argc - 1, argv + 1);
-    static const char *const later[] = { "bench" };
-    for (size_t i = 0; i < sizeof(later) / sizeof(later[0]); i++) {
-        if (!strcmp(cmd, later[i])) {
-            fprintf(stderr, "rlai %s: not implemented in this build (%s)\n", cmd,
-                    rlai_strerror(RLAI_ERR_NOT_IMPLEMENTED));
-            return 2;
-        }
+    if (!strcmp(cmd, "bench")) {
+        char pathbuf[PATH_MAX];
+        return rlai_bench_cli_main(argc - 1, argv + 1, default_model(pathbuf, sizeof(pathbuf)));
     }
     fprintf(stderr, "rlai: unknown command '%s'\n", cmd);
     usage(stderr);
