@@ -1,5 +1,5 @@
 /* bench_cli.h - `rlai bench`: end-to-end speed of any GGUF model in
- * llama-bench's table shape (docs/BENCH_CLI.md).
+ * llama-bench's table shape (docs/CLI.md).
  *
  * Loads the model in this process (include/rlai/engine.h), with the prefix
  * cache off so that every repetition prefills its whole prompt, and prints
