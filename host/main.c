@@ -436,6 +436,13 @@ static int remote_generate(session *ss, const char *raw_prompt, const rlai_chat_
                           (int)mt->gen_tokens, where);
             rlai_msg_free(&f);
             return 0;
+        } else if (f.type == RLAI_MSG_ERROR && cancel_sent) {
+            /* Ctrl-C in rlai chat ended it (e.g. cancelled while queued):
+             * the turn keeps what streamed so far. */
+            end_line();
+            fprintf(stderr, "[stopped: %s]\n", f.u.error.name ? f.u.error.name : "cancelled");
+            rlai_msg_free(&f);
+            return 0;
         } else if (f.type == RLAI_MSG_ERROR) {
             end_line();
             fprintf(stderr, "rlai: engine error %s: %s\n", f.u.error.name ? f.u.error.name : "?",
@@ -627,6 +634,7 @@ static int cmd_run(int argc, char **argv, run_mode mode)
             fprintf(stderr, "rlai: cannot load model: %s\n", err);
             if (rc == RLAI_ERR_IO)
                 fprintf(stderr, "rlai: run scripts/setup.sh to fetch the default model, or pass -m FILE\n");
+            free(stdin_prompt);
             return 1;
         }
         rlai_model_info mi;
@@ -652,6 +660,7 @@ static int cmd_run(int argc, char **argv, run_mode mode)
         if (rc < 0) {
             fprintf(stderr, "rlai: %s\n", err);
             fprintf(stderr, "rlai: start the engine with `rlai serve`, or add --local to run in this process\n");
+            free(stdin_prompt);
             return 1;
         }
     }
@@ -727,6 +736,9 @@ static int cmd_stats(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--endpoint") && i + 1 < argc) {
             endpoint = argv[++i];
+        } else if (!strcmp(argv[i], "--endpoint")) {
+            fprintf(stderr, "rlai stats: --endpoint needs a value (ipc://PATH, tcp://HOST:PORT or unix://PATH)\n");
+            return 2;
         } else if (!strcmp(argv[i], "--json")) {
             json = true;
         } else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
