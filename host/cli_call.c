@@ -136,6 +136,10 @@ int rlai_cli_call_main(int argc, char **argv)
             endpoint = argv[++i];
         } else if (!strcmp(argv[i], "--quiet") || !strcmp(argv[i], "-q")) {
             o.quiet = true;
+        } else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            printf("usage: rlai call [--endpoint E] [--quiet] plugin.verb ['{\"param\": ...}']\n"
+                   "       (see `rlai plugins` for the commands and their parameters)\n");
+            return 0;
         } else if (argv[i][0] == '-' && argv[i][1]) {
             command = NULL;
             break;
@@ -211,7 +215,11 @@ int rlai_cli_plugins_main(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--endpoint") && i + 1 < argc)
             endpoint = argv[++i];
-        else if (!strcmp(argv[i], "--json"))
+        else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            printf("usage: rlai plugins [--endpoint E] [--json]\n"
+                   "list the running engine's plugins and their commands\n");
+            return 0;
+        } else if (!strcmp(argv[i], "--json"))
             json = true;
         else {
             fprintf(stderr, "usage: rlai plugins [--endpoint E] [--json]\n");

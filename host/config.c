@@ -83,6 +83,18 @@ void rlai_config_clear_cors_origins(rlai_config *c)
     c->n_cors_origins = 0;
 }
 
+int rlai_config_add_plugin_dir(rlai_config *c, const char *dir)
+{
+    char **n = realloc(c->plugin_dirs_extra, sizeof(char *) * (size_t)(c->n_plugin_dirs_extra + 1));
+    if (!n)
+        return RLAI_ERR_NOMEM;
+    c->plugin_dirs_extra = n;
+    if (!(n[c->n_plugin_dirs_extra] = strdup(dir ? dir : "")))
+        return RLAI_ERR_NOMEM;
+    c->n_plugin_dirs_extra++;
+    return 0;
+}
+
 void rlai_config_free(rlai_config *c)
 {
     free(c->model);
@@ -96,6 +108,9 @@ void rlai_config_free(rlai_config *c)
     free(c->api_key);
     free(c->api_key_file);
     rlai_config_clear_cors_origins(c);
+    for (int i = 0; i < c->n_plugin_dirs_extra; i++)
+        free(c->plugin_dirs_extra[i]);
+    free(c->plugin_dirs_extra);
     memset(c, 0, sizeof(*c));
 }
 

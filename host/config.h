@@ -51,6 +51,8 @@ typedef struct rlai_config {
     int request_timeout_s;   /* wall-clock cap per generation (wire, HTTP); 0 = none (default) */
     bool no_prefix_cache;    /* "prefix_cache": false / --no-prefix-cache */
     char *plugins_dir;       /* "plugins": {"dir"}; NULL = the default folder */
+    char **plugin_dirs_extra; /* --plugins DIR (repeatable): folders loaded after plugins_dir (malloc'd) */
+    int n_plugin_dirs_extra;
     bool plugins_off;        /* "plugins": {"enabled": false} / --no-plugins */
     int plugin_workers;      /* "plugins": {"workers"}; 0 = 4 */
     char *plugin_config;     /* "plugins": {"config": {...}} as JSON text, or NULL */
@@ -97,6 +99,10 @@ int rlai_config_add_cors_origin(rlai_config *c, const char *origin);
 
 /* Empties c->cors_origins. */
 void rlai_config_clear_cors_origins(rlai_config *c);
+
+/* Appends a copy of dir to plugin_dirs_extra (owned by the config).
+ * Returns 0 or RLAI_ERR_NOMEM. */
+int rlai_config_add_plugin_dir(rlai_config *c, const char *dir);
 
 /* Replaces a string field (copies s; NULL or "" disables). */
 int rlai_config_set_str(char **field, const char *s);

@@ -843,6 +843,15 @@ int rlai_daemon_start(const rlai_config *cfg, rlai_daemon **out, char *err, size
                 fprintf(stderr, "rlai serve: %d plugin%s loaded from %s (%d commands)\n", n, n == 1 ? "" : "s",
                         cfg->plugins_dir, rlai_plugin_host_n_commands(d->plugins));
         }
+        for (int i = 0; i < cfg->n_plugin_dirs_extra; i++) {   /* --plugins DIR: added folders */
+            const char *dir = cfg->plugin_dirs_extra[i];
+            int n = rlai_plugin_host_load_all(d->plugins, dir);
+            if (n < 0)
+                fprintf(stderr, "rlai serve: plugin folder %s cannot be read; skipped\n", dir);
+            else
+                fprintf(stderr, "rlai serve: %d plugin%s loaded from %s (%d commands)\n", n, n == 1 ? "" : "s",
+                        dir, rlai_plugin_host_n_commands(d->plugins));
+        }
     }
     if (cfg->http) {
         rlai_http_params hp = {

@@ -1,5 +1,6 @@
 /* http.c - OpenAI-compatible HTTP front (see http.h). */
 #include "http.h"
+#include "sampling_limits.h"
 #include "config.h"
 #include "api_key.h"
 #include "conn_guard.h"
@@ -1300,34 +1301,34 @@ static bool parse_sampling(hreq *r, const cJSON *body, gen_request *g)
     g->gp.max_tokens = RLAI_DEFAULT_MAX_TOKENS;
     double v;
     bool has;
-    if (!opt_number(r, body, "temperature", 0, 100, &v, &has))
+    if (!opt_number(r, body, "temperature", RLAI_LIM_TEMPERATURE_MIN, RLAI_LIM_TEMPERATURE_MAX, &v, &has))
         return false;
     if (has)
         s->temperature = (float)v;
-    if (!opt_number(r, body, "top_p", 0, 1, &v, &has))
+    if (!opt_number(r, body, "top_p", RLAI_LIM_TOP_P_MIN, RLAI_LIM_TOP_P_MAX, &v, &has))
         return false;
     if (has)
         s->top_p = v > 0 ? (float)v : 1e-6f;
-    if (!opt_number(r, body, "presence_penalty", -2, 2, &v, &has))
+    if (!opt_number(r, body, "presence_penalty", RLAI_LIM_PENALTY_MIN, RLAI_LIM_PENALTY_MAX, &v, &has))
         return false;
     if (has)
         s->presence_penalty = (float)v;
-    if (!opt_number(r, body, "frequency_penalty", -2, 2, &v, &has))
+    if (!opt_number(r, body, "frequency_penalty", RLAI_LIM_PENALTY_MIN, RLAI_LIM_PENALTY_MAX, &v, &has))
         return false;
     if (has)
         s->frequency_penalty = (float)v;
     /* Extensions (llama.cpp-style). */
-    if (!opt_number(r, body, "min_p", 0, 1, &v, &has))
+    if (!opt_number(r, body, "min_p", RLAI_LIM_MIN_P_MIN, RLAI_LIM_MIN_P_MAX, &v, &has))
         return false;
     if (has)
         s->min_p = (float)v;
-    if (!opt_number(r, body, "repeat_penalty", 0, 10, &v, &has))
+    if (!opt_number(r, body, "repeat_penalty", RLAI_LIM_REPEAT_PENALTY_MIN, RLAI_LIM_REPEAT_PENALTY_MAX, &v, &has))
         return false;
     if (has)
         s->repeat_penalty = (float)v;
     const cJSON *it;
     if ((it = cJSON_GetObjectItemCaseSensitive(body, "top_k")) && !cJSON_IsNull(it)) {
-        if (!json_is_int(it) || it->valuedouble < 0 || it->valuedouble > 1e6)
+        if (!json_is_int(it) || it->valuedouble < RLAI_LIM_TOP_K_MIN || it->valuedouble > RLAI_LIM_TOP_K_MAX)
             return send_error(r, 400, "invalid_value", "top_k", "'top_k' must be a non-negative integer"), false;
         s->top_k = (int)it->valuedouble;
     }
@@ -1355,7 +1356,7 @@ static bool parse_sampling(hreq *r, const cJSON *body, gen_request *g)
         g->gp.spec = (rlai_spec_mode)mode;
     }
     if ((it = cJSON_GetObjectItemCaseSensitive(body, "spec_max_draft")) && !cJSON_IsNull(it)) {
-        if (!json_is_int(it) || it->valuedouble < 1 || it->valuedouble > 16)
+        if (!json_is_int(it) || it->valuedouble < RLAI_LIM_SPEC_MAX_DRAFT_MIN || it->valuedouble > RLAI_LIM_SPEC_MAX_DRAFT_MAX)
             return send_error(r, 400, "invalid_value", "spec_max_draft",
                               "'spec_max_draft' must be an integer in [1, 16]"), false;
         g->gp.spec_max_draft = (int)it->valuedouble;

@@ -4,17 +4,23 @@
  * running engine (run and chat take --local to load the model in-process);
  * tokenize and info read a model file directly; call and plugins are
  * clients for plugin commands (cli_call.c); fit estimates memory and
- * speed through the fit plugin, in-process (fit_cli.c). bench answers with a clear
- * "not implemented" error in this build. */
+ * speed through the fit plugin, in-process (fit_cli.c); bench measures speed
+ * in-process (bench_cli.c); the chat loop is chat_repl.c. */
 #include "rlai/client.h"
 #include "rlai/engine.h"
 #include "rlai/vocab.h"
+#include "bench_cli.h"
+#include "chat_repl.h"
 #include "cli_call.h"
 #include "fit_cli.h"
 #include "gassist_manifest.h"
 #include "config.h"
+#include "sampling_limits.h"
 #include "daemon.h"
+#include "serve_lock.h"
+#include "json_msgpack.h"
 
+#include <cjson/cJSON.h>
 #include <msgpack.h>
 #include <pthread.h>
 #include <signal.h>
@@ -22,12 +28,15 @@
 #include <errno.h>
 #include <getopt.h>
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #define DEFAULT_MODEL_FILE "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+static const char *run_options(void);
 
 static void usage(FILE *f)
 {
@@ -45,9 +54,32 @@ static void usage(FILE *f)
         "  plugins                      list loaded plugins and their commands\n"
         "  fit MODEL --gpu NAME         can it run? memory and speed estimate (rlai fit --help)\n"
         "  gassist manifest [-o FILE]   G-Assist plugin manifest.json from the engine's commands\n"
-        "  bench                        (not implemented in this build; see build/bench/)\n"
+        "  bench [-m FILE] [-p N -n N -b N -r N]  llama-bench style speed table (rlai bench --help)\n"
         "\n"
-        "run options:\n"
+        "COMMAND --help prints the options of that command.\n"
+        "\n"
+        "run options:\n%s", run_options());
+}
+
+/* The usage of run, chat or info (COMMAND --help). */
+static void run_usage(FILE *f, const char *cmd)
+{
+    if (!strcmp(cmd, "chat"))
+        fprintf(f, "usage: rlai chat [options]\n"
+                   "interactive multi-turn chat: /help lists the commands (/reset, /system TEXT, /save FILE);\n"
+                   "Ctrl-C stops a reply, Ctrl-C at an empty prompt or Ctrl-D quits\n");
+    else if (!strcmp(cmd, "info"))
+        fprintf(f, "usage: rlai info [-m FILE] [--device D] [--isa I] [-t N] [-c N]\n"
+                   "print model hyperparameters and kernel choice (loads the model in-process)\n");
+    else
+        fprintf(f, "usage: rlai run [options] PROMPT\n"
+                   "       rlai run [options] -          (or piped stdin: the prompt is read from stdin)\n");
+    fprintf(f, "\noptions:\n%s", run_options());
+}
+
+static const char *run_options(void)
+{
+    return
         "  -m, --model FILE      GGUF model (default: $RLAI_MODEL, ./models/" DEFAULT_MODEL_FILE ")\n"
         "  -t, --threads N       CPU threads (default: all online CPUs)\n"
         "  -n, --max-tokens N    tokens to generate (default 256)\n"
@@ -65,7 +97,7 @@ static void usage(FILE *f)
         "      --kv-type f16|q8_0  KV cache element type (in-process; default f16)\n"
         "      --local           load the model in this process instead of using the engine\n"
         "      --endpoint E      engine endpoint: ipc://PATH, tcp://HOST:PORT or unix://PATH\n"
-        "                        (default: the private ZeroMQ socket of `rlai serve`)\n");
+        "                        (default: the private ZeroMQ socket of `rlai serve`)\n";
 }
 
 /* Default plugin folder: $RLAI_PLUGIN_DIR, else plugins/ next to the
@@ -127,36 +159,143 @@ static const char *default_model(char *buf, size_t cap)
     return buf;
 }
 
+/* The option being parsed ("--temp", "-n"), for the error messages of
+ * the value parsers below; set by note_opt() before each value is read. */
+static char g_opt[64] = "option";
+
+static void note_opt(const struct option *opts, int longindex, int c)
+{
+    if (longindex >= 0)
+        snprintf(g_opt, sizeof(g_opt), "--%s", opts[longindex].name);
+    else if (c > 0 && c < 128)
+        snprintf(g_opt, sizeof(g_opt), "-%c", c);
+    else
+        snprintf(g_opt, sizeof(g_opt), "option");
+}
+
+/* Value parsers: on a bad value each prints "rlai: --opt: 'abc' is not
+ * a number" (or the range it must lie in) and returns -1. */
 static int parse_int(const char *s, int lo, int hi, int *out)
 {
     char *end;
     errno = 0;
     long v = strtol(s, &end, 10);
-    if (errno || *end || end == s || v < lo || v > hi)
+    if (errno == ERANGE && end != s && !*end) {
+        fprintf(stderr, "rlai: %s: '%s' is out of range [%d, %d]\n", g_opt, s, lo, hi);
         return -1;
+    }
+    if (errno || *end || end == s) {
+        fprintf(stderr, "rlai: %s: '%s' is not an integer\n", g_opt, s);
+        return -1;
+    }
+    if (v < lo || v > hi) {
+        fprintf(stderr, "rlai: %s: %ld is out of range [%d, %d]\n", g_opt, v, lo, hi);
+        return -1;
+    }
     *out = (int)v;
     return 0;
 }
 
-static int parse_float(const char *s, float *out)
+static int parse_float_in(const char *s, double lo, double hi, float *out)
 {
     char *end;
     errno = 0;
-    float v = strtof(s, &end);
-    if (errno || *end || end == s)
+    double v = strtod(s, &end);
+    if (errno || *end || end == s || v != v) {
+        fprintf(stderr, "rlai: %s: '%s' is not a number\n", g_opt, s);
         return -1;
-    *out = v;
+    }
+    if (v < lo || v > hi) {
+        fprintf(stderr, "rlai: %s: %s is out of range [%g, %g]\n", g_opt, s, lo, hi);
+        return -1;
+    }
+    *out = (float)v;
     return 0;
+}
+
+static int parse_u64(const char *s, uint64_t *out)
+{
+    char *end;
+    errno = 0;
+    if (*s == '-' || !*s) {
+        fprintf(stderr, "rlai: %s: '%s' is not a non-negative integer\n", g_opt, s);
+        return -1;
+    }
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || *end || end == s) {
+        fprintf(stderr, "rlai: %s: '%s' is not a non-negative integer\n", g_opt, s);
+        return -1;
+    }
+    *out = (uint64_t)v;
+    return 0;
+}
+
+/* Reads all of stdin into *out (malloc'd, NUL-terminated); a trailing
+ * newline is dropped. */
+static int read_all_stdin(char **out)
+{
+    size_t len = 0, cap = 4096;
+    char *buf = malloc(cap);
+    if (!buf)
+        return RLAI_ERR_NOMEM;
+    for (;;) {
+        if (len + 1 >= cap) {
+            if (cap >= ((size_t)64 << 20)) {
+                free(buf);
+                return RLAI_ERR_TOO_LARGE;
+            }
+            char *nb = realloc(buf, cap * 2);
+            if (!nb) {
+                free(buf);
+                return RLAI_ERR_NOMEM;
+            }
+            buf = nb;
+            cap *= 2;
+        }
+        size_t got = fread(buf + len, 1, cap - 1 - len, stdin);
+        len += got;
+        if (got == 0) {
+            if (ferror(stdin)) {
+                free(buf);
+                return RLAI_ERR_IO;
+            }
+            break;
+        }
+    }
+    while (len > 0 && (buf[len - 1] == '\n' || buf[len - 1] == '\r'))
+        len--;
+    buf[len] = 0;
+    *out = buf;
+    return 0;
+}
+
+/* The last character streamed to stdout ('\n' before any): the metrics
+ * line (stderr) must start on its own line, so end_line() adds a newline
+ * only after text that does not end in one. */
+static char g_last_out = '\n';
+
+static void out_text(const char *text, size_t len)
+{
+    if (len) {
+        fwrite(text, 1, len, stdout);
+        fflush(stdout);
+        g_last_out = text[len - 1];
+    }
+}
+
+static void end_line(void)
+{
+    if (g_last_out != '\n')
+        fputc('\n', stdout);
+    fflush(stdout);
+    g_last_out = '\n';
 }
 
 static int stream_cb(void *user, rlai_token tok, const char *text, size_t len)
 {
     (void)user;
     (void)tok;
-    if (len) {
-        fwrite(text, 1, len, stdout);
-        fflush(stdout);
-    }
+    out_text(text, len);
     return 0;
 }
 
@@ -166,7 +305,10 @@ static int parse_isa(const char *s, rlai_isa *isa)
     else if (!strcmp(s, "scalar")) *isa = RLAI_ISA_SCALAR;
     else if (!strcmp(s, "avx2")) *isa = RLAI_ISA_AVX2;
     else if (!strcmp(s, "avx512")) *isa = RLAI_ISA_AVX512;
-    else return -1;
+    else {
+        fprintf(stderr, "rlai: %s: '%s' is not one of auto, scalar, avx2, avx512\n", g_opt, s);
+        return -1;
+    }
     return 0;
 }
 
@@ -174,7 +316,10 @@ static int parse_kv_type(const char *s, rlai_kv_type *t)
 {
     if (!strcmp(s, "f16")) *t = RLAI_KV_F16;
     else if (!strcmp(s, "q8_0")) *t = RLAI_KV_Q8_0;
-    else return -1;
+    else {
+        fprintf(stderr, "rlai: %s: '%s' is not one of f16, q8_0\n", g_opt, s);
+        return -1;
+    }
     return 0;
 }
 
@@ -247,11 +392,21 @@ static int remote_generate(session *ss, const char *raw_prompt, const rlai_chat_
         return rc;
     }
     size_t rlen = 0;
+    bool cancel_sent = false;
     for (;;) {
         rlai_msg f;
-        rc = rlai_client_recv(ss->client, -1, &f);
+        /* Short waits so that Ctrl-C in rlai chat is noticed: it cancels
+         * the request, whose stream then ends with done or error. */
+        if (!cancel_sent && rlai_chat_repl_interrupted()) {
+            rlai_client_cancel(ss->client, m.id);
+            cancel_sent = true;
+        }
+        rc = rlai_client_recv(ss->client, 100, &f);
+        if (rc == RLAI_ERR_TIMEOUT)
+            continue;
         if (rc < 0) {
-            fprintf(stderr, "\nrlai: %s\n", rlai_strerror(rc));
+            end_line();
+            fprintf(stderr, "rlai: %s\n", rlai_strerror(rc));
             return rc;
         }
         if (f.id != m.id) {
@@ -260,8 +415,7 @@ static int remote_generate(session *ss, const char *raw_prompt, const rlai_chat_
         }
         if (f.type == RLAI_MSG_TOKEN) {
             size_t n = f.u.token.text ? strlen(f.u.token.text) : 0;
-            fwrite(f.u.token.text, 1, n, stdout);
-            fflush(stdout);
+            out_text(f.u.token.text, n);
             if (reply && n) {
                 char *r = realloc(*reply, rlen + n + 1);
                 if (r) {
@@ -272,8 +426,7 @@ static int remote_generate(session *ss, const char *raw_prompt, const rlai_chat_
                 }
             }
         } else if (f.type == RLAI_MSG_DONE) {
-            printf("\n");
-            fflush(stdout);
+            end_line();
             const rlai_msg_metrics *mt = &f.u.done.metrics;
             char where[96];
             snprintf(where, sizeof(where), "engine, queued %.1f ms, stop %s", mt->queue_ms,
@@ -282,8 +435,16 @@ static int remote_generate(session *ss, const char *raw_prompt, const rlai_chat_
                           (int)mt->gen_tokens, where);
             rlai_msg_free(&f);
             return 0;
+        } else if (f.type == RLAI_MSG_ERROR && cancel_sent) {
+            /* Ctrl-C in rlai chat ended it (e.g. cancelled while queued):
+             * the turn keeps what streamed so far. */
+            end_line();
+            fprintf(stderr, "[stopped: %s]\n", f.u.error.name ? f.u.error.name : "cancelled");
+            rlai_msg_free(&f);
+            return 0;
         } else if (f.type == RLAI_MSG_ERROR) {
-            fprintf(stderr, "\nrlai: engine error %s: %s\n", f.u.error.name ? f.u.error.name : "?",
+            end_line();
+            fprintf(stderr, "rlai: engine error %s: %s\n", f.u.error.name ? f.u.error.name : "?",
                     f.u.error.msg ? f.u.error.msg : "");
             rlai_msg_free(&f);
             return RLAI_ERR_PROTOCOL;
@@ -298,6 +459,8 @@ static int local_cb(void *user, rlai_token tok, const char *text, size_t len)
 {
     local_sink *ls = user;
     stream_cb(NULL, tok, text, len);
+    if (rlai_chat_repl_interrupted())
+        return 1;   /* Ctrl-C in rlai chat: stop this reply */
     if (ls && len) {
         char *r = realloc(ls->reply, ls->len + len + 1);
         if (r) {
@@ -329,8 +492,7 @@ static int local_generate(session *ss, const char *raw_prompt, const rlai_chat_m
     } else {
         rc = rlai_engine_generate(ss->engine, raw_prompt, &ss->gp, local_cb, &ls, &m);
     }
-    printf("\n");
-    fflush(stdout);
+    end_line();
     if (reply)
         *reply = ls.reply;
     else
@@ -352,65 +514,10 @@ static int session_generate(session *ss, const char *raw_prompt, const rlai_chat
                       : remote_generate(ss, raw_prompt, msgs, n_msgs, reply);
 }
 
-/* Interactive multi-turn chat: history kept here, each turn sends the
- * whole conversation. */
-static int chat_loop(session *ss, const char *system)
+/* `rlai chat`: the loop lives in chat_repl.c; each turn comes here. */
+static int chat_generate(void *user, const rlai_chat_message *msgs, int n, char **reply)
 {
-    rlai_chat_message *msgs = NULL;
-    int n = 0, cap = 0;
-    char *line = NULL;
-    size_t lcap = 0;
-    int rc = 0;
-    if (system) {
-        cap = 8;
-        msgs = calloc((size_t)cap, sizeof(*msgs));
-        if (!msgs)
-            return 1;
-        msgs[n++] = (rlai_chat_message){ "system", strdup(system) };
-    }
-    fprintf(stderr, "rlai chat: type a message, an empty line or Ctrl-D to quit, /reset to start over\n");
-    for (;;) {
-        fprintf(stderr, "> ");
-        ssize_t got = getline(&line, &lcap, stdin);
-        if (got <= 0)
-            break;
-        while (got > 0 && (line[got - 1] == '\n' || line[got - 1] == '\r'))
-            line[--got] = 0;
-        if (got == 0)
-            break;
-        if (!strcmp(line, "/reset")) {
-            for (int i = system ? 1 : 0; i < n; i++)
-                free((char *)msgs[i].content);
-            n = system ? 1 : 0;
-            continue;
-        }
-        if (n + 2 > cap) {
-            cap = cap ? cap * 2 : 8;
-            rlai_chat_message *nm = realloc(msgs, sizeof(*msgs) * (size_t)cap);
-            if (!nm) {
-                rc = 1;
-                break;
-            }
-            msgs = nm;
-        }
-        msgs[n++] = (rlai_chat_message){ "user", strdup(line) };
-        char *reply = NULL;
-        if (session_generate(ss, NULL, msgs, n, &reply) < 0) {
-            free(reply);
-            free((char *)msgs[--n].content);
-            if (ss->client) {
-                rc = 1;
-                break;
-            }
-            continue;
-        }
-        msgs[n++] = (rlai_chat_message){ "assistant", reply ? reply : strdup("") };
-    }
-    for (int i = 0; i < n; i++)
-        free((char *)msgs[i].content);
-    free(msgs);
-    free(line);
-    return rc;
+    return session_generate(user, NULL, msgs, n, reply);
 }
 
 static int cmd_run(int argc, char **argv, run_mode mode)
@@ -438,28 +545,31 @@ static int cmd_run(int argc, char **argv, run_mode mode)
     memset(&ss, 0, sizeof(ss));
     rlai_gen_params_init(&ss.gp);
     rlai_msg_gen *w = &ss.wire;
-    int c, bad = 0;
+    int c, bad = 0, li = -1;
+    const char *engine_only = NULL;   /* an option of the in-process engine, set without --local */
     optind = 1;
-    while ((c = getopt_long(argc, argv, "m:t:n:c:h", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "m:t:n:c:h", opts, &li)) != -1) {
+        note_opt(opts, li, c);
+        li = -1;
         switch (c) {
         case 'm': model = optarg; break;
         case 't': bad |= parse_int(optarg, 1, 256, &ep.n_threads); break;
         case 'n': bad |= parse_int(optarg, 1, 1 << 20, &ss.gp.max_tokens); w->max_tokens = ss.gp.max_tokens; w->has_max_tokens = true; break;
         case 'c': bad |= parse_int(optarg, 16, 1 << 20, &ep.n_ctx); break;
-        case OPT_TEMP: bad |= parse_float(optarg, &ss.gp.sampling.temperature); w->temperature = ss.gp.sampling.temperature; w->has_temperature = true; break;
-        case OPT_TOPK: bad |= parse_int(optarg, 0, 1 << 24, &ss.gp.sampling.top_k); w->top_k = ss.gp.sampling.top_k; w->has_top_k = true; break;
-        case OPT_TOPP: bad |= parse_float(optarg, &ss.gp.sampling.top_p); w->top_p = ss.gp.sampling.top_p; w->has_top_p = true; break;
-        case OPT_MINP: bad |= parse_float(optarg, &ss.gp.sampling.min_p); w->min_p = ss.gp.sampling.min_p; w->has_min_p = true; break;
-        case OPT_REP: bad |= parse_float(optarg, &ss.gp.sampling.repeat_penalty); w->repeat_penalty = ss.gp.sampling.repeat_penalty; w->has_repeat_penalty = true; break;
-        case OPT_SEED: ss.gp.sampling.seed = strtoull(optarg, NULL, 10); w->seed = ss.gp.sampling.seed; w->has_seed = true; break;
+        case OPT_TEMP: bad |= parse_float_in(optarg, RLAI_LIM_TEMPERATURE_MIN, RLAI_LIM_TEMPERATURE_MAX, &ss.gp.sampling.temperature); w->temperature = ss.gp.sampling.temperature; w->has_temperature = true; break;
+        case OPT_TOPK: bad |= parse_int(optarg, RLAI_LIM_TOP_K_MIN, RLAI_LIM_TOP_K_MAX, &ss.gp.sampling.top_k); w->top_k = ss.gp.sampling.top_k; w->has_top_k = true; break;
+        case OPT_TOPP: bad |= parse_float_in(optarg, RLAI_LIM_TOP_P_MIN, RLAI_LIM_TOP_P_MAX, &ss.gp.sampling.top_p); w->top_p = ss.gp.sampling.top_p; w->has_top_p = true; break;
+        case OPT_MINP: bad |= parse_float_in(optarg, RLAI_LIM_MIN_P_MIN, RLAI_LIM_MIN_P_MAX, &ss.gp.sampling.min_p); w->min_p = ss.gp.sampling.min_p; w->has_min_p = true; break;
+        case OPT_REP: bad |= parse_float_in(optarg, RLAI_LIM_REPEAT_PENALTY_MIN, RLAI_LIM_REPEAT_PENALTY_MAX, &ss.gp.sampling.repeat_penalty); w->repeat_penalty = ss.gp.sampling.repeat_penalty; w->has_repeat_penalty = true; break;
+        case OPT_SEED: bad |= parse_u64(optarg, &ss.gp.sampling.seed); w->seed = ss.gp.sampling.seed; w->has_seed = true; break;
         case OPT_SYSTEM: system = optarg; break;
         case OPT_RAW: raw = true; break;
-        case OPT_ISA: bad |= parse_isa(optarg, &ep.isa); local = true; break;
-        case OPT_PRECISE: ep.precise = true; local = true; break;
+        case OPT_ISA: bad |= parse_isa(optarg, &ep.isa); engine_only = "--isa"; break;
+        case OPT_PRECISE: ep.precise = true; engine_only = "--precise"; break;
         case OPT_LOCAL: local = true; break;
         case OPT_ENDPOINT: endpoint = optarg; break;
         case OPT_IGNORE_EOS: ss.gp.ignore_eos = w->ignore_eos = true; break;
-        case OPT_KV: bad |= parse_kv_type(optarg, &ep.kv_type); local = true; break;
+        case OPT_KV: bad |= parse_kv_type(optarg, &ep.kv_type); engine_only = "--kv-type"; break;
         case OPT_DEVICE: ep.device = optarg; device_set = true; break;
         case OPT_SPEC:
             bad |= parse_spec(optarg, &ss.gp.spec);
@@ -467,16 +577,20 @@ static int cmd_run(int argc, char **argv, run_mode mode)
             w->has_spec = true;
             break;
         case OPT_SPEC_DRAFT:
-            bad |= parse_int(optarg, 1, 16, &ss.gp.spec_max_draft);
+            bad |= parse_int(optarg, RLAI_LIM_SPEC_MAX_DRAFT_MIN, RLAI_LIM_SPEC_MAX_DRAFT_MAX, &ss.gp.spec_max_draft);
             w->spec_max_draft = (uint32_t)ss.gp.spec_max_draft;
             w->has_spec_max_draft = true;
             break;
-        case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
+        case 'h': run_usage(stdout, argv[0]); return 0;
+        default: run_usage(stderr, argv[0]); return 2;
         }
     }
-    if (bad) {
-        fprintf(stderr, "rlai: invalid option value\n");
+    if (bad)
+        return 2;
+    if (engine_only && !local) {
+        fprintf(stderr, "rlai: %s applies to an in-process model: add --local (the running engine "
+                        "chose it at start%s)\n", engine_only,
+                !strcmp(engine_only, "--kv-type") ? ": rlai serve --kv-type" : "");
         return 2;
     }
     if (device_set && !local) {
@@ -484,10 +598,26 @@ static int cmd_run(int argc, char **argv, run_mode mode)
                         "chose its device at start: rlai serve --device)\n");
         return 2;
     }
-    if (mode == MODE_RUN && optind != argc - 1) {
-        fprintf(stderr, "rlai run: expected exactly one prompt argument\n");
-        usage(stderr);
+    /* `rlai run -`, or no prompt with stdin not a terminal: read stdin. */
+    bool from_stdin = mode == MODE_RUN &&
+                      ((optind == argc - 1 && !strcmp(argv[optind], "-")) || (optind == argc && !isatty(0)));
+    if (mode == MODE_RUN && !from_stdin && optind != argc - 1) {
+        fprintf(stderr, "rlai run: expected exactly one prompt argument (or - to read it from stdin)\n");
+        run_usage(stderr, "run");
         return 2;
+    }
+    char *stdin_prompt = NULL;
+    if (from_stdin) {
+        int rr = read_all_stdin(&stdin_prompt);
+        if (rr < 0) {
+            fprintf(stderr, "rlai run: cannot read the prompt from stdin: %s\n", rlai_strerror(rr));
+            return 1;
+        }
+        if (!*stdin_prompt) {
+            fprintf(stderr, "rlai run: the prompt read from stdin is empty\n");
+            free(stdin_prompt);
+            return 2;
+        }
     }
     if (mode != MODE_RUN && optind != argc) {
         fprintf(stderr, "rlai: unexpected argument '%s'\n", argv[optind]);
@@ -503,6 +633,7 @@ static int cmd_run(int argc, char **argv, run_mode mode)
             fprintf(stderr, "rlai: cannot load model: %s\n", err);
             if (rc == RLAI_ERR_IO)
                 fprintf(stderr, "rlai: run scripts/setup.sh to fetch the default model, or pass -m FILE\n");
+            free(stdin_prompt);
             return 1;
         }
         rlai_model_info mi;
@@ -528,13 +659,16 @@ static int cmd_run(int argc, char **argv, run_mode mode)
         if (rc < 0) {
             fprintf(stderr, "rlai: %s\n", err);
             fprintf(stderr, "rlai: start the engine with `rlai serve`, or add --local to run in this process\n");
+            free(stdin_prompt);
             return 1;
         }
     }
     if (mode == MODE_CHAT) {
-        rc = chat_loop(&ss, system);
+        rlai_chat_repl_params cp = { .system = system, .generate = chat_generate, .user = &ss,
+                                     .end_on_error = ss.client != NULL };
+        rc = rlai_chat_repl_run(&cp);
     } else {
-        const char *prompt = argv[optind];
+        const char *prompt = stdin_prompt ? stdin_prompt : argv[optind];
         rlai_chat_message msgs[2];
         int n = 0;
         if (system)
@@ -544,17 +678,73 @@ static int cmd_run(int argc, char **argv, run_mode mode)
     }
     rlai_engine_close(ss.engine);
     rlai_client_close(ss.client);
+    free(stdin_prompt);
     return rc;
+}
+
+/* One row per leaf: "prefix.key   value" (arrays and strings as JSON). */
+static void stats_rows(const cJSON *o, const char *prefix)
+{
+    for (const cJSON *it = o->child; it; it = it->next) {
+        char key[256];
+        snprintf(key, sizeof(key), "%s%s%s", prefix, *prefix ? "." : "", it->string ? it->string : "?");
+        if (cJSON_IsObject(it) && it->child) {
+            stats_rows(it, key);
+            continue;
+        }
+        char *v = NULL;
+        if (cJSON_IsNumber(it)) {
+            char num[64];
+            if (it->valuedouble == (double)(long long)it->valuedouble && fabs(it->valuedouble) < 1e15)
+                snprintf(num, sizeof(num), "%lld", (long long)it->valuedouble);
+            else
+                snprintf(num, sizeof(num), "%.3f", it->valuedouble);
+            printf("%-40s %s\n", key, num);
+            continue;
+        }
+        if (cJSON_IsString(it)) {
+            printf("%-40s %s\n", key, it->valuestring);
+            continue;
+        }
+        v = cJSON_PrintUnformatted(it);
+        printf("%-40s %s\n", key, v ? v : "?");
+        free(v);
+    }
+}
+
+/* `rlai stats`: JSON (--json, pretty-printed) or a readable table. */
+static void print_stats(const cJSON *j, bool json)
+{
+    if (json || !cJSON_IsObject(j)) {
+        char *t = cJSON_Print(j);
+        if (t)
+            printf("%s\n", t);
+        free(t);
+        return;
+    }
+    stats_rows(j, "");
 }
 
 static int cmd_stats(int argc, char **argv)
 {
     const char *endpoint = NULL;
+    bool json = false;
+    static const char stats_usage[] =
+        "usage: rlai stats [--json] [--endpoint E]\n"
+        "engine statistics of the running engine: a readable table, or JSON with --json\n";
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--endpoint") && i + 1 < argc)
+        if (!strcmp(argv[i], "--endpoint") && i + 1 < argc) {
             endpoint = argv[++i];
-        else {
-            fprintf(stderr, "usage: rlai stats [--endpoint E]\n");
+        } else if (!strcmp(argv[i], "--endpoint")) {
+            fprintf(stderr, "rlai stats: --endpoint needs a value (ipc://PATH, tcp://HOST:PORT or unix://PATH)\n");
+            return 2;
+        } else if (!strcmp(argv[i], "--json")) {
+            json = true;
+        } else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            fputs(stats_usage, stdout);
+            return 0;
+        } else {
+            fprintf(stderr, "rlai stats: unknown argument '%s'\n%s", argv[i], stats_usage);
             return 2;
         }
     }
@@ -585,11 +775,15 @@ static int cmd_stats(int argc, char **argv)
         if (mine && f.type == RLAI_MSG_RESULT) {
             msgpack_unpacked up;
             msgpack_unpacked_init(&up);
+            cJSON *j = NULL;
             if (msgpack_unpack_next(&up, (const char *)f.u.result.data, f.u.result.len, NULL) ==
-                MSGPACK_UNPACK_SUCCESS) {
-                msgpack_object_print(stdout, up.data);
-                printf("\n");
-            }
+                MSGPACK_UNPACK_SUCCESS)
+                j = rlai_msgpack_to_json(&up.data);
+            if (j)
+                print_stats(j, json);
+            else
+                fprintf(stderr, "rlai stats: the engine's answer is not a valid statistics object\n");
+            cJSON_Delete(j);
             msgpack_unpacked_destroy(&up);
         } else if (mine && f.type == RLAI_MSG_DONE) {
             status = 0;
@@ -604,6 +798,29 @@ static int cmd_stats(int argc, char **argv)
 out:
     rlai_client_close(cl);
     return status;
+}
+
+/* --plugins DIR adds folders: one that names the default folder (or an
+ * earlier --plugins) again is dropped, so nothing is loaded twice. */
+static void drop_duplicate_plugin_dirs(rlai_config *cfg)
+{
+    char a[PATH_MAX], b[PATH_MAX];
+    int keep = 0;
+    for (int i = 0; i < cfg->n_plugin_dirs_extra; i++) {
+        char *dir = cfg->plugin_dirs_extra[i];
+        bool dup = false;
+        if (realpath(dir, a)) {
+            if (cfg->plugins_dir && realpath(cfg->plugins_dir, b) && !strcmp(a, b))
+                dup = true;
+            for (int k = 0; k < keep && !dup; k++)
+                dup = realpath(cfg->plugin_dirs_extra[k], b) && !strcmp(a, b);
+        }
+        if (dup)
+            free(dir);
+        else
+            cfg->plugin_dirs_extra[keep++] = dir;
+    }
+    cfg->n_plugin_dirs_extra = keep;
 }
 
 static void serve_usage(FILE *f)
@@ -633,8 +850,10 @@ static void serve_usage(FILE *f)
 
         "      --max-frame-bytes N, --max-prompt-tokens N,\n"
         "      --max-inflight-client N, --max-inflight-total N\n"
-        "      --plugins DIR          load every plugin folder in DIR (default: <exe>/../plugins)\n"
-        "      --no-plugins           load no plugins\n"
+        "      --plugins DIR          also load every plugin folder in DIR, after the default ones\n"
+        "                             (<exe>/../plugins, or the config's plugins.dir); repeatable\n"
+        "      --no-plugins           load no plugins (not even the default ones)\n"
+        "      --no-default-plugins   load only the --plugins folders\n"
         "      --plugin-workers N     threads running plugin commands (default 4)\n"
         "      --no-prefix-cache      disable the prefix cache (for comparisons)\n"
         "      --api-key-file PATH    API key file for HTTP and --zmq-tcp (default $XDG_CONFIG_HOME/rlai/api_key,\n"
@@ -647,7 +866,7 @@ static int cmd_serve(int argc, char **argv)
 {
     enum { S_CONFIG = 300, S_KV, S_ZMQ, S_ZMQ_TCP, S_PIPE, S_REMOTE, S_FRAME, S_PROMPT, S_CLIENT, S_TOTAL,
            S_KVTYPE, S_DEVICE, S_HTTP, S_PLUGINS, S_NO_PLUGINS, S_PLUGIN_WORKERS, S_NO_PREFIX,
-           S_KEY_FILE, S_NO_AUTH, S_CORS, S_MAXCONN, S_MAXCONN_IP, S_SPEC, S_SPEC_DRAFT };
+           S_KEY_FILE, S_NO_AUTH, S_CORS, S_MAXCONN, S_MAXCONN_IP, S_SPEC, S_SPEC_DRAFT, S_NO_DEF_PLUGINS };
     static const struct option opts[] = {
         { "config", required_argument, 0, S_CONFIG }, { "model", required_argument, 0, 'm' },
         { "threads", required_argument, 0, 't' }, { "ctx", required_argument, 0, 'c' },
@@ -664,6 +883,7 @@ static int cmd_serve(int argc, char **argv)
         { "max-connections", required_argument, 0, S_MAXCONN },
         { "max-connections-per-ip", required_argument, 0, S_MAXCONN_IP },
         { "plugins", required_argument, 0, S_PLUGINS }, { "no-plugins", no_argument, 0, S_NO_PLUGINS },
+        { "no-default-plugins", no_argument, 0, S_NO_DEF_PLUGINS },
         { "plugin-workers", required_argument, 0, S_PLUGIN_WORKERS },
         { "no-prefix-cache", no_argument, 0, S_NO_PREFIX },
         { "api-key-file", required_argument, 0, S_KEY_FILE }, { "no-auth", no_argument, 0, S_NO_AUTH },
@@ -690,9 +910,12 @@ static int cmd_serve(int argc, char **argv)
     }
     opterr = 1;
     optind = 1;
-    int bad = 0, v = 0;
+    int bad = 0, v = 0, li = -1;
     bool cors_flag = false;            /* the first --cors-origin replaces the config file's list */
-    while ((c = getopt_long(argc, argv, "m:t:c:h", opts, NULL)) != -1) {
+    bool no_default_plugins = false;   /* --no-default-plugins: only the --plugins folders */
+    while ((c = getopt_long(argc, argv, "m:t:c:h", opts, &li)) != -1) {
+        note_opt(opts, li, c);
+        li = -1;
         switch (c) {
         case S_CONFIG: break;
         case 'm': bad |= rlai_config_set_str(&cfg.model, optarg); break;
@@ -716,8 +939,9 @@ static int cmd_serve(int argc, char **argv)
         case S_PROMPT: bad |= parse_int(optarg, 1, 1 << 20, &cfg.max_prompt_tokens); break;
         case S_CLIENT: bad |= parse_int(optarg, 1, 4096, &cfg.max_inflight_client); break;
         case S_TOTAL: bad |= parse_int(optarg, 1, 65536, &cfg.max_inflight_total); break;
-        case S_PLUGINS: bad |= rlai_config_set_str(&cfg.plugins_dir, optarg); cfg.plugins_off = false; break;
+        case S_PLUGINS: bad |= rlai_config_add_plugin_dir(&cfg, optarg); cfg.plugins_off = false; break;
         case S_NO_PLUGINS: cfg.plugins_off = true; break;
+        case S_NO_DEF_PLUGINS: no_default_plugins = true; break;
         case S_PLUGIN_WORKERS: bad |= parse_int(optarg, 1, 64, &cfg.plugin_workers); break;
         case S_NO_PREFIX: cfg.no_prefix_cache = true; break;
         case S_DEVICE: bad |= rlai_config_set_str(&cfg.device, optarg); break;
@@ -727,7 +951,7 @@ static int cmd_serve(int argc, char **argv)
             cfg.spec = (int)sm;
             break;
         }
-        case S_SPEC_DRAFT: bad |= parse_int(optarg, 1, 16, &cfg.spec_max_draft); break;
+        case S_SPEC_DRAFT: bad |= parse_int(optarg, RLAI_LIM_SPEC_MAX_DRAFT_MIN, RLAI_LIM_SPEC_MAX_DRAFT_MAX, &cfg.spec_max_draft); break;
         case S_KEY_FILE: bad |= rlai_config_set_str(&cfg.api_key_file, optarg); break;
         case S_NO_AUTH: cfg.auth_off = true; break;
         case S_KVTYPE: {
@@ -741,9 +965,20 @@ static int cmd_serve(int argc, char **argv)
         }
     }
     if (bad || optind != argc || rlai_config_validate(&cfg, err, sizeof(err)) < 0) {
-        fprintf(stderr, "rlai serve: %s\n", bad || optind != argc ? "invalid option or value" : err);
+        if (optind != argc)
+            fprintf(stderr, "rlai serve: unexpected argument '%s'\n", argv[optind]);
+        else if (!bad)
+            fprintf(stderr, "rlai serve: %s\n", err);
         rlai_config_free(&cfg);
         return 2;
+    }
+    /* One engine per socket folder, checked before anything is loaded. */
+    rlai_serve_lock lock;
+    const char *socks[2] = { cfg.pipe, cfg.zmq };
+    if (rlai_serve_lock_acquire(&lock, socks, 2, err, sizeof(err)) < 0) {
+        fprintf(stderr, "rlai serve: %s\n", err);
+        rlai_config_free(&cfg);
+        return 1;
     }
     /* Block the stop signals in every thread; the main thread waits for them. */
     sigset_t set;
@@ -753,12 +988,16 @@ static int cmd_serve(int argc, char **argv)
     pthread_sigmask(SIG_BLOCK, &set, NULL);
     signal(SIGPIPE, SIG_IGN);
     char plugdir[PATH_MAX];
-    if (!cfg.plugins_off && !cfg.plugins_dir && default_plugins_dir(plugdir, sizeof(plugdir)))
+    if (no_default_plugins)
+        rlai_config_set_str(&cfg.plugins_dir, NULL);
+    else if (!cfg.plugins_off && !cfg.plugins_dir && default_plugins_dir(plugdir, sizeof(plugdir)))
         bad |= rlai_config_set_str(&cfg.plugins_dir, plugdir);
+    drop_duplicate_plugin_dirs(&cfg);
     rlai_daemon *d;
     if (rlai_daemon_start(&cfg, &d, err, sizeof(err)) < 0) {
         fprintf(stderr, "rlai serve: %s\n", err);
         rlai_config_free(&cfg);
+        rlai_serve_lock_release(&lock);
         return 1;
     }
     fprintf(stderr, "rlai serve: model %s\n", cfg.model);
@@ -774,6 +1013,7 @@ static int cmd_serve(int argc, char **argv)
     fprintf(stderr, "rlai serve: %s received, stopping\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
     rlai_daemon_shutdown(d);
     rlai_config_free(&cfg);
+    rlai_serve_lock_release(&lock);
     fprintf(stderr, "rlai serve: stopped\n");
     return 0;
 }
@@ -786,15 +1026,23 @@ static int cmd_tokenize(int argc, char **argv)
     char pathbuf[PATH_MAX];
     int c;
     optind = 1;
-    static const struct option opts[] = { { "model", required_argument, 0, 'm' }, { 0, 0, 0, 0 } };
-    while ((c = getopt_long(argc, argv, "m:", opts, NULL)) != -1) {
-        if (c == 'm')
+    static const struct option opts[] = { { "model", required_argument, 0, 'm' },
+                                          { "help", no_argument, 0, 'h' }, { 0, 0, 0, 0 } };
+    static const char tok_usage[] = "usage: rlai tokenize [-m FILE.gguf] \"text\"\n"
+                                    "print the token ids of text (no BOS, special tokens not parsed)\n";
+    while ((c = getopt_long(argc, argv, "m:h", opts, NULL)) != -1) {
+        if (c == 'm') {
             model = optarg;
-        else
+        } else if (c == 'h') {
+            fputs(tok_usage, stdout);
+            return 0;
+        } else {
+            fputs(tok_usage, stderr);
             return 2;
+        }
     }
     if (optind != argc - 1) {
-        fprintf(stderr, "usage: rlai tokenize -m FILE.gguf \"text\"\n");
+        fputs(tok_usage, stderr);
         return 2;
     }
     if (!model)
@@ -857,13 +1105,9 @@ int main(int argc, char **argv)
         return rlai_fit_cli_main(argc - 1, argv + 1);
     if (!strcmp(cmd, "gassist"))
         return rlai_gassist_manifest_main(argc - 1, argv + 1);
-    static const char *const later[] = { "bench" };
-    for (size_t i = 0; i < sizeof(later) / sizeof(later[0]); i++) {
-        if (!strcmp(cmd, later[i])) {
-            fprintf(stderr, "rlai %s: not implemented in this build (%s)\n", cmd,
-                    rlai_strerror(RLAI_ERR_NOT_IMPLEMENTED));
-            return 2;
-        }
+    if (!strcmp(cmd, "bench")) {
+        char pathbuf[PATH_MAX];
+        return rlai_bench_cli_main(argc - 1, argv + 1, default_model(pathbuf, sizeof(pathbuf)));
     }
     fprintf(stderr, "rlai: unknown command '%s'\n", cmd);
     usage(stderr);

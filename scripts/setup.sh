@@ -24,7 +24,7 @@ VOCAB_NAMES=(ggml-vocab-starcoder.gguf ggml-vocab-gpt-2.gguf ggml-vocab-llama-sp
 
 DEBS=(build-essential meson ninja-build pkg-config python3 python3-venv
       libzmq3-dev libmsgpack-dev libcjson-dev check clang libclang-rt-14-dev
-      libmicrohttpd-dev curl)
+      libmicrohttpd-dev curl libedit-dev tmux)
 
 log() { printf '\033[1m[setup]\033[0m %s\n' "$*" >&2; }
 

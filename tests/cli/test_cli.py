@@ -79,9 +79,7 @@ def test_missing_model_is_a_clear_error(tmp_path):
     assert b"nope.gguf" in r.stderr and b"cannot load model" in r.stderr
 
 
-def test_unimplemented_and_unknown_commands(tmp_path):
-    r = run("bench")
-    assert r.returncode == 2 and b"not implemented" in r.stderr
+def test_unknown_commands_and_clients_without_engine(tmp_path):
     # plugins and call are clients: with no engine running they say so
     env = dict(os.environ, XDG_RUNTIME_DIR=str(tmp_path))
     for args in (("plugins",), ("call", "fit.gpus")):
@@ -145,3 +143,120 @@ def test_version_in_one_place():
     assert re.search(r'^version = "([^"]+)"', (sdk / "pyproject.toml").read_text(), re.M).group(1) == want
     assert re.search(r'^__version__ = "([^"]+)"', (sdk / "rtx_localai" / "__init__.py").read_text(),
                      re.M).group(1) == want
+
+
+# ---------------------------------------------------------------- options
+
+SUBCOMMANDS = ["serve", "run", "chat", "stats", "tokenize", "info", "call", "plugins", "fit", "gassist",
+               "bench"]
+
+
+@pytest.mark.parametrize("cmd", SUBCOMMANDS)
+def test_every_subcommand_has_help(cmd):
+    r = run(cmd, "--help", timeout=30)
+    assert r.returncode == 0, (cmd, r.stderr)
+    assert r.stdout.decode().startswith(f"usage: rlai {cmd}"), (cmd, r.stdout[:200])
+
+
+def no_engine_env(tmp_path):
+    """An environment where no engine runs (a fresh runtime folder)."""
+    d = tmp_path / "run"
+    d.mkdir(mode=0o700, exist_ok=True)
+    return dict(os.environ, XDG_RUNTIME_DIR=str(d))
+
+
+@pytest.mark.parametrize("args,msg", [
+    (("--temp", "abc"), b"--temp: 'abc' is not a number"),
+    (("--top-p", "x1"), b"--top-p: 'x1' is not a number"),
+    (("--top-k", "3.5"), b"--top-k: '3.5' is not an integer"),
+    (("--max-tokens", "many"), b"--max-tokens: 'many' is not an integer"),
+    (("-n", "0"), b"-n: 0 is out of range"),
+    (("--seed", "-3"), b"--seed: '-3' is not a non-negative integer"),
+    (("--kv-type", "q4"), b"--kv-type: 'q4' is not one of f16, q8_0"),
+])
+def test_bad_value_names_the_option(tmp_path, args, msg):
+    r = subprocess.run([RLAI, "run", *args, "hi"], capture_output=True, env=no_engine_env(tmp_path), timeout=30)
+    assert r.returncode == 2, r.stderr
+    assert msg in r.stderr, r.stderr
+
+
+def test_serve_bad_value_names_the_option():
+    r = run("serve", "--threads", "x", timeout=30)
+    assert r.returncode == 2 and b"--threads: 'x' is not an integer" in r.stderr, r.stderr
+    r = run("serve", "--max-connections", "0", timeout=30)
+    assert r.returncode == 2 and b"--max-connections: 0 is out of range" in r.stderr, r.stderr
+
+
+def limits():
+    """The shared ranges, read from the header both http.c and main.c use."""
+    root = Path(__file__).resolve().parents[2]
+    text = (root / "host" / "sampling_limits.h").read_text()
+    return {m.group(1): float(m.group(2))
+            for m in re.finditer(r"#define RLAI_LIM_(\w+) \(?(-?[\d.]+)\)?", text)}
+
+
+@pytest.mark.parametrize("opt,key", [("--temp", "TEMPERATURE"), ("--top-p", "TOP_P"), ("--min-p", "MIN_P"),
+                                     ("--repeat-penalty", "REPEAT_PENALTY"), ("--top-k", "TOP_K"),
+                                     ("--spec-max-draft", "SPEC_MAX_DRAFT")])
+def test_ranges_are_the_http_ranges(tmp_path, opt, key):
+    """The CLI takes exactly the range HTTP takes (host/sampling_limits.h):
+    the ends are accepted (then no engine answers: exit 1), one step past
+    either end is refused naming the option (exit 2)."""
+    lim = limits()
+    lo, hi = lim[key + "_MIN"], lim[key + "_MAX"]
+    integer = key in ("TOP_K", "SPEC_MAX_DRAFT")
+    fmt = (lambda v: str(int(v))) if integer else (lambda v: repr(v))
+    step = 1 if integer else 0.01
+    env = no_engine_env(tmp_path)
+    for v in (lo, hi):
+        r = subprocess.run([RLAI, "run", opt, fmt(v), "hi"], capture_output=True, env=env, timeout=30)
+        assert r.returncode == 1 and b"engine" in r.stderr, (opt, v, r.stderr)
+    for v in (lo - step, hi + step):
+        r = subprocess.run([RLAI, "run", opt, fmt(v), "hi"], capture_output=True, env=env, timeout=30)
+        assert r.returncode == 2, (opt, v, r.stderr)
+        assert f"{opt}: ".encode() in r.stderr and b"out of range" in r.stderr, r.stderr
+    # http.c takes its ranges from the same header (no literal of its own)
+    root = Path(__file__).resolve().parents[2]
+    http = (root / "host" / "http.c").read_text()
+    assert '#include "sampling_limits.h"' in http
+    assert f"RLAI_LIM_{key}_MAX" in http
+
+
+def test_engine_options_are_not_a_silent_switch_to_in_process(tmp_path):
+    """--kv-type (and --isa, --precise) belong to an in-process engine:
+    without --local they are refused, not a quiet change of mode."""
+    env = no_engine_env(tmp_path)
+    for args in (("--kv-type", "q8_0"), ("--isa", "scalar"), ("--precise",)):
+        r = subprocess.run([RLAI, "run", *args, "hi"], capture_output=True, env=env, timeout=30)
+        assert r.returncode == 2, (args, r.stderr)
+        assert b"applies to an in-process model: add --local" in r.stderr, r.stderr
+        assert b"cannot load model" not in r.stderr
+    r = run("run", "--local", "-m", str(MODEL), "--kv-type", "q8_0", "--temp", "0", "-n", "4", "Hi")
+    assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.skipif(not MODEL.exists(), reason="default model not fetched")
+def test_prompt_from_stdin():
+    """`rlai run -` and piped stdin give the answer the argument gives."""
+    q = "What is the capital of France?"
+    base = ["run", "--local", "-m", str(MODEL), "--temp", "0", "-n", "12"]
+    arg = run(*base, q)
+    dash = subprocess.run([RLAI, *base, "-"], input=(q + "\n").encode(), capture_output=True, timeout=600)
+    piped = subprocess.run([RLAI, *base], input=q.encode(), capture_output=True, timeout=600)
+    assert arg.returncode == dash.returncode == piped.returncode == 0, (dash.stderr, piped.stderr)
+    assert arg.stdout.strip() and dash.stdout == arg.stdout and piped.stdout == arg.stdout
+    empty = subprocess.run([RLAI, *base, "-"], input=b"", capture_output=True, timeout=60)
+    assert empty.returncode == 2 and b"empty" in empty.stderr
+
+
+@pytest.mark.skipif(not MODEL.exists(), reason="default model not fetched")
+def test_metrics_line_starts_on_its_own_line():
+    """Text and metrics on one stream (a terminal shows both): the metrics
+    line begins a line even when the answer stops mid-line, and the answer
+    is not followed by a blank line."""
+    r = subprocess.run([RLAI, "run", "--local", "-m", str(MODEL), "--temp", "0", "-n", "3", "Tell me a story."],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=600)
+    assert r.returncode == 0, r.stdout
+    out = r.stdout.decode()
+    i = out.index("[prompt ")
+    assert out[i - 1] == "\n" and out[i - 2] != "\n", repr(out)

@@ -52,6 +52,9 @@ class Engine:
         defaults = []
         if "--plugins" not in extra and "--no-plugins" not in extra and "--config" not in extra:
             defaults.append("--no-plugins")
+        # --plugins DIR adds to the shipped plugins: these tests want DIR alone.
+        if "--plugins" in extra and "--no-default-plugins" not in extra:
+            defaults.append("--no-default-plugins")
         if "--http" not in extra:
             defaults += ["--http", ""]
         self.args = [RLAI, "serve", "-m", str(MODEL), "-t", "2", "-c", "1024",

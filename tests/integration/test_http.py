@@ -62,7 +62,7 @@ class Engine:
         env.pop("RLAI_API_KEY", None)
         self.env = env
         self.auth = "--no-auth" not in extra
-        plug = ["--plugins", str(plugins)] if plugins else ["--no-plugins"]
+        plug = ["--plugins", str(plugins), "--no-default-plugins"] if plugins else ["--no-plugins"]
         self.args = [RLAI, "serve", "-m", str(MODEL), "-t", "2", "-c", "2048",
                      "--http", f"127.0.0.1:{self.port}", "--max-frame-bytes", str(MAX_FRAME),
                      "--max-prompt-tokens", str(MAX_PROMPT), *plug, *extra]

@@ -70,7 +70,9 @@ class Engine:
         if "--http" in flags:
             extra += ["--http", ""]  # no fixed TCP port: engines of parallel tests would collide
         if plugins is not None:
-            extra += ["--plugins", str(plugins)]
+            extra += ["--plugins", str(plugins)]   # adds to the shipped plugins: this folder alone
+            if "--no-default-plugins" in flags:
+                extra += ["--no-default-plugins"]
         elif "--no-plugins" in flags:
             extra += ["--no-plugins"]
         self.dir = Path(tmp) / "rt"

@@ -1,0 +1,50 @@
+"""`rlai bench`: the table's shape (llama-bench's columns, one row per
+test) and positive figures; never its timings."""
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+RLAI = os.environ.get("RLAI_BIN")
+MODELS = Path(os.environ.get("RLAI_MODELS_DIR", "models"))
+MODEL = MODELS / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+pytestmark = [pytest.mark.skipif(not RLAI, reason="RLAI_BIN not set (run through meson test)"),
+              pytest.mark.skipif(not MODEL.exists(), reason="default model not fetched")]
+
+
+def cells(line):
+    assert line.startswith("|") and line.endswith("|"), line
+    return [c.strip() for c in line[1:-1].split("|")]
+
+
+def test_bench_table():
+    r = subprocess.run([RLAI, "bench", "-m", str(MODEL), "-p", "16", "-n", "4", "-b", "3", "-r", "2", "-t", "2"],
+                       capture_output=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    lines = [l for l in r.stdout.decode().splitlines() if l.startswith("|")]
+    assert cells(lines[0]) == ["model", "size", "params", "backend", "threads", "test", "t/s"]
+    assert all(re.fullmatch(r"-+:?", c) for c in cells(lines[1])), lines[1]
+    rows = [cells(l) for l in lines[2:]]
+    assert [row[5] for row in rows] == ["pp16", "tg4", "ttft p16", "tg4 x3"]
+    for row in rows:
+        assert re.fullmatch(r"[\d.]+ (MiB|GiB)", row[1]) and float(row[1].split()[0]) > 50, row
+        assert row[2] == "134.52 M" and row[4] == "2" and row[3].startswith("CPU"), row
+        m = re.fullmatch(r"([\d.]+) ± ([\d.]+)( ms)?", row[6])
+        assert m and float(m.group(1)) > 0 and float(m.group(2)) >= 0, row
+        assert (m.group(3) is not None) == row[5].startswith("ttft"), row
+    assert "2 repetitions" in r.stdout.decode()
+
+
+def test_bench_options():
+    r = subprocess.run([RLAI, "bench", "-m", str(MODEL), "-p", "0", "-n", "2", "-b", "1", "-r", "1"],
+                       capture_output=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    tests = [cells(l)[5] for l in r.stdout.decode().splitlines() if l.startswith("|")][2:]
+    assert tests == ["tg2"]
+    r = subprocess.run([RLAI, "bench", "-r", "zero"], capture_output=True, timeout=60)
+    assert r.returncode == 2 and b"-r: 'zero' is not an integer" in r.stderr
+    r = subprocess.run([RLAI, "bench", "-m", "/nonexistent.gguf", "-r", "1"], capture_output=True, timeout=60)
+    assert r.returncode == 1 and b"cannot load model" in r.stderr

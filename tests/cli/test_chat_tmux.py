@@ -1,0 +1,143 @@
+"""`rlai chat` driven the way a person uses it: in a terminal (tmux
+send-keys / capture-pane). History recall with Up, Ctrl-C mid-reply keeps
+the conversation, /reset asks first, an empty line does not quit, Ctrl-C
+at an empty prompt quits. The model runs in-process (--local)."""
+import json
+import os
+import shutil
+import stat
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+RLAI = os.environ.get("RLAI_BIN")
+MODELS = Path(os.environ.get("RLAI_MODELS_DIR", "models"))
+MODEL = MODELS / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+pytestmark = [pytest.mark.skipif(not RLAI, reason="RLAI_BIN not set (run through meson test)"),
+              pytest.mark.skipif(not MODEL.exists(), reason="default model not fetched"),
+              pytest.mark.skipif(not shutil.which("tmux"), reason="tmux not installed (scripts/setup.sh)")]
+
+
+class Term:
+    """One tmux server of its own (-L) running one command in a pane."""
+
+    def __init__(self, tmp, cmd, env):
+        self.sock = f"rlai-test-{os.getpid()}-{id(self)}"
+        self.tmp = tmp
+        envs = [f"{k}={v}" for k, v in env.items()]
+        # the pane's command ends with a marker so the test sees rlai exit
+        shell = " ".join(["env", *envs, *cmd]) + "; echo RLAI-EXIT=$?; sleep 600"
+        subprocess.run(["tmux", "-L", self.sock, "-f", "/dev/null", "new-session", "-d", "-s", "t",
+                        "-x", "200", "-y", "50", shell], check=True)
+
+    def keys(self, *k):
+        subprocess.run(["tmux", "-L", self.sock, "send-keys", "-t", "t", *k], check=True)
+
+    def type_line(self, text):
+        self.keys("-l", text)
+        self.keys("Enter")
+
+    def screen(self):
+        return subprocess.run(["tmux", "-L", self.sock, "capture-pane", "-p", "-J", "-S", "-200", "-t", "t"],
+                              capture_output=True, check=True).stdout.decode()
+
+    def wait_for(self, pred, timeout=120, what=""):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            s = self.screen()
+            if pred(s):
+                return s
+            time.sleep(0.1)
+        raise AssertionError(f"timed out waiting for {what}:\n{self.screen()}")
+
+    def close(self):
+        subprocess.run(["tmux", "-L", self.sock, "kill-server"], capture_output=True)
+
+
+def prompts(screen):
+    """Lines that are an empty prompt (the cursor waits there)."""
+    return [line for line in screen.splitlines() if line.rstrip() == ">"]
+
+
+@pytest.fixture
+def chat(tmp_path):
+    state = tmp_path / "state"
+    env = {"XDG_STATE_HOME": str(state), "XDG_RUNTIME_DIR": str(tmp_path), "TERM": "xterm"}
+    t = Term(tmp_path, [RLAI, "chat", "--local", "-m", str(MODEL), "--temp", "0", "-n", "400", "-t", "2"], env)
+    t.state = state
+    t.wait_for(lambda s: "rlai chat:" in s and s.rstrip().endswith(">"), what="the first prompt")
+    yield t
+    t.close()
+
+
+def n_metrics(screen):
+    return screen.count("[prompt ")
+
+
+def test_chat_in_a_terminal(chat, tmp_path):
+    t = chat
+    # an empty line does not quit
+    t.keys("Enter")
+    time.sleep(0.5)
+    assert "RLAI-EXIT" not in t.screen()
+    t.type_line("My name is Ada. Say hello.")
+    t.wait_for(lambda s: n_metrics(s) == 1, what="the first reply")
+    # Ctrl-C mid-reply: stops that reply, keeps the conversation
+    t.type_line("Write a very long story about a dragon and a knight.")
+    t.wait_for(lambda s: len(s.split("dragon and a knight.")[-1].strip()) > 40, what="the reply to start")
+    t.keys("C-c")
+    s = t.wait_for(lambda s: "reply stopped" in s, what="the stop note")
+    assert "RLAI-EXIT" not in s and "stop" in s
+    # history: Up recalls the last line; Ctrl-C on a non-empty line only drops it
+    t.wait_for(lambda s: s.rstrip().endswith(">"), what="a prompt")
+    t.keys("Up")
+    t.wait_for(lambda s: s.rstrip().endswith("> Write a very long story about a dragon and a knight."),
+               what="history recall")
+    t.keys("C-c")
+    time.sleep(0.5)
+    assert "RLAI-EXIT" not in t.screen()
+    # the conversation was kept: both turns, the stopped reply partial
+    saved = tmp_path / "conv.json"
+    t.type_line(f"/save {saved}")
+    t.wait_for(lambda s: "saved 4 messages" in s, what="/save")
+    msgs = json.loads(saved.read_text())["messages"]
+    assert [m["role"] for m in msgs] == ["user", "assistant", "user", "assistant"]
+    assert msgs[0]["content"] == "My name is Ada. Say hello." and msgs[3]["content"]
+    # /reset asks first: "n" keeps, "y" resets
+    t.type_line("/reset")
+    t.wait_for(lambda s: s.rstrip().endswith("[y/N]"), what="the confirmation")
+    t.type_line("n")
+    t.wait_for(lambda s: "(kept)" in s, what="kept")
+    t.type_line("/system You are terse.")
+    t.wait_for(lambda s: "system prompt set" in s, what="/system")
+    t.type_line("/reset")
+    t.wait_for(lambda s: s.count("[y/N]") == 2, what="the second confirmation")
+    t.type_line("y")
+    t.wait_for(lambda s: "conversation reset" in s, what="reset")
+    t.type_line(f"/save {saved}")
+    t.wait_for(lambda s: "saved 1 messages" in s, what="/save after reset")
+    assert json.loads(saved.read_text())["messages"] == [{"role": "system", "content": "You are terse."}]
+    # Ctrl-C at an empty prompt quits, status 0
+    t.keys("C-c")
+    s = t.wait_for(lambda s: "RLAI-EXIT=" in s, what="exit")
+    assert "RLAI-EXIT=0" in s
+    # the history file: under XDG_STATE_HOME, 0600, the lines typed
+    hist = t.state / "rlai" / "chat_history"
+    assert stat.S_IMODE(hist.stat().st_mode) == 0o600
+    text = hist.read_text()
+    assert "Ada" in text and "/reset" in text
+
+
+def test_chat_without_a_terminal_reads_lines(tmp_path):
+    """Piped stdin: plain line input, same commands, EOF ends it."""
+    env = dict(os.environ, XDG_STATE_HOME=str(tmp_path / "state"), XDG_RUNTIME_DIR=str(tmp_path))
+    saved = tmp_path / "c.json"
+    inp = f"\nHi\n/help\n/save {saved}\n".encode()
+    r = subprocess.run([RLAI, "chat", "--local", "-m", str(MODEL), "--temp", "0", "-n", "8"], input=inp,
+                       capture_output=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert b"/reset" in r.stderr and b"/save FILE" in r.stderr     # /help
+    assert [m["role"] for m in json.loads(saved.read_text())["messages"]] == ["user", "assistant"]
