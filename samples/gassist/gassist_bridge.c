@@ -398,28 +398,35 @@ static bool is_container(const cJSON *v)
     return cJSON_IsObject(v) || cJSON_IsArray(v);
 }
 
-/* True for an object whose members are all scalars (shown on one line). */
-static bool flat_object(const cJSON *v)
-{
-    if (!cJSON_IsObject(v) || cJSON_GetArraySize(v) > 6)
-        return false;
-    const cJSON *m;
-    cJSON_ArrayForEach(m, v) {
-        if (is_container(m) || (cJSON_IsString(m) && strlen(m->valuestring) > 60))
-            return false;
-    }
-    return true;
-}
-
 static void indent(text *t, int depth)
 {
     for (int i = 0; i < depth; i++)
         text_adds(t, "  ");
 }
 
-/* An object or array as a Markdown list: "- key: value" per member (an
- * object nested under its key, one level deeper), "- item" per element,
- * and a small all-scalar object in a list as "key: value, key: value". */
+static void render_list(const cJSON *v, int depth, text *t);
+
+/* One member of an object: "key: value", or "key:" with the container as a
+ * list one level deeper. */
+static void render_member(const cJSON *m, int depth, text *t)
+{
+    text_adds(t, m->string);
+    text_adds(t, ":");
+    if (is_container(m) && cJSON_GetArraySize(m) > 0) {
+        text_adds(t, "\n");
+        render_list(m, depth + 1, t);
+    } else if (is_container(m)) {
+        text_adds(t, " none");
+    } else {
+        text_adds(t, " ");
+        render_scalar(m, t);
+    }
+}
+
+/* An object or array as a Markdown list: "- key: value" per member of an
+ * object, "- item" per element of an array; an object inside an array is
+ * one item, its scalar members on the line ("key: value, key: value") and
+ * its containers as lists below. */
 static void render_list(const cJSON *v, int depth, text *t)
 {
     const cJSON *m;
@@ -429,27 +436,24 @@ static void render_list(const cJSON *v, int depth, text *t)
         indent(t, depth);
         text_adds(t, "- ");
         if (cJSON_IsObject(v)) {
-            text_adds(t, m->string);
-            text_adds(t, ":");
-            if (is_container(m) && cJSON_GetArraySize(m) > 0) {
-                text_adds(t, "\n");
-                render_list(m, depth + 1, t);
-            } else {
-                text_adds(t, " ");
-                if (is_container(m))
-                    text_adds(t, "none");
-                else
-                    render_scalar(m, t);
-            }
-        } else if (flat_object(m) && cJSON_GetArraySize(m) > 0) {
+            render_member(m, depth, t);
+        } else if (cJSON_IsObject(m) && cJSON_GetArraySize(m) > 0) {
             const cJSON *k;
             bool first = true;
             cJSON_ArrayForEach(k, m) {
+                if (is_container(k) && cJSON_GetArraySize(k) > 0)
+                    continue;
                 text_adds(t, first ? "" : ", ");
-                text_adds(t, k->string);
-                text_adds(t, ": ");
-                render_scalar(k, t);
+                render_member(k, depth, t);
                 first = false;
+            }
+            cJSON_ArrayForEach(k, m) {
+                if (!is_container(k) || cJSON_GetArraySize(k) == 0)
+                    continue;
+                text_adds(t, "\n");
+                indent(t, depth + 1);
+                text_adds(t, "- ");
+                render_member(k, depth + 1, t);
             }
         } else if (is_container(m) && cJSON_GetArraySize(m) > 0) {
             text_adds(t, "\n");

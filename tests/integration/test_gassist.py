@@ -325,7 +325,8 @@ class FakeEngine:
             self._error(ident, id_, 6, "NOT_FOUND", "unknown command 'test.vanish'")
         elif cmd == "test.table":
             self._send(ident, self._frame(id_, "result", data={
-                "gpus": [{"name": "RTX 4060", "vram_gb": 8}, {"name": "RTX 4090", "vram_gb": 24}],
+                "gpus": [{"name": "RTX 4060", "vram_gb": 8},
+                         {"name": "RTX 4090", "vram_gb": 24, "ports": ["hdmi", "dp"]}],
                 "fits": True, "headroom_gb": 1.5, "notes": ["weights in Q4_1", "no offload"],
                 "kv": {"per_1k_tokens_mb": 20, "type": "f16"}, "empty": [], "missing": None}))
             self._send(ident, self._frame(id_, "result", data=["alpha", 3]))
@@ -623,6 +624,9 @@ def test_structured_results_render_as_readable_text(bridges, fake):
         "- gpus:\n"
         "  - name: RTX 4060, vram_gb: 8\n"
         "  - name: RTX 4090, vram_gb: 24\n"
+        "    - ports:\n"
+        "      - hdmi\n"
+        "      - dp\n"
         "- fits: yes\n"
         "- headroom_gb: 1.5\n"
         "- notes:\n"
