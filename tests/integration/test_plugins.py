@@ -317,26 +317,56 @@ def test_shutdown_ends_running_calls_and_runs_fini(tmp_path):
 
 
 def test_plugin_template_builds_out_of_tree_and_runs(tmp_path):
-    """samples/plugin-template: install only the headers and rlai-plugin.pc
-    (meson's devel tag) into a staging folder, build the template with its
-    Makefile through pkg-config, load it into a real engine, call it."""
+    """samples/plugin-template, following its README to the letter: install
+    only the headers and rlai-plugin.pc (meson's devel tag) into a staging
+    folder (--destdir), point PKG_CONFIG_PATH at <stage><prefix>/<libdir>/pkgconfig,
+    build the template with its Makefile, load it into a real engine, call
+    it. The staged .pc must not prefix system paths (cJSON's) with the
+    stage, and nothing installed may carry the staging path."""
     build_root = os.environ.get("RLAI_BUILD_ROOT")
     source_root = os.environ.get("RLAI_SOURCE_ROOT")
     if not build_root or not source_root:
         pytest.skip("RLAI_BUILD_ROOT / RLAI_SOURCE_ROOT not set (run through meson test)")
+    r = subprocess.run(["meson", "introspect", build_root, "--buildoptions"], capture_output=True, text=True,
+                       timeout=60)
+    opts = {o["name"]: o["value"] for o in json.loads(r.stdout)}
+    prefix, libdir = opts["prefix"], opts["libdir"]
     stage = tmp_path / "stage"
     r = subprocess.run(["meson", "install", "-C", build_root, "--no-rebuild", "--destdir", str(stage),
                         "--tags", "devel"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
-    pcs = list(stage.rglob("rlai-plugin.pc"))
-    assert len(pcs) == 1
-    assert (pcs[0].parents[2] / "include" / "rlai" / "plugin.h").exists() or list(stage.rglob("plugin.h"))
-    env = dict(os.environ, PKG_CONFIG_PATH=str(pcs[0].parent), PKG_CONFIG_SYSROOT_DIR=str(stage))
+    pcdir = Path(str(stage) + prefix) / libdir / "pkgconfig"       # the README's path
+    pc = pcdir / "rlai-plugin.pc"
+    assert pc.exists(), list(stage.rglob("*.pc"))
+    assert str(stage) not in pc.read_text()                       # relocatable, no staging path inside
+    assert (Path(str(stage) + prefix) / opts["includedir"] / "rlai" / "plugin.h").exists()
+    env = dict(os.environ, PKG_CONFIG_PATH=str(pcdir))
+    env.pop("PKG_CONFIG_SYSROOT_DIR", None)
+    flags = subprocess.run(["pkg-config", "--cflags", "--libs", "rlai-plugin"], env=env, capture_output=True,
+                           text=True, timeout=30)
+    assert flags.returncode == 0, flags.stderr
+    cjson = subprocess.run(["pkg-config", "--cflags", "--libs", "libcjson"], capture_output=True, text=True,
+                           timeout=30).stdout.split()
+    got = flags.stdout.split()
+    inc = [f for f in got if f.startswith("-I") and str(stage) in f]
+    assert len(inc) == 1 and Path(inc[0][2:]).resolve() == (Path(str(stage) + prefix) / opts["includedir"]).resolve()
+    # the system's cJSON flags exactly as the system gives them (not under the stage)
+    assert [f for f in got if f not in inc] == [f for f in cjson if f not in inc], (got, cjson)
     out = tmp_path / "plugins-build"
     r = subprocess.run(["make", "-C", str(Path(source_root) / "samples" / "plugin-template"), f"BUILD={out}"],
                        env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     assert str(stage) in r.stdout   # the staged headers were used
+    # a whole staged install: paths baked into binaries name the prefix, never the stage
+    full = tmp_path / "full"
+    r = subprocess.run(["meson", "install", "-C", build_root, "--no-rebuild", "--destdir", str(full)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    staged = [f for f in full.rglob("*") if f.is_file() and not f.is_symlink()]
+    assert staged
+    assert not [f for f in staged if str(full).encode() in f.read_bytes()]
+    rlai_bin = Path(str(full) + prefix) / opts["bindir"] / "rlai"
+    assert (prefix + "/" + libdir + "/rlai/plugins").encode() in rlai_bin.read_bytes()
     e = Engine(tmp_path, extra=("--plugins", str(out), "--http", ""))
     try:
         c = ZmqClient(e.zmq_ipc)
@@ -349,6 +379,10 @@ def test_plugin_template_builds_out_of_tree_and_runs(tmp_path):
         frames = c.collect(3, timeout=120)
         assert frames[-1]["type"] == "done"
         assert len(text_of(frames)) > 0 and result_data(frames)[0]["tokens"] > 0
+        # words out of range: refused by the host from the template's schema (BAD_REQUEST, not TOO_LARGE)
+        c.request("call", 4, command="hello.story", params='{"topic": "a lighthouse", "words": 500}')
+        f = c.collect(4)[-1]
+        assert f["type"] == "error" and f["name"] == "BAD_REQUEST" and "'words' must be <= 400" in f["msg"], f
         c.close()
     finally:
         assert e.stop() == 0
