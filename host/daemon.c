@@ -477,6 +477,8 @@ static int map_call_error(int rc)
     switch (rc) {
     case RLAI_ERR_NOT_FOUND: return RLAI_PE_NOT_FOUND;
     case RLAI_ERR_NOT_IMPLEMENTED: return RLAI_PE_NOT_IMPLEMENTED;
+    case RLAI_ERR_UNSUPPORTED: return RLAI_PE_NOT_IMPLEMENTED;   /* as HTTP's 501 */
+    case RLAI_ERR_FORMAT: return RLAI_PE_BAD_REQUEST;            /* as HTTP's 400 */
     case RLAI_ERR_CANCELLED: return RLAI_PE_CANCELLED;
     case RLAI_ERR_TIMEOUT: return RLAI_PE_TIMEOUT;
     case RLAI_ERR_NOMEM: return RLAI_PE_INTERNAL;

@@ -369,6 +369,10 @@ static int map_engine_error(int code, const char *emsg, const char *command, con
     case RLAI_PE_NOT_IMPLEMENTED:
         snprintf(out, cap, "%s is not available in this engine: %s", function, emsg);
         return GASSIST_RPC_PLUGIN_ERROR;
+    case RLAI_PE_TIMEOUT:
+        snprintf(out, cap, "%s ran past the engine's own deadline for the call (%s); the engine's limit is "
+                 "plugins.call_timeout_s or the plugin manifest's timeout_ms.", function, emsg);
+        return GASSIST_RPC_TIMEOUT;
     default:
         snprintf(out, cap, "The local AI engine failed on %s: %s", function, emsg);
         return GASSIST_RPC_PLUGIN_ERROR;

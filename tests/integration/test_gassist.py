@@ -254,6 +254,8 @@ FAKE_COMMANDS = [
      "parameters": {"type": "object"}},
     {"name": "test.lookup", "description": "Looks up a character.", "plugin": "test", "streams": False,
      "parameters": {"type": "object", "properties": {"character": {"type": "string"}}}},
+    {"name": "test.expire", "description": "Past the engine's deadline.", "plugin": "test", "streams": False,
+     "parameters": {"type": "object"}},
     {"name": "test.vanish", "description": "Unloaded while G-Assist still lists it.", "plugin": "test",
      "streams": False, "parameters": {"type": "object"}},
     {"name": "test.table", "description": "Answers with structured results.", "plugin": "test",
@@ -319,6 +321,8 @@ class FakeEngine:
         elif cmd == "test.lookup":
             self._error(ident, id_, 6, "NOT_FOUND",
                         f"unknown character \"{params.get('character')}\"; known characters: mira")
+        elif cmd == "test.expire":
+            self._error(ident, id_, 14, "TIMEOUT", "command 'test.expire' did not finish within its deadline of 50 ms")
         elif cmd == "test.vanish":
             # the plugin went away: the engine no longer lists the command
             self.commands = [c for c in self.commands if c["name"] != "test.vanish"]
@@ -679,7 +683,9 @@ def test_engine_errors_are_mapped(bridges, fake):
              # something unknown (a character), not an outdated manifest
              ("test_lookup", -32602, 'unknown character "zed"; known characters: mira'),
              # a command the engine no longer has (checked afresh): the manifest is out of date
-             ("test_vanish", -32601, "regenerate it")]
+             ("test_vanish", -32601, "regenerate it"),
+             # the engine's deadline (not the bridge's): a timeout, saying whose limit it was
+             ("test_expire", -2, "engine's own deadline")]
     for fn, code, words in cases:
         id_ = g.request("execute", exec_params(fn, {"character": "zed"} if fn == "test_lookup" else {}))
         end = g.finish(id_, timeout=10)

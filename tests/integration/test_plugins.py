@@ -196,7 +196,9 @@ def test_handler_error_codes_reach_every_client(tmp_path):
     try:
         cases = [(-9, "NOT_FOUND", 404, "not_found"), (-12, "TOO_LARGE", 413, None),
                  (-15, "BUSY", 429, "rate_limit_exceeded"), (-5, "BAD_REQUEST", 400, None),
-                 (-10, "NOT_IMPLEMENTED", 501, None), (-6, "CONTEXT_FULL", 400, "context_length_exceeded")]
+                 (-10, "NOT_IMPLEMENTED", 501, None), (-6, "CONTEXT_FULL", 400, "context_length_exceeded"),
+                 (-3, "BAD_REQUEST", 400, None), (-4, "NOT_IMPLEMENTED", 501, None), (-13, "TIMEOUT", 504, "timeout"),
+                 (-2, "ENGINE", 500, None)]
         z, p = ZmqClient(e.zmq_ipc), PipeClient(e.sock_path)
         for i, (code, name, status, http_code) in enumerate(cases, start=1):
             for cl in (z, p):
