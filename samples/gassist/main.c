@@ -250,6 +250,9 @@ int main(int argc, char **argv)
             continue;
         if (parse_level(env, lvl_dst[i]) < 0) {
             fprintf(stderr, "rlai-gassist: %s=%s is not a level (debug|info|warning|error|none)\n", lvl_env[i], env);
+            free(s.endpoint);
+            free(s.log);
+            free(s.name);
             return 2;
         }
         from_flag[6 + i] = true;
