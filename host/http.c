@@ -695,8 +695,8 @@ static cJSON *late_error(const hreq *r)
         return error_json(503, "shutdown", NULL, "server shutting down: request ended");
     const char *code;
     int st = status_of(r->status, &code);
-    if (r->status == RLAI_ERR_NOT_FOUND)
-        code = r->kind == K_LORE ? "model_not_found" : "command_not_found";
+    if (r->status == RLAI_ERR_NOT_FOUND)   /* a running handler's NOT_FOUND: its command exists */
+        code = r->kind == K_LORE ? "model_not_found" : r->kind == K_PLUGIN ? "not_found" : "command_not_found";
     return error_json(st, code, NULL, r->errmsg[0] ? r->errmsg : rlai_strerror(r->status));
 }
 

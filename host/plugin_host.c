@@ -5,6 +5,7 @@
 #include "gguf_describe.h"
 #include "metrics.h"
 #include "tools.h"
+#include "params_schema.h"
 #include "rlai/protocol.h"
 
 #include <dirent.h>
@@ -58,6 +59,7 @@ struct rlai_plugin {
     void (*fini)(void *);
     void *state;
     bool refused;                   /* a registration was refused during init */
+    char refused_why[400];          /* the first refusal's reason */
     pin *pins;                      /* prefixes this plugin pinned */
     pthread_mutex_t pin_mu;
     cJSON *timeouts;                /* manifest "timeout_ms" object (owned) or NULL */
@@ -331,7 +333,7 @@ static int api_register_command(rlai_plugin *self, const rlai_command_desc *d_in
     memcpy(&d, d_in, size);
     pthread_mutex_lock(&h->mu);
     int rc = 0;
-    char why[300] = "";
+    char why[600] = "";
     size_t nlen = strlen(self->name);
     cJSON *schema = NULL;
     if (h->loading != self) {
@@ -354,9 +356,13 @@ static int api_register_command(rlai_plugin *self, const rlai_command_desc *d_in
                  find_cmd(h, d.name)->owner->name);
     } else {
         schema = d.params_schema ? cJSON_Parse(d.params_schema) : cJSON_Parse("{\"type\":\"object\"}");
+        char serr[400];
         if (!cJSON_IsObject(schema)) {
             rc = RLAI_ERR_INVALID_ARG;
             snprintf(why, sizeof(why), "command '%.100s': params_schema is not a JSON object", d.name);
+        } else if (rlai_params_schema_check(schema, serr, sizeof(serr)) < 0) {
+            rc = RLAI_ERR_INVALID_ARG;
+            snprintf(why, sizeof(why), "command '%.100s': %.400s", d.name, serr);
         }
     }
     if (rc == 0 && h->n_cmds == h->cap_cmds) {
@@ -397,6 +403,8 @@ static int api_register_command(rlai_plugin *self, const rlai_command_desc *d_in
     pthread_mutex_unlock(&h->mu);
     cJSON_Delete(schema);
     if (rc < 0) {
+        if (!self->refused)
+            snprintf(self->refused_why, sizeof(self->refused_why), "%.399s", why);
         self->refused = true;
         api_log(self, RLAI_LOG_ERROR, "%s: registration refused: %s", self->file, why);
     }
@@ -1773,11 +1781,12 @@ int rlai_plugin_host_load(rlai_plugin_host *h, const char *dir, char *err, size_
     pthread_mutex_unlock(&h->mu);
     if (irc != 0 || p->refused) {
         if (irc != 0)
-            set_err(err, errlen, "%s: plugin '%s' %s: init failed (%d%s%s)%s%s", file, p->name, p->version, irc,
-                    irc < 0 ? ": " : "", irc < 0 ? rlai_strerror(irc) : "", msg ? ": " : "", msg ? msg : "");
+            set_err(err, errlen, "%s: plugin '%s' %s: init failed (%d%s%s)%s%s%s%s", file, p->name, p->version, irc,
+                    irc < 0 ? ": " : "", irc < 0 ? rlai_strerror(irc) : "", msg ? ": " : "", msg ? msg : "",
+                    p->refused_why[0] ? "; registration refused: " : "", p->refused_why);
         else
-            set_err(err, errlen, "%s: plugin '%s' %s: refused: a command registration was refused (see above)",
-                    file, p->name, p->version);
+            set_err(err, errlen, "%s: plugin '%s' %s: refused: a command registration was refused%s%s", file,
+                    p->name, p->version, p->refused_why[0] ? ": " : " (see above)", p->refused_why);
         free(msg);
         /* Undo: registrations, pins; fini only runs for a plugin whose init
          * succeeded (it may hold state). */
@@ -1910,6 +1919,7 @@ int rlai_plugin_host_call_timed(rlai_plugin_host *h, const char *command_name, c
     pthread_mutex_init(&c->mu, NULL);
     pthread_mutex_init(&c->sink_mu, NULL);
     int rc = 0;
+    char verr[640];
     pthread_mutex_lock(&h->mu);
     command *cmd = find_cmd(h, command_name);
     if (cmd && cmd->owner == h->loading)
@@ -1921,6 +1931,9 @@ int rlai_plugin_host_call_timed(rlai_plugin_host *h, const char *command_name, c
         rc = RLAI_ERR_NOT_FOUND;
         set_err(err, errlen, "unknown command '%.200s' (%d command%s registered; see `rlai plugins`)",
                 command_name, h->n_cmds, h->n_cmds == 1 ? "" : "s");
+    } else if (rlai_params_schema_validate(cmd->schema, params, verr, sizeof(verr)) < 0) {
+        rc = RLAI_ERR_INVALID_ARG;
+        set_err(err, errlen, "invalid params for %.200s: %s", command_name, verr);
     } else if ((cmd->flags & RLAI_CMD_USES_ENGINE) && !h->p.engine) {
         rc = RLAI_ERR_NOT_IMPLEMENTED;
         set_err(err, errlen, "command '%.200s' needs a loaded model; none is loaded here", command_name);

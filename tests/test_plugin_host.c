@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "metrics.h"
+#include "params_schema.h"
 #include "plugin_host.h"
 #include "rlai/error.h"
 
@@ -447,9 +448,9 @@ END_TEST
 START_TEST(load_all_loads_only_the_good_ones)
 {
     rlai_plugin_host *h = new_host(NULL, NULL);
-    /* stderr gets one line per refused folder; the good ones (good, stuck) load */
-    ck_assert_int_eq(rlai_plugin_host_load_all(h, RLAI_TEST_PLUGINS), 2);
-    ck_assert_int_eq(rlai_plugin_host_n_commands(h), 8 + 7);
+    /* stderr gets one line per refused folder; the good ones (good, stuck, typed) load */
+    ck_assert_int_eq(rlai_plugin_host_load_all(h, RLAI_TEST_PLUGINS), 3);
+    ck_assert_int_eq(rlai_plugin_host_n_commands(h), 8 + 7 + 3);
     ck_assert_int_eq(rlai_plugin_host_load_all(h, "/nonexistent/rlai"), RLAI_ERR_IO);
     rlai_plugin_host_destroy(&h);
 }
@@ -529,6 +530,163 @@ START_TEST(calls_reply_stream_and_fail)
     ck_assert(!has_command(h, "good.later"));
     cap_free(&c);
     rlai_plugin_host_destroy(&h);
+}
+END_TEST
+
+/* ---------------------------------------------------------- params_schema */
+
+START_TEST(params_schema_is_enforced_before_the_handler)
+{
+    rlai_plugin_host *h = new_host(NULL, NULL);
+    char err[1024];
+    ck_assert_msg(load(h, "typed", err, sizeof(err)) == 0, "%s", err);
+    capture c;
+    cap_init(&c);
+    ck_assert_int_eq(call_sync(h, "typed.set",
+                               "{\"name\":\"ab\",\"temperature\":1.5,\"count\":3,\"mode\":\"fast\","
+                               "\"tags\":[\"a\"],\"flag\":null}",
+                               &c), 0);
+    ck_assert_int_eq(c.ended, 1);
+    ck_assert_str_eq(cJSON_GetObjectItem(cJSON_GetObjectItem(cJSON_GetArrayItem(c.results, 0), "params"), "name")
+                         ->valuestring, "ab");
+    cap_free(&c);
+    cap_init(&c);   /* length counts code points: 8 of them in 16 bytes pass maxLength 8 */
+    ck_assert_int_eq(call_sync(h, "typed.set", "{\"name\":\"\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\"}", &c), 0);
+    ck_assert_int_eq(c.ended, 1);
+    cap_free(&c);
+    static const struct { const char *cmd, *params, *msg; } bad[] = {
+        { "typed.set", "{\"temperature\":1}", "'name' is required" },
+        { "typed.set", "{\"name\":\"a\",\"temperature\":2.5}", "'temperature' must be <= 2" },
+        { "typed.set", "{\"name\":\"a\",\"temperature\":-0.5}", "'temperature' must be >= 0" },
+        { "typed.set", "{\"name\":\"a\",\"temperature\":\"hot\"}", "'temperature' must be a number" },
+        { "typed.set", "{\"name\":\"a\",\"count\":0}", "'count' must be > 0" },
+        { "typed.set", "{\"name\":\"a\",\"count\":11}", "'count' must be <= 10" },
+        { "typed.set", "{\"name\":\"a\",\"count\":2.5}", "'count' must be an integer" },
+        { "typed.set", "{\"name\":\"\"}", "'name' must be at least 1 character long" },
+        { "typed.set", "{\"name\":\"abcdefghi\"}", "'name' must be at most 8 characters long (it has 9)" },
+        { "typed.set", "{\"name\":\"a\",\"mode\":\"medium\"}", "'mode' must be one of \"fast\", \"slow\"" },
+        { "typed.set", "{\"name\":\"a\",\"tags\":[\"x\",3]}", "'tags[1]' must be a string" },
+        { "typed.set", "{\"name\":\"a\",\"tags\":[\"a\",\"b\",\"c\",\"d\"]}", "'tags' must have at most 3 items" },
+        { "typed.set", "{\"name\":\"a\",\"flag\":1}", "'flag' must be a boolean or null" },
+        { "typed.set", "{\"name\":\"a\",\"colour\":\"red\"}",
+          "'colour' is not accepted (additionalProperties is false; parameters: name, temperature, count, mode, "
+          "tags, flag)" },
+        { "typed.open", "{\"model\":{\"n_layer\":0}}", "'model.n_layer' must be >= 1" },
+        { "typed.open", "{\"model\":{}}", "'model.n_layer' is required" },
+        { "typed.open", "{\"model\":5}", "'model' matches none of its 2 oneOf forms" },
+        { "typed.fail", "{}", "'code' is required" },
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        cap_init(&c);
+        ck_assert_int_eq(call_sync(h, bad[i].cmd, bad[i].params, &c), RLAI_ERR_INVALID_ARG);
+        ck_assert_msg(strstr(c.msg, bad[i].msg) != NULL, "%s %s: got \"%s\", want \"%s\"", bad[i].cmd,
+                      bad[i].params, c.msg, bad[i].msg);
+        ck_assert_ptr_nonnull(strstr(c.msg, bad[i].cmd));   /* names the command */
+        ck_assert_int_eq(c.ended, 0);                       /* the handler never ran */
+        cap_free(&c);
+    }
+    /* no additionalProperties: extra keys are accepted (JSON Schema's default) */
+    cap_init(&c);
+    ck_assert_int_eq(call_sync(h, "typed.open", "{\"model\":\"m.gguf\",\"extra\":[1]}", &c), 0);
+    ck_assert_int_eq(c.ended, 1);
+    cap_free(&c);
+    cap_init(&c);
+    ck_assert_int_eq(call_sync(h, "typed.open", "{\"model\":{\"n_layer\":4}}", &c), 0);
+    ck_assert_int_eq(c.ended, 1);
+    cap_free(&c);
+    rlai_plugin_host_destroy(&h);
+}
+END_TEST
+
+START_TEST(handler_error_codes_reach_the_caller)
+{
+    rlai_plugin_host *h = new_host(NULL, NULL);
+    char err[1024];
+    ck_assert_msg(load(h, "typed", err, sizeof(err)) == 0, "%s", err);
+    static const int codes[] = { RLAI_ERR_NOT_FOUND, RLAI_ERR_TOO_LARGE, RLAI_ERR_BUSY, RLAI_ERR_UNSUPPORTED,
+                                 RLAI_ERR_CONTEXT_FULL, RLAI_ERR_IO };
+    for (size_t i = 0; i < sizeof(codes) / sizeof(codes[0]); i++) {
+        for (int ret = 0; ret < 2; ret++) {
+            capture c;
+            cap_init(&c);
+            char params[64];
+            snprintf(params, sizeof(params), "{\"code\":%d,\"return\":%s}", codes[i], ret ? "true" : "false");
+            ck_assert_int_eq(call_sync(h, "typed.fail", params, &c), 0);
+            ck_assert_int_eq(c.ended, 2);
+            ck_assert_int_eq(c.code, codes[i]);
+            char want[80];
+            snprintf(want, sizeof(want), "typed.fail failed with code %d as asked", codes[i]);
+            ck_assert_str_eq(c.msg, ret ? rlai_strerror(codes[i]) : want);
+            cap_free(&c);
+        }
+    }
+    rlai_plugin_host_destroy(&h);
+}
+END_TEST
+
+START_TEST(broken_params_schema_refuses_the_plugin)
+{
+    rlai_plugin_host *h = new_host(NULL, NULL);
+    char err[1024];
+    ck_assert_int_eq(load(h, "badschema", err, sizeof(err)), RLAI_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(err, "libbadschema.so"));
+    ck_assert_msg(strstr(err, "command 'badschema.bad': params_schema: name: keyword \"pattern\" is not supported") !=
+                      NULL, "%s", err);
+    ck_assert(!has_command(h, "badschema.ok"));   /* the whole plugin is refused */
+    ck_assert_int_eq(rlai_plugin_host_n_commands(h), 0);
+    ck_assert_int_eq(load(h, "typed", err, sizeof(err)), 0);   /* the host keeps loading others */
+    rlai_plugin_host_destroy(&h);
+
+    static const struct { const char *schema, *msg; } bad[] = {
+        { "{\"type\":\"string\"}", "\"type\" must be \"object\"" },
+        { "{\"properties\":{\"a\":{\"minimum\":\"x\"}}}", "a: \"minimum\" must be a number" },
+        { "{\"properties\":{\"a\":{\"minimum\":3,\"maximum\":1}}}", "a: \"minimum\" is greater than \"maximum\"" },
+        { "{\"properties\":{\"a\":{\"minLength\":-1}}}", "a: \"minLength\" must be a non-negative integer" },
+        { "{\"properties\":{\"a\":{\"minLength\":5,\"maxLength\":2}}}", "\"minLength\" is greater than" },
+        { "{\"properties\":{\"a\":{\"type\":\"strin\"}}}", "a: unknown type \"strin\"" },
+        { "{\"properties\":{\"a\":{\"type\":[]}}}", "a: \"type\" must be a type name" },
+        { "{\"properties\":{\"a\":{\"enum\":[]}}}", "a: \"enum\" must be a non-empty array" },
+        { "{\"properties\":{\"a\":{\"items\":[{}]}}}", "tuple form" },
+        { "{\"properties\":{\"a\":{\"oneOf\":[]}}}", "\"oneOf\" must be a non-empty array" },
+        { "{\"properties\":{\"a\":{\"oneOf\":[{\"type\":\"x\"}]}}}", "a.oneOf[0]: unknown type" },
+        { "{\"properties\":{\"a\":5}}", "a: a schema must be an object or a boolean" },
+        { "{\"properties\":[]}", "\"properties\" must be an object" },
+        { "{\"required\":\"a\"}", "\"required\" must be an array of names" },
+        { "{\"required\":[\"z\"],\"additionalProperties\":false}", "no value could pass" },
+        { "{\"additionalProperties\":{\"type\":3}}", "additionalProperties: \"type\" must be" },
+        { "{\"propertys\":{}}", "keyword \"propertys\" is not supported" },
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        cJSON *s = cJSON_Parse(bad[i].schema);
+        ck_assert_ptr_nonnull(s);
+        ck_assert_int_eq(rlai_params_schema_check(s, err, sizeof(err)), RLAI_ERR_INVALID_ARG);
+        ck_assert_msg(strstr(err, bad[i].msg) != NULL, "%s: got \"%s\"", bad[i].schema, err);
+        cJSON_Delete(s);
+    }
+    /* nesting past the limit */
+    char deep[2048] = "{\"type\":\"object\"";
+    for (int i = 0; i < RLAI_PARAMS_SCHEMA_MAX_DEPTH + 2; i++)
+        strcat(deep, ",\"properties\":{\"a\":{\"type\":\"object\"");
+    for (int i = 0; i < RLAI_PARAMS_SCHEMA_MAX_DEPTH + 2; i++)
+        strcat(deep, "}}");
+    strcat(deep, "}");
+    cJSON *s = cJSON_Parse(deep);
+    ck_assert_ptr_nonnull(s);
+    ck_assert_int_eq(rlai_params_schema_check(s, err, sizeof(err)), RLAI_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(err, "nested deeper"));
+    cJSON_Delete(s);
+    /* annotations and boolean subschemas are fine */
+    s = cJSON_Parse("{\"title\":\"t\",\"$schema\":\"x\",\"properties\":{\"a\":true,\"b\":false,\"c\":{\"default\":1,"
+                    "\"examples\":[1],\"format\":\"uri\",\"description\":\"d\"}}}");
+    ck_assert_int_eq(rlai_params_schema_check(s, err, sizeof(err)), 0);
+    cJSON *v = cJSON_Parse("{\"a\":[1],\"c\":2}");
+    ck_assert_int_eq(rlai_params_schema_validate(s, v, err, sizeof(err)), 0);
+    cJSON_Delete(v);
+    v = cJSON_Parse("{\"b\":1}");
+    ck_assert_int_eq(rlai_params_schema_validate(s, v, err, sizeof(err)), RLAI_ERR_INVALID_ARG);
+    ck_assert_str_eq(err, "'b' is not accepted");
+    cJSON_Delete(v);
+    cJSON_Delete(s);
 }
 END_TEST
 
@@ -979,6 +1137,9 @@ int main(void)
     tcase_add_test(tc, group_writable_and_special_files_are_refused);
     tcase_add_test(tc, load_all_loads_only_the_good_ones);
     tcase_add_test(tc, calls_reply_stream_and_fail);
+    tcase_add_test(tc, params_schema_is_enforced_before_the_handler);
+    tcase_add_test(tc, handler_error_codes_reach_the_caller);
+    tcase_add_test(tc, broken_params_schema_refuses_the_plugin);
     tcase_add_test(tc, cancel_and_receiver_gone_end_calls);
     tcase_add_test(tc, config_overrides_and_fini);
     tcase_add_test(tc, engine_jobs_stream_and_reuse_a_pinned_prefix);

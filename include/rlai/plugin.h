@@ -122,7 +122,8 @@ typedef struct rlai_call rlai_call;       /* one command call in progress (borro
 
 /* A command handler. Runs on a worker thread. `params` is the caller's
  * JSON object (never NULL; {} when the caller sent none), borrowed for the
- * call. `user` is the descriptor's user pointer.
+ * call; it has passed the command's params_schema (calls that do not are
+ * refused by the host with RLAI_ERR_INVALID_ARG and never reach here). `user` is the descriptor's user pointer.
  *
  * The handler answers through the call: any number of host->stream_text()
  * pieces and host->reply_json() results, in any order, then returns 0 (the
@@ -143,7 +144,10 @@ typedef struct rlai_command_desc {
                                    [a-z0-9_]; copied */
     const char *description;    /* written for a language model choosing a tool; copied */
     const char *params_schema;  /* JSON Schema of the params object, as JSON text (an
-                                   object); NULL = {"type":"object"}; copied */
+                                   object); NULL = {"type":"object"}; copied. The host
+                                   enforces it before calling the handler (the subset
+                                   in docs/PLUGINS.md, "Parameter schemas"; extra keys
+                                   pass unless "additionalProperties": false) */
     rlai_command_fn handler;    /* required */
     void *user;                 /* passed to the handler */
     uint32_t flags;             /* rlai_command_flags */
@@ -228,7 +232,8 @@ typedef struct rlai_host_api {
     /* Registers a command; during rlai_plugin_init only. The descriptor and
      * its strings are copied (desc_size = sizeof(rlai_command_desc)).
      * Returns 0; RLAI_ERR_INVALID_ARG for a bad name (not "<plugin>.<verb>"),
-     * a missing handler or a schema that is not a JSON object;
+     * a missing handler or a schema that is not a JSON object or uses a
+     * keyword the host cannot enforce;
      * RLAI_ERR_BUSY when called after init; RLAI_ERR_UNSUPPORTED for a
      * desc_size larger than the host knows; RLAI_ERR_EXISTS for a name
      * another plugin or this one already registered. Every refusal is

@@ -369,15 +369,110 @@ static int map_engine_error(int code, const char *emsg, const char *command, con
     case RLAI_PE_NOT_IMPLEMENTED:
         snprintf(out, cap, "%s is not available in this engine: %s", function, emsg);
         return GASSIST_RPC_PLUGIN_ERROR;
+    case RLAI_PE_TIMEOUT:
+        snprintf(out, cap, "%s ran past the engine's own deadline for the call (%s); the engine's limit is "
+                 "plugins.call_timeout_s or the plugin manifest's timeout_ms.", function, emsg);
+        return GASSIST_RPC_TIMEOUT;
     default:
         snprintf(out, cap, "The local AI engine failed on %s: %s", function, emsg);
         return GASSIST_RPC_PLUGIN_ERROR;
     }
 }
 
+/* A scalar as text: strings as they are, numbers in their shortest form. */
+static void render_scalar(const cJSON *v, text *t)
+{
+    char buf[64];
+    if (cJSON_IsString(v)) {
+        text_adds(t, v->valuestring);
+    } else if (cJSON_IsNumber(v)) {
+        snprintf(buf, sizeof(buf), "%.15g", v->valuedouble);
+        if (strtod(buf, NULL) != v->valuedouble)
+            snprintf(buf, sizeof(buf), "%.17g", v->valuedouble);
+        text_adds(t, buf);
+    } else if (cJSON_IsBool(v)) {
+        text_adds(t, cJSON_IsTrue(v) ? "yes" : "no");
+    } else {
+        text_adds(t, "none");
+    }
+}
+
+static bool is_container(const cJSON *v)
+{
+    return cJSON_IsObject(v) || cJSON_IsArray(v);
+}
+
+static void indent(text *t, int depth)
+{
+    for (int i = 0; i < depth; i++)
+        text_adds(t, "  ");
+}
+
+static void render_list(const cJSON *v, int depth, text *t);
+
+/* One member of an object: "key: value", or "key:" with the container as a
+ * list one level deeper. */
+static void render_member(const cJSON *m, int depth, text *t)
+{
+    text_adds(t, m->string);
+    text_adds(t, ":");
+    if (is_container(m) && cJSON_GetArraySize(m) > 0) {
+        text_adds(t, "\n");
+        render_list(m, depth + 1, t);
+    } else if (is_container(m)) {
+        text_adds(t, " none");
+    } else {
+        text_adds(t, " ");
+        render_scalar(m, t);
+    }
+}
+
+/* An object or array as a Markdown list: "- key: value" per member of an
+ * object, "- item" per element of an array; an object inside an array is
+ * one item, its scalar members on the line ("key: value, key: value") and
+ * its containers as lists below. */
+static void render_list(const cJSON *v, int depth, text *t)
+{
+    const cJSON *m;
+    cJSON_ArrayForEach(m, v) {
+        if (t->len && t->s[t->len - 1] != '\n')
+            text_adds(t, "\n");
+        indent(t, depth);
+        text_adds(t, "- ");
+        if (cJSON_IsObject(v)) {
+            render_member(m, depth, t);
+        } else if (cJSON_IsObject(m) && cJSON_GetArraySize(m) > 0) {
+            const cJSON *k;
+            bool first = true;
+            cJSON_ArrayForEach(k, m) {
+                if (is_container(k) && cJSON_GetArraySize(k) > 0)
+                    continue;
+                text_adds(t, first ? "" : ", ");
+                render_member(k, depth, t);
+                first = false;
+            }
+            cJSON_ArrayForEach(k, m) {
+                if (!is_container(k) || cJSON_GetArraySize(k) == 0)
+                    continue;
+                text_adds(t, "\n");
+                indent(t, depth + 1);
+                text_adds(t, "- ");
+                render_member(k, depth + 1, t);
+            }
+        } else if (is_container(m) && cJSON_GetArraySize(m) > 0) {
+            text_adds(t, "\n");
+            render_list(m, depth + 1, t);
+        } else if (is_container(m)) {
+            text_adds(t, "none");
+        } else {
+            render_scalar(m, t);
+        }
+    }
+}
+
 /* Turns collected results into text for `complete`.data: strings as they
- * are, an object's "text"/"reply"/"message"/"answer"/"summary" string, or
- * the value as a JSON code block. */
+ * are, an object's "text"/"reply"/"message"/"answer"/"summary" string, any
+ * other value as readable Markdown (render_list), never raw JSON. */
 static void render_results(const cJSON *results, text *t)
 {
     static const char *const fields[] = { "text", "reply", "message", "answer", "summary" };
@@ -385,12 +480,12 @@ static void render_results(const cJSON *results, text *t)
     cJSON_ArrayForEach(r, results) {
         if (t->len)
             text_adds(t, "\n\n");
-        if (cJSON_IsString(r)) {
-            text_adds(t, r->valuestring);
+        if (!is_container(r)) {
+            render_scalar(r, t);
             continue;
         }
         const cJSON *s = NULL;
-        for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]) && !s; i++) {
+        for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]) && !s && cJSON_IsObject(r); i++) {
             s = cJSON_GetObjectItemCaseSensitive(r, fields[i]);
             if (!cJSON_IsString(s))
                 s = NULL;
@@ -399,14 +494,32 @@ static void render_results(const cJSON *results, text *t)
             text_adds(t, s->valuestring);
             continue;
         }
-        char *js = cJSON_Print(r);
-        if (js) {
-            text_adds(t, "```json\n");
-            text_adds(t, js);
-            text_adds(t, "\n```");
-            free(js);
-        }
+        if (cJSON_GetArraySize(r) == 0)
+            text_adds(t, "Done.");
+        else
+            render_list(r, 0, t);
     }
+}
+
+/* After an engine NOT_FOUND: fetches the registry afresh and tells
+ * whether `command` is still one of the engine's commands (then the
+ * handler's NOT_FOUND is about an argument, not the command). */
+static bool command_offered(gassist_bridge *b, const char *command, double deadline_ms)
+{
+    char msg[512];
+    int left = (int)(deadline_ms - now_ms());
+    int timeout = b->cfg.connect_timeout_ms < left ? b->cfg.connect_timeout_ms : left;
+    if (timeout < 200)
+        timeout = 200;
+    if (refresh_registry(b, true, timeout, msg, sizeof(msg)) < 0)
+        return false;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(b->registry, "commands")) {
+        const cJSON *n = cJSON_GetObjectItemCaseSensitive(e, "name");
+        if (cJSON_IsString(n) && !strcmp(n->valuestring, command))
+            return true;
+    }
+    return false;
 }
 
 /* Outcome of one engine call. */
@@ -534,7 +647,16 @@ static void run_call(gassist_bridge *b, const cJSON *id, const char *function, c
             if (!cancel_at) {
                 blog(b, GASSIST_LOG_WARNING, "%s: engine error %s: %s", command,
                      f.u.error.name ? f.u.error.name : "?", f.u.error.msg ? f.u.error.msg : "");
-                int code = map_engine_error(f.u.error.code, f.u.error.msg, command, function, msg, sizeof(msg));
+                int code;
+                if (f.u.error.code == RLAI_PE_NOT_FOUND && command_offered(b, command, deadline_ms)) {
+                    /* The command exists: its handler did not find something
+                     * an argument names (an unknown character). */
+                    snprintf(msg, sizeof(msg), "The arguments for %s were refused by the engine: %s", function,
+                             f.u.error.msg ? f.u.error.msg : "");
+                    code = GASSIST_RPC_INVALID_PARAMS;
+                } else {
+                    code = map_engine_error(f.u.error.code, f.u.error.msg, command, function, msg, sizeof(msg));
+                }
                 notify_error(b, id, code, msg);
                 rlai_msg_free(&f);
                 return;
@@ -549,8 +671,10 @@ static void run_call(gassist_bridge *b, const cJSON *id, const char *function, c
     }
     if (cancel_at && !stopped) {
         snprintf(msg, sizeof(msg),
-                 "%s took longer than %.0f s, G-Assist's limit for one answer, and was stopped. Try a shorter "
-                 "request.", function, b->cfg.execute_timeout_ms / 1000.0);
+                 "%s did not finish within %.1f s and was stopped. That is the RTX-LocalAI bridge's own limit for "
+                 "one answer (timeout_ms = %d, kept under G-Assist's 30 s), not the engine's: raise it with "
+                 "`--timeout-ms N` or \"timeout_ms\" in the bridge's config.json, or ask for a shorter answer.",
+                 function, b->cfg.execute_timeout_ms / 1000.0, b->cfg.execute_timeout_ms);
         notify_error(b, id, GASSIST_RPC_TIMEOUT, msg);
     }
 }

@@ -12,10 +12,13 @@
  *   execute {function, arguments}  ->  protocol `call` {command, params}
  *   engine `token` frames          ->  `stream` {request_id, data}
  *   engine `result` frames          ->  collected; shown in `complete`.data when
- *                                      nothing was streamed
+ *                                      nothing was streamed (a text field, else
+ *                                      a Markdown list, never raw JSON)
  *   engine `done`                  ->  `complete` {success:true, keep_session}
  *   engine `error`, no engine,     ->  `error` {request_id, code, message}
- *   busy, deadline                     (-32601, -32602, -1, -2, -3)
+ *   busy, deadline                     (-32601, -32602, -1, -2, -3); NOT_FOUND
+ *                                      is -32601 only when a fresh registry
+ *                                      lacks the command, else -32602
  * A streaming command whose parameter schema has a "session" property is
  * conversational (loremaster.talk): the bridge picks a session id,
  * `complete` keeps the session (passthrough) and each later `input` calls

@@ -43,8 +43,10 @@ static void usage(FILE *f)
         "  --config FILE          settings file (default: config.json next to the executable, if present)\n"
         "  --log FILE|-           log file (default $RLAI_GASSIST_LOG, else rlai-gassist.log next to the\n"
         "                         executable, else in $TMPDIR); '-' = stderr\n"
-        "  --log-level L          debug|info|warning|error|none (default info)\n"
-        "  --notify-level L       also send lines at this level as `log` notifications (default info)\n"
+        "  --log-level L          debug|info|warning|error|none (default warning; $RLAI_GASSIST_LOG_LEVEL)\n"
+        "  --notify-level L       also send lines at this level as `log` notifications (default warning;\n"
+        "                         $RLAI_GASSIST_NOTIFY_LEVEL)\n"
+        "  -v, --verbose          info lines too (connections, each call's metrics): both levels = info\n"
         "  --timeout-ms N         end an execute/input after N ms (default 25000; G-Assist allows 30000)\n"
         "  --connect-timeout-ms N engine connect/hello time (default 2000)\n"
         "  --session-limit-ms N   length of a passthrough conversation (default 280000; G-Assist: 5 min)\n"
@@ -183,7 +185,7 @@ static FILE *open_log(const char *path, char *used, size_t cap)
 int main(int argc, char **argv)
 {
     enum { O_ENDPOINT = 256, O_CONFIG, O_LOG, O_LOGLEVEL, O_NOTIFY, O_TIMEOUT, O_CTIMEOUT, O_SESSION, O_NAME,
-           O_MANIFEST, O_EXEC, O_VERSION };
+           O_MANIFEST, O_EXEC, O_VERSION, O_VERBOSE };
     static const struct option opts[] = {
         { "endpoint", required_argument, 0, O_ENDPOINT }, { "config", required_argument, 0, O_CONFIG },
         { "log", required_argument, 0, O_LOG }, { "log-level", required_argument, 0, O_LOGLEVEL },
@@ -192,16 +194,16 @@ int main(int argc, char **argv)
         { "session-limit-ms", required_argument, 0, O_SESSION }, { "name", required_argument, 0, O_NAME },
         { "manifest", no_argument, 0, O_MANIFEST }, { "executable", required_argument, 0, O_EXEC },
         { "output", required_argument, 0, 'o' }, { "version", no_argument, 0, O_VERSION },
-        { "help", no_argument, 0, 'h' }, { 0, 0, 0, 0 }
+        { "verbose", no_argument, 0, 'v' }, { "help", no_argument, 0, 'h' }, { 0, 0, 0, 0 }
     };
     settings s = { 0 };
-    s.log_level = s.notify_level = 3;
+    s.log_level = s.notify_level = 2;   /* warning: info lines only when asked (-v) */
     /* endpoint log name timeout ctimeout session log_level notify_level */
     bool from_flag[8] = { false };
     const char *config = NULL, *output = NULL, *executable = NULL;
     bool manifest = false;
     int c, bad = 0;
-    while ((c = getopt_long(argc, argv, "o:h", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "o:hv", opts, NULL)) != -1) {
         switch (c) {
         case O_ENDPOINT: set_str(&s.endpoint, optarg); from_flag[0] = true; break;
         case O_LOG: set_str(&s.log, optarg); from_flag[1] = true; break;
@@ -216,6 +218,13 @@ int main(int argc, char **argv)
         case O_EXEC: executable = optarg; break;
         case 'o': output = optarg; break;
         case O_VERSION: printf("rlai-gassist %s (G-Assist protocol 2.0)\n", RLAI_GASSIST_VERSION); return 0;
+        case 'v':
+            if (!from_flag[6])
+                s.log_level = 3;
+            if (!from_flag[7])
+                s.notify_level = 3;
+            from_flag[6] = from_flag[7] = true;
+            break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -232,6 +241,21 @@ int main(int argc, char **argv)
             set_str(&s.endpoint, env);
             from_flag[0] = true;
         }
+    }
+    static const char *const lvl_env[] = { "RLAI_GASSIST_LOG_LEVEL", "RLAI_GASSIST_NOTIFY_LEVEL" };
+    int *lvl_dst[] = { &s.log_level, &s.notify_level };
+    for (int i = 0; i < 2; i++) {
+        const char *env = getenv(lvl_env[i]);
+        if (from_flag[6 + i] || !env || !*env)
+            continue;
+        if (parse_level(env, lvl_dst[i]) < 0) {
+            fprintf(stderr, "rlai-gassist: %s=%s is not a level (debug|info|warning|error|none)\n", lvl_env[i], env);
+            free(s.endpoint);
+            free(s.log);
+            free(s.name);
+            return 2;
+        }
+        from_flag[6 + i] = true;
     }
     if (!from_flag[1]) {
         const char *env = getenv("RLAI_GASSIST_LOG");

@@ -43,7 +43,7 @@ static int story(rlai_call *call, const cJSON *params, void *user)
         return host->reply_error(call, RLAI_ERR_INVALID_ARG, "topic (a non-empty string) is required");
     int n = cJSON_IsNumber(words) ? (int)words->valuedouble : 60;
     if (n < 1 || n > 400)
-        return host->reply_error(call, RLAI_ERR_TOO_LARGE, "words must be between 1 and 400");
+        return host->reply_error(call, RLAI_ERR_INVALID_ARG, "words must be between 1 and 400");
     char ask[600];
     snprintf(ask, sizeof(ask), "Tell a very short story (about %d words) about %.400s.", n, topic->valuestring);
     rlai_plugin_message msgs[] = { { "user", ask } };

@@ -104,3 +104,16 @@ def test_usage_errors():
     assert run().returncode == 2
     assert run("--params", "[1]", "--gpu", "RTX 4060").returncode == 2
     assert run("x.gguf", "--gpu", "RTX 4060", "--context", "-5").returncode == 2
+
+
+def test_params_schema_is_enforced_by_the_host():
+    """fit.check's params_schema describes what the handler accepts and the
+    host refuses the rest before the plugin runs, naming the rule."""
+    counts = {"params_b": 8.03, "n_layer": 32.5, "n_head_kv": 8, "head_dim": 128, "bits_per_weight": 4.5}
+    r = run("--params", json.dumps(counts), "--gpu", "RTX 4060")
+    assert r.returncode == 1 and b"invalid params for fit.check: 'model.n_layer' must be an integer" in r.stderr
+    counts["n_layer"] = 32
+    r = run("--params", json.dumps(counts), "--gpu", "RTX 4060", "--context", str((1 << 24) + 1))
+    assert r.returncode == 1 and b"'context' must be <= 16777216" in r.stderr, r.stderr
+    r = run("--params", json.dumps(counts), "--gpu", "RTX 4060", "--context", str(1 << 24))
+    assert r.returncode == 0, r.stderr

@@ -21,6 +21,7 @@ Paths: RLAI_GASSIST_BIN, else <RLAI_BIN>/../../samples/gassist/rlai-gassist.
 """
 import json
 import os
+import re
 import signal
 import struct
 import subprocess
@@ -63,10 +64,12 @@ EXECUTE_LIMIT_S = 30.0      # the spec's execute -> complete deadline
 class GAssist:
     """A spawned rlai-gassist and the G-Assist end of its pipes."""
 
-    def __init__(self, tmp, endpoint, *extra, env=None):
+    def __init__(self, tmp, endpoint, *extra, env=None, verbose=True):
         self.log_path = Path(tmp) / f"gassist-{time.monotonic_ns()}.log"
-        args = [str(BRIDGE), "--endpoint", endpoint, "--log", str(self.log_path),
-                "--log-level", "debug", *extra]
+        # verbose: info lines as `log` notifications (the metrics the tests
+        # read); without it the bridge's defaults (warning and worse only)
+        levels = ["--log-level", "debug", "--notify-level", "info"] if verbose else []
+        args = [str(BRIDGE), "--endpoint", endpoint, "--log", str(self.log_path), *levels, *extra]
         self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, env=env or dict(os.environ))
         self.all = []               # every message received, in order
@@ -249,6 +252,14 @@ FAKE_COMMANDS = [
      "parameters": TALK_SCHEMA},
     {"name": "test.bad", "description": "Refuses its params.", "plugin": "test", "streams": False,
      "parameters": {"type": "object"}},
+    {"name": "test.lookup", "description": "Looks up a character.", "plugin": "test", "streams": False,
+     "parameters": {"type": "object", "properties": {"character": {"type": "string"}}}},
+    {"name": "test.expire", "description": "Past the engine's deadline.", "plugin": "test", "streams": False,
+     "parameters": {"type": "object"}},
+    {"name": "test.vanish", "description": "Unloaded while G-Assist still lists it.", "plugin": "test",
+     "streams": False, "parameters": {"type": "object"}},
+    {"name": "test.table", "description": "Answers with structured results.", "plugin": "test",
+     "streams": False, "parameters": {"type": "object"}},
     {"name": "test.forget", "description": "Forgets a test.talk conversation (test.talkative is not test.talk).", "plugin": "test", "streams": False,
      "parameters": {"type": "object", "properties": {"session": {"type": "string"}}, "required": ["session"]}},
 ]
@@ -261,6 +272,7 @@ class FakeEngine:
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.bind(self.endpoint)
+        self.commands = list(FAKE_COMMANDS)   # what `commands` answers
         self.calls = []             # (command, params) in arrival order
         self.cancels = []
         self.sessions = {}
@@ -306,6 +318,23 @@ class FakeEngine:
             self._error(ident, id_, 5, "BUSY", "too many requests in flight")
         elif cmd == "test.bad":
             self._error(ident, id_, 3, "BAD_REQUEST", "param 'x' is required")
+        elif cmd == "test.lookup":
+            self._error(ident, id_, 6, "NOT_FOUND",
+                        f"unknown character \"{params.get('character')}\"; known characters: mira")
+        elif cmd == "test.expire":
+            self._error(ident, id_, 14, "TIMEOUT", "command 'test.expire' did not finish within its deadline of 50 ms")
+        elif cmd == "test.vanish":
+            # the plugin went away: the engine no longer lists the command
+            self.commands = [c for c in self.commands if c["name"] != "test.vanish"]
+            self._error(ident, id_, 6, "NOT_FOUND", "unknown command 'test.vanish'")
+        elif cmd == "test.table":
+            self._send(ident, self._frame(id_, "result", data={
+                "gpus": [{"name": "RTX 4060", "vram_gb": 8},
+                         {"name": "RTX 4090", "vram_gb": 24, "ports": ["hdmi", "dp"]}],
+                "fits": True, "headroom_gb": 1.5, "notes": ["weights in Q4_1", "no offload"],
+                "kv": {"per_1k_tokens_mb": 20, "type": "f16"}, "empty": [], "missing": None}))
+            self._send(ident, self._frame(id_, "result", data=["alpha", 3]))
+            self._send(ident, self._done(id_))
         elif cmd == "test.forget":
             self._send(ident, self._frame(id_, "result", data={"reset": True, "session": params.get("session")}))
             self._send(ident, self._done(id_))
@@ -332,7 +361,7 @@ class FakeEngine:
             self._send(ident, self._frame(id_, "result", data={"version": 1, "engine": "fake"}))
             self._send(ident, self._done(id_))
         elif t == "commands":
-            self._send(ident, self._frame(id_, "result", data={"commands": FAKE_COMMANDS}))
+            self._send(ident, self._frame(id_, "result", data={"commands": self.commands}))
             self._send(ident, self._done(id_))
         elif t == "call":
             self._call(ident, m)
@@ -590,12 +619,75 @@ def test_results_only_command_shows_result_text(bridges, fake):
     assert g.shutdown() == 0
 
 
+def test_structured_results_render_as_readable_text(bridges, fake):
+    g = bridges(fake.endpoint)
+    id_ = g.request("execute", exec_params("test_table"))
+    end = g.finish(id_)
+    assert [m["method"] for m in end] == ["complete"]
+    assert end[0]["params"]["data"] == (
+        "- gpus:\n"
+        "  - name: RTX 4060, vram_gb: 8\n"
+        "  - name: RTX 4090, vram_gb: 24\n"
+        "    - ports:\n"
+        "      - hdmi\n"
+        "      - dp\n"
+        "- fits: yes\n"
+        "- headroom_gb: 1.5\n"
+        "- notes:\n"
+        "  - weights in Q4_1\n"
+        "  - no offload\n"
+        "- kv:\n"
+        "  - per_1k_tokens_mb: 20\n"
+        "  - type: f16\n"
+        "- empty: none\n"
+        "- missing: none"
+        "\n\n"
+        "- alpha\n"
+        "- 3")
+    assert g.shutdown() == 0
+
+
+def test_info_logs_are_off_by_default(bridges, fake, tmp_path):
+    g = bridges(fake.endpoint, verbose=False)
+    g.initialize()
+    id_ = g.request("execute", exec_params("test_stream", {"n": 2}))
+    assert g.finish(id_)[-1]["method"] == "complete"
+    id_ = g.request("execute", exec_params("test_busy"))       # a warning still gets through
+    assert g.finish(id_)[-1]["params"]["code"] == -3
+    assert g.shutdown() == 0
+    levels = [m["params"]["level"] for m in g.all if m.get("method") == "log"]
+    assert "info" not in levels and "warning" in levels, levels
+    log = g.log_text()
+    assert "test.stream done" not in log and "connected to the engine" not in log
+    assert "engine error BUSY" in log
+    # the environment or -v turns them on
+    for extra, env in (((), dict(os.environ, RLAI_GASSIST_NOTIFY_LEVEL="info", RLAI_GASSIST_LOG_LEVEL="info")),
+                       (("-v",), None)):
+        g = bridges(fake.endpoint, *extra, env=env, verbose=False)
+        g.initialize()
+        id_ = g.request("execute", exec_params("test_stream", {"n": 2}))
+        assert g.finish(id_)[-1]["method"] == "complete"
+        assert g.shutdown() == 0
+        assert any(line.startswith("test.stream done") for line in g.logs()), g.logs()
+        assert "test.stream done" in g.log_text()
+    p = subprocess.run([str(BRIDGE), "--endpoint", fake.endpoint], input=b"", capture_output=True, timeout=10,
+                       env=dict(os.environ, RLAI_GASSIST_LOG_LEVEL="loud", RLAI_GASSIST_LOG=str(tmp_path / "x.log")))
+    assert p.returncode == 2 and b"RLAI_GASSIST_LOG_LEVEL=loud" in p.stderr
+
+
 def test_engine_errors_are_mapped(bridges, fake):
     g = bridges(fake.endpoint)
     cases = [("test_busy", -3, "busy"), ("test_bad", -32602, "refused"),
-             ("no_such_function", -32601, "rlai gassist manifest")]
+             ("no_such_function", -32601, "rlai gassist manifest"),
+             # a command that exists answering NOT_FOUND: an argument names
+             # something unknown (a character), not an outdated manifest
+             ("test_lookup", -32602, 'unknown character "zed"; known characters: mira'),
+             # a command the engine no longer has (checked afresh): the manifest is out of date
+             ("test_vanish", -32601, "regenerate it"),
+             # the engine's deadline (not the bridge's): a timeout, saying whose limit it was
+             ("test_expire", -2, "engine's own deadline")]
     for fn, code, words in cases:
-        id_ = g.request("execute", exec_params(fn))
+        id_ = g.request("execute", exec_params(fn, {"character": "zed"} if fn == "test_lookup" else {}))
         end = g.finish(id_, timeout=10)
         assert end[-1]["method"] == "error", end
         assert end[-1]["params"]["code"] == code, end
@@ -614,6 +706,10 @@ def test_deadline_cancels_and_reports_timeout(bridges, fake):
     end = g.finish(id_, timeout=10)
     dt = time.monotonic() - t0
     assert end[-1]["method"] == "error" and end[-1]["params"]["code"] == -2, end
+    msg = end[-1]["params"]["message"]
+    # the message gives the configured limit, says whose limit it is and how to raise it
+    assert "1.5 s" in msg and "timeout_ms = 1500" in msg, msg
+    assert "bridge's own limit" in msg and "--timeout-ms" in msg and "config.json" in msg, msg
     assert 1.4 < dt < 4, dt
     assert fake.cancels, "the engine call should have been cancelled"
     # the bridge is still usable afterwards
@@ -667,9 +763,7 @@ def test_passthrough_conversation(bridges, fake):
     end = g.finish(id5)
     assert end[-1]["method"] == "complete" and end[-1]["params"]["keep_session"] is False
     assert fake.calls[-1] == ("test.forget", {"session": p1["session"]})
-    block = end[-1]["params"]["data"]
-    assert block.startswith("```json\n") and block.endswith("\n```"), block
-    assert json.loads(block[8:-4]) == {"reset": True, "session": p1["session"]}
+    assert end[-1]["params"]["data"] == f"- reset: yes\n- session: {p1['session']}"
     # a new execute starts a new session
     id4 = g.request("execute", exec_params("test_talk", {"message": "hi again"}))
     g.finish(id4)
@@ -833,13 +927,19 @@ def test_real_loremaster_conversation(bridges, tmp_path):
         idc = g.request("execute", exec_params("loremaster_characters"))
         end = g.finish(idc)
         assert end[-1]["method"] == "complete", end
-        block = end[-1]["params"]["data"]
-        assert block.startswith("```json\n"), block
-        chars = json.loads(block[8:-4])["characters"]
-        assert chars and chars[0]["id"]
+        listing = end[-1]["params"]["data"]
+        # readable text, not JSON: "- characters:" then one line per character
+        assert listing.startswith("- characters:\n") and "{" not in listing and "```" not in listing, listing
+        first_id = re.search(r"^  - id: ([^,\n]+)", listing, re.M)
+        assert first_id, listing
+        # an unknown character is a bad argument (-32602), not an outdated manifest
+        idx = g.request("execute", exec_params("loremaster_talk", {"character": "nobody_here", text_param: "hi"}))
+        end = g.finish(idx)
+        assert end[-1]["method"] == "error" and end[-1]["params"]["code"] == -32602, end
+        assert 'unknown character "nobody_here"' in end[-1]["params"]["message"], end
         # short greedy replies: the bridge's 25 s deadline must hold even on
         # a sanitizer build (every follow-up input reuses these arguments)
-        args = {"character": chars[0]["id"], text_param: "Greetings! Who are you?"}
+        args = {"character": first_id.group(1), text_param: "Greetings! Who are you?"}
         for k, v in (("max_tokens", 12), ("temperature", 0)):
             if k in props:
                 args[k] = v

@@ -244,6 +244,15 @@ def test_bad_input_gets_errors_and_server_keeps_serving(server):
     assert e["name"] == "BAD_REQUEST" and "session" in e["msg"]
     e = error_of(server.call("loremaster.reset", {}))
     assert e["name"] == "BAD_REQUEST"
+    # the host enforces the command's params_schema: the parameter and the rule are named
+    e = error_of(server.call("loremaster.talk", {"character": "pell", "message": "hi", "temperature": 2.5}))
+    assert e["name"] == "BAD_REQUEST" and "'temperature' must be <= 2" in e["msg"], e
+    e = error_of(server.call("loremaster.talk", {"character": "pell", "message": "hi", "max_tokens": 0}))
+    assert e["name"] == "BAD_REQUEST" and "'max_tokens' must be >= 1" in e["msg"], e
+    e = error_of(server.call("loremaster.talk", {"character": "pell", "message": "hi", "mood": "grim"}))
+    assert e["name"] == "BAD_REQUEST" and "'mood' is not accepted" in e["msg"], e
+    e = error_of(server.call("loremaster.characters", {"x": 1}))
+    assert e["name"] == "BAD_REQUEST" and "'x' is not accepted" in e["msg"], e
     # still serving
     r, streamed, _ = talk(server, "pell", "a" * 2000, max_tokens=8)
     assert r["turn"] == 1 and streamed == r["reply"]

@@ -14,7 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from test_daemon import Engine, ZmqClient, PipeClient, RLAI, MODEL
+import urllib.error
+import urllib.request
+
+from test_daemon import Engine, ZmqClient, PipeClient, RLAI, MODEL, free_port
 
 TEST_PLUGINS = os.environ.get("RLAI_TEST_PLUGINS")
 
@@ -69,7 +72,10 @@ def test_refused_plugins_are_logged_and_the_engine_serves(tmp_path):
     assert 'badfields/manifest.json: "version" must be a string' in log
     assert "a plugin named 'good' is already loaded" in log
     assert '"isolation": "process" is not implemented in this build' in log
-    assert "2 plugins loaded" in log and "(15 commands)" in log
+    # a params_schema the host cannot enforce refuses its plugin, naming the command and the keyword
+    assert ("libbadschema.so: registration refused: command 'badschema.bad': params_schema: name: "
+            'keyword "pattern" is not supported') in log
+    assert "3 plugins loaded" in log and "(18 commands)" in log
 
 
 def test_commands_lists_the_registry_with_schemas(eng):
@@ -82,7 +88,7 @@ def test_commands_lists_the_registry_with_schemas(eng):
     assert names == sorted(names)
     assert names == ["good.echo", "good.fail", "good.generate", "good.info", "good.late", "good.pin",
                      "good.slow", "good.stream", "stuck.badjson", "stuck.badtext", "stuck.ping", "stuck.short",
-                     "stuck.sleep", "stuck.spin", "stuck.status"]
+                     "stuck.sleep", "stuck.spin", "stuck.status", "typed.fail", "typed.open", "typed.set"]
     gen = next(cmd for cmd in data["commands"] if cmd["name"] == "good.generate")
     assert gen["parameters"]["required"] == ["prompt"]
     assert gen["parameters"]["properties"]["prompt"]["type"] == "string"
@@ -148,6 +154,73 @@ def test_plugin_engine_job_streams_with_metrics_beside_a_generate(eng):
     c.close()
 
 
+def test_params_schema_is_enforced_with_the_rule_named(eng):
+    """The host checks params against the command's schema before the
+    handler runs: BAD_REQUEST naming the parameter and the rule."""
+    c = ZmqClient(eng.zmq_ipc)
+    cases = [
+        ("typed.set", {"name": "a", "temperature": 2.5}, "'temperature' must be <= 2"),
+        ("typed.set", {"temperature": 1}, "'name' is required"),
+        ("typed.set", {"name": "a", "count": 1.5}, "'count' must be an integer"),
+        ("typed.set", {"name": "abcdefghij"}, "'name' must be at most 8 characters long"),
+        ("typed.set", {"name": "a", "mode": "x"}, "'mode' must be one of \"fast\", \"slow\""),
+        ("typed.set", {"name": "a", "colour": 1}, "'colour' is not accepted (additionalProperties is false"),
+        ("typed.open", {"model": {"n_layer": 0}}, "'model.n_layer' must be >= 1"),
+    ]
+    for i, (cmd, params, needle) in enumerate(cases, start=1):
+        c.request("call", i, command=cmd, params=json.dumps(params))
+        f = c.collect(i)
+        assert len(f) == 1 and f[0]["type"] == "error" and f[0]["name"] == "BAD_REQUEST", f
+        assert needle in f[0]["msg"] and cmd in f[0]["msg"], f[0]
+    c.request("call", 50, command="typed.set", params=json.dumps({"name": "ok", "temperature": 2, "flag": None}))
+    assert result_data(c.collect(50)) == [{"params": {"name": "ok", "temperature": 2, "flag": None}}]
+    c.close()
+
+
+def test_handler_error_codes_reach_every_client(tmp_path):
+    """A handler failing with an rlai error code: the protocol error name on
+    ZeroMQ and the pipe, the HTTP status on POST /v1/plugins/{command};
+    schema refusals are 400 over HTTP."""
+    port = free_port()
+    e = Engine(tmp_path, extra=("--plugins", TEST_PLUGINS, "--http", f"127.0.0.1:{port}", "--no-auth"))
+
+    def post(cmd, body):
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/plugins/{cmd}", data=json.dumps(body).encode(),
+                                     method="POST", headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as err:
+            return err.code, json.loads(err.read())
+
+    try:
+        cases = [(-9, "NOT_FOUND", 404, "not_found"), (-12, "TOO_LARGE", 413, None),
+                 (-15, "BUSY", 429, "rate_limit_exceeded"), (-5, "BAD_REQUEST", 400, None),
+                 (-10, "NOT_IMPLEMENTED", 501, None), (-6, "CONTEXT_FULL", 400, "context_length_exceeded"),
+                 (-3, "BAD_REQUEST", 400, None), (-4, "NOT_IMPLEMENTED", 501, None), (-13, "TIMEOUT", 504, "timeout"),
+                 (-2, "ENGINE", 500, None)]
+        z, p = ZmqClient(e.zmq_ipc), PipeClient(e.sock_path)
+        for i, (code, name, status, http_code) in enumerate(cases, start=1):
+            for cl in (z, p):
+                cl.request("call", i, command="typed.fail", params=json.dumps({"code": code}))
+                f = cl.collect(i)[-1]
+                assert f["type"] == "error" and f["name"] == name, (code, f)
+                assert f["msg"] == f"typed.fail failed with code {code} as asked", f
+            st, body = post("typed.fail", {"code": code})
+            assert st == status, (code, st, body)
+            assert body["error"]["message"] == f"typed.fail failed with code {code} as asked"
+            if http_code:
+                assert body["error"]["code"] == http_code, body
+        st, body = post("typed.set", {"name": "a", "temperature": 3})
+        assert st == 400 and "'temperature' must be <= 2" in body["error"]["message"], body
+        st, body = post("typed.set", {"name": "a"})
+        assert st == 200 and body["results"] == [{"params": {"name": "a"}}], body
+        z.close()
+        p.close()
+    finally:
+        assert e.stop() == 0
+
+
 def test_cancel_and_disconnect_end_calls(eng):
     c = ZmqClient(eng.zmq_ipc)
     c.request("call", 1, command="good.slow")
@@ -194,7 +267,7 @@ def test_cli_plugins_and_call(eng):
     assert "good 1.2.3" in out.stdout and "good.generate  [streams]" in out.stdout
     assert "prompt:string (required)" in out.stdout
     out = subprocess.run([RLAI, "plugins", "--json"], env=env, capture_output=True, text=True, timeout=60)
-    assert len(json.loads(out.stdout)["commands"]) == 15
+    assert len(json.loads(out.stdout)["commands"]) == 18
     out = subprocess.run([RLAI, "call", "good.stream", '{"pieces": 2}'], env=env, capture_output=True,
                          text=True, timeout=60)
     assert out.returncode == 0, out.stderr
@@ -246,26 +319,56 @@ def test_shutdown_ends_running_calls_and_runs_fini(tmp_path):
 
 
 def test_plugin_template_builds_out_of_tree_and_runs(tmp_path):
-    """samples/plugin-template: install only the headers and rlai-plugin.pc
-    (meson's devel tag) into a staging folder, build the template with its
-    Makefile through pkg-config, load it into a real engine, call it."""
+    """samples/plugin-template, following its README to the letter: install
+    only the headers and rlai-plugin.pc (meson's devel tag) into a staging
+    folder (--destdir), point PKG_CONFIG_PATH at <stage><prefix>/<libdir>/pkgconfig,
+    build the template with its Makefile, load it into a real engine, call
+    it. The staged .pc must not prefix system paths (cJSON's) with the
+    stage, and nothing installed may carry the staging path."""
     build_root = os.environ.get("RLAI_BUILD_ROOT")
     source_root = os.environ.get("RLAI_SOURCE_ROOT")
     if not build_root or not source_root:
         pytest.skip("RLAI_BUILD_ROOT / RLAI_SOURCE_ROOT not set (run through meson test)")
+    r = subprocess.run(["meson", "introspect", build_root, "--buildoptions"], capture_output=True, text=True,
+                       timeout=60)
+    opts = {o["name"]: o["value"] for o in json.loads(r.stdout)}
+    prefix, libdir = opts["prefix"], opts["libdir"]
     stage = tmp_path / "stage"
     r = subprocess.run(["meson", "install", "-C", build_root, "--no-rebuild", "--destdir", str(stage),
                         "--tags", "devel"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
-    pcs = list(stage.rglob("rlai-plugin.pc"))
-    assert len(pcs) == 1
-    assert (pcs[0].parents[2] / "include" / "rlai" / "plugin.h").exists() or list(stage.rglob("plugin.h"))
-    env = dict(os.environ, PKG_CONFIG_PATH=str(pcs[0].parent), PKG_CONFIG_SYSROOT_DIR=str(stage))
+    pcdir = Path(str(stage) + prefix) / libdir / "pkgconfig"       # the README's path
+    pc = pcdir / "rlai-plugin.pc"
+    assert pc.exists(), list(stage.rglob("*.pc"))
+    assert str(stage) not in pc.read_text()                       # relocatable, no staging path inside
+    assert (Path(str(stage) + prefix) / opts["includedir"] / "rlai" / "plugin.h").exists()
+    env = dict(os.environ, PKG_CONFIG_PATH=str(pcdir))
+    env.pop("PKG_CONFIG_SYSROOT_DIR", None)
+    flags = subprocess.run(["pkg-config", "--cflags", "--libs", "rlai-plugin"], env=env, capture_output=True,
+                           text=True, timeout=30)
+    assert flags.returncode == 0, flags.stderr
+    cjson = subprocess.run(["pkg-config", "--cflags", "--libs", "libcjson"], capture_output=True, text=True,
+                           timeout=30).stdout.split()
+    got = flags.stdout.split()
+    inc = [f for f in got if f.startswith("-I") and str(stage) in f]
+    assert len(inc) == 1 and Path(inc[0][2:]).resolve() == (Path(str(stage) + prefix) / opts["includedir"]).resolve()
+    # the system's cJSON flags exactly as the system gives them (not under the stage)
+    assert [f for f in got if f not in inc] == [f for f in cjson if f not in inc], (got, cjson)
     out = tmp_path / "plugins-build"
     r = subprocess.run(["make", "-C", str(Path(source_root) / "samples" / "plugin-template"), f"BUILD={out}"],
                        env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     assert str(stage) in r.stdout   # the staged headers were used
+    # a whole staged install: paths baked into binaries name the prefix, never the stage
+    full = tmp_path / "full"
+    r = subprocess.run(["meson", "install", "-C", build_root, "--no-rebuild", "--destdir", str(full)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    staged = [f for f in full.rglob("*") if f.is_file() and not f.is_symlink()]
+    assert staged
+    assert not [f for f in staged if str(full).encode() in f.read_bytes()]
+    rlai_bin = Path(str(full) + prefix) / opts["bindir"] / "rlai"
+    assert (prefix + "/" + libdir + "/rlai/plugins").encode() in rlai_bin.read_bytes()
     e = Engine(tmp_path, extra=("--plugins", str(out), "--http", ""))
     try:
         c = ZmqClient(e.zmq_ipc)
@@ -278,6 +381,10 @@ def test_plugin_template_builds_out_of_tree_and_runs(tmp_path):
         frames = c.collect(3, timeout=120)
         assert frames[-1]["type"] == "done"
         assert len(text_of(frames)) > 0 and result_data(frames)[0]["tokens"] > 0
+        # words out of range: refused by the host from the template's schema (BAD_REQUEST, not TOO_LARGE)
+        c.request("call", 4, command="hello.story", params='{"topic": "a lighthouse", "words": 500}')
+        f = c.collect(4)[-1]
+        assert f["type"] == "error" and f["name"] == "BAD_REQUEST" and "'words' must be <= 400" in f["msg"], f
         c.close()
     finally:
         assert e.stop() == 0

@@ -155,7 +155,8 @@ RLAI_PLUGIN_EXPORT int rlai_plugin_init(const rlai_host_api *host, rlai_plugin *
           "{\"type\":\"object\",\"properties\":{\"pieces\":{\"type\":\"integer\"}}}", cmd_stream, RLAI_CMD_STREAMS },
         { "good.fail", "Always fails.", NULL, cmd_fail, 0 },
         { "good.generate", "Generates text with the shared engine.",
-          "{\"type\":\"object\",\"properties\":{\"prompt\":{\"type\":\"string\"}},\"required\":[\"prompt\"]}",
+          "{\"type\":\"object\",\"properties\":{\"prompt\":{\"type\":\"string\"},\"max_tokens\":{\"type\":"
+          "\"integer\",\"minimum\":1}},\"required\":[\"prompt\"]}",
           cmd_generate, RLAI_CMD_STREAMS | RLAI_CMD_USES_ENGINE },
         { "good.slow", "Runs until cancelled.", NULL, cmd_slow, 0 },
         { "good.late", "Registers a command too late.", NULL, cmd_late, 0 },
