@@ -206,14 +206,14 @@ int rlai_screen_ocr_run(rlai_screen_ocr *o, const rlai_screen_image *img, int of
     TessBaseAPI *api = acquire(o);
     if (!api) {
         snprintf(err, errlen, "Tesseract could not be initialised");
-        return RLAI_ERR_ENGINE;
+        return RLAI_ERR_IO;
     }
     TessBaseAPISetImage(api, img->rgb, img->width, img->height, 3, img->width * 3);
     TessBaseAPISetSourceResolution(api, 96);
     if (TessBaseAPIRecognize(api, NULL) != 0) {
         release(o, api);
         snprintf(err, errlen, "Tesseract failed to recognise the image");
-        return RLAI_ERR_ENGINE;
+        return RLAI_ERR_IO;
     }
     int added = 0, rc = 0;
     rlai_screen_line cur;

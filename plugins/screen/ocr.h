@@ -52,7 +52,7 @@ void rlai_screen_ocr_free(rlai_screen_ocr *ocr);
  * so a crop reports frame coordinates. Words with a confidence below
  * min_conf (0..100) are dropped, and lines left without words. Appends to
  * *text (zero-initialise it first; free with rlai_screen_text_free).
- * Returns the number of lines added or a negative error (RLAI_ERR_ENGINE
+ * Returns the number of lines added or a negative error (RLAI_ERR_IO
  * when Tesseract fails, RLAI_ERR_NOMEM). Thread-safe. */
 int rlai_screen_ocr_run(rlai_screen_ocr *ocr, const rlai_screen_image *img, int off_x, int off_y, float min_conf,
                         rlai_screen_text *text, char *err, size_t errlen);

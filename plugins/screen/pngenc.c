@@ -77,7 +77,7 @@ int rlai_screen_png_encode(const rlai_screen_image *img, int level, uint8_t **ou
         return RLAI_ERR_NOMEM;
     }
     if (setjmp(png_jmpbuf(png))) {
-        int rc = ps->nomem ? RLAI_ERR_NOMEM : RLAI_ERR_INTERNAL;
+        int rc = ps->nomem ? RLAI_ERR_NOMEM : RLAI_ERR_IO;
         free(ps->buf);
         png_destroy_write_struct(&png, &info);
         return rc;

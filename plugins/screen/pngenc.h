@@ -11,7 +11,7 @@
 /* Encodes img as an 8-bit RGB PNG (zlib level `level`, 0..9; -1 = libpng's
  * default) into a malloc'd buffer *out of *len bytes (the caller frees).
  * img is borrowed. Returns 0, RLAI_ERR_INVALID_ARG (empty image),
- * RLAI_ERR_NOMEM or RLAI_ERR_INTERNAL (libpng refused). */
+ * RLAI_ERR_NOMEM or RLAI_ERR_IO (libpng refused). */
 int rlai_screen_png_encode(const rlai_screen_image *img, int level, uint8_t **out, size_t *len);
 
 /* Writes bytes to a new file at path (refuses to replace an existing one:
