@@ -117,8 +117,9 @@ static int decode_png(const uint8_t *buf, size_t len, const rlai_screen_limits *
         return src.code ? src.code : RLAI_ERR_FORMAT;
     }
     png_set_read_fn(png, &src, png_read_mem);
-    /* libpng's own limits too (ancillary chunks, decompressed chunk size). */
-    png_set_user_limits(png, (png_uint_32)l->max_width, (png_uint_32)l->max_height);
+    /* Dimensions are checked below (with a clear message); libpng's own
+     * limits stay for ancillary chunks and decompressed chunk size. */
+    png_set_user_limits(png, 0x7fffffffu, 0x7fffffffu);
     png_set_chunk_cache_max(png, 256);
     png_set_chunk_malloc_max(png, 8u << 20);
     png_read_info(png, info);

@@ -219,7 +219,7 @@ int rlai_screen_profile_load(const char *path, rlai_screen_profile *out, char *e
     }
     buf[n] = '\0';
     const char *end = NULL;
-    cJSON *j = cJSON_ParseWithLengthOpts(buf, n, &end, 1);
+    cJSON *j = strlen(buf) == n ? cJSON_ParseWithOpts(buf, &end, 1) : NULL;
     free(buf);
     if (!j) {
         snprintf(err, errlen, "profile %.512s: not valid JSON", path);
