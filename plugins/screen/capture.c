@@ -317,7 +317,7 @@ static int grab_shm(xctx *x, const pixfmt *pf, int gx, int gy, int w, int h, uin
         return 0;
     }
     xcb_shm_seg_t seg = xcb_generate_id(x->c);
-    xcb_generic_error_t *e = xcb_request_check(x->c, xcb_shm_attach_checked(x->c, seg, (uint32_t)id, 1));
+    xcb_generic_error_t *e = xcb_request_check(x->c, xcb_shm_attach_checked(x->c, seg, (uint32_t)id, 0));
     int ok = 0;
     if (!e) {
         xcb_shm_get_image_reply_t *r = xcb_shm_get_image_reply(
