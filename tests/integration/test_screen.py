@@ -398,3 +398,17 @@ def test_no_display(tmp_path):
         assert r["source"]["width"] == 400
     finally:
         assert srv.stop() == 0
+
+
+def test_gassist_manifest_lists_screen_analyze(env):
+    """The generated G-Assist manifest gains the screen commands."""
+    s = env["server"]
+    out = env["tmp"] / "gassist-manifest.json"
+    r = subprocess.run([RLAI, "gassist", "manifest", "--endpoint", f"unix://{s.dir}/rlai/engine.sock", "-o", str(out)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    fns = {f["name"]: f for f in json.loads(out.read_text())["functions"]}
+    assert {"screen_analyze", "screen_capture", "screen_sources"} <= set(fns)
+    params = fns["screen_analyze"]["parameters"]
+    assert "question" in params["properties"] and "question" in params["required"]
+    assert "screen" in fns["screen_analyze"]["tags"]
