@@ -137,6 +137,25 @@ static int opt_int(const cJSON *obj, const char *key, int lo, int hi, int *out, 
     return 0;
 }
 
+/* A display a caller may name: local only (":N" or ":N.S"), so a call
+ * cannot make the engine open connections to other hosts. The engine's own
+ * $DISPLAY (the operator's) is not restricted. */
+static bool local_display(const char *d)
+{
+    if (d[0] != ':' || !(d[1] >= '0' && d[1] <= '9'))
+        return false;
+    const char *p = d + 1;
+    while (*p >= '0' && *p <= '9')
+        p++;
+    if (*p == '.') {
+        if (!(p[1] >= '0' && p[1] <= '9'))
+            return false;
+        for (p++; *p >= '0' && *p <= '9'; p++)
+            ;
+    }
+    return *p == '\0' && p - d <= 12;
+}
+
 /* Errors a caller caused (bad file, corrupt data) are BAD_REQUEST; an
  * unknown file or window stays NOT_FOUND, a limit TOO_LARGE. */
 static int caller_code(int rc)
@@ -175,6 +194,9 @@ static int get_frame(screen_plugin *sp, rlai_call *call, const cJSON *params, fr
     if ((file != NULL) + (image != NULL) + (window != NULL) > 1)
         return h->reply_error(call, RLAI_ERR_INVALID_ARG,
                               "give at most one source: \"file\", \"image\" or \"window\" (none = the whole screen)");
+    if (display && !local_display(display))
+        return h->reply_error(call, RLAI_ERR_INVALID_ARG,
+                              "\"display\" must be a local X display such as \":0\" or \":1.0\"");
     if (display && (file || image))
         return h->reply_error(call, RLAI_ERR_INVALID_ARG, "\"display\" applies to live captures only (window or screen)");
     char err[1024] = "";
@@ -246,8 +268,9 @@ static int cmd_sources(rlai_call *call, const cJSON *params, void *user)
         return h->reply_error(call, RLAI_ERR_INVALID_ARG, "%s", err);
     bool bad = false;
     const char *display = opt_str(params, "display", &bad);
-    if (bad)
-        return h->reply_error(call, RLAI_ERR_INVALID_ARG, "\"display\" must be a string");
+    if (bad || (display && !local_display(display)))
+        return h->reply_error(call, RLAI_ERR_INVALID_ARG,
+                              "\"display\" must be a local X display such as \":0\" or \":1.0\"");
     cJSON *out = NULL;
     int rc = rlai_screen_sources(display, &out, err, sizeof err);
     if (rc)
@@ -545,6 +568,10 @@ static int cmd_analyze(rlai_call *call, const cJSON *params, void *user)
         goto done;
     }
     ocr_ms = now_ms() - t0;
+    if (h->cancelled(call)) {     /* OCR takes a while: the caller may be gone */
+        rc = 0;
+        goto done;
+    }
     const char *system = prof && prof->system_prompt[0] ? prof->system_prompt : DEFAULT_SYSTEM;
     size_t max_chars = (size_t)sp->max_prompt_chars;
     for (int attempt = 0;; attempt++) {

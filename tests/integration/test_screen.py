@@ -353,6 +353,7 @@ def test_bad_input_gets_clear_errors(env):
     cases = [
         ({"question": "x", "window": "No Such Window"}, "NOT_FOUND", "no window titled"),
         ({"question": "x", "display": ":4242"}, "ENGINE", "cannot connect to X display"),
+        ({"question": "x", "display": "example.com:0"}, "BAD_REQUEST", "local X display"),
         ({"question": "x", "image": "not base64!"}, "BAD_REQUEST", "base64"),
         ({"question": "x", "image": base64.b64encode(b"GIF89a" + bytes(100)).decode()}, "BAD_REQUEST",
          "not a PNG or JPEG"),
