@@ -24,7 +24,11 @@ VOCAB_NAMES=(ggml-vocab-starcoder.gguf ggml-vocab-gpt-2.gguf ggml-vocab-llama-sp
 
 DEBS=(build-essential meson ninja-build pkg-config python3 python3-venv
       libzmq3-dev libmsgpack-dev libcjson-dev check clang libclang-rt-14-dev
-      libmicrohttpd-dev curl libedit-dev tmux)
+      libmicrohttpd-dev curl libedit-dev tmux
+      # the screen plugin (plugins/screen): OCR, X11 capture, PNG/JPEG, and
+      # Xvfb + a font for its tests
+      libtesseract-dev tesseract-ocr-eng libxcb1-dev libxcb-shm0-dev libpng-dev libjpeg-dev
+      xvfb fonts-dejavu-core)
 
 log() { printf '\033[1m[setup]\033[0m %s\n' "$*" >&2; }
 
@@ -46,11 +50,11 @@ install_debs() {
 
 setup_venv() {
     if [ ! -x .venv/bin/python ]; then
-        log "creating Python venv .venv (numpy, gguf, pytest, pyzmq, msgpack, openai, jsonschema, langchain-openai for the tests)"
+        log "creating Python venv .venv (numpy, gguf, pytest, pyzmq, msgpack, openai, jsonschema, langchain-openai, pillow for the tests)"
         python3 -m venv .venv
     fi
-    if ! .venv/bin/python -c "import numpy, gguf, pytest, zmq, msgpack, openai, jsonschema, langchain_openai" 2>/dev/null; then
-        .venv/bin/pip install -q --disable-pip-version-check numpy gguf pytest pyzmq msgpack openai jsonschema langchain-openai
+    if ! .venv/bin/python -c "import numpy, gguf, pytest, zmq, msgpack, openai, jsonschema, langchain_openai, PIL" 2>/dev/null; then
+        .venv/bin/pip install -q --disable-pip-version-check numpy gguf pytest pyzmq msgpack openai jsonschema langchain-openai pillow
     fi
 }
 
