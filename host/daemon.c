@@ -370,6 +370,7 @@ static void answer_tokenize(rlai_daemon *d, rlai_conn conn, const rlai_msg *m)
 static void apply_gen(const rlai_msg_gen *g, rlai_gen_params *gp)
 {
     rlai_gen_params_init(gp);
+    rlai_sampler_params_product(&gp->sampling, rlai_fresh_seed());   /* docs/DEFAULTS.md */
     if (g->has_max_tokens) gp->max_tokens = g->max_tokens;
     if (g->has_temperature) gp->sampling.temperature = g->temperature;
     if (g->has_top_k) gp->sampling.top_k = g->top_k;

@@ -1018,7 +1018,7 @@ static bool produce(hreq *r)
     if (r->kind == K_PLUGIN) {
         if (events.len)
             bytes_add(&r->out, events.p, events.len);
-    } else if (text.len) {
+    } else if (text.len && !tool_hold(r, &text)) {
         cJSON *ch = chunk_json(r, text.p, text.len, false, NULL);
         if (r->lp_mode) {
             rlai_token_logprobs *lp;
@@ -1028,8 +1028,6 @@ static bool produce(hreq *r)
             free(lp);
         }
         sse_event(&r->out, NULL, ch);
-    } else if (text.len && !tool_hold(r, &text)) {
-        sse_event(&r->out, NULL, chunk_json(r, text.p, text.len, false, NULL));
         r->streamed = true;
     }
     bytes_free(&text);

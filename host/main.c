@@ -84,8 +84,9 @@ static const char *run_options(void)
         "  -t, --threads N       CPU threads (default: all online CPUs)\n"
         "  -n, --max-tokens N    tokens to generate (default 256)\n"
         "  -c, --ctx N           context length (default: model's, at most 8192)\n"
-        "      --temp X          temperature (default 0 = greedy)\n"
+        "      --temp X          temperature (default 0.8; 0 = greedy)\n"
         "      --top-k N, --top-p X, --min-p X, --repeat-penalty X, --seed N\n"
+        "                        (defaults 40, 0.95, 0.05, off, fresh per run: docs/DEFAULTS.md)\n"
         "      --system TEXT     system prompt (default: the model template's own)\n"
         "      --raw             send the prompt as is, without the chat template\n"
         "      --ignore-eos      keep generating past end-of-generation tokens\n"
@@ -544,6 +545,7 @@ static int cmd_run(int argc, char **argv, run_mode mode)
     session ss;
     memset(&ss, 0, sizeof(ss));
     rlai_gen_params_init(&ss.gp);
+    rlai_sampler_params_product(&ss.gp.sampling, rlai_fresh_seed());   /* docs/DEFAULTS.md */
     rlai_msg_gen *w = &ss.wire;
     int c, bad = 0, li = -1;
     const char *engine_only = NULL;   /* an option of the in-process engine, set without --local */

@@ -24,7 +24,7 @@
 
 RLAI_PLUGIN_DECLARE();
 
-#define DEFAULT_TEMPERATURE 0.7f
+#define DEFAULT_TEMPERATURE 0.8f   /* the product default (docs/DEFAULTS.md) when the pack sets none */
 #define DEFAULT_MAX_TOKENS 160
 #define DEFAULT_MAX_MESSAGE 2000
 #define DEFAULT_MAX_SESSIONS 256
@@ -547,7 +547,7 @@ static const char TALK_SCHEMA[] =
     "on every turn so the character remembers what was said; omit it for a one-off line that is not "
     "remembered.\"},"
     "\"temperature\":{\"type\":\"number\",\"minimum\":0,\"maximum\":2,\"description\":\"Sampling "
-    "temperature (default from the lore pack, usually 0.7; 0 = deterministic).\"},"
+    "temperature (default from the lore pack, else 0.8; 0 = deterministic).\"},"
     "\"seed\":{\"type\":\"integer\",\"minimum\":0,\"description\":\"Random seed for reproducible "
     "replies.\"},"
     "\"max_tokens\":{\"type\":\"integer\",\"minimum\":1,\"maximum\":4096,\"description\":\"Longest reply in "

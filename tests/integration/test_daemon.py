@@ -112,6 +112,8 @@ class ZmqClient:
         self.s.send(data)
 
     def request(self, type_, id_, **fields):
+        if type_ in ("generate", "chat"):
+            fields.setdefault("temperature", 0.0)   # greedy: the tests compare text
         self.send_raw(msgpack.packb({"v": V, "id": id_, "type": type_, **fields}))
 
     def recv(self, timeout=60):
@@ -147,6 +149,8 @@ class PipeClient:
         self.s.sendall(struct.pack(">I", n) + payload)
 
     def request(self, type_, id_, **fields):
+        if type_ in ("generate", "chat"):
+            fields.setdefault("temperature", 0.0)   # greedy: the tests compare text
         self.send_raw(msgpack.packb({"v": V, "id": id_, "type": type_, **fields}))
 
     def _read(self, n):
@@ -443,7 +447,7 @@ def test_stats_command_line(engine):
 
 
 def test_run_as_client(engine):
-    r = subprocess.run([RLAI, "run", "--endpoint", engine.zmq_ipc, "-n", "16", "What is the capital of France? Answer in one word."],
+    r = subprocess.run([RLAI, "run", "--endpoint", engine.zmq_ipc, "-n", "16", "--temp", "0", "What is the capital of France? Answer in one word."],
                        capture_output=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert b"Paris" in r.stdout

@@ -683,6 +683,7 @@ def pipe_chat_done(sock_path, messages, max_tokens, **gen):
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.settimeout(120)
     s.connect(str(sock_path))
+    gen.setdefault("temperature", 0.0)   # greedy, as the HTTP side it is compared with
     payload = msgpack.packb({"v": 1, "id": 8, "type": "chat", "messages": messages,
                              "max_tokens": max_tokens, **gen})
     s.sendall(struct.pack(">I", len(payload)) + payload)

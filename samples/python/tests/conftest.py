@@ -141,9 +141,26 @@ def engine(tmp_path_factory):
     assert rc == 0, e.log()
 
 
+class GreedyClient(RTXLocalAIClient):
+    """The client with temperature 0 unless a test sets it: the engine's
+    defaults sample (docs/DEFAULTS.md), and these tests compare text."""
+
+    def generate(self, prompt, **opts):
+        opts.setdefault("temperature", 0.0)
+        return super().generate(prompt, **opts)
+
+    def stream_generate(self, prompt, **opts):
+        opts.setdefault("temperature", 0.0)
+        return super().stream_generate(prompt, **opts)
+
+    def chat(self, messages, stream=False, **opts):
+        opts.setdefault("temperature", 0.0)
+        return super().chat(messages, stream, **opts)
+
+
 @pytest.fixture()
 def client(engine):
-    with RTXLocalAIClient(engine.ipc, timeout=120) as c:
+    with GreedyClient(engine.ipc, timeout=120) as c:
         yield c
 
 
