@@ -100,7 +100,8 @@ static void path_push_index(char *path, size_t cap, int i)
 /* ------------------------------------------------------------- schema check */
 
 static const char *const ANNOTATIONS[] = { "description", "title", "default", "examples", "format", "$comment",
-                                           "$schema", "$id", "deprecated", "readOnly", "writeOnly" };
+                                           "$schema", "$id", "deprecated", "readOnly", "writeOnly",
+                                           "contentEncoding", "contentMediaType" };
 
 static const char *const KEYWORDS[] = { "type", "properties", "required", "additionalProperties", "minimum",
                                         "maximum", "exclusiveMinimum", "exclusiveMaximum", "minLength",

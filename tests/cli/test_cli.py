@@ -118,8 +118,8 @@ def test_spec_flag():
     """--spec ngram gives the same greedy answer as --spec off; draft/self
     and unknown modes are refused with the reason, for run and serve."""
     prompt = "Repeat exactly: the silver key opens the north gate of Oakvale."
-    off = run("run", "--local", "-m", str(MODEL), "--spec", "off", "-n", "24", prompt)
-    on = run("run", "--local", "-m", str(MODEL), "--spec", "ngram", "--spec-max-draft", "4", "-n", "24", prompt)
+    off = run("run", "--local", "-m", str(MODEL), "--temp", "0", "--spec", "off", "-n", "24", prompt)
+    on = run("run", "--local", "-m", str(MODEL), "--temp", "0", "--spec", "ngram", "--spec-max-draft", "4", "-n", "24", prompt)
     assert off.returncode == 0 and on.returncode == 0, (off.stderr, on.stderr)
     assert on.stdout == off.stdout
     r = run("run", "--local", "-m", str(MODEL), "--spec", "draft", "-n", "4", "Hi")

@@ -362,13 +362,13 @@ def test_bad_input_gets_clear_errors(env):
         ({"question": "x", "file": "relative.png"}, "BAD_REQUEST", "absolute"),
         ({"question": "x", "file": "/a.png", "window": TITLE}, "BAD_REQUEST", "at most one source"),
         ({"question": ""}, "BAD_REQUEST", "question"),
-        ({"question": "x" * 2001}, "TOO_LARGE", "2000"),
+        ({"question": "x" * 2001}, "BAD_REQUEST", "2000"),   # the host enforces maxLength first
         ({"question": "x", "mode": "psychic"}, "BAD_REQUEST", "mode"),
         ({"question": "x", "mode": "vision"}, "NOT_IMPLEMENTED", "vision encoder"),
         ({"question": "x", "profile": "nope"}, "NOT_FOUND", "sample_rpg"),
         ({"question": "x", "profile": {"name": "p", "regions": [{"name": "a", "rect": [0.9, 0, 0.5, 0.1]}]}},
          "BAD_REQUEST", "inside the screen"),
-        ({"question": "x", "colour": 1}, "BAD_REQUEST", "unknown parameter"),
+        ({"question": "x", "colour": 1}, "BAD_REQUEST", "'colour' is not accepted"),
     ]
     for params, name, msg in cases:
         e = error_of(s.call("screen.analyze", params))
