@@ -146,14 +146,14 @@ int main(int argc, char **argv)
     rlai_tokenizer *tk = NULL;
     rlai_gvocab *v = NULL;
     if (rlai_gguf_open_file(model, &gg, err, sizeof(err)) < 0 || rlai_tokenizer_load(gg, &tk, err, sizeof(err)) < 0 ||
-        rlai_gvocab_create(tk, &v) < 0) {
+        rlai_gvocab_new(tk, &v) < 0) {
         fprintf(stderr, "bench_grammar: vocab: %s\n", err);
         return 1;
     }
     uint32_t *mk = malloc(sizeof(uint32_t) * (size_t)rlai_gvocab_mask_words(v));
     for (int k = 1; k < 3; k++) {
         rlai_grammar_matcher *m = NULL;
-        rlai_grammar_matcher_create(g[k], &m);
+        rlai_grammar_matcher_new(g[k], &m);
         int steps = 0;
         for (int i = 0; i <= o[k].n; i++) {
             double t0 = now_us();

@@ -217,7 +217,7 @@ int main(int argc, char **argv)
     }
 
     rlai_threadpool *pools[2] = { NULL, NULL };
-    if (rlai_threadpool_create(1, &pools[0]) < 0 || rlai_threadpool_create(2, &pools[1]) < 0) {
+    if (rlai_threadpool_new(1, &pools[0]) < 0 || rlai_threadpool_new(2, &pools[1]) < 0) {
         fprintf(stderr, "threadpool create failed\n");
         return 1;
     }
@@ -229,7 +229,7 @@ int main(int argc, char **argv)
         if (!(rlai_kernels_available() & (1u << all[i])))
             continue;
         isas[n_isa] = all[i];
-        if (rlai_kernels_create(all[i], false, &ks[n_isa]) < 0)
+        if (rlai_kernels_new(all[i], false, &ks[n_isa]) < 0)
             return 1;
         n_isa++;
     }
@@ -349,8 +349,8 @@ int main(int argc, char **argv)
 
     free(y);
     for (int i = 0; i < n_isa; i++)
-        rlai_kernels_destroy(ks[i]);
-    rlai_threadpool_destroy(pools[0]);
-    rlai_threadpool_destroy(pools[1]);
+        rlai_kernels_free(ks[i]);
+    rlai_threadpool_free(pools[0]);
+    rlai_threadpool_free(pools[1]);
     return 0;
 }

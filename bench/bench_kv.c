@@ -153,7 +153,7 @@ int main(int argc, char **argv)
     bool quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
     long iters = quick ? 200000 : 5000000;
     rlai_kv_cache *kv;
-    int rc = rlai_kv_cache_create(NL, KVD, NB, RLAI_DT_F16, &kv);
+    int rc = rlai_kv_cache_new(NL, KVD, NB, RLAI_DT_F16, &kv);
     if (rc < 0)
         die("create", rc);
     size_t layer_block = (size_t)RLAI_KV_BLOCK * KVD * 2;
@@ -232,13 +232,13 @@ int main(int argc, char **argv)
     }
     printf("%-52s %9.1f ns\n", "commit per block, registering", best_new);
     printf("%-52s %9.1f ns\n", "commit per block, dedup onto a registered block", best_dup);
-    rlai_kv_cache_destroy(kv);
+    rlai_kv_cache_free(kv);
 
     /* Fragmentation: 4 shared system prompts of 200-600 tokens, requests
      * of a system prompt (or none) + 1..1500 user tokens, then 1..300
      * generated tokens in steps of 1..32; up to 24 live requests; run
      * until 2000 requests have finished. */
-    if ((rc = rlai_kv_cache_create(NL, KVD, NB, RLAI_DT_F16, &kv)) < 0)
+    if ((rc = rlai_kv_cache_new(NL, KVD, NB, RLAI_DT_F16, &kv)) < 0)
         die("create", rc);
     enum { LIVE = 24, MAXT = 2200 };
     static int32_t sys[4][600];
@@ -332,6 +332,6 @@ int main(int argc, char **argv)
            (unsigned long long)prompt_tokens);
     for (int q = 0; q < LIVE; q++)
         rlai_kv_seq_release(kv, &live[q]);
-    rlai_kv_cache_destroy(kv);
+    rlai_kv_cache_free(kv);
     return 0;
 }

@@ -240,7 +240,7 @@ int rlai_engine_open(const char *path, const rlai_engine_params *params,
                  rlai_isa_name(e->params.isa));
         goto fail;
     }
-    if ((rc = rlai_kernels_create(e->isa, e->params.precise, &e->kern)) < 0)
+    if ((rc = rlai_kernels_new(e->isa, e->params.precise, &e->kern)) < 0)
         goto fail;
     int nt = e->params.n_threads;
     if (nt <= 0) {
@@ -250,7 +250,7 @@ int rlai_engine_open(const char *path, const rlai_engine_params *params,
     if (nt > 256)
         nt = 256;
     e->params.n_threads = nt;
-    if ((rc = rlai_threadpool_create(nt, &e->tp)) < 0)
+    if ((rc = rlai_threadpool_new(nt, &e->tp)) < 0)
         goto fail;
     int n_ctx = e->params.n_ctx;
     if (n_ctx <= 0)
@@ -288,10 +288,10 @@ int rlai_engine_open(const char *path, const rlai_engine_params *params,
         snprintf(e->device, sizeof(e->device), "%s", e->be->iface->name);
         e->params.device = e->device;
     }
-    if ((rc = rlai_kv_cache_create_on(e->be, hp->n_layer, hp->n_head_kv * hp->head_dim, blocks, kv_type,
+    if ((rc = rlai_kv_cache_new_on(e->be, hp->n_layer, hp->n_head_kv * hp->head_dim, blocks, kv_type,
                                       &e->kv)) < 0)
         goto fail;
-    if ((rc = rlai_model_ctx_create(e->model, e->be, RLAI_MAX_BATCH, n_ctx, &e->mctx)) < 0)
+    if ((rc = rlai_model_ctx_new(e->model, e->be, RLAI_MAX_BATCH, n_ctx, &e->mctx)) < 0)
         goto fail;
     {
         /* Kernel scratch for the widest input (n_ff or n_head*head_dim) at a
@@ -366,10 +366,10 @@ void rlai_engine_close(rlai_engine *e)
     rlai_gvocab_free(e->gvocab);
     pthread_cond_destroy(&e->qcv);
     rlai_model_ctx_free(e->mctx);
-    rlai_kv_cache_destroy(e->kv);
+    rlai_kv_cache_free(e->kv);
     rlai_backend_free(e->be);
-    rlai_threadpool_destroy(e->tp);
-    rlai_kernels_destroy(e->kern);
+    rlai_threadpool_free(e->tp);
+    rlai_kernels_free(e->kern);
     rlai_tokenizer_free(e->tok);
     rlai_model_free(e->model);
     rlai_gguf_close(e->gguf);
@@ -603,16 +603,16 @@ int rlai_engine_submit(rlai_engine *e, const rlai_request_params *rp, uint64_t *
         r->gp.stop = (const char *const *)r->stops;
     }
     if (rc == 0)
-        rc = rlai_sampler_create(&r->gp.sampling, hp->n_vocab, &r->smp);
+        rc = rlai_sampler_new(&r->gp.sampling, hp->n_vocab, &r->smp);
     if (rc == 0)
-        rc = rlai_textstream_create(r->gp.stop, &r->ts);
+        rc = rlai_textstream_new(r->gp.stop, &r->ts);
     if (rc == 0 && rp->gen.grammar) {
         pthread_mutex_lock(&e->gv_mu);
         if (!e->gvocab)
-            rc = rlai_gvocab_create(e->tok, &e->gvocab);
+            rc = rlai_gvocab_new(e->tok, &e->gvocab);
         pthread_mutex_unlock(&e->gv_mu);
         if (rc == 0)
-            rc = rlai_grammar_matcher_create(rp->gen.grammar, &r->gm);
+            rc = rlai_grammar_matcher_new(rp->gen.grammar, &r->gm);
         if (rc == 0 && !(r->gmask = malloc(sizeof(uint32_t) * (size_t)rlai_gvocab_mask_words(e->gvocab))))
             rc = RLAI_ERR_NOMEM;
         r->gp.grammar = NULL;   /* the matcher holds the reference */

@@ -1331,7 +1331,7 @@ static const gstate *copy_state(rlai_grammar_matcher *m, arena *a, const gstate 
     return ns;
 }
 
-int rlai_grammar_matcher_create(const rlai_grammar *g, rlai_grammar_matcher **out)
+int rlai_grammar_matcher_new(const rlai_grammar *g, rlai_grammar_matcher **out)
 {
     if (!out)
         return RLAI_ERR_INVALID_ARG;
@@ -1415,7 +1415,7 @@ bool rlai_grammar_matcher_done(const rlai_grammar_matcher *m)
 bool rlai_grammar_accepts(const rlai_grammar *g, const char *text, size_t len)
 {
     rlai_grammar_matcher *m = NULL;
-    if (rlai_grammar_matcher_create(g, &m) < 0)
+    if (rlai_grammar_matcher_new(g, &m) < 0)
         return false;
     bool ok = rlai_grammar_matcher_feed(m, text, len) == 0 && rlai_grammar_matcher_can_end(m);
     rlai_grammar_matcher_free(m);
@@ -1520,7 +1520,7 @@ static int trie_build(rlai_gvocab *v, const int32_t *ids, int n, trie *t)
     return 0;
 }
 
-int rlai_gvocab_create(const rlai_tokenizer *tk, rlai_gvocab **out)
+int rlai_gvocab_new(const rlai_tokenizer *tk, rlai_gvocab **out)
 {
     if (!tk || !out)
         return RLAI_ERR_INVALID_ARG;

@@ -22,7 +22,7 @@ typedef struct rlai_gvocab rlai_gvocab;
  * special text: control tokens have no bytes and are never allowed, except
  * end-of-generation tokens once the grammar is complete). *out owned by the
  * caller; free with rlai_gvocab_free (accepts NULL). */
-int rlai_gvocab_create(const rlai_tokenizer *t, rlai_gvocab **out);
+int rlai_gvocab_new(const rlai_tokenizer *t, rlai_gvocab **out);
 void rlai_gvocab_free(rlai_gvocab *v);
 int rlai_gvocab_n_vocab(const rlai_gvocab *v);
 

@@ -178,7 +178,7 @@ static void set_ops(rlai_kernels *k, rlai_isa isa)
     }
 }
 
-int rlai_kernels_create(rlai_isa isa, bool precise, rlai_kernels **out)
+int rlai_kernels_new(rlai_isa isa, bool precise, rlai_kernels **out)
 {
     if (!out)
         return RLAI_ERR_INVALID_ARG;
@@ -196,7 +196,7 @@ int rlai_kernels_create(rlai_isa isa, bool precise, rlai_kernels **out)
     return RLAI_OK;
 }
 
-void rlai_kernels_destroy(rlai_kernels *k)
+void rlai_kernels_free(rlai_kernels *k)
 {
     if (!k)
         return;

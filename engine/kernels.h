@@ -34,8 +34,8 @@ typedef struct rlai_kernels rlai_kernels;  /* opaque per-engine kernel context (
  * to f32 (matches a float reference to ~1e-6 relative); false: activations
  * are quantized per 32-block to Q8_0 (or Q8_1 for Q4_1/Q5_1 weights) and
  * integer dot products are used. *out owned by caller. */
-int rlai_kernels_create(rlai_isa isa, bool precise, rlai_kernels **out);
-void rlai_kernels_destroy(rlai_kernels *k);
+int rlai_kernels_new(rlai_isa isa, bool precise, rlai_kernels **out);
+void rlai_kernels_free(rlai_kernels *k);
 
 /* y[t*ldy + r] = sum_c W[r][c] * x[t*ldx + c]  for t < T, r < rows.
  * x: T x cols f32 (caller-owned), y: T x rows (caller-owned, ldy >= rows).

@@ -27,7 +27,7 @@
 typedef uint64_t (*kv_hash_fn)(uint64_t parent_key, const int32_t *tokens);
 
 /* Test-only hook, declared in no header (tests reach it with `extern`):
- * when non-NULL at rlai_kv_cache_create time, the new cache uses it as its
+ * when non-NULL at rlai_kv_cache_new time, the new cache uses it as its
  * block-key hash instead of the built-in one, so tests can force
  * collisions. A cache keeps the function it was created with. */
 uint64_t (*rlai_kv_test_hash_hook)(uint64_t parent_key, const int32_t *tokens) = NULL;
@@ -205,10 +205,10 @@ static void block_unregister(rlai_kv_cache *kv, int32_t b)
 
 /* ---- pool */
 
-int rlai_kv_cache_create(int n_layer, int kv_dim, int n_blocks, uint32_t dtype,
+int rlai_kv_cache_new(int n_layer, int kv_dim, int n_blocks, uint32_t dtype,
                          rlai_kv_cache **out)
 {
-    return rlai_kv_cache_create_on(NULL, n_layer, kv_dim, n_blocks, dtype, out);
+    return rlai_kv_cache_new_on(NULL, n_layer, kv_dim, n_blocks, dtype, out);
 }
 
 static void *pages_alloc(rlai_backend *be, size_t n, size_t size)
@@ -229,7 +229,7 @@ static void pages_free(rlai_backend *be, void *p)
         be->iface->buffer_free(be, p);
 }
 
-int rlai_kv_cache_create_on(rlai_backend *be, int n_layer, int kv_dim, int n_blocks, uint32_t dtype,
+int rlai_kv_cache_new_on(rlai_backend *be, int n_layer, int kv_dim, int n_blocks, uint32_t dtype,
                             rlai_kv_cache **out)
 {
     *out = NULL;
@@ -293,11 +293,11 @@ int rlai_kv_cache_create_on(rlai_backend *be, int n_layer, int kv_dim, int n_blo
     *out = kv;
     return 0;
 nomem:
-    rlai_kv_cache_destroy(kv);
+    rlai_kv_cache_free(kv);
     return RLAI_ERR_NOMEM;
 }
 
-void rlai_kv_cache_destroy(rlai_kv_cache *kv)
+void rlai_kv_cache_free(rlai_kv_cache *kv)
 {
     if (!kv)
         return;

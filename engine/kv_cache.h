@@ -38,17 +38,17 @@ typedef struct rlai_kv_seq {
  * per token for K and for V; dtype is RLAI_DT_F16, RLAI_DT_F32 or
  * RLAI_DT_Q8_0 (kv_dim a multiple of 32), else RLAI_ERR_UNSUPPORTED.
  * *out owned by caller. */
-int rlai_kv_cache_create(int n_layer, int kv_dim, int n_blocks, uint32_t dtype,
+int rlai_kv_cache_new(int n_layer, int kv_dim, int n_blocks, uint32_t dtype,
                          rlai_kv_cache **out);
-/* As rlai_kv_cache_create, with the K/V page arrays in the backend's memory
+/* As rlai_kv_cache_new, with the K/V page arrays in the backend's memory
  * (be used, not owned; it must outlive the cache; NULL = host memory).
  * Copy-on-write then copies pages with the backend's copy op. */
 struct rlai_backend;
-int rlai_kv_cache_create_on(struct rlai_backend *be, int n_layer, int kv_dim, int n_blocks,
+int rlai_kv_cache_new_on(struct rlai_backend *be, int n_layer, int kv_dim, int n_blocks,
                             uint32_t dtype, rlai_kv_cache **out);
 uint32_t rlai_kv_cache_dtype(const rlai_kv_cache *kv);
 /* Frees the pool. Sequences must have been released. Accepts NULL. */
-void rlai_kv_cache_destroy(rlai_kv_cache *kv);
+void rlai_kv_cache_free(rlai_kv_cache *kv);
 
 int rlai_kv_cache_n_blocks(const rlai_kv_cache *kv);
 /* Blocks an allocation can still obtain: those on the free list plus the

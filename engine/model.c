@@ -404,7 +404,7 @@ static int scratch(rlai_model_ctx *c, size_t n_floats, float **out)
     return rc;
 }
 
-int rlai_model_ctx_create(const rlai_model *m, rlai_backend *be, int max_batch, int max_ctx,
+int rlai_model_ctx_new(const rlai_model *m, rlai_backend *be, int max_batch, int max_ctx,
                           rlai_model_ctx **out)
 {
     *out = NULL;

@@ -46,7 +46,7 @@ uint64_t rlai_model_weight_bytes(const rlai_model *m);
  * outlive it; the model must too. *out owned by the caller, freed with
  * rlai_model_ctx_free (accepts NULL). */
 typedef struct rlai_model_ctx rlai_model_ctx;
-int rlai_model_ctx_create(const rlai_model *m, rlai_backend *be, int max_batch, int max_ctx,
+int rlai_model_ctx_new(const rlai_model *m, rlai_backend *be, int max_batch, int max_ctx,
                           rlai_model_ctx **out);
 void rlai_model_ctx_free(rlai_model_ctx *c);
 rlai_backend *rlai_model_ctx_backend(const rlai_model_ctx *c);

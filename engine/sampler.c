@@ -101,7 +101,7 @@ static void rng_seed(uint64_t s[4], uint64_t seed)
  * non-NULL) and RLAI_ERR_INVALID_ARG (NULL pointers, n_vocab <= 0, NaN
  * parameters, repeat_penalty <= 0 or non-finite, repeat_last_n < 0) or
  * RLAI_ERR_NOMEM is returned. Memory: about 30 bytes per vocabulary entry. */
-int rlai_sampler_create(const rlai_sampler_params *params, int n_vocab, rlai_sampler **out)
+int rlai_sampler_new(const rlai_sampler_params *params, int n_vocab, rlai_sampler **out)
 {
     if (!out)
         return RLAI_ERR_INVALID_ARG;

@@ -9,7 +9,7 @@
 typedef struct rlai_sampler rlai_sampler;
 
 /* params is copied. *out owned by caller. */
-int rlai_sampler_create(const rlai_sampler_params *params, int n_vocab, rlai_sampler **out);
+int rlai_sampler_new(const rlai_sampler_params *params, int n_vocab, rlai_sampler **out);
 void rlai_sampler_free(rlai_sampler *s);
 /* Resets history and re-seeds the RNG. */
 void rlai_sampler_reset(rlai_sampler *s);

@@ -242,7 +242,7 @@ void rlai_textstream_free(rlai_textstream *ts)
 /* Returns 0, RLAI_ERR_INVALID_ARG (out NULL) or RLAI_ERR_NOMEM. On success
  * *out owns a new stream freed with rlai_textstream_free(); the stop strings
  * are copied (stops and its strings stay owned by the caller). */
-int rlai_textstream_create(const char *const *stops, rlai_textstream **out)
+int rlai_textstream_new(const char *const *stops, rlai_textstream **out)
 {
     if (!out)
         return RLAI_ERR_INVALID_ARG;

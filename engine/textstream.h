@@ -15,7 +15,7 @@
 typedef struct rlai_textstream rlai_textstream;
 
 /* stops: NULL-terminated list (copied), may be NULL. *out owned by caller. */
-int rlai_textstream_create(const char *const *stops, rlai_textstream **out);
+int rlai_textstream_new(const char *const *stops, rlai_textstream **out);
 void rlai_textstream_free(rlai_textstream *ts);
 void rlai_textstream_reset(rlai_textstream *ts);
 

@@ -163,7 +163,7 @@ static void wait_done(struct rlai_threadpool *tp)
     }
 }
 
-int rlai_threadpool_create(int n_threads, rlai_threadpool **out)
+int rlai_threadpool_new(int n_threads, rlai_threadpool **out)
 {
     if (!out)
         return RLAI_ERR_INVALID_ARG;
@@ -203,7 +203,7 @@ int rlai_threadpool_create(int n_threads, rlai_threadpool **out)
             if (pthread_create(&tp->workers[i].thread, NULL, worker_main, &tp->workers[i]) != 0) {
                 /* stop the ones already started */
                 tp->n_threads = i + 1;
-                rlai_threadpool_destroy(tp);
+                rlai_threadpool_free(tp);
                 return RLAI_ERR_NOMEM;
             }
         }
@@ -212,7 +212,7 @@ int rlai_threadpool_create(int n_threads, rlai_threadpool **out)
     return RLAI_OK;
 }
 
-void rlai_threadpool_destroy(rlai_threadpool *tp)
+void rlai_threadpool_free(rlai_threadpool *tp)
 {
     if (!tp)
         return;

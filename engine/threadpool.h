@@ -10,9 +10,9 @@ typedef struct rlai_threadpool rlai_threadpool;
 typedef void (*rlai_task_fn)(void *arg, int ith, int nth);
 
 /* Creates n_threads-1 workers (n_threads >= 1). *out is owned by the caller. */
-int rlai_threadpool_create(int n_threads, rlai_threadpool **out);
+int rlai_threadpool_new(int n_threads, rlai_threadpool **out);
 /* Joins workers and frees. Accepts NULL. */
-void rlai_threadpool_destroy(rlai_threadpool *tp);
+void rlai_threadpool_free(rlai_threadpool *tp);
 int rlai_threadpool_size(const rlai_threadpool *tp);
 /* Runs fn on all threads; tp may be NULL (then fn(arg, 0, 1)). */
 void rlai_threadpool_run(rlai_threadpool *tp, rlai_task_fn fn, void *arg);

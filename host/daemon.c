@@ -944,7 +944,7 @@ void rlai_daemon_shutdown(rlai_daemon *d)
             fprintf(stderr, "rlai serve: %d plugin handler%s did not stop within shutdown_timeout_s (%d s); "
                     "exiting without waiting for %s\n", left, left == 1 ? "" : "s", shutdown_ms(&d->cfg) / 1000,
                     left == 1 ? "it" : "them");
-        rlai_plugin_host_destroy(&plugins);
+        rlai_plugin_host_free(&plugins);
     }
     if (d->engine_started) {
         rlai_engine_wakeup(d->engine);
@@ -961,7 +961,7 @@ void rlai_daemon_shutdown(rlai_daemon *d)
         free_job(j);
     }
     if (left == 0)
-        rlai_metrics_destroy(&d->metrics);   /* else the abandoned host may still count into it */
+        rlai_metrics_free(&d->metrics);   /* else the abandoned host may still count into it */
     else
         abandoned_metrics = d->metrics;
     pthread_mutex_destroy(&d->mu);

@@ -152,7 +152,7 @@ static cJSON *call_plugin(const char *command, const char *params_json)
     }
     if ((rc = rlai_plugin_host_load(h, dir, err, sizeof err)) < 0) {
         fprintf(stderr, "rlai fit: cannot load the fit plugin: %s\n", err);
-        rlai_plugin_host_destroy(&h);
+        rlai_plugin_host_free(&h);
         return NULL;
     }
     call_state s = { .code = 0 };
@@ -169,7 +169,7 @@ static cJSON *call_plugin(const char *command, const char *params_json)
             pthread_cond_wait(&s.cv, &s.mu);
         pthread_mutex_unlock(&s.mu);
     }
-    rlai_plugin_host_destroy(&h);
+    rlai_plugin_host_free(&h);
     pthread_cond_destroy(&s.cv);
     pthread_mutex_destroy(&s.mu);
     if (s.code < 0) {

@@ -65,7 +65,7 @@ int rlai_metrics_new(rlai_metrics **out)
     return 0;
 }
 
-void rlai_metrics_destroy(rlai_metrics **self_p)
+void rlai_metrics_free(rlai_metrics **self_p)
 {
     if (!self_p || !*self_p)
         return;

@@ -22,11 +22,11 @@
 typedef struct rlai_metrics rlai_metrics;
 
 /* Creates an empty metrics object. *out owned by the caller
- * (rlai_metrics_destroy). Returns 0 or RLAI_ERR_NOMEM. */
+ * (rlai_metrics_free). Returns 0 or RLAI_ERR_NOMEM. */
 int rlai_metrics_new(rlai_metrics **out);
 
 /* Frees the object. Accepts NULL; nulls *self_p. */
-void rlai_metrics_destroy(rlai_metrics **self_p);
+void rlai_metrics_free(rlai_metrics **self_p);
 
 /* Counts one request: endpoint e.g. "chat_completions", "generate";
  * transport "http" or "ipc". Strings are copied. m may be NULL (no-op). */

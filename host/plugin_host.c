@@ -1341,7 +1341,7 @@ int rlai_plugin_host_new(const rlai_plugin_host_params *p, rlai_plugin_host **ou
     pthread_mutex_unlock(&h->mu);
     publish_stuck(h);
     if (rc < 0) {
-        rlai_plugin_host_destroy(&h);
+        rlai_plugin_host_free(&h);
         return rc;
     }
     *out = h;
@@ -1459,7 +1459,7 @@ int rlai_plugin_host_stop(rlai_plugin_host *h, int timeout_ms)
     return running;
 }
 
-void rlai_plugin_host_destroy(rlai_plugin_host **self_p)
+void rlai_plugin_host_free(rlai_plugin_host **self_p)
 {
     if (!self_p || !*self_p)
         return;

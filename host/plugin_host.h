@@ -72,7 +72,7 @@ typedef struct rlai_plugin_host_params {
 } rlai_plugin_host_params;
 
 /* Creates a host with no plugins and starts its workers. *out owned by the
- * caller (rlai_plugin_host_destroy). */
+ * caller (rlai_plugin_host_free). */
 int rlai_plugin_host_new(const rlai_plugin_host_params *p, rlai_plugin_host **out);
 
 /* Stops accepting calls, cancels the queued and running ones and waits up
@@ -89,7 +89,7 @@ int rlai_plugin_host_stop(rlai_plugin_host *h, int timeout_ms);
  * abandoned instead: nothing is freed or unloaded (a late handler still
  * finds its call, the host and its library) and the memory stays
  * reachable until the process exits. Accepts NULL; nulls *self_p. */
-void rlai_plugin_host_destroy(rlai_plugin_host **self_p);
+void rlai_plugin_host_free(rlai_plugin_host **self_p);
 
 /* Loads one plugin folder (holding manifest.json). Returns 0, or a negative
  * error with a message naming the file and the problem in err. A failed

@@ -84,8 +84,8 @@ static void open_all(void)
             b->isa = isas[i];
             b->precise = p == 1;
             snprintf(b->name, sizeof(b->name), "cpu/%s/%s", rlai_isa_name(b->isa), b->precise ? "precise" : "q8");
-            ck_assert_int_eq(rlai_kernels_create(b->isa, b->precise, &b->k), 0);
-            ck_assert_int_eq(rlai_threadpool_create(2, &b->tp), 0);
+            ck_assert_int_eq(rlai_kernels_new(b->isa, b->precise, &b->k), 0);
+            ck_assert_int_eq(rlai_threadpool_new(2, &b->tp), 0);
             ck_assert_int_eq(rlai_backend_cpu_new(b->k, b->tp, MAX_CTX, &b->be), 0);
             n_bk++;
         }
@@ -125,8 +125,8 @@ static void close_all(void)
         rlai_backend_free(bks[i].be);
         if (bks[i].gpu)
             continue;
-        rlai_threadpool_destroy(bks[i].tp);
-        rlai_kernels_destroy(bks[i].k);
+        rlai_threadpool_free(bks[i].tp);
+        rlai_kernels_free(bks[i].k);
     }
     n_bk = 0;
 }
@@ -423,7 +423,7 @@ START_TEST(test_kv_store_attention_paged)
                     continue;   /* the engine pairs f32 KV with precise mode only (CPU) */
                 rlai_backend *be = bks[bi].be;
                 rlai_kv_cache *kv;
-                ck_assert_int_eq(rlai_kv_cache_create_on(be, 1, KVD, n_blocks, kvtypes[kt], &kv), 0);
+                ck_assert_int_eq(rlai_kv_cache_new_on(be, 1, KVD, n_blocks, kvtypes[kt], &kv), 0);
                 rlai_kv_layer_view view;
                 rlai_kv_cache_layer_view(kv, 0, &view.k, &view.v, &view.row_bytes);
                 view.dtype = kvtypes[kt];
@@ -489,7 +489,7 @@ START_TEST(test_kv_store_attention_paged)
                 be->iface->buffer_free(be, dv);
                 be->iface->buffer_free(be, dq);
                 be->iface->buffer_free(be, dout);
-                rlai_kv_cache_destroy(kv);
+                rlai_kv_cache_free(kv);
             }
             free(k); free(v); free(q); free(out); free(pos); free(tab);
         }
@@ -554,8 +554,8 @@ START_TEST(test_backend_open)
 {
     rlai_kernels *kern;
     rlai_threadpool *tp;
-    ck_assert_int_eq(rlai_kernels_create(RLAI_ISA_SCALAR, false, &kern), 0);
-    ck_assert_int_eq(rlai_threadpool_create(1, &tp), 0);
+    ck_assert_int_eq(rlai_kernels_new(RLAI_ISA_SCALAR, false, &kern), 0);
+    ck_assert_int_eq(rlai_threadpool_new(1, &tp), 0);
     char err[512], note[600];
     rlai_backend *be;
     rlai_backend_options o = { .device = "cpu", .kernels = kern, .pool = tp, .max_ctx = 64 };
@@ -588,8 +588,8 @@ START_TEST(test_backend_open)
         ck_assert_ptr_nonnull(strstr(err, "CUDA backend"));
         printf("cuda: %s\n", err);
     }
-    rlai_threadpool_destroy(tp);
-    rlai_kernels_destroy(kern);
+    rlai_threadpool_free(tp);
+    rlai_kernels_free(kern);
 }
 END_TEST
 

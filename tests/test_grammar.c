@@ -56,7 +56,7 @@ START_TEST(json_object_accepts_objects_only)
     ck_assert(!acc(g, "{                 }"));
     /* incremental: a prefix is fed, cannot end; the rest completes it */
     rlai_grammar_matcher *m = NULL;
-    ck_assert_int_eq(rlai_grammar_matcher_create(g, &m), 0);
+    ck_assert_int_eq(rlai_grammar_matcher_new(g, &m), 0);
     ck_assert_int_eq(rlai_grammar_matcher_feed(m, "{\"a\"", 4), 0);
     ck_assert(!rlai_grammar_matcher_can_end(m));
     ck_assert_int_eq(rlai_grammar_matcher_feed(m, "}", 1), RLAI_ERR_INVALID_ARG);
@@ -222,7 +222,7 @@ static void vocab_setup(void)
     char err[256];
     ck_assert_int_eq(rlai_gguf_open_file(MODEL, &GG, err, sizeof(err)), 0);
     ck_assert_int_eq(rlai_tokenizer_load(GG, &TK, err, sizeof(err)), 0);
-    ck_assert_int_eq(rlai_gvocab_create(TK, &V), 0);
+    ck_assert_int_eq(rlai_gvocab_new(TK, &V), 0);
 }
 
 static void vocab_teardown(void)
@@ -250,7 +250,7 @@ static void walk_compare(rlai_grammar *g, int steps)
     int w = rlai_gvocab_mask_words(V), nv = rlai_gvocab_n_vocab(V);
     uint32_t *fast = malloc(sizeof(uint32_t) * (size_t)w), *slow = malloc(sizeof(uint32_t) * (size_t)w);
     rlai_grammar_matcher *m = NULL;
-    ck_assert_int_eq(rlai_grammar_matcher_create(g, &m), 0);
+    ck_assert_int_eq(rlai_grammar_matcher_new(g, &m), 0);
     int compared = 0;
     for (int s = 0; s < steps; s++) {
         int nf = rlai_grammar_matcher_mask(m, V, fast);
@@ -319,7 +319,7 @@ START_TEST(mask_rules_at_the_edges)
     int w = rlai_gvocab_mask_words(V), nv = rlai_gvocab_n_vocab(V);
     uint32_t *mk = malloc(sizeof(uint32_t) * (size_t)w);
     rlai_grammar_matcher *m = NULL;
-    ck_assert_int_eq(rlai_grammar_matcher_create(g, &m), 0);
+    ck_assert_int_eq(rlai_grammar_matcher_new(g, &m), 0);
     /* at the start no EOG and no control token is allowed */
     ck_assert_int_gt(rlai_grammar_matcher_mask(m, V, mk), 0);
     for (int t = 0; t < nv; t++)
@@ -417,10 +417,10 @@ START_TEST(model_greedy_under_schema_is_valid)
     rlai_gguf *gg = NULL;
     ck_assert_int_eq(rlai_gguf_open_file(MODEL, &gg, err, sizeof(err)), 0);
     ck_assert_int_eq(rlai_tokenizer_load(gg, &tk, err, sizeof(err)), 0);
-    ck_assert_int_eq(rlai_gvocab_create(tk, &v), 0);
+    ck_assert_int_eq(rlai_gvocab_new(tk, &v), 0);
     uint32_t *mk = malloc(sizeof(uint32_t) * (size_t)rlai_gvocab_mask_words(v));
     rlai_grammar_matcher *m = NULL;
-    ck_assert_int_eq(rlai_grammar_matcher_create(g, &m), 0);
+    ck_assert_int_eq(rlai_grammar_matcher_new(g, &m), 0);
     for (int i = 0; i < a->n; i++) {
         ck_assert_int_gt(rlai_grammar_matcher_mask(m, v, mk), 0);
         ck_assert(bit(mk, a->toks[i]));

@@ -188,7 +188,7 @@ static void check_config(uint32_t type, bool precise, int T, int64_t rows, int64
     const double tol = quant ? 2e-5 : 1e-5;
     for (int ii = 0; ii < n_isa; ii++) {
         rlai_kernels *k = NULL;
-        ck_assert_int_eq(rlai_kernels_create(isas[ii], precise, &k), RLAI_OK);
+        ck_assert_int_eq(rlai_kernels_new(isas[ii], precise, &k), RLAI_OK);
         for (int pi = 0; pi < 2; pi++) {
             rlai_threadpool *tp = pi ? tp2 : NULL;
             for (int64_t i = 0; i < T * ldy; i++)
@@ -232,7 +232,7 @@ static void check_config(uint32_t type, bool precise, int T, int64_t rows, int64
                 }
             }
         }
-        rlai_kernels_destroy(k);
+        rlai_kernels_free(k);
     }
     free(ref);
     free(norm);
@@ -249,7 +249,7 @@ START_TEST(test_matmul_type)
     uint32_t type = all_types[_i];
     rng_state = 0x1234567ull + (uint64_t)_i;
     rlai_threadpool *tp2 = NULL;
-    ck_assert_int_eq(rlai_threadpool_create(2, &tp2), RLAI_OK);
+    ck_assert_int_eq(rlai_threadpool_new(2, &tp2), RLAI_OK);
     const int Ts[] = { 1, 3, 17, 64 };
     const int64_t rows_l[] = { 37, 200 };
     const int64_t cols_l[] = { 32, 64, 576 };
@@ -258,7 +258,7 @@ START_TEST(test_matmul_type)
             for (int ri = 0; ri < 2; ri++)
                 for (int ci = 0; ci < 3; ci++)
                     check_config(type, p == 0, Ts[ti], rows_l[ri], cols_l[ci], tp2);
-    rlai_threadpool_destroy(tp2);
+    rlai_threadpool_free(tp2);
 }
 END_TEST
 
@@ -309,7 +309,7 @@ static void check_invariance_T(uint32_t type, bool precise, int64_t rows, int64_
     ck_assert(yscalar);
     for (int ii = 0; ii < n_isa; ii++) {
         rlai_kernels *k = NULL;
-        ck_assert_int_eq(rlai_kernels_create(isas[ii], precise, &k), RLAI_OK);
+        ck_assert_int_eq(rlai_kernels_new(isas[ii], precise, &k), RLAI_OK);
         /* reference: the batch with the 1-thread pool */
         run_batch(k, tp1, &tw.w, x, ldx, T, ref, ldy);
         for (int t = 0; t < T; t++)
@@ -356,7 +356,7 @@ static void check_invariance_T(uint32_t type, bool precise, int64_t rows, int64_
                 }
             }
         }
-        rlai_kernels_destroy(k);
+        rlai_kernels_free(k);
     }
     free(x);
     free(xr);
@@ -378,8 +378,8 @@ START_TEST(test_matmul_batch_invariance)
     uint32_t type = all_types[_i];
     rng_state = 0xBA7C4ull + (uint64_t)_i;
     rlai_threadpool *tp1 = NULL, *tp2 = NULL;
-    ck_assert_int_eq(rlai_threadpool_create(1, &tp1), RLAI_OK);
-    ck_assert_int_eq(rlai_threadpool_create(2, &tp2), RLAI_OK);
+    ck_assert_int_eq(rlai_threadpool_new(1, &tp1), RLAI_OK);
+    ck_assert_int_eq(rlai_threadpool_new(2, &tp2), RLAI_OK);
     const int64_t rows_l[] = { 37, 200 };
     const int64_t cols_l[] = { 576, 1536, 64 };
     for (int p = 0; p < 2; p++)
@@ -392,8 +392,8 @@ START_TEST(test_matmul_batch_invariance)
     check_invariance_T(type, false, 37, 576, INV_T_BIG, tp1, tp2);
     if (!rlai__is_quant(type))
         check_invariance(type, true, 21, 37, tp1, tp2);
-    rlai_threadpool_destroy(tp1);
-    rlai_threadpool_destroy(tp2);
+    rlai_threadpool_free(tp1);
+    rlai_threadpool_free(tp2);
 }
 END_TEST
 
@@ -403,7 +403,7 @@ START_TEST(test_matmul_shapes)
 {
     rng_state = 42;
     rlai_threadpool *tp2 = NULL;
-    ck_assert_int_eq(rlai_threadpool_create(2, &tp2), RLAI_OK);
+    ck_assert_int_eq(rlai_threadpool_new(2, &tp2), RLAI_OK);
     check_config(RLAI_DT_Q4_1, false, 1, 1000, 576, tp2);
     check_config(RLAI_DT_Q8_0, false, 1, 1000, 576, tp2);
     check_config(RLAI_DT_Q4_1, false, 40, 20, 96, tp2);
@@ -414,7 +414,7 @@ START_TEST(test_matmul_shapes)
     check_config(RLAI_DT_F16, true, 3, 9, 13, tp2);
     check_config(RLAI_DT_BF16, false, 1, 33, 1, tp2);
     check_config(RLAI_DT_Q4_1, true, 2, 1, 64, tp2);
-    rlai_threadpool_destroy(tp2);
+    rlai_threadpool_free(tp2);
 }
 END_TEST
 
@@ -491,7 +491,7 @@ START_TEST(test_api)
     if (!(m & (1u << RLAI_ISA_AVX512))) {
         ck_assert_int_eq(rlai_kernels_resolve(RLAI_ISA_AVX512, &got), RLAI_ERR_UNSUPPORTED);
         rlai_kernels *k = (rlai_kernels *)&got;
-        ck_assert_int_eq(rlai_kernels_create(RLAI_ISA_AVX512, false, &k), RLAI_ERR_UNSUPPORTED);
+        ck_assert_int_eq(rlai_kernels_new(RLAI_ISA_AVX512, false, &k), RLAI_ERR_UNSUPPORTED);
         ck_assert_ptr_null(k);
     }
     ck_assert_int_eq(rlai_kernels_resolve((rlai_isa)17, &got), RLAI_ERR_INVALID_ARG);
@@ -499,11 +499,11 @@ START_TEST(test_api)
     ck_assert_str_eq(rlai_isa_name(RLAI_ISA_SCALAR), "scalar");
     ck_assert_str_eq(rlai_isa_name(RLAI_ISA_AVX512), "avx512");
     ck_assert_str_eq(rlai_isa_name(RLAI_ISA_AUTO), "auto");
-    ck_assert_int_eq(rlai_kernels_create(RLAI_ISA_AUTO, false, NULL), RLAI_ERR_INVALID_ARG);
-    rlai_kernels_destroy(NULL);
+    ck_assert_int_eq(rlai_kernels_new(RLAI_ISA_AUTO, false, NULL), RLAI_ERR_INVALID_ARG);
+    rlai_kernels_free(NULL);
 
     rlai_kernels *k = NULL;
-    ck_assert_int_eq(rlai_kernels_create(RLAI_ISA_AUTO, false, &k), RLAI_OK);
+    ck_assert_int_eq(rlai_kernels_new(RLAI_ISA_AUTO, false, &k), RLAI_OK);
     ck_assert_int_eq(rlai_kernels_reserve(k, 2, 1536, 512), RLAI_OK);
     ck_assert_int_eq(rlai_kernels_reserve(k, 0, 1536, 512), RLAI_ERR_INVALID_ARG);
     ck_assert_int_eq(rlai_kernels_reserve(NULL, 1, 1, 1), RLAI_ERR_INVALID_ARG);
@@ -520,7 +520,7 @@ START_TEST(test_api)
     ck_assert(y[0] == 1 && y[1] == 2 && y[2] == 3 && y[3] == 4);
     rlai_matmul(k, NULL, &w, x, 64, 1, y, 4);                                      /* valid */
     ck_assert(y[0] == 0 && y[1] == 0 && y[2] == 3);
-    rlai_kernels_destroy(k);
+    rlai_kernels_free(k);
 }
 END_TEST
 
@@ -536,7 +536,7 @@ START_TEST(test_f16_helpers)
     for (int ii = 0; ii < n_isa + 1; ii++) {
         rlai_kernels *k = NULL;   /* ii == n_isa: NULL context (auto) */
         if (ii < n_isa)
-            ck_assert_int_eq(rlai_kernels_create(isas[ii], true, &k), RLAI_OK);
+            ck_assert_int_eq(rlai_kernels_new(isas[ii], true, &k), RLAI_OK);
         for (int ni = 0; ni < 8; ni++) {
             int n = ns[ni];
             for (int i = 0; i < n; i++) {
@@ -584,7 +584,7 @@ START_TEST(test_f16_helpers)
             else
                 ck_assert_msg(h2[i] == want, "f=%a: %04x vs %04x", (double)f[i], h2[i], want);
         }
-        rlai_kernels_destroy(k);
+        rlai_kernels_free(k);
     }
 }
 END_TEST
@@ -620,7 +620,7 @@ START_TEST(test_attn_helpers)
         if (!(rlai_kernels_available() & (1u << isas[k])))
             continue;
         rlai_kernels *kc;
-        ck_assert_int_eq(rlai_kernels_create(isas[k], false, &kc), 0);
+        ck_assert_int_eq(rlai_kernels_new(isas[k], false, &kc), 0);
         float out[N], y[D];
         rlai_attn_dot_f16(kc, N, D, rows, STRIDE, q, 0.125f, out);
         for (int j = 0; j < N; j++)
@@ -641,7 +641,7 @@ START_TEST(test_attn_helpers)
             ck_assert_msg(fabs(x[i] - e) <= 1e-6 * e + 1e-37, "exp(%g) = %g, want %g", (double)x0[i] - 1, (double)x[i], e);
         }
         ck_assert(fabs(sum - ref_sum) < 1e-5 * ref_sum);
-        rlai_kernels_destroy(kc);
+        rlai_kernels_free(kc);
     }
 }
 END_TEST
@@ -659,8 +659,8 @@ START_TEST(test_helpers_isa_identical)
             continue;
         rng_state = 11;
         rlai_kernels *ks = NULL, *ka = NULL;
-        ck_assert_int_eq(rlai_kernels_create(RLAI_ISA_SCALAR, false, &ks), RLAI_OK);
-        ck_assert_int_eq(rlai_kernels_create(simd[si], false, &ka), RLAI_OK);
+        ck_assert_int_eq(rlai_kernels_new(RLAI_ISA_SCALAR, false, &ks), RLAI_OK);
+        ck_assert_int_eq(rlai_kernels_new(simd[si], false, &ka), RLAI_OK);
         enum { MAXD = 272, NR = 21 };
         static uint16_t rows[NR * MAXD];
         static float q[MAXD], o1[NR], o2[NR], e1[300], e2[300], m1[MAXD], m2[MAXD], pj[NR];
@@ -694,8 +694,8 @@ START_TEST(test_helpers_isa_identical)
             ck_assert_msg(memcmp(&s1, &s2, sizeof s1) == 0 && memcmp(e1, e2, sizeof(float) * (size_t)n) == 0,
                           "exp_sum n=%d", n);
         }
-        rlai_kernels_destroy(ks);
-        rlai_kernels_destroy(ka);
+        rlai_kernels_free(ks);
+        rlai_kernels_free(ka);
     }
 }
 END_TEST
@@ -773,15 +773,15 @@ START_TEST(test_avx512_vnni_exact)
     rng_state = 0x512ull;
     if (!(rlai_kernels_available() & (1u << RLAI_ISA_AVX512))) {
         rlai_kernels *k = NULL;
-        ck_assert_int_eq(rlai_kernels_create(RLAI_ISA_AVX512, false, &k), RLAI_ERR_UNSUPPORTED);
+        ck_assert_int_eq(rlai_kernels_new(RLAI_ISA_AVX512, false, &k), RLAI_ERR_UNSUPPORTED);
         fprintf(stderr, "test_avx512_vnni_exact: no AVX-512 VNNI on this CPU, kernels not run\n");
         return;
     }
     rlai_kernels *ks = NULL, *kv = NULL;
     rlai_threadpool *tp2 = NULL;
-    ck_assert_int_eq(rlai_kernels_create(RLAI_ISA_SCALAR, false, &ks), RLAI_OK);
-    ck_assert_int_eq(rlai_kernels_create(RLAI_ISA_AVX512, false, &kv), RLAI_OK);
-    ck_assert_int_eq(rlai_threadpool_create(2, &tp2), RLAI_OK);
+    ck_assert_int_eq(rlai_kernels_new(RLAI_ISA_SCALAR, false, &ks), RLAI_OK);
+    ck_assert_int_eq(rlai_kernels_new(RLAI_ISA_AVX512, false, &kv), RLAI_OK);
+    ck_assert_int_eq(rlai_threadpool_new(2, &tp2), RLAI_OK);
     const uint32_t types[] = { RLAI_DT_Q4_0, RLAI_DT_Q4_1, RLAI_DT_Q8_0, RLAI_DT_Q5_0, RLAI_DT_Q5_1 };
     const int64_t rows_l[] = { 1, 15, 16, 17, 50 };
     const int64_t cols_l[] = { 32, 64, 96, 160, 576 };
@@ -794,9 +794,9 @@ START_TEST(test_avx512_vnni_exact)
         check_avx512_exact(ks, kv, tp2, types[ty], 17, 96, 1);
         check_avx512_exact(ks, kv, tp2, types[ty], 17, 160, 2);
     }
-    rlai_threadpool_destroy(tp2);
-    rlai_kernels_destroy(ks);
-    rlai_kernels_destroy(kv);
+    rlai_threadpool_free(tp2);
+    rlai_kernels_free(ks);
+    rlai_kernels_free(kv);
 }
 END_TEST
 

@@ -14,7 +14,7 @@
 START_TEST(alloc_free_all)
 {
     rlai_kv_cache *kv;
-    ck_assert_int_eq(rlai_kv_cache_create(2, 8, 10, RLAI_DT_F16, &kv), 0);
+    ck_assert_int_eq(rlai_kv_cache_new(2, 8, 10, RLAI_DT_F16, &kv), 0);
     ck_assert_int_eq(rlai_kv_cache_n_free(kv), 10);
     int ids[10];
     bool seen[10] = { 0 };
@@ -38,14 +38,14 @@ START_TEST(alloc_free_all)
     for (int i = 0; i < 10; i++)
         rlai_kv_block_unref(kv, ids[i]);
     ck_assert_int_eq(rlai_kv_cache_n_free(kv), 10);
-    rlai_kv_cache_destroy(kv);
+    rlai_kv_cache_free(kv);
 }
 END_TEST
 
 START_TEST(seq_reserve_and_release)
 {
     rlai_kv_cache *kv;
-    ck_assert_int_eq(rlai_kv_cache_create(1, 4, 8, RLAI_DT_F32, &kv), 0);
+    ck_assert_int_eq(rlai_kv_cache_new(1, 4, 8, RLAI_DT_F32, &kv), 0);
     rlai_kv_seq a, b;
     memset(&a, 0, sizeof(a));
     memset(&b, 0, sizeof(b));
@@ -68,7 +68,7 @@ START_TEST(seq_reserve_and_release)
     ck_assert_int_eq(rlai_kv_cache_n_free(kv), 0);
     rlai_kv_seq_release(kv, &a);
     ck_assert_int_eq(rlai_kv_cache_n_free(kv), 8);
-    rlai_kv_cache_destroy(kv);
+    rlai_kv_cache_free(kv);
 }
 END_TEST
 
@@ -78,7 +78,7 @@ START_TEST(addressing_is_disjoint)
      * everything reads back, so no two (seq, layer, pos) share storage. */
     rlai_kv_cache *kv;
     const int D = 6, L = 2, N = 40;
-    ck_assert_int_eq(rlai_kv_cache_create(L, D, 8, RLAI_DT_F32, &kv), 0);
+    ck_assert_int_eq(rlai_kv_cache_new(L, D, 8, RLAI_DT_F32, &kv), 0);
     rlai_kv_seq s[2];
     memset(s, 0, sizeof(s));
     ck_assert_int_eq(rlai_kv_seq_reserve(kv, &s[0], N), 0);
@@ -103,7 +103,7 @@ START_TEST(addressing_is_disjoint)
             }
     rlai_kv_seq_release(kv, &s[0]);
     rlai_kv_seq_release(kv, &s[1]);
-    rlai_kv_cache_destroy(kv);
+    rlai_kv_cache_free(kv);
 }
 END_TEST
 
@@ -114,7 +114,7 @@ START_TEST(random_ops_keep_counts_consistent)
      * has refcount 1. */
     rlai_kv_cache *kv;
     const int NB = 64, NS = 6;
-    ck_assert_int_eq(rlai_kv_cache_create(1, 2, NB, RLAI_DT_F16, &kv), 0);
+    ck_assert_int_eq(rlai_kv_cache_new(1, 2, NB, RLAI_DT_F16, &kv), 0);
     rlai_kv_seq s[6];
     memset(s, 0, sizeof(s));
     unsigned rng = 12345;
@@ -140,7 +140,7 @@ START_TEST(random_ops_keep_counts_consistent)
     for (int i = 0; i < NS; i++)
         rlai_kv_seq_release(kv, &s[i]);
     ck_assert_int_eq(rlai_kv_cache_n_free(kv), NB);
-    rlai_kv_cache_destroy(kv);
+    rlai_kv_cache_free(kv);
 }
 END_TEST
 
@@ -148,7 +148,7 @@ START_TEST(q8_0_rows_are_addressed_by_row_bytes)
 {
     rlai_kv_cache *kv;
     /* kv_dim 64 = 2 blocks of 34 bytes per token row. */
-    ck_assert_int_eq(rlai_kv_cache_create(2, 64, 4, RLAI_DT_Q8_0, &kv), 0);
+    ck_assert_int_eq(rlai_kv_cache_new(2, 64, 4, RLAI_DT_Q8_0, &kv), 0);
     ck_assert_uint_eq(rlai_kv_cache_bytes(kv), 2u * 2 * 4 * 16 * 68);
     rlai_kv_seq s;
     memset(&s, 0, sizeof(s));
@@ -164,23 +164,23 @@ START_TEST(q8_0_rows_are_addressed_by_row_bytes)
         ck_assert(fabsf(x[i] - y[i]) <= 4.0f / 127.0f);
     rlai_kv_seq_release(kv, &s);
     /* kv_dim not a multiple of 32 cannot be q8_0. */
-    rlai_kv_cache_destroy(kv);
-    ck_assert_int_eq(rlai_kv_cache_create(2, 48, 4, RLAI_DT_Q8_0, &kv), RLAI_ERR_UNSUPPORTED);
+    rlai_kv_cache_free(kv);
+    ck_assert_int_eq(rlai_kv_cache_new(2, 48, 4, RLAI_DT_Q8_0, &kv), RLAI_ERR_UNSUPPORTED);
 }
 END_TEST
 
 START_TEST(bad_arguments)
 {
     rlai_kv_cache *kv = (rlai_kv_cache *)1;
-    ck_assert_int_eq(rlai_kv_cache_create(0, 8, 8, RLAI_DT_F16, &kv), RLAI_ERR_INVALID_ARG);
+    ck_assert_int_eq(rlai_kv_cache_new(0, 8, 8, RLAI_DT_F16, &kv), RLAI_ERR_INVALID_ARG);
     ck_assert_ptr_null(kv);
-    ck_assert_int_eq(rlai_kv_cache_create(1, 8, 8, RLAI_DT_Q4_0, &kv), RLAI_ERR_UNSUPPORTED);
-    ck_assert_int_eq(rlai_kv_cache_create(1, 8, 8, RLAI_DT_F16, &kv), 0);
+    ck_assert_int_eq(rlai_kv_cache_new(1, 8, 8, RLAI_DT_Q4_0, &kv), RLAI_ERR_UNSUPPORTED);
+    ck_assert_int_eq(rlai_kv_cache_new(1, 8, 8, RLAI_DT_F16, &kv), 0);
     ck_assert_uint_eq(rlai_kv_cache_bytes(kv), 2u * 8 * 16 * 8 * 2);
     rlai_kv_seq s;
     memset(&s, 0, sizeof(s));
     ck_assert_int_eq(rlai_kv_seq_reserve(kv, &s, -1), RLAI_ERR_INVALID_ARG);
-    rlai_kv_cache_destroy(kv);
+    rlai_kv_cache_free(kv);
 }
 END_TEST
 
@@ -252,7 +252,7 @@ static int run_prompt(rlai_kv_cache *kv, rlai_kv_seq *s, const int32_t *tok, int
 static rlai_kv_cache *new_cache(int n_blocks)
 {
     rlai_kv_cache *kv;
-    ck_assert_int_eq(rlai_kv_cache_create(PL, PD, n_blocks, RLAI_DT_F32, &kv), 0);
+    ck_assert_int_eq(rlai_kv_cache_new(PL, PD, n_blocks, RLAI_DT_F32, &kv), 0);
     return kv;
 }
 
@@ -310,7 +310,7 @@ START_TEST(prefix_same_prompt_reuses_full_blocks)
     rlai_kv_seq_release(kv, &c);
     ck_assert_int_eq(rlai_kv_prefix_attach(kv, &c, tok, 15, 40), 0);
     rlai_kv_seq_release(kv, &c);
-    rlai_kv_cache_destroy(kv);
+    rlai_kv_cache_free(kv);
 }
 END_TEST
 
@@ -345,7 +345,7 @@ START_TEST(prefix_commit_dedups_concurrent_blocks)
     rlai_kv_seq_release(kv, &a);
     rlai_kv_seq_release(kv, &b);
     assert_consistent(kv, NULL, 0);
-    rlai_kv_cache_destroy(kv);
+    rlai_kv_cache_free(kv);
 }
 END_TEST
 
@@ -371,7 +371,7 @@ START_TEST(prefix_shares_only_common_blocks)
     ck_assert_int_eq(first_bad(kv, &b, q, 48), -1);
     rlai_kv_seq_release(kv, &a);
     rlai_kv_seq_release(kv, &b);
-    rlai_kv_cache_destroy(kv);
+    rlai_kv_cache_free(kv);
 }
 END_TEST
 
@@ -420,7 +420,7 @@ START_TEST(prefix_forced_collision_never_matches_other_prompt)
     ck_assert_int_eq(rlai_kv_prefix_attach(kv, &c, r, 32, 32), 16);
     rlai_kv_seq_release(kv, &c);
     assert_consistent(kv, NULL, 0);
-    rlai_kv_cache_destroy(kv);
+    rlai_kv_cache_free(kv);
 }
 END_TEST
 
@@ -452,7 +452,7 @@ START_TEST(prefix_caching_off_matches_nothing)
     ck_assert_uint_eq(st.lookups, 4);
     ck_assert_uint_eq(st.tokens_reused, 32);
     assert_consistent(kv, NULL, 0);
-    rlai_kv_cache_destroy(kv);
+    rlai_kv_cache_free(kv);
 }
 END_TEST
 
@@ -508,7 +508,7 @@ START_TEST(prefix_eviction_is_lru)
     for (int i = 0; i < 4; i++)
         rlai_kv_block_unref(kv, ids[i]);
     assert_consistent(kv, NULL, 0);
-    rlai_kv_cache_destroy(kv);
+    rlai_kv_cache_free(kv);
 }
 END_TEST
 
@@ -560,7 +560,7 @@ START_TEST(prefix_pins_survive_pressure)
     for (int i = 0; i < press.n_blocks; i++)
         rlai_kv_block_unref(kv, held[i]);
     ck_assert_int_eq(rlai_kv_cache_n_free(kv), 6);
-    rlai_kv_cache_destroy(kv);
+    rlai_kv_cache_free(kv);
 }
 END_TEST
 
@@ -608,7 +608,7 @@ START_TEST(prefix_prepare_write_copies_shared_block)
     assert_consistent(kv, all, 2);
     rlai_kv_seq_release(kv, &a);
     rlai_kv_seq_release(kv, &b);
-    rlai_kv_cache_destroy(kv);
+    rlai_kv_cache_free(kv);
 }
 END_TEST
 
@@ -647,7 +647,7 @@ START_TEST(prefix_fork_then_write_partial_block)
     rlai_kv_seq_release(kv, &a);
     rlai_kv_seq_release(kv, &b);
     assert_consistent(kv, NULL, 0);
-    rlai_kv_cache_destroy(kv);
+    rlai_kv_cache_free(kv);
 }
 END_TEST
 
@@ -697,7 +697,7 @@ START_TEST(prefix_exhaustion_leaves_tables_intact)
     ck_assert_uint_eq(st.evictions, 3);
     assert_consistent(kv, all, 3);
     rlai_kv_seq_release(kv, &b);
-    rlai_kv_cache_destroy(kv);
+    rlai_kv_cache_free(kv);
 }
 END_TEST
 
@@ -917,7 +917,7 @@ START_TEST(prefix_randomized_operations)
     ck_assert_int_eq(st.blocks_used, 0);
     ck_assert_int_eq(st.blocks_pinned, 0);
     ck_assert_int_eq(rlai_kv_cache_n_free(kv), RN_BLOCKS);
-    rlai_kv_cache_destroy(kv);
+    rlai_kv_cache_free(kv);
 }
 END_TEST
 
@@ -968,7 +968,7 @@ START_TEST(truncate_rolls_back_without_copy)
     rlai_kv_seq_release(kv, &a);
     rlai_kv_seq_release(kv, &b);
     assert_consistent(kv, NULL, 0);
-    rlai_kv_cache_destroy(kv);
+    rlai_kv_cache_free(kv);
 }
 END_TEST
 
@@ -1053,7 +1053,7 @@ START_TEST(spec_random_accept_reject_keeps_cache_consistent)
         rlai_kv_seq_release(kv, &c);
     }
     assert_consistent(kv, NULL, 0);
-    rlai_kv_cache_destroy(kv);
+    rlai_kv_cache_free(kv);
 }
 END_TEST
 

@@ -200,7 +200,7 @@ START_TEST(good_plugin_registers_its_commands)
     ck_assert_str_eq(cJSON_GetObjectItem(cJSON_GetArrayItem(pl, 0), "version")->valuestring, "1.2.3");
     ck_assert_int_eq(cJSON_GetArraySize(cJSON_GetObjectItem(cJSON_GetArrayItem(pl, 0), "commands")), 8);
     cJSON_Delete(pl);
-    rlai_plugin_host_destroy(&h);
+    rlai_plugin_host_free(&h);
     ck_assert_ptr_null(h);
 }
 END_TEST
@@ -222,7 +222,7 @@ START_TEST(incompatible_abis_are_refused_naming_both_versions)
     cJSON *pl = rlai_plugin_host_plugins_json(h);
     ck_assert_int_eq(cJSON_GetArraySize(pl), 0);
     cJSON_Delete(pl);
-    rlai_plugin_host_destroy(&h);
+    rlai_plugin_host_free(&h);
 }
 END_TEST
 
@@ -238,7 +238,7 @@ START_TEST(failed_init_undoes_registrations)
     ck_assert_int_eq(rlai_plugin_host_n_commands(h), 0);
     /* the host still loads a good plugin afterwards */
     ck_assert_int_eq(load(h, "good", err, sizeof(err)), 0);
-    rlai_plugin_host_destroy(&h);
+    rlai_plugin_host_free(&h);
 }
 END_TEST
 
@@ -251,7 +251,7 @@ START_TEST(duplicate_command_refuses_the_plugin)
     ck_assert_ptr_nonnull(strstr(err, "registration was refused"));
     ck_assert(!has_command(h, "dup.same"));
     ck_assert_int_eq(rlai_plugin_host_n_commands(h), 0);
-    rlai_plugin_host_destroy(&h);
+    rlai_plugin_host_free(&h);
 }
 END_TEST
 
@@ -271,7 +271,7 @@ START_TEST(broken_plugins_and_manifests_are_refused)
     ck_assert_int_eq(load(h, "samename", err, sizeof(err)), RLAI_ERR_EXISTS);
     ck_assert_ptr_nonnull(strstr(err, "already loaded"));
     ck_assert_int_eq(rlai_plugin_host_n_commands(h), 8);
-    rlai_plugin_host_destroy(&h);
+    rlai_plugin_host_free(&h);
 }
 END_TEST
 
@@ -311,7 +311,7 @@ START_TEST(manifest_validation_names_the_key)
         if (!strstr(err, cases[i].needle))
             ck_abort_msg("case %zu: '%s' lacks '%s'", i, err, cases[i].needle);
     }
-    rlai_plugin_host_destroy(&h);
+    rlai_plugin_host_free(&h);
     char path[1100];
     snprintf(path, sizeof(path), "%s/manifest.json", dir);
     unlink(path);
@@ -337,7 +337,7 @@ START_TEST(world_writable_plugin_file_is_refused)
     ck_assert_ptr_nonnull(strstr(err, "world-writable"));
     ck_assert_int_eq(chmod(dst, 0755), 0);
     ck_assert_int_eq(rlai_plugin_host_load(h, dir, err, sizeof(err)), 0);
-    rlai_plugin_host_destroy(&h);
+    rlai_plugin_host_free(&h);
     snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
     ck_assert_int_eq(system(cmd), 0);
 }
@@ -431,7 +431,7 @@ START_TEST(group_writable_and_special_files_are_refused)
     ck_assert_int_eq(system(cmd), 0);
     ck_assert_int_eq(rlai_plugin_host_load_all(h, root), 1);
     ck_assert(has_command(h, "good.echo"));
-    rlai_plugin_host_destroy(&h);
+    rlai_plugin_host_free(&h);
 
     /* everything fixed: it loads */
     h = new_host(NULL, NULL);
@@ -439,7 +439,7 @@ START_TEST(group_writable_and_special_files_are_refused)
     ck_assert_int_eq(system(cmd), 0);
     char err[1024] = "";
     ck_assert_msg(rlai_plugin_host_load(h, pdir, err, sizeof(err)) == 0, "%s", err);
-    rlai_plugin_host_destroy(&h);
+    rlai_plugin_host_free(&h);
     snprintf(cmd, sizeof(cmd), "rm -rf '%s'", root);
     ck_assert_int_eq(system(cmd), 0);
 }
@@ -452,7 +452,7 @@ START_TEST(load_all_loads_only_the_good_ones)
     ck_assert_int_eq(rlai_plugin_host_load_all(h, RLAI_TEST_PLUGINS), 3);
     ck_assert_int_eq(rlai_plugin_host_n_commands(h), 8 + 7 + 3);
     ck_assert_int_eq(rlai_plugin_host_load_all(h, "/nonexistent/rlai"), RLAI_ERR_IO);
-    rlai_plugin_host_destroy(&h);
+    rlai_plugin_host_free(&h);
 }
 END_TEST
 
@@ -529,7 +529,7 @@ START_TEST(calls_reply_stream_and_fail)
     ck_assert_int_eq(cJSON_GetObjectItem(cJSON_GetArrayItem(c.results, 0), "rc")->valueint, RLAI_ERR_BUSY);
     ck_assert(!has_command(h, "good.later"));
     cap_free(&c);
-    rlai_plugin_host_destroy(&h);
+    rlai_plugin_host_free(&h);
 }
 END_TEST
 
@@ -594,7 +594,7 @@ START_TEST(params_schema_is_enforced_before_the_handler)
     ck_assert_int_eq(call_sync(h, "typed.open", "{\"model\":{\"n_layer\":4}}", &c), 0);
     ck_assert_int_eq(c.ended, 1);
     cap_free(&c);
-    rlai_plugin_host_destroy(&h);
+    rlai_plugin_host_free(&h);
 }
 END_TEST
 
@@ -620,7 +620,7 @@ START_TEST(handler_error_codes_reach_the_caller)
             cap_free(&c);
         }
     }
-    rlai_plugin_host_destroy(&h);
+    rlai_plugin_host_free(&h);
 }
 END_TEST
 
@@ -635,7 +635,7 @@ START_TEST(broken_params_schema_refuses_the_plugin)
     ck_assert(!has_command(h, "badschema.ok"));   /* the whole plugin is refused */
     ck_assert_int_eq(rlai_plugin_host_n_commands(h), 0);
     ck_assert_int_eq(load(h, "typed", err, sizeof(err)), 0);   /* the host keeps loading others */
-    rlai_plugin_host_destroy(&h);
+    rlai_plugin_host_free(&h);
 
     static const struct { const char *schema, *msg; } bad[] = {
         { "{\"type\":\"string\"}", "\"type\" must be \"object\"" },
@@ -725,7 +725,7 @@ START_TEST(cancel_and_receiver_gone_end_calls)
     s = sink_of(&c);
     ck_assert_int_eq(rlai_plugin_host_call(h, "good.slow", "{}", &s, &id, err, sizeof(err)), 0);
     nanosleep(&ts, NULL);
-    rlai_plugin_host_destroy(&h);
+    rlai_plugin_host_free(&h);
     ck_assert_int_eq(c.ended, 1);
     ck_assert_str_eq(c.stop, "cancelled");
     cap_free(&c);
@@ -757,7 +757,7 @@ START_TEST(config_overrides_and_fini)
     ck_assert_int_eq(cJSON_GetObjectItem(r, "tokens_hello_world")->valueint, RLAI_ERR_NOT_IMPLEMENTED);
     cap_free(&c);
     ck_assert_int_ne(access(marker, F_OK), 0);
-    rlai_plugin_host_destroy(&h);
+    rlai_plugin_host_free(&h);
     ck_assert_int_eq(access(marker, F_OK), 0);   /* fini ran at unload */
     unlink(marker);
 }
@@ -882,7 +882,7 @@ START_TEST(engine_jobs_stream_and_reuse_a_pinned_prefix)
     pthread_mutex_unlock(&w.mu);
     ck_assert_int_eq(w.status, 0);
     ck_assert_int_ge(w.m.reused_tokens, pinned);
-    rlai_plugin_host_destroy(&h);
+    rlai_plugin_host_free(&h);
     rlai_engine_get_stats(e, &es);
     ck_assert_int_eq(es.kv_blocks_pinned, 0);   /* the host unpinned at unload */
 
@@ -975,8 +975,8 @@ START_TEST(stuck_calls_time_out_and_the_pool_keeps_serving)
     free(text);
     for (int i = 0; i < 4; i++)
         cap_free(&c[i]);
-    rlai_plugin_host_destroy(&h);
-    rlai_metrics_destroy(&m);
+    rlai_plugin_host_free(&h);
+    rlai_metrics_free(&m);
 }
 END_TEST
 
@@ -1009,7 +1009,7 @@ START_TEST(deadlines_come_from_manifest_request_and_host)
     ck_assert_int_eq(cJSON_GetArraySize(c.results), 1);
     cap_free(&c);
     cJSON_Delete(wait_handlers_gone(h));
-    rlai_plugin_host_destroy(&h);
+    rlai_plugin_host_free(&h);
 }
 END_TEST
 
@@ -1041,7 +1041,7 @@ START_TEST(a_full_queue_answers_busy_at_once)
     cap_free(&a);
     cap_free(&b);
     cap_free(&x);
-    rlai_plugin_host_destroy(&h);
+    rlai_plugin_host_free(&h);
 }
 END_TEST
 
@@ -1066,7 +1066,7 @@ START_TEST(stop_gives_up_on_stuck_handlers_at_its_deadline)
     cap_init(&n);
     s = sink_of(&n);
     ck_assert_int_eq(rlai_plugin_host_call(h, "stuck.ping", "{}", &s, NULL, err, sizeof(err)), RLAI_ERR_CANCELLED);
-    rlai_plugin_host_destroy(&h);   /* abandons the host: the handler still runs in it */
+    rlai_plugin_host_free(&h);   /* abandons the host: the handler still runs in it */
     /* the late reply lands on the abandoned host after this (ASan would
      * report a use after free) */
     struct timespec ts = { 1, 600 * 1000 * 1000 };
@@ -1107,7 +1107,7 @@ START_TEST(invalid_plugin_output_is_an_error_for_plugin_and_client)
         ck_assert_int_eq(cJSON_GetObjectItem(st, "last_rc")->valueint, cases[i].code);
         cJSON_Delete(st);
     }
-    rlai_plugin_host_destroy(&h);
+    rlai_plugin_host_free(&h);
 }
 END_TEST
 
@@ -1118,7 +1118,7 @@ START_TEST(process_isolation_is_refused_as_not_implemented)
     ck_assert_int_eq(load(h, "isolation", err, sizeof(err)), RLAI_ERR_NOT_IMPLEMENTED);
     ck_assert_ptr_nonnull(strstr(err, "\"isolation\": \"process\""));
     ck_assert_ptr_nonnull(strstr(err, "not implemented in this build"));
-    rlai_plugin_host_destroy(&h);
+    rlai_plugin_host_free(&h);
 }
 END_TEST
 

@@ -24,7 +24,7 @@ static rlai_sampler_params defaults(void)
 static rlai_sampler *mk(const rlai_sampler_params *p, int n_vocab)
 {
     rlai_sampler *s = NULL;
-    ck_assert_int_eq(rlai_sampler_create(p, n_vocab, &s), RLAI_OK);
+    ck_assert_int_eq(rlai_sampler_new(p, n_vocab, &s), RLAI_OK);
     ck_assert_ptr_nonnull(s);
     return s;
 }
@@ -52,18 +52,18 @@ START_TEST(test_create_invalid)
 {
     rlai_sampler_params p = defaults();
     rlai_sampler *s = (rlai_sampler *)1;
-    ck_assert_int_eq(rlai_sampler_create(NULL, 10, &s), RLAI_ERR_INVALID_ARG);
+    ck_assert_int_eq(rlai_sampler_new(NULL, 10, &s), RLAI_ERR_INVALID_ARG);
     ck_assert_ptr_null(s);
-    ck_assert_int_eq(rlai_sampler_create(&p, 0, &s), RLAI_ERR_INVALID_ARG);
-    ck_assert_int_eq(rlai_sampler_create(&p, 10, NULL), RLAI_ERR_INVALID_ARG);
+    ck_assert_int_eq(rlai_sampler_new(&p, 0, &s), RLAI_ERR_INVALID_ARG);
+    ck_assert_int_eq(rlai_sampler_new(&p, 10, NULL), RLAI_ERR_INVALID_ARG);
     p.repeat_penalty = 0.0f;
-    ck_assert_int_eq(rlai_sampler_create(&p, 10, &s), RLAI_ERR_INVALID_ARG);
+    ck_assert_int_eq(rlai_sampler_new(&p, 10, &s), RLAI_ERR_INVALID_ARG);
     p = defaults();
     p.repeat_last_n = -1;
-    ck_assert_int_eq(rlai_sampler_create(&p, 10, &s), RLAI_ERR_INVALID_ARG);
+    ck_assert_int_eq(rlai_sampler_new(&p, 10, &s), RLAI_ERR_INVALID_ARG);
     p = defaults();
     p.temperature = NAN;
-    ck_assert_int_eq(rlai_sampler_create(&p, 10, &s), RLAI_ERR_INVALID_ARG);
+    ck_assert_int_eq(rlai_sampler_new(&p, 10, &s), RLAI_ERR_INVALID_ARG);
     rlai_sampler_free(NULL);
     rlai_sampler_reset(NULL);
     rlai_sampler_accept(NULL, 1);

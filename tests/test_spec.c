@@ -101,7 +101,7 @@ static double chi_square(const rlai_sampler_params *sp, const float *logits, int
                          const double *p, int trials, int *counts)
 {
     rlai_sampler *s = NULL;
-    ck_assert_int_eq(rlai_sampler_create(sp, nv, &s), 0);
+    ck_assert_int_eq(rlai_sampler_new(sp, nv, &s), 0);
     float buf[16];
     memset(counts, 0, sizeof(int) * (size_t)nv);
     for (int t = 0; t < trials; t++) {
@@ -162,7 +162,7 @@ START_TEST(rejection_rule_keeps_the_distribution)
     sp.top_k = 0;
     sp.temperature = 0.0f;
     rlai_sampler *s = NULL;
-    ck_assert_int_eq(rlai_sampler_create(&sp, NV, &s), 0);
+    ck_assert_int_eq(rlai_sampler_new(&sp, NV, &s), 0);
     float buf[NV];
     memcpy(buf, logits, sizeof(buf));
     ck_assert_int_eq(rlai_sampler_sample_draft(s, buf, 4), 0);

@@ -55,7 +55,7 @@ static void flush(rlai_textstream *ts, acc *a)
 static rlai_textstream *mk(const char *const *stops)
 {
     rlai_textstream *ts = NULL;
-    ck_assert_int_eq(rlai_textstream_create(stops, &ts), RLAI_OK);
+    ck_assert_int_eq(rlai_textstream_new(stops, &ts), RLAI_OK);
     ck_assert_ptr_nonnull(ts);
     return ts;
 }
@@ -115,7 +115,7 @@ END_TEST
 START_TEST(test_create)
 {
     rlai_textstream *ts = (rlai_textstream *)1;
-    ck_assert_int_eq(rlai_textstream_create(NULL, NULL), RLAI_ERR_INVALID_ARG);
+    ck_assert_int_eq(rlai_textstream_new(NULL, NULL), RLAI_ERR_INVALID_ARG);
     ts = mk(NULL);
     acc a = {0};
     ck_assert(!push_s(ts, &a, "plain text"));

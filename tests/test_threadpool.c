@@ -39,7 +39,7 @@ static void count_fn(void *p, int ith, int nth)
 START_TEST(test_single_thread)
 {
     rlai_threadpool *tp = NULL;
-    ck_assert_int_eq(rlai_threadpool_create(1, &tp), RLAI_OK);
+    ck_assert_int_eq(rlai_threadpool_new(1, &tp), RLAI_OK);
     ck_assert_ptr_nonnull(tp);
     ck_assert_int_eq(rlai_threadpool_size(tp), 1);
     struct count_arg a;
@@ -49,7 +49,7 @@ START_TEST(test_single_thread)
         rlai_threadpool_run(tp, count_fn, &a);
     ck_assert_int_eq(atomic_load(&a.calls[0]), 1000);
     ck_assert_int_eq(atomic_load(&a.bad_nth), 0);
-    rlai_threadpool_destroy(tp);
+    rlai_threadpool_free(tp);
 
     /* NULL pool runs inline */
     memset(&a, 0, sizeof a);
@@ -57,17 +57,17 @@ START_TEST(test_single_thread)
     rlai_threadpool_run(NULL, count_fn, &a);
     ck_assert_int_eq(atomic_load(&a.calls[0]), 1);
     ck_assert_int_eq(rlai_threadpool_size(NULL), 1);
-    rlai_threadpool_destroy(NULL);
+    rlai_threadpool_free(NULL);
 }
 END_TEST
 
 START_TEST(test_invalid)
 {
     rlai_threadpool *tp = (rlai_threadpool *)&tp;
-    ck_assert_int_eq(rlai_threadpool_create(0, &tp), RLAI_ERR_INVALID_ARG);
+    ck_assert_int_eq(rlai_threadpool_new(0, &tp), RLAI_ERR_INVALID_ARG);
     ck_assert_ptr_null(tp);
-    ck_assert_int_eq(rlai_threadpool_create(-3, &tp), RLAI_ERR_INVALID_ARG);
-    ck_assert_int_eq(rlai_threadpool_create(2, NULL), RLAI_ERR_INVALID_ARG);
+    ck_assert_int_eq(rlai_threadpool_new(-3, &tp), RLAI_ERR_INVALID_ARG);
+    ck_assert_int_eq(rlai_threadpool_new(2, NULL), RLAI_ERR_INVALID_ARG);
 }
 END_TEST
 
@@ -85,7 +85,7 @@ START_TEST(test_back_to_back)
 {
     for (int n = 2; n <= 4; n++) {
         rlai_threadpool *tp = NULL;
-        ck_assert_int_eq(rlai_threadpool_create(n, &tp), RLAI_OK);
+        ck_assert_int_eq(rlai_threadpool_new(n, &tp), RLAI_OK);
         ck_assert_int_eq(rlai_threadpool_size(tp), n);
         struct count_arg a;
         memset(&a, 0, sizeof a);
@@ -105,7 +105,7 @@ START_TEST(test_back_to_back)
         atomic_store(&g_caller_ok, 0);
         rlai_threadpool_run(tp, caller_fn, NULL);
         ck_assert_int_eq(atomic_load(&g_caller_ok), 1);
-        rlai_threadpool_destroy(tp);
+        rlai_threadpool_free(tp);
     }
 }
 END_TEST
@@ -138,7 +138,7 @@ START_TEST(test_parallel_sum)
         want += v[i];
     }
     rlai_threadpool *tp = NULL;
-    ck_assert_int_eq(rlai_threadpool_create(3, &tp), RLAI_OK);
+    ck_assert_int_eq(rlai_threadpool_new(3, &tp), RLAI_OK);
     for (int rep = 0; rep < 300; rep++) {
         struct sum_arg a = { .v = v, .n = N - rep };
         rlai_threadpool_run(tp, sum_fn, &a);
@@ -148,7 +148,7 @@ START_TEST(test_parallel_sum)
             w -= v[i];
         ck_assert(got == w);
     }
-    rlai_threadpool_destroy(tp);
+    rlai_threadpool_free(tp);
     free(v);
 }
 END_TEST
@@ -158,7 +158,7 @@ END_TEST
 START_TEST(test_sleep_wake_destroy)
 {
     rlai_threadpool *tp = NULL;
-    ck_assert_int_eq(rlai_threadpool_create(2, &tp), RLAI_OK);
+    ck_assert_int_eq(rlai_threadpool_new(2, &tp), RLAI_OK);
     struct count_arg a;
     memset(&a, 0, sizeof a);
     a.expect_nth = 2;
@@ -179,14 +179,14 @@ START_TEST(test_sleep_wake_destroy)
     double cpu_ms = (c1.tv_sec - c0.tv_sec) * 1e3 + (c1.tv_nsec - c0.tv_nsec) / 1e6;
     ck_assert_msg(cpu_ms < 30.0, "idle pool used %.1f ms CPU in 100 ms", cpu_ms);
 
-    rlai_threadpool_destroy(tp);   /* workers asleep */
+    rlai_threadpool_free(tp);   /* workers asleep */
 
-    ck_assert_int_eq(rlai_threadpool_create(4, &tp), RLAI_OK);
+    ck_assert_int_eq(rlai_threadpool_new(4, &tp), RLAI_OK);
     rlai_threadpool_run(tp, count_fn, &(struct count_arg){ .expect_nth = 4 });
-    rlai_threadpool_destroy(tp);   /* workers still spinning */
+    rlai_threadpool_free(tp);   /* workers still spinning */
 
-    ck_assert_int_eq(rlai_threadpool_create(3, &tp), RLAI_OK);
-    rlai_threadpool_destroy(tp);   /* never used */
+    ck_assert_int_eq(rlai_threadpool_new(3, &tp), RLAI_OK);
+    rlai_threadpool_free(tp);   /* never used */
 }
 END_TEST
 
@@ -225,7 +225,7 @@ static void handoff_fn(void *p, int ith, int nth)
 START_TEST(test_worker_runs)
 {
     rlai_threadpool *tp = NULL;
-    ck_assert_int_eq(rlai_threadpool_create(2, &tp), RLAI_OK);
+    ck_assert_int_eq(rlai_threadpool_new(2, &tp), RLAI_OK);
     for (int i = 0; i < 60; i++) {
         struct handoff_arg a = { .caller = pthread_self() };
         rlai_threadpool_run(tp, handoff_fn, &a);
@@ -234,7 +234,7 @@ START_TEST(test_worker_runs)
         if (i % 20 == 19)
             sleep_ms(30);   /* let the worker go to sleep */
     }
-    rlai_threadpool_destroy(tp);
+    rlai_threadpool_free(tp);
 }
 END_TEST
 

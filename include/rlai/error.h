@@ -11,7 +11,7 @@
  *                       error code it is reported as.
  *
  * tests/test_error.c checks the tables against each other and against
- * PROTOCOL.md; samples/python/tests/test_errors.py checks the SDK's
+ * PROTOCOL.md; sdk/python/tests/test_errors.py checks the SDK's
  * exception classes against RLAI_WIRE_CODE_MAP. */
 #ifndef RLAI_ERROR_H
 #define RLAI_ERROR_H

@@ -60,7 +60,7 @@ bool rlai_grammar_accepts(const rlai_grammar *g, const char *text, size_t len);
 /* Incremental byte-level matching. A matcher holds a reference to its
  * grammar; free it with rlai_grammar_matcher_free (accepts NULL). */
 typedef struct rlai_grammar_matcher rlai_grammar_matcher;
-int rlai_grammar_matcher_create(const rlai_grammar *g, rlai_grammar_matcher **out);
+int rlai_grammar_matcher_new(const rlai_grammar *g, rlai_grammar_matcher **out);
 void rlai_grammar_matcher_free(rlai_grammar_matcher *m);
 /* Advances over n bytes. Returns 0, or RLAI_ERR_INVALID_ARG when some byte
  * cannot continue an accepted text (the state is then unchanged), or

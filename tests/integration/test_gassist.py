@@ -17,7 +17,7 @@ Engines on the other side of the bridge:
     loremaster), a streamed LoreMaster conversation over two passthrough turns
     whose second turn reuses the KV cache.
 
-Paths: RLAI_GASSIST_BIN, else <RLAI_BIN>/../../samples/gassist/rlai-gassist.
+Paths: RLAI_GASSIST_BIN, else <RLAI_BIN>/../gassist/rlai-gassist.
 """
 import json
 import os
@@ -43,7 +43,7 @@ def _bridge_path():
     if p:
         return Path(p)
     if RLAI:
-        return Path(RLAI).resolve().parents[1] / "samples" / "gassist" / "rlai-gassist"
+        return Path(RLAI).resolve().parent / "gassist" / "rlai-gassist"
     return None
 
 

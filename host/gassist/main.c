@@ -1,7 +1,7 @@
 /* main.c - rlai-gassist: the G-Assist plugin executable of RTX-LocalAI.
  *
  * G-Assist starts it with no arguments from its plugin folder and speaks
- * protocol V2 on its stdin/stdout (samples/gassist/README.md). Settings
+ * protocol V2 on its stdin/stdout (host/gassist/README.md). Settings
  * come from flags, then environment ($RLAI_ENDPOINT, $RLAI_GASSIST_LOG),
  * then config.json next to the executable, then defaults.
  *
