@@ -15,6 +15,13 @@ Files (all under OUT_DIR):
   tiny-mmproj-X.out.f64             RefVision.encode of those pixels (16*64)
   vision-image2.ppm / tiny-mmproj-F32.out2.f64   a second image (the
                                     prefix-cache test needs two different ones)
+  tiny-lm-F32.gguf                  a tiny llama LM (make_tiny.py, n_embd 64, F32)
+  vision-prompt.i32                 [image position, n, n prompt ids]: "Hi " +
+                                    16 placeholder ids ('<', 60) + 21 text ids
+  vision-lm-logits{,2}.f64          RefModel logits (n x n_vocab) of that prompt
+                                    with the placeholders' input embeddings
+                                    replaced by the reference image rows of
+                                    image 1 (image 2)
   tiny-mmproj-bad-*.gguf            hostile files: a wrong shape, a missing
                                     tensor, a patch grid not divisible by the
                                     scale factor, another projector type
@@ -34,6 +41,8 @@ import gguf.quants
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ref_vision import RefVision  # noqa: E402
+from ref_model import RefModel  # noqa: E402
+from make_tiny import TinySpec, write_tiny  # noqa: E402
 
 T = gguf.GGMLQuantizationType
 IMG_W, IMG_H = 45, 29
@@ -165,6 +174,18 @@ def main(out_dir: Path):
         ref.encode(pixels).astype("<f8").tofile(out_dir / f"tiny-mmproj-{t}.out.f64")
         if t == "F32":
             ref.encode(pixels2).astype("<f8").tofile(out_dir / f"tiny-mmproj-{t}.out2.f64")
+    lm = RefModel(write_tiny(out_dir / "tiny-lm-F32.gguf", TinySpec(arch="llama", wtype="F32", seed=300)))
+    ref = RefVision(out_dir / "tiny-mmproj-F32.gguf")
+    assert lm.n_embd == ref.n_out
+    text_a = list(b"Hi ")
+    text_b = list(b" and what is in it? Ok.")[:21]
+    img_pos = len(text_a)
+    prompt = text_a + [ord("<")] * ref.n_tokens + text_b
+    np.array([img_pos, len(prompt)] + prompt, dtype="<i4").tofile(out_dir / "vision-prompt.i32")
+    for suffix, px in (("", pixels), ("2", pixels2)):
+        rows = ref.encode(px)
+        embd = {img_pos + r: rows[r] for r in range(ref.n_tokens)}
+        lm.forward(prompt, embd_rows=embd).astype("<f8").tofile(out_dir / f"vision-lm-logits{suffix}.f64")
     write_mmproj(out_dir / "tiny-mmproj-bad-shape.gguf",
                  VisionSpec(shape_override={"v.blk.1.attn_q.weight": (64, 32)}))
     write_mmproj(out_dir / "tiny-mmproj-bad-missing.gguf", VisionSpec(drop={"v.blk.0.ffn_down.weight"}))
