@@ -24,6 +24,7 @@ struct rlai_vision {
     float *post_w, *post_b;                   /* owned or NULL */
     rlai_weight fc;                           /* rows n_out, cols E*s*s */
     uint64_t weight_bytes;
+    rlai_gguf *owned;                         /* from rlai_vision_open_file, or NULL */
 };
 
 /* ------------------------------------------------------------------ load */
@@ -323,7 +324,27 @@ void rlai_vision_free(rlai_vision *v)
     free(v->pos);
     free(v->post_w);
     free(v->post_b);
+    rlai_gguf_close(v->owned);
     free(v);
+}
+
+int rlai_vision_open_file(const char *path, rlai_vision **out, char *err, size_t errlen)
+{
+    if (!out)
+        return RLAI_ERR_INVALID_ARG;
+    *out = NULL;
+    if (!path)
+        return RLAI_ERR_INVALID_ARG;
+    rlai_gguf *g;
+    int rc = rlai_gguf_open_file(path, &g, err, errlen);
+    if (rc < 0)
+        return rc;
+    if ((rc = rlai_vision_load(g, out, err, errlen)) < 0) {
+        rlai_gguf_close(g);
+        return rc;
+    }
+    (*out)->owned = g;
+    return 0;
 }
 
 const rlai_vision_hparams *rlai_vision_get_hparams(const rlai_vision *v) { return v ? &v->hp : NULL; }
@@ -393,6 +414,17 @@ int rlai_vision_preprocess(const rlai_vision *v, const uint8_t *img, int width, 
         }
     }
     return 0;
+}
+
+uint64_t rlai_vision_hash_rows(const float *rows, size_t n)
+{
+    uint64_t h = 1469598103934665603ull;
+    const unsigned char *p = (const unsigned char *)rows;
+    for (size_t i = 0; i < n * sizeof(float); i++) {
+        h ^= p[i];
+        h *= 1099511628211ull;
+    }
+    return h;
 }
 
 /* ---------------------------------------------------------------- encode */
@@ -602,5 +634,21 @@ int rlai_vision_encode(const rlai_vision *v, rlai_kernels *k, rlai_threadpool *t
         }
 done:
     free(x); free(h); free(q); free(kk); free(vv); free(big); free(sc); free(kh); free(vt);
+    return rc;
+}
+
+int rlai_vision_embed_image(const rlai_vision *v, rlai_kernels *k, rlai_threadpool *tp,
+                            const uint8_t *img, int width, int height, size_t stride, int channels,
+                            float *out)
+{
+    if (!v || !k || !out)
+        return RLAI_ERR_INVALID_ARG;
+    float *px = malloc(sizeof(float) * rlai_vision_pixels_len(v));
+    if (!px)
+        return RLAI_ERR_NOMEM;
+    int rc = rlai_vision_preprocess(v, img, width, height, stride, channels, px);
+    if (rc == 0)
+        rc = rlai_vision_encode(v, k, tp, px, out);
+    free(px);
     return rc;
 }

@@ -100,6 +100,22 @@ int rlai_vision_preprocess(const rlai_vision *v, const uint8_t *img, int width, 
 int rlai_vision_encode(const rlai_vision *v, rlai_kernels *k, rlai_threadpool *tp,
                        const float *pixels, float *out);
 
+/* Opens an mmproj GGUF file and loads the encoder from it; the encoder
+ * then owns the mapping (rlai_vision_free closes it). Errors as
+ * rlai_gguf_open_file and rlai_vision_load, the message in err. */
+int rlai_vision_open_file(const char *path, rlai_vision **out, char *err, size_t errlen);
+
+/* Preprocess + encode in one call (arguments as the two functions); the
+ * pixel buffer is allocated and freed inside. out: rlai_vision_output_len
+ * floats, caller-owned. */
+int rlai_vision_embed_image(const rlai_vision *v, rlai_kernels *k, rlai_threadpool *tp,
+                            const uint8_t *img, int width, int height, size_t stride, int channels,
+                            float *out);
+
+/* 64-bit content hash (FNV-1a over the bytes) of n floats: the image key
+ * the prefix cache mixes into the blocks holding image rows. */
+uint64_t rlai_vision_hash_rows(const float *rows, size_t n);
+
 /* Bytes of the matrices in the file and parameter count (for logs). */
 uint64_t rlai_vision_weight_bytes(const rlai_vision *v);
 

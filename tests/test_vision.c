@@ -267,6 +267,21 @@ START_TEST(second_image_end_to_end)
     fprintf(stderr, "vision: image 2 end to end: rel L2 %.3g vs its reference, %.3g vs image 1's\n", e2, e1);
     ck_assert_msg(e2 < 1e-4, "image 2: rel L2 %g", e2);
     ck_assert_msg(e1 > 0.05, "image 2's embeddings too close to image 1's (%g)", e1);
+    /* the one-call path of a file the encoder owns gives the same rows */
+    rlai_vision *own;
+    char err[256];
+    ck_assert_msg(rlai_vision_open_file(path_of("tiny-mmproj-F32.gguf"), &own, err, sizeof(err)) == 0, "%s", err);
+    float *out_b = malloc(sizeof(float) * no);
+    ck_assert_int_eq(rlai_vision_embed_image(own, k, NULL, img, w, h, (size_t)w * 3, 3, out_b), 0);
+    ck_assert_int_eq(memcmp(out, out_b, sizeof(float) * no), 0);
+    ck_assert_uint_eq(rlai_vision_hash_rows(out, no), rlai_vision_hash_rows(out_b, no));
+    out_b[5] += 1.0f;
+    ck_assert_uint_ne(rlai_vision_hash_rows(out, no), rlai_vision_hash_rows(out_b, no));
+    free(out_b);
+    rlai_vision_free(own);
+    rlai_vision *none = NULL;
+    ck_assert_int_eq(rlai_vision_open_file(path_of("no-such.gguf"), &none, err, sizeof(err)), RLAI_ERR_IO);
+    ck_assert_ptr_null(none);
     /* bad arguments */
     ck_assert_int_eq(rlai_vision_encode(fx.v, NULL, NULL, pix, out), RLAI_ERR_INVALID_ARG);
     ck_assert_int_eq(rlai_vision_encode(NULL, k, NULL, pix, out), RLAI_ERR_INVALID_ARG);
