@@ -25,6 +25,11 @@ Files (all under OUT_DIR):
   tiny-mmproj-bad-*.gguf            hostile files: a wrong shape, a missing
                                     tensor, a patch grid not divisible by the
                                     scale factor, another projector type
+    python3 make_tiny_vision.py --smolvlm256 FILE
+writes one random-weight F16 mmproj with SmolVLM-256M's geometry (image
+512, patch 16, n_embd 768, 12 heads, n_ff 3072, 12 layers, scale factor 4,
+projection to 576) for bench/bench_vision.c.
+
 Matrices are stored in the variant's type (the patch kernel in F16 for
 Q8_0); norms, biases and the position embedding in F32. Seeded: the files are the same on every run.
 """
@@ -195,6 +200,10 @@ def main(out_dir: Path):
 
 
 if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--smolvlm256":
+        write_mmproj(sys.argv[2], VisionSpec(wtype="F16", image_size=512, patch=16, n_embd=768, n_head=12,
+                                             n_ff=3072, n_layer=12, scale=4, n_out=576))
+        sys.exit(0)
     main(Path(sys.argv[1] if len(sys.argv) > 1 else "."))
     if len(sys.argv) > 2:              # the build system's stamp file
         Path(sys.argv[2]).write_text("ok\n")
