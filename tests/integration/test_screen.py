@@ -3,7 +3,7 @@ X server (Xvfb): a window showing a generated HUD image (known text and
 numbers, drawn with Pillow) is listed, captured and read, over ZeroMQ and
 HTTP. screen.capture's PNG must equal the drawn pixels; OCR must find the
 text; the analysis prompt must contain it; bad input gets clear errors while
-the server keeps serving. The vision path must refuse with NOT_IMPLEMENTED.
+the server keeps serving. Without an mmproj loaded, the vision path refuses with NOT_IMPLEMENTED.
 
 Skips only when Xvfb, Pillow or the plugin are not installed/built
 (scripts/setup.sh installs them; CI has them). Paths from meson: RLAI_BIN,
@@ -380,7 +380,7 @@ def test_bad_input_gets_clear_errors(env):
     e = error_of(s.call("screen.capture", {"window": TITLE, "region": [0, 0, 2, 1]}))
     assert e["name"] == "BAD_REQUEST" and "region" in e["msg"]
     st, j = s.http("screen.analyze", {"question": "x", "mode": "vision"})
-    assert st == 501 and "not implemented" in j["error"]["message"]
+    assert st == 501 and "--mmproj" in j["error"]["message"]
     # and the server still serves
     r = result(s.call("screen.analyze", {"question": "hp?", "window": TITLE, "dry_run": True}))
     assert "87/100" in r["prompt"]
