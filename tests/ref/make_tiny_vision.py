@@ -16,8 +16,11 @@ Files (all under OUT_DIR):
   vision-image2.ppm / tiny-mmproj-F32.out2.f64   a second image (the
                                     prefix-cache test needs two different ones)
   tiny-lm-F32.gguf                  a tiny llama LM (make_tiny.py, n_embd 64, F32)
+                                    whose vocabulary adds "<image>" (id 260, a
+                                    control token) after make_tiny's 260
   vision-prompt.i32                 [image position, n, n prompt ids]: "Hi " +
-                                    16 placeholder ids ('<', 60) + 21 text ids
+                                    16 image tokens + " and what is in it?"
+                                    (38 ids: two full KV blocks hold image rows)
   vision-lm-logits{,2}.f64          RefModel logits (n x n_vocab) of that prompt
                                     with the placeholders' input embeddings
                                     replaced by the reference image rows of
@@ -47,10 +50,12 @@ import gguf.quants
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ref_vision import RefVision  # noqa: E402
 from ref_model import RefModel  # noqa: E402
+import make_tiny  # noqa: E402
 from make_tiny import TinySpec, write_tiny  # noqa: E402
 
 T = gguf.GGMLQuantizationType
 IMG_W, IMG_H = 45, 29
+IMAGE_TOKEN = "<image>"
 
 
 @dataclass
@@ -179,13 +184,19 @@ def main(out_dir: Path):
         ref.encode(pixels).astype("<f8").tofile(out_dir / f"tiny-mmproj-{t}.out.f64")
         if t == "F32":
             ref.encode(pixels2).astype("<f8").tofile(out_dir / f"tiny-mmproj-{t}.out2.f64")
-    lm = RefModel(write_tiny(out_dir / "tiny-lm-F32.gguf", TinySpec(arch="llama", wtype="F32", seed=300)))
+    base_vocab = make_tiny.vocab
+    make_tiny.vocab = lambda: (base_vocab()[0] + [IMAGE_TOKEN], base_vocab()[1] + [3])
+    try:
+        lm = RefModel(write_tiny(out_dir / "tiny-lm-F32.gguf", TinySpec(arch="llama", wtype="F32", seed=300)))
+    finally:
+        make_tiny.vocab = base_vocab
+    image_id = lm.tokens.index(IMAGE_TOKEN)
     ref = RefVision(out_dir / "tiny-mmproj-F32.gguf")
     assert lm.n_embd == ref.n_out
-    text_a = list(b"Hi ")
-    text_b = list(b" and what is in it? Ok.")[:21]
+    text_a = list(b"Hi ")                  # byte tokens: id = byte (no merges apply)
+    text_b = list(b" and what is in it?")
     img_pos = len(text_a)
-    prompt = text_a + [ord("<")] * ref.n_tokens + text_b
+    prompt = text_a + [image_id] * ref.n_tokens + text_b
     np.array([img_pos, len(prompt)] + prompt, dtype="<i4").tofile(out_dir / "vision-prompt.i32")
     for suffix, px in (("", pixels), ("2", pixels2)):
         rows = ref.encode(px)
