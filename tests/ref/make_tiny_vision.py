@@ -27,7 +27,9 @@ Files (all under OUT_DIR):
                                     image 1 (image 2)
   tiny-mmproj-bad-*.gguf            hostile files: a wrong shape, a missing
                                     tensor, a patch grid not divisible by the
-                                    scale factor, another projector type
+                                    scale factor, another projector type;
+  tiny-mmproj-width32.gguf          a valid encoder projecting to 32 (the LM
+                                    has 64: the engine must refuse the pair)
     python3 make_tiny_vision.py --smolvlm256 FILE
 writes one random-weight F16 mmproj with SmolVLM-256M's geometry (image
 512, patch 16, n_embd 768, 12 heads, n_ff 3072, 12 layers, scale factor 4,
@@ -207,6 +209,7 @@ def main(out_dir: Path):
     write_mmproj(out_dir / "tiny-mmproj-bad-missing.gguf", VisionSpec(drop={"v.blk.0.ffn_down.weight"}))
     write_mmproj(out_dir / "tiny-mmproj-bad-grid.gguf", VisionSpec(scale=3))
     write_mmproj(out_dir / "tiny-mmproj-bad-projector.gguf", VisionSpec(projector="mlp"))
+    write_mmproj(out_dir / "tiny-mmproj-width32.gguf", VisionSpec(n_out=32))   # not the LM's n_embd
     (out_dir / "stamp").write_text("ok\n")
 
 
