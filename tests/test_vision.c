@@ -314,6 +314,10 @@ START_TEST(hostile_files)
     expect_load_error("tiny-mmproj-bad-missing.gguf", RLAI_ERR_FORMAT, "v.blk.0.ffn_down.weight");
     expect_load_error("tiny-mmproj-bad-grid.gguf", RLAI_ERR_FORMAT, "scale_factor");
     expect_load_error("tiny-mmproj-bad-projector.gguf", RLAI_ERR_UNSUPPORTED, "'mlp'");
+    expect_load_error("tiny-mmproj-bad-key.gguf", RLAI_ERR_FORMAT, "clip.vision.patch_size");
+    expect_load_error("tiny-mmproj-bad-eps.gguf", RLAI_ERR_FORMAT, "layer_norm_epsilon");
+    /* a language model is not an mmproj */
+    expect_load_error("tiny-lm-F32.gguf", RLAI_ERR_FORMAT, "clip.projector_type");
 }
 END_TEST
 

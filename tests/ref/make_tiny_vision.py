@@ -27,7 +27,8 @@ Files (all under OUT_DIR):
                                     image 1 (image 2)
   tiny-mmproj-bad-*.gguf            hostile files: a wrong shape, a missing
                                     tensor, a patch grid not divisible by the
-                                    scale factor, another projector type;
+                                    scale factor, another projector type, a
+                                    missing key (patch_size), a negative eps;
   tiny-mmproj-width32.gguf          a valid encoder projecting to 32 (the LM
                                     has 64: the engine must refuse the pair)
     python3 make_tiny_vision.py --smolvlm256 FILE
@@ -77,6 +78,7 @@ class VisionSpec:
     projector: str = "idefics3"
     seed: int = 77
     drop: set = field(default_factory=set)
+    drop_keys: set = field(default_factory=set)       # metadata keys to leave out
     shape_override: dict = field(default_factory=dict)
 
 
@@ -126,6 +128,10 @@ def write_mmproj(path, spec: VisionSpec) -> Path:
         tensors.pop(n, None)
 
     w = gguf.GGUFWriter(str(path), "clip")
+    if spec.drop_keys:                    # leave keys out by filtering the writer's adds
+        add_u32, add_f32 = w.add_uint32, w.add_float32
+        w.add_uint32 = lambda k, v: None if k in spec.drop_keys else add_u32(k, v)
+        w.add_float32 = lambda k, v: None if k in spec.drop_keys else add_f32(k, v)
     w.add_name("tiny-mmproj")
     w.add_string("clip.projector_type", spec.projector)
     w.add_bool("clip.has_vision_encoder", True)
@@ -209,6 +215,8 @@ def main(out_dir: Path):
     write_mmproj(out_dir / "tiny-mmproj-bad-missing.gguf", VisionSpec(drop={"v.blk.0.ffn_down.weight"}))
     write_mmproj(out_dir / "tiny-mmproj-bad-grid.gguf", VisionSpec(scale=3))
     write_mmproj(out_dir / "tiny-mmproj-bad-projector.gguf", VisionSpec(projector="mlp"))
+    write_mmproj(out_dir / "tiny-mmproj-bad-key.gguf", VisionSpec(drop_keys={"clip.vision.patch_size"}))
+    write_mmproj(out_dir / "tiny-mmproj-bad-eps.gguf", VisionSpec(eps=-1.0))
     write_mmproj(out_dir / "tiny-mmproj-width32.gguf", VisionSpec(n_out=32))   # not the LM's n_embd
     (out_dir / "stamp").write_text("ok\n")
 
