@@ -1379,12 +1379,16 @@ int rlai_engine_submit_text(rlai_engine *e, const rlai_text_request *rq, uint64_
 {
     if (err && errlen)
         err[0] = 0;
+    if (n_prompt)
+        *n_prompt = -1;
     if (!e || !rq || !id)
         return text_fail(err, errlen, RLAI_ERR_INVALID_ARG, "invalid argument");
     bool chat = rq->messages && rq->n_messages > 0;
-    if (chat == (rq->prompt != NULL))
+    bool text = rq->prompt != NULL;
+    if (chat && text)
         return text_fail(err, errlen, RLAI_ERR_INVALID_ARG, "give either chat messages or a prompt");
-    rlai_token *toks = NULL;
+    rlai_token *toks = NULL;           /* owned here (chat, text) */
+    const rlai_token *use;
     int n = 0, rc;
     if (chat) {
         rc = rlai_engine_tokenize_chat(e, rq->messages, rq->n_messages, true, &toks, &n);
@@ -1392,7 +1396,8 @@ int rlai_engine_submit_text(rlai_engine *e, const rlai_text_request *rq, uint64_
             return text_fail(err, errlen, rc, "chat messages rejected by the template (roles: system, user, assistant)");
         if (rc < 0)
             return text_fail(err, errlen, rc, "%s", rlai_strerror(rc));
-    } else {
+        use = toks;
+    } else if (text) {
         size_t len = strlen(rq->prompt);
         n = rlai_engine_tokenize(e, rq->prompt, len, true, true, NULL, 0);
         if (n < 0)
@@ -1405,7 +1410,20 @@ int rlai_engine_submit_text(rlai_engine *e, const rlai_text_request *rq, uint64_
             free(toks);
             return text_fail(err, errlen, n, "%s", rlai_strerror(n));
         }
+        use = toks;
+    } else {
+        use = rq->rp.prompt;
+        n = use ? rq->rp.n_prompt : 0;
+        if (n < 0)
+            n = 0;
+        const rlai_hparams *hp = rlai_model_hparams(e->model);
+        for (int i = 0; i < n; i++)
+            if (use[i] < 0 || use[i] >= hp->n_vocab)
+                return text_fail(err, errlen, RLAI_ERR_INVALID_ARG, "prompt token %d is %d; ids are in [0, %d)", i,
+                                 (int)use[i], hp->n_vocab);
     }
+    if (n_prompt)
+        *n_prompt = n;
     int limit = rq->max_prompt_tokens > 0 ? rq->max_prompt_tokens : e->n_ctx - 1;
     if (n == 0) {
         free(toks);
@@ -1416,14 +1434,12 @@ int rlai_engine_submit_text(rlai_engine *e, const rlai_text_request *rq, uint64_
         return text_fail(err, errlen, RLAI_ERR_TOO_LARGE, "prompt has %d tokens; the limit is %d", n, limit);
     }
     rlai_request_params rp = rq->rp;
-    rp.prompt = toks;
+    rp.prompt = use;
     rp.n_prompt = n;
     rc = rlai_engine_submit(e, &rp, id);
     free(toks);
     if (rc < 0)
         return text_fail(err, errlen, rc, "%s", rlai_strerror(rc));
-    if (n_prompt)
-        *n_prompt = n;
     return 0;
 }
 

@@ -5,6 +5,7 @@
 #include "json_msgpack.h"
 #include "metrics.h"
 #include "plugin_host.h"
+#include "router.h"
 #include "tools.h"
 #include "server.h"
 #include "rlai/engine.h"
@@ -25,7 +26,7 @@ typedef struct job {
     struct rlai_daemon *d;
     rlai_conn conn;
     uint64_t id;               /* client's request id */
-    uint64_t engine_id;        /* id from rlai_engine_submit */
+    uint64_t engine_id;        /* id from rlai_router_submit */
     uint64_t call_id;          /* plugin call (rlai_plugin_host_call), 0 = generation */
     atomic_int cancel;         /* 0, or the protocol code that ended it */
     rlai_buf buf;              /* frame encoding scratch (engine thread) */
@@ -37,6 +38,7 @@ struct rlai_daemon {
     rlai_api_key key;          /* the API key of HTTP and tcp:// (when auth is on) */
     rlai_config cfg;
     rlai_engine *engine;
+    rlai_router *router;       /* every generation goes through it (router.h) */
     rlai_server *server;
     rlai_model_info info;
     rlai_plugin_host *plugins; /* NULL when plugins are off */
@@ -386,15 +388,16 @@ static void apply_gen(const rlai_msg_gen *g, rlai_gen_params *gp)
     if (g->has_spec_max_draft) gp->spec_max_draft = (int)g->spec_max_draft;
 }
 
-/* Turns a generate/chat request into prompt tokens and submits it. */
+/* Submits a generate/chat request through the router (the one request
+ * path: template, tokenize, prompt limit, submit). */
 static void submit_generation(rlai_daemon *d, rlai_conn conn, const rlai_msg *m)
 {
-    const rlai_msg_gen *g;
-    rlai_token *toks = NULL;
-    int n;
+    const rlai_msg_gen *g = m->type == RLAI_MSG_CHAT ? &m->u.chat.gen : &m->u.generate.gen;
+    rlai_route_request rq;
+    memset(&rq, 0, sizeof(rq));
+    rlai_chat_message *cm = NULL;
     if (m->type == RLAI_MSG_CHAT) {
-        g = &m->u.chat.gen;
-        rlai_chat_message *cm = calloc(m->u.chat.n_messages ? m->u.chat.n_messages : 1, sizeof(*cm));
+        cm = calloc(m->u.chat.n_messages ? m->u.chat.n_messages : 1, sizeof(*cm));
         if (!cm) {
             send_error(d, conn, m->id, RLAI_PE_INTERNAL, "out of memory");
             return;
@@ -403,37 +406,19 @@ static void submit_generation(rlai_daemon *d, rlai_conn conn, const rlai_msg *m)
             cm[i].role = m->u.chat.messages[i].role;
             cm[i].content = m->u.chat.messages[i].content;
         }
-        /* Message content is never parsed for special tokens. */
-        int rc = rlai_engine_tokenize_chat(d->engine, cm, (int)m->u.chat.n_messages, true, &toks, &n);
-        free(cm);
-        if (rc == RLAI_ERR_INVALID_ARG) {
-            send_error(d, conn, m->id, RLAI_PE_BAD_REQUEST,
-                       "chat messages rejected by the template (roles: system, user, assistant)");
-            return;
-        }
-        if (rc < 0)
-            n = rc;
+        rq.text.messages = cm;
+        rq.text.n_messages = (int)m->u.chat.n_messages;
     } else {
-        g = &m->u.generate.gen;
-        n = tokenize_all(d->engine, m->u.generate.prompt ? m->u.generate.prompt : "", true, true, &toks);
+        rq.text.prompt = m->u.generate.prompt ? m->u.generate.prompt : "";
     }
-    if (n < 0) {
-        send_error(d, conn, m->id, map_engine_error(n), rlai_strerror(n));
-        return;
-    }
-    if (n == 0 || n > d->cfg.max_prompt_tokens) {
-        char msg[160];
-        if (n == 0)
-            snprintf(msg, sizeof(msg), "empty prompt");
-        else
-            snprintf(msg, sizeof(msg), "prompt has %d tokens; the limit is %d", n, d->cfg.max_prompt_tokens);
-        free(toks);
-        send_error(d, conn, m->id, n == 0 ? RLAI_PE_BAD_REQUEST : RLAI_PE_TOO_LARGE, msg);
-        return;
-    }
+    rq.text.max_prompt_tokens = d->cfg.max_prompt_tokens;
+    rq.response_format = g->response_format;
     job *j = calloc(1, sizeof(*j));
-    if (!j) {
-        free(toks);
+    const char **stops = NULL;
+    rlai_grammar *grammar = NULL;
+    if (!j || (g->n_stop && !(stops = calloc(g->n_stop + 1, sizeof(char *))))) {
+        free(cm);
+        free(j);
         send_error(d, conn, m->id, RLAI_PE_INTERNAL, "out of memory");
         return;
     }
@@ -442,33 +427,19 @@ static void submit_generation(rlai_daemon *d, rlai_conn conn, const rlai_msg *m)
     j->id = m->id;
     atomic_init(&j->cancel, 0);
     rlai_buf_init(&j->buf);
-    rlai_request_params rp;
-    memset(&rp, 0, sizeof(rp));
-    rp.prompt = toks;
-    rp.n_prompt = n;
-    apply_gen(g, &rp.gen);
-    rp.gen.timeout_ms = rlai_config_timeout_ms(rp.gen.timeout_ms, d->cfg.request_timeout_s);
-    const char **stops = NULL;
-    if (g->n_stop) {
-        stops = calloc(g->n_stop + 1, sizeof(char *));
-        if (!stops) {
-            free(toks);
-            free_job(j);
-            send_error(d, conn, m->id, RLAI_PE_INTERNAL, "out of memory");
-            return;
-        }
-        for (uint32_t i = 0; i < g->n_stop; i++)
-            stops[i] = g->stop[i];
-        rp.gen.stop = stops;
-    }
+    rlai_request_params *rp = &rq.text.rp;
+    apply_gen(g, &rp->gen);
+    rp->gen.timeout_ms = rlai_config_timeout_ms(rp->gen.timeout_ms, d->cfg.request_timeout_s);
+    for (uint32_t i = 0; i < g->n_stop; i++)
+        stops[i] = g->stop[i];
+    rp->gen.stop = stops;
     if (g->has_top_logprobs) {
-        rp.gen.top_logprobs = (int)g->top_logprobs;
-        rp.gen.on_logprobs = on_logprobs;
-        rp.gen.logprobs_user = j;
+        rp->gen.top_logprobs = (int)g->top_logprobs;
+        rp->gen.on_logprobs = on_logprobs;
+        rp->gen.logprobs_user = j;
     }
     /* Structured output (docs/STRUCTURED.md): the engine takes its own
      * reference to the grammar at submit. */
-    rlai_grammar *grammar = NULL;
     if (g->response_format) {
         char gerr[300] = "";
         cJSON *rf = cJSON_Parse(g->response_format);
@@ -476,34 +447,35 @@ static void submit_generation(rlai_daemon *d, rlai_conn conn, const rlai_msg *m)
         cJSON_Delete(rf);
         if (grc < 0) {
             free(stops);
-            free(toks);
+            free(cm);
             free_job(j);
             send_error(d, conn, m->id, RLAI_PE_BAD_REQUEST, gerr[0] ? gerr : "response_format is not a JSON object");
             return;
         }
-        rp.gen.grammar = grammar;
+        rp->gen.grammar = grammar;
     }
-    rp.on_token = on_token;
-    rp.on_done = on_done;
-    rp.user = j;
+    rp->on_token = on_token;
+    rp->on_done = on_done;
+    rp->user = j;
     /* Link the job first: on_done may run on the engine thread as soon as
      * the request is submitted. */
+    char err[256];
     pthread_mutex_lock(&d->mu);
     j->next = d->jobs;
     d->jobs = j;
     d->n_jobs++;
-    int rc = rlai_engine_submit(d->engine, &rp, &j->engine_id);
+    int rc = rlai_router_submit(d->router, &rq, &j->engine_id, NULL, err, sizeof(err));
     if (rc < 0) {
         unlink_job(d, j);
         pthread_mutex_unlock(&d->mu);
         free_job(j);
-        send_error(d, conn, m->id, map_engine_error(rc), rlai_strerror(rc));
+        send_error(d, conn, m->id, map_engine_error(rc), err[0] ? err : rlai_strerror(rc));
     } else {
         pthread_mutex_unlock(&d->mu);
     }
     rlai_grammar_unref(grammar);
     free(stops);
-    free(toks);
+    free(cm);
 }
 
 /* ---------------------------------------------------------- plugin calls
@@ -670,7 +642,7 @@ static void on_message(void *user, rlai_conn conn, const void *data, size_t len)
         pthread_mutex_unlock(&d->mu);
         if (t) {
             if (!cid)
-                rlai_engine_cancel(d->engine, eid);
+                rlai_router_cancel(d->router, eid);
             send_done(d, conn, m.id, "", NULL);
         } else {
             send_error(d, conn, m.id, RLAI_PE_NOT_FOUND, "no request with that id in flight");
@@ -729,7 +701,7 @@ static void on_disconnect(void *user, rlai_conn conn)
     }
     pthread_mutex_unlock(&d->mu);
     for (int i = 0; i < n; i++)
-        rlai_engine_cancel(d->engine, ids[i]);
+        rlai_router_cancel(d->router, ids[i]);
 }
 
 static void on_frame_error(void *user, rlai_conn conn, const char *why)
@@ -808,6 +780,10 @@ int rlai_daemon_start(const rlai_config *cfg, rlai_daemon **out, char *err, size
     if (rc < 0)
         goto fail;
     rlai_engine_info(d->engine, &d->info);
+    if ((rc = rlai_router_new(d->engine, &d->router)) < 0) {
+        snprintf(err, errlen, "cannot create the request router: %s", rlai_strerror(rc));
+        goto fail;
+    }
     if (cfg->no_prefix_cache)
         rlai_engine_set_prefix_cache(d->engine, false);
     if (pthread_create(&d->engine_thread, NULL, engine_main, d) != 0) {
@@ -823,7 +799,7 @@ int rlai_daemon_start(const rlai_config *cfg, rlai_daemon **out, char *err, size
          * prefixes) and before any transport accepts a call. */
         cJSON *pconf = cfg->plugin_config ? cJSON_Parse(cfg->plugin_config) : NULL;
         rlai_plugin_host_params hp = {
-            .engine = d->engine, .workers = cfg->plugin_workers,
+            .engine = d->engine, .router = d->router, .workers = cfg->plugin_workers,
             .max_queue = cfg->plugin_max_queue > 0 ? cfg->plugin_max_queue : cfg->max_inflight_total,
             .max_prompt_tokens = cfg->max_prompt_tokens, .plugin_config = pconf,
             .call_timeout_ms = cfg->plugin_call_timeout_s > 0 ? cfg->plugin_call_timeout_s * 1000 : -1,
@@ -856,7 +832,8 @@ int rlai_daemon_start(const rlai_config *cfg, rlai_daemon **out, char *err, size
     }
     if (cfg->http) {
         rlai_http_params hp = {
-            .bind = cfg->http, .allow_remote = cfg->allow_remote, .engine = d->engine, .model_path = cfg->model,
+            .bind = cfg->http, .allow_remote = cfg->allow_remote, .engine = d->engine, .router = d->router,
+            .model_path = cfg->model,
             .plugins = d->plugins, .metrics = d->metrics, .max_body = cfg->max_frame,
             .max_prompt_tokens = cfg->max_prompt_tokens, .max_inflight = cfg->max_inflight_total,
             .stop_wait_ms = shutdown_ms(cfg) / 2,
@@ -893,6 +870,7 @@ fail:
 /* Engines whose plugin host was abandoned at shutdown (handlers stuck in
  * plugin code may still call into them): kept reachable, never closed. */
 static rlai_engine *volatile abandoned_engines[8];   /* volatile: the stores must stay */
+static rlai_router *volatile abandoned_routers[8];
 static int n_abandoned_engines;
 
 static double now_ms(void)
@@ -926,7 +904,7 @@ void rlai_daemon_shutdown(rlai_daemon *d)
     }
     pthread_mutex_unlock(&d->mu);
     for (int i = 0; i < n; i++)
-        rlai_engine_cancel(d->engine, ids[i]);
+        rlai_router_cancel(d->router, ids[i]);
     free(ids);
     /* Plugin calls end (SHUTDOWN) and plugins unload while the engine
      * thread still runs, so their engine jobs can finish cancelling. A
@@ -951,10 +929,13 @@ void rlai_daemon_shutdown(rlai_daemon *d)
         pthread_join(d->engine_thread, NULL);
     }
     rlai_server_stop(d->server, 1000);
-    if (left > 0 && n_abandoned_engines < 8)
+    if (left > 0 && n_abandoned_engines < 8) {
         abandoned_engines[n_abandoned_engines++] = d->engine;   /* a stuck handler may still use it */
-    else
+        abandoned_routers[n_abandoned_engines - 1] = d->router;  /* ... and the router */
+    } else {
+        rlai_router_free(d->router);
         rlai_engine_close(d->engine);
+    }
     while (d->jobs) {
         job *j = d->jobs;
         d->jobs = j->next;

@@ -217,6 +217,7 @@ typedef struct hreq hreq;
 
 struct rlai_http {
     struct MHD_Daemon *mhd;
+    rlai_router *router;          /* borrowed (rlai_http_params) */
     rlai_conn_guard *guard;       /* slow-client guard (conn_guard.h) */
     int listen_fd;
     int port;
@@ -405,7 +406,7 @@ static void end_request(hreq *r, end_why why)
     if (!running)
         return;
     if (eid)
-        rlai_engine_cancel(r->h->engine, eid);
+        rlai_router_cancel(r->h->router, eid);
     if (cid && r->h->plugins)
         rlai_plugin_host_cancel(r->h->plugins, cid);
 }
@@ -1577,20 +1578,6 @@ static bool parse_messages(hreq *r, const cJSON *body, chat_msgs *out)
     return true;
 }
 
-static int tokenize_all(rlai_engine *e, const char *text, rlai_token **out)
-{
-    size_t len = strlen(text);
-    int n = rlai_engine_tokenize(e, text, len, true, true, NULL, 0);
-    if (n < 0)
-        return n;
-    rlai_token *t = malloc(sizeof(rlai_token) * (size_t)(n > 0 ? n : 1));
-    if (!t)
-        return RLAI_ERR_NOMEM;
-    n = rlai_engine_tokenize(e, text, len, true, true, t, n);
-    *out = t;
-    return n;
-}
-
 static void make_id(hreq *r, const char *prefix)
 {
     uint64_t seq = atomic_fetch_add(&r->h->seq, 1);
@@ -1599,55 +1586,71 @@ static void make_id(hreq *r, const char *prefix)
              (unsigned long long)(seq & 0xffff));
 }
 
-/* Submits prompt tokens to the engine and answers (stream or blocking). */
-static enum MHD_Result run_generation(hreq *r, const rlai_token *toks, int n, gen_request *g)
+/* The HTTP answer to a refused submit (rlai_router_submit). what names the
+ * prompt (its JSON field); n_prompt is what the router counted (-1: the
+ * prompt could not be built). */
+static enum MHD_Result send_submit_error(hreq *r, int rc, int n_prompt, const char *err, const char *what,
+                                         const char *sub)
 {
     rlai_http *h = r->h;
-    if (n == 0)
-        return send_error(r, 400, "invalid_value", "prompt", "the prompt is empty");
-    if (n > h->max_prompt_tokens)
-        return send_error(r, 400, "context_length_exceeded", r->kind == K_CHAT ? "messages" : "prompt",
-                          "This model's maximum prompt length is %d tokens; the prompt has %d tokens",
-                          h->max_prompt_tokens, n);
+    const char *code;
+    int st = status_of(rc, &code);
+    if (rc == RLAI_ERR_TOO_LARGE && n_prompt > 0)
+        return send_error(r, 400, "context_length_exceeded", what,
+                          "%sThis model's maximum prompt length is %d tokens; the prompt has %d tokens", sub,
+                          h->max_prompt_tokens, n_prompt);
+    if (rc == RLAI_ERR_INVALID_ARG && n_prompt == 0)
+        return send_error(r, 400, "invalid_value", what, "%sthe prompt is empty", sub);
+    if (rc == RLAI_ERR_INVALID_ARG && n_prompt < 0 && r->kind == K_CHAT)
+        return send_error(r, 400, "invalid_value", what, "the chat template refused these messages: %s", err);
+    if (n_prompt < 0)
+        return send_error(r, st, code, what, "%scannot tokenize the %s: %s", sub, what, err);
+    if (rc == RLAI_ERR_BUSY)
+        return send_error(r, 429, "rate_limit_exceeded", NULL, "%sthe engine's queue is full; retry later", sub);
+    if (rc == RLAI_ERR_KV_FULL)
+        return send_error(r, 400, "context_length_exceeded", NULL,
+                          "%sthe prompt plus max_tokens can never fit the KV cache: %s", sub, rlai_strerror(rc));
+    return send_error(r, st, code, NULL, "%sengine refused the request: %s", sub, err);
+}
+
+/* Submits a generation through the router (the one request path of the
+ * host: template, tokenize, prompt limit) and answers (stream or
+ * blocking). rq holds the prompt (messages, text or token ids). */
+static enum MHD_Result run_generation(hreq *r, rlai_route_request *rq, gen_request *g)
+{
+    rlai_http *h = r->h;
     int rc = track(h, r);
     if (rc == RLAI_ERR_BUSY)
         return send_error(r, 429, "rate_limit_exceeded", NULL, "too many requests in flight (limit %d); retry later",
                           h->max_inflight);
     if (rc < 0)
         return send_error(r, 503, "shutdown", NULL, "server shutting down");
-    rlai_request_params rp;
-    memset(&rp, 0, sizeof(rp));
-    rp.prompt = toks;
-    rp.n_prompt = n;
-    rp.gen = g->gp;
+    rlai_request_params *rp = &rq->text.rp;
+    rq->text.max_prompt_tokens = h->max_prompt_tokens;
+    rp->gen = g->gp;
     if (r->lp_mode) {
-        rp.gen.on_logprobs = gen_on_logprobs;
-        rp.gen.logprobs_user = r;
+        rp->gen.on_logprobs = gen_on_logprobs;
+        rp->gen.logprobs_user = r;
     }
-    rp.on_token = gen_on_token;
-    rp.on_done = gen_on_done;
-    rp.user = r;
+    rp->on_token = gen_on_token;
+    rp->on_done = gen_on_done;
+    rp->user = r;
     hreq_ref(r);                       /* the engine's reference, dropped in gen_on_done */
     uint64_t eid = 0;
-    rc = rlai_engine_submit(h->engine, &rp, &eid);
+    int n_prompt = -1;
+    char err[256];
+    rc = rlai_router_submit(h->router, rq, &eid, &n_prompt, err, sizeof(err));
     if (rc < 0) {
         untrack(h, r);
         hreq_unref(r);
-        const char *code;
-        int st = status_of(rc, &code);
-        if (rc == RLAI_ERR_BUSY)
-            st = 429;
-        if (rc == RLAI_ERR_KV_FULL)
-            return send_error(r, 400, "context_length_exceeded", NULL,
-                              "the prompt plus max_tokens can never fit the KV cache: %s", rlai_strerror(rc));
-        return send_error(r, st, code, NULL, "engine refused the request: %s", rlai_strerror(rc));
+        return send_submit_error(r, rc, n_prompt, err, r->kind == K_CHAT ? "messages" : "prompt", "");
     }
     pthread_mutex_lock(&r->mu);
     r->engine_id = eid;
     bool cancel = r->why != END_NONE && !r->done;
     pthread_mutex_unlock(&r->mu);
     if (cancel)
-        rlai_engine_cancel(h->engine, eid);
+        rlai_router_cancel(h->router, eid);
     return r->stream ? start_stream(r) : finish_blocking(r);
 }
 
@@ -1887,22 +1890,11 @@ static enum MHD_Result chat_completions(hreq *r)
     if (!chat_tools(r, body, &g, &cm))
         goto out;
     /* Message content is never parsed for special tokens (role injection). */
-    rlai_token *toks = NULL;
-    int n = 0;
-    int rc = rlai_engine_tokenize_chat(r->h->engine, cm.m, cm.n, true, &toks, &n);
-    if (rc == RLAI_ERR_INVALID_ARG) {
-        send_error(r, 400, "invalid_value", "messages", "the chat template refused these messages: %s",
-                   rlai_strerror(rc));
-        goto out;
-    }
-    if (rc < 0) {
-        const char *code;
-        int st = status_of(rc, &code);
-        send_error(r, st, code, "messages", "cannot tokenize the messages: %s", rlai_strerror(rc));
-        goto out;
-    }
-    ret = run_generation(r, toks, n, &g);
-    free(toks);
+    rlai_route_request rq;
+    memset(&rq, 0, sizeof(rq));
+    rq.text.messages = cm.m;
+    rq.text.n_messages = cm.n;
+    ret = run_generation(r, &rq, &g);
 out:
     chat_msgs_free(&cm);
     rlai_grammar_unref(g.grammar);
@@ -1933,13 +1925,7 @@ static enum MHD_Result completions(hreq *r)
         (cJSON_IsString(p->child) || cJSON_IsArray(p->child)))
         p = p->child;
     if (cJSON_IsString(p)) {
-        n = tokenize_all(r->h->engine, p->valuestring, &toks);
-        if (n < 0) {
-            const char *code;
-            int st = status_of(n, &code);
-            send_error(r, st, code, "prompt", "cannot tokenize the prompt: %s", rlai_strerror(n));
-            goto out;
-        }
+        /* tokenized by the router */
     } else if (cJSON_IsArray(p) && cJSON_GetArraySize(p) > 0 && cJSON_IsNumber(p->child)) {
         int cap = cJSON_GetArraySize(p);
         rlai_model_info info;
@@ -1965,7 +1951,7 @@ static enum MHD_Result completions(hreq *r)
         send_error(r, 400, "invalid_value", "prompt", "'prompt' must be a string or an array of token ids");
         goto out;
     }
-    if (g.echo && n > 0) {
+    if (g.echo && (n > 0 || (cJSON_IsString(p) && p->valuestring[0]))) {
         /* The prompt as text: the string given, or the ids' text. */
         if (cJSON_IsString(p)) {
             r->echo_text = strdup(p->valuestring);
@@ -1980,7 +1966,15 @@ static enum MHD_Result completions(hreq *r)
             goto out;
         }
     }
-    ret = run_generation(r, toks, n, &g);
+    rlai_route_request rq;
+    memset(&rq, 0, sizeof(rq));
+    if (cJSON_IsString(p)) {
+        rq.text.prompt = p->valuestring;
+    } else {
+        rq.text.rp.prompt = toks;
+        rq.text.rp.n_prompt = n;
+    }
+    ret = run_generation(r, &rq, &g);
 out:
     free(toks);
     rlai_grammar_unref(g.grammar);
@@ -2013,28 +2007,38 @@ static hreq *kid_new(hreq *r)
     return k;
 }
 
-/* Submits one child's job. Returns 0 or a negative rlai_error. */
-static int kid_submit(hreq *k, const rlai_token *toks, int n, const rlai_gen_params *gp)
+/* Submits one child's job through the router: a prompt string (text) or
+ * token ids (toks, n). Returns 0 or a negative rlai_error with *n_prompt
+ * and err as rlai_router_submit. */
+static int kid_submit(hreq *k, const char *text, const rlai_token *toks, int n, const rlai_gen_params *gp,
+                      int *n_prompt, char *err, size_t errlen)
 {
     rlai_http *h = k->h;
     int rc = track(h, k);
-    if (rc < 0)
+    if (rc < 0) {
+        snprintf(err, errlen, "%s", rlai_strerror(rc));
         return rc;
-    rlai_request_params rp;
-    memset(&rp, 0, sizeof(rp));
-    rp.prompt = toks;
-    rp.n_prompt = n;
-    rp.gen = *gp;
-    if (k->lp_mode) {
-        rp.gen.on_logprobs = gen_on_logprobs;
-        rp.gen.logprobs_user = k;
     }
-    rp.on_token = gen_on_token;
-    rp.on_done = gen_on_done;
-    rp.user = k;
+    rlai_route_request rq;
+    memset(&rq, 0, sizeof(rq));
+    rq.text.prompt = text;
+    rq.text.max_prompt_tokens = h->max_prompt_tokens;
+    rlai_request_params *rp = &rq.text.rp;
+    if (!text) {
+        rp->prompt = toks;
+        rp->n_prompt = n;
+    }
+    rp->gen = *gp;
+    if (k->lp_mode) {
+        rp->gen.on_logprobs = gen_on_logprobs;
+        rp->gen.logprobs_user = k;
+    }
+    rp->on_token = gen_on_token;
+    rp->on_done = gen_on_done;
+    rp->user = k;
     hreq_ref(k);
     uint64_t eid = 0;
-    rc = rlai_engine_submit(h->engine, &rp, &eid);
+    rc = rlai_router_submit(h->router, &rq, &eid, n_prompt, err, errlen);
     if (rc < 0) {
         untrack(h, k);
         hreq_unref(k);
@@ -2262,7 +2266,7 @@ static enum MHD_Result completions_multi(hreq *r, const cJSON *p, gen_request *g
     const cJSON *e;
     cJSON_ArrayForEach(e, p) {
         if (cJSON_IsString(e)) {
-            nt[i] = tokenize_all(r->h->engine, e->valuestring, &toks[i]);
+            nt[i] = e->valuestring[0] ? 1 : RLAI_ERR_INVALID_ARG;   /* tokenized by the router */
         } else if (cJSON_IsArray(e) && cJSON_GetArraySize(e) > 0) {
             toks[i] = malloc(sizeof(rlai_token) * (size_t)cJSON_GetArraySize(e));
             const cJSON *t;
@@ -2276,15 +2280,10 @@ static enum MHD_Result completions_multi(hreq *r, const cJSON *p, gen_request *g
         } else {
             nt[i] = RLAI_ERR_INVALID_ARG;
         }
-        if (nt[i] <= 0 || nt[i] > r->h->max_prompt_tokens) {
-            if (nt[i] > 0)
-                send_error(r, 400, "context_length_exceeded", "prompt",
-                           "prompt[%d] has %d tokens; this model's maximum prompt length is %d tokens", i, nt[i],
-                           r->h->max_prompt_tokens);
-            else
-                send_error(r, 400, "invalid_value", "prompt",
-                           "prompt[%d] must be a non-empty string or a non-empty list of token ids in [0, %d)", i,
-                           info.n_vocab);
+        if (nt[i] <= 0) {
+            send_error(r, 400, "invalid_value", "prompt",
+                       "prompt[%d] must be a non-empty string or a non-empty list of token ids in [0, %d)", i,
+                       info.n_vocab);
             ok = false;
             i++;
             break;
@@ -2299,31 +2298,27 @@ static enum MHD_Result completions_multi(hreq *r, const cJSON *p, gen_request *g
             break;
         }
         r->kids[r->n_kids++] = kid;
-        if (g->echo) {
+        const cJSON *pk = cJSON_GetArrayItem(p, k);
+        if (g->echo && cJSON_IsString(pk)) {
+            kid->echo_text = strdup(pk->valuestring);
+        } else if (g->echo) {
             int len = rlai_engine_detokenize(r->h->engine, toks[k], nt[k], true, NULL, 0);
             kid->echo_text = len >= 0 ? malloc((size_t)len + 1) : NULL;
             if (kid->echo_text)
                 rlai_engine_detokenize(r->h->engine, toks[k], nt[k], true, kid->echo_text, (size_t)len + 1);
-            const cJSON *pk = cJSON_GetArrayItem(p, k);
-            if (cJSON_IsString(pk)) {
-                free(kid->echo_text);
-                kid->echo_text = strdup(pk->valuestring);
-            }
         }
         rlai_gen_params gp = g->gp;
         gp.sampling.seed += (uint64_t)k;
-        int rc = kid_submit(kid, toks[k], nt[k], &gp);
+        int n_prompt = -1;
+        char err[256];
+        int rc = kid_submit(kid, cJSON_IsString(pk) ? pk->valuestring : NULL, toks[k], nt[k], &gp, &n_prompt, err,
+                            sizeof(err));
         if (rc < 0) {
             ok = false;
             end_request(r, END_GONE);
-            const char *code;
-            int st = status_of(rc, &code);
-            if (rc == RLAI_ERR_KV_FULL)
-                send_error(r, 400, "context_length_exceeded", NULL,
-                           "prompt[%d] plus max_tokens can never fit the KV cache", k);
-            else
-                send_error(r, rc == RLAI_ERR_BUSY ? 429 : st, rc == RLAI_ERR_BUSY ? "rate_limit_exceeded" : code,
-                           NULL, "engine refused prompt[%d]: %s", k, rlai_strerror(rc));
+            char sub[32];
+            snprintf(sub, sizeof(sub), "prompt[%d]: ", k);
+            send_submit_error(r, rc, n_prompt, err, "prompt", sub);
         }
     }
     for (int k = 0; k < i; k++)
@@ -3071,12 +3066,13 @@ static char *model_id_from_path(const char *path)
 int rlai_http_start(const rlai_http_params *p, rlai_http **out, char *err, size_t errlen)
 {
     *out = NULL;
-    if (!p || !p->bind || !p->engine)
-        return fail(err, errlen, RLAI_ERR_INVALID_ARG, "http: bind address and engine are required");
+    if (!p || !p->bind || !p->engine || !p->router)
+        return fail(err, errlen, RLAI_ERR_INVALID_ARG, "http: bind address, engine and router are required");
     rlai_http *h = calloc(1, sizeof(*h));
     if (!h)
         return RLAI_ERR_NOMEM;
     h->engine = p->engine;
+    h->router = p->router;
     h->plugins = p->plugins;
     h->metrics = p->metrics;
     h->max_body = p->max_body ? p->max_body : RLAI_PROTO_MAX_FRAME;

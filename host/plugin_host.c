@@ -90,6 +90,7 @@ struct rlai_call {
 
 struct rlai_plugin_host {
     rlai_plugin_host_params p;
+    rlai_router *own_router;        /* when the params gave none */
     cJSON *plugin_config;           /* owned copy */
     pthread_mutex_t mu;             /* registry, queue, active list */
     pthread_cond_t cv;
@@ -696,9 +697,9 @@ static int tokenize_text(rlai_engine *e, const char *text, rlai_token **out)
     return n;
 }
 
-/* Text (out) or, with toks, safe tokens (*toks malloc'd, count returned). */
-static int format_chat_any(rlai_engine *e, const rlai_plugin_message *msgs, int n, bool gen, char **out,
-                           rlai_token **toks)
+/* The engine's message array for a plugin's (*out malloc'd; the strings
+ * stay borrowed). Returns 0, RLAI_ERR_INVALID_ARG or RLAI_ERR_NOMEM. */
+static int chat_messages_of(const rlai_plugin_message *msgs, int n, rlai_chat_message **out)
 {
     if (!msgs || n <= 0)
         return RLAI_ERR_INVALID_ARG;
@@ -713,6 +714,18 @@ static int format_chat_any(rlai_engine *e, const rlai_plugin_message *msgs, int 
         cm[i].role = msgs[i].role;
         cm[i].content = msgs[i].content;
     }
+    *out = cm;
+    return 0;
+}
+
+/* Text (out) or, with toks, safe tokens (*toks malloc'd, count returned). */
+static int format_chat_any(rlai_engine *e, const rlai_plugin_message *msgs, int n, bool gen, char **out,
+                           rlai_token **toks)
+{
+    rlai_chat_message *cm = NULL;
+    int crc = chat_messages_of(msgs, n, &cm);
+    if (crc < 0)
+        return crc;
     int rc;
     if (toks) {
         int nt = 0;
@@ -800,46 +813,41 @@ static int api_generate(rlai_call *call, const rlai_gen_request *req_in, size_t 
     if (api_cancelled(call))
         return RLAI_ERR_CANCELLED;
     int rc;
-    rlai_token *toks = NULL;
-    int n;
-    if (req.messages && req.n_messages > 0)   /* content never parsed for special tokens */
-        n = format_chat_any(e, req.messages, req.n_messages, true, NULL, &toks);
-    else if (req.prompt)
-        n = tokenize_text(e, req.prompt, &toks);
-    else
-        n = RLAI_ERR_INVALID_ARG;
-    if (n < 0)
-        return n;
-    rlai_model_info info;
-    rlai_engine_info(e, &info);
-    int limit = h->p.max_prompt_tokens > 0 ? h->p.max_prompt_tokens : info.n_ctx - 1;
-    if (n == 0 || n > limit) {
-        free(toks);
-        return n == 0 ? RLAI_ERR_INVALID_ARG : RLAI_ERR_TOO_LARGE;
+    rlai_route_request rq;
+    memset(&rq, 0, sizeof(rq));
+    rlai_chat_message *cm = NULL;
+    if (req.messages && req.n_messages > 0) {   /* content never parsed for special tokens */
+        if ((rc = chat_messages_of(req.messages, req.n_messages, &cm)) < 0)
+            return rc;
+        rq.text.messages = cm;
+        rq.text.n_messages = req.n_messages;
+    } else if (req.prompt) {
+        rq.text.prompt = req.prompt;
+    } else {
+        return RLAI_ERR_INVALID_ARG;
     }
+    rq.text.max_prompt_tokens = h->p.max_prompt_tokens;
+    rq.response_format = req.response_format;
     gen_wait w;
     memset(&w, 0, sizeof(w));
     w.call = call;
     w.stream = req.stream;
     pthread_mutex_init(&w.mu, NULL);
     pthread_cond_init(&w.cv, NULL);
-    rlai_request_params rp;
-    memset(&rp, 0, sizeof(rp));
-    rp.prompt = toks;
-    rp.n_prompt = n;
-    rlai_gen_params_init(&rp.gen);
+    rlai_request_params *rp = &rq.text.rp;
+    rlai_gen_params_init(&rp->gen);
     if (req.max_tokens > 0)
-        rp.gen.max_tokens = req.max_tokens;
-    rp.gen.sampling.temperature = req.temperature > 0 ? req.temperature : 0;
-    rp.gen.sampling.top_k = req.top_k > 0 ? req.top_k : 0;
+        rp->gen.max_tokens = req.max_tokens;
+    rp->gen.sampling.temperature = req.temperature > 0 ? req.temperature : 0;
+    rp->gen.sampling.top_k = req.top_k > 0 ? req.top_k : 0;
     if (req.top_p > 0 && req.top_p < 1)
-        rp.gen.sampling.top_p = req.top_p;
+        rp->gen.sampling.top_p = req.top_p;
     if (req.min_p > 0)
-        rp.gen.sampling.min_p = req.min_p;
+        rp->gen.sampling.min_p = req.min_p;
     if (req.repeat_penalty > 0)
-        rp.gen.sampling.repeat_penalty = req.repeat_penalty;
-    rp.gen.sampling.seed = req.seed;
-    rp.gen.stop = req.stop;
+        rp->gen.sampling.repeat_penalty = req.repeat_penalty;
+    rp->gen.sampling.seed = req.seed;
+    rp->gen.stop = req.stop;
     rlai_grammar *grammar = NULL;   /* structured output (host/tools.c) */
     if (req.response_format) {
         char gerr[300];
@@ -847,24 +855,24 @@ static int api_generate(rlai_call *call, const rlai_gen_request *req_in, size_t 
         rc = rf ? rlai_response_format_grammar(rf, &grammar, gerr, sizeof(gerr)) : RLAI_ERR_INVALID_ARG;
         cJSON_Delete(rf);
         if (rc < 0) {
-            free(toks);
+            free(cm);
             pthread_mutex_destroy(&w.mu);
             pthread_cond_destroy(&w.cv);
             return rc;
         }
-        rp.gen.grammar = grammar;
+        rp->gen.grammar = grammar;
     }
-    rp.on_token = gen_on_token;
-    rp.on_done = gen_on_done;
-    rp.user = &w;
+    rp->on_token = gen_on_token;
+    rp->on_done = gen_on_done;
+    rp->user = &w;
     uint64_t eid = 0;
     /* Publish the engine id before the job can run so a cancel finds it. */
     pthread_mutex_lock(&call->mu);
-    rc = rlai_engine_submit(e, &rp, &eid);
+    rc = rlai_router_submit(h->p.router, &rq, &eid, NULL, NULL, 0);
     if (rc == 0)
         call->engine_id = eid;
     pthread_mutex_unlock(&call->mu);
-    free(toks);
+    free(cm);
     rlai_grammar_unref(grammar);   /* the engine holds its own reference */
     if (rc < 0) {
         pthread_mutex_destroy(&w.mu);
@@ -873,7 +881,7 @@ static int api_generate(rlai_call *call, const rlai_gen_request *req_in, size_t 
     }
     /* A cancel that raced the submit is re-applied here. */
     if (atomic_load(&call->cancel))
-        rlai_engine_cancel(e, eid);
+        rlai_router_cancel(h->p.router, eid);
     pthread_mutex_lock(&w.mu);
     while (!w.done)
         pthread_cond_wait(&w.cv, &w.mu);
@@ -1283,7 +1291,7 @@ static void *watchdog_main(void *arg)
             atomic_store(&c->cancel, true);
             pthread_mutex_lock(&c->mu);
             if (c->engine_id && h->p.engine)
-                rlai_engine_cancel(h->p.engine, c->engine_id);
+                rlai_router_cancel(h->p.router, c->engine_id);
             pthread_mutex_unlock(&c->mu);
             char msg[400];
             snprintf(msg, sizeof(msg), "command '%s' (plugin %s) did not finish within its deadline of %d ms",
@@ -1312,6 +1320,14 @@ int rlai_plugin_host_new(const rlai_plugin_host_params *p, rlai_plugin_host **ou
         return RLAI_ERR_NOMEM;
     if (p)
         h->p = *p;
+    if (h->p.engine && !h->p.router) {
+        int rrc = rlai_router_new(h->p.engine, &h->own_router);
+        if (rrc < 0) {
+            free(h);
+            return rrc;
+        }
+        h->p.router = h->own_router;
+    }
     if (h->p.workers <= 0)
         h->p.workers = 4;
     if (h->p.workers > 64)
@@ -1401,7 +1417,7 @@ int rlai_plugin_host_stop(rlai_plugin_host *h, int timeout_ms)
         atomic_store(&c->cancel, true);
         pthread_mutex_lock(&c->mu);
         if (c->engine_id && h->p.engine)
-            rlai_engine_cancel(h->p.engine, c->engine_id);
+            rlai_router_cancel(h->p.router, c->engine_id);
         pthread_mutex_unlock(&c->mu);
     }
     pthread_cond_broadcast(&h->cv);
@@ -1489,6 +1505,7 @@ void rlai_plugin_host_free(rlai_plugin_host **self_p)
         free_cmd(h->cmds[i]);
     free(h->cmds);
     cJSON_Delete(h->plugin_config);
+    rlai_router_free(h->own_router);
     pthread_mutex_destroy(&h->mu);
     pthread_cond_destroy(&h->cv);
     pthread_cond_destroy(&h->wd_cv);
@@ -1973,7 +1990,7 @@ int rlai_plugin_host_cancel(rlai_plugin_host *h, uint64_t call_id)
                 atomic_store(&c->cancel, true);
                 pthread_mutex_lock(&c->mu);
                 if (c->engine_id && h->p.engine)
-                    rlai_engine_cancel(h->p.engine, c->engine_id);
+                    rlai_router_cancel(h->p.router, c->engine_id);
                 pthread_mutex_unlock(&c->mu);
                 rc = 0;
                 break;

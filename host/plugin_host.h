@@ -20,6 +20,7 @@
 #include <cjson/cJSON.h>
 
 #include "rlai/engine.h"
+#include "router.h"
 
 struct rlai_metrics;
 
@@ -56,6 +57,8 @@ typedef struct rlai_call_sink {
 typedef struct rlai_plugin_host_params {
     rlai_engine *engine;            /* shared engine, borrowed; NULL = no model (engine
                                        jobs answer RLAI_ERR_NOT_IMPLEMENTED) */
+    rlai_router *router;            /* borrowed; engine jobs are submitted through it; NULL =
+                                       the host makes its own router in front of `engine` */
     int workers;                    /* worker threads; 0 = 4 */
     int max_queue;                  /* calls waiting for a worker; 0 = 64; past it calls
                                        are refused at once with RLAI_ERR_BUSY */
