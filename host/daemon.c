@@ -1,5 +1,6 @@
 /* daemon.c - request router and engine thread of `rlai serve` (see daemon.h). */
 #include "daemon.h"
+#include "rlai/clock.h"
 #include "http.h"
 #include "api_key.h"
 #include "json_msgpack.h"
@@ -873,13 +874,6 @@ static rlai_engine *volatile abandoned_engines[8];   /* volatile: the stores mus
 static rlai_router *volatile abandoned_routers[8];
 static int n_abandoned_engines;
 
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
 void rlai_daemon_shutdown(rlai_daemon *d)
 {
     if (!d)
@@ -887,7 +881,7 @@ void rlai_daemon_shutdown(rlai_daemon *d)
     /* The whole shutdown is bounded by shutdown_timeout_s (plus the
      * server's own teardown): what has not ended by then is ended for the
      * client and left behind, and the sockets are removed anyway. */
-    double deadline = now_ms() + shutdown_ms(&d->cfg);
+    double deadline = rlai_clock_ms() + shutdown_ms(&d->cfg);
     /* HTTP first: it ends its requests while the engine and plugins run
      * (it waits at most half the budget: stop_wait_ms). */
     rlai_http_stop(&d->http);
@@ -916,7 +910,7 @@ void rlai_daemon_shutdown(rlai_daemon *d)
     pthread_mutex_unlock(&d->mu);
     int left = 0;
     if (plugins) {
-        double wait = deadline - now_ms();
+        double wait = deadline - rlai_clock_ms();
         left = rlai_plugin_host_stop(plugins, wait > 100 ? (int)wait : 100);
         if (left > 0)
             fprintf(stderr, "rlai serve: %d plugin handler%s did not stop within shutdown_timeout_s (%d s); "

@@ -1,5 +1,6 @@
 /* http.c - OpenAI-compatible HTTP front (see http.h). */
 #include "http.h"
+#include "rlai/clock.h"
 #include "sampling_limits.h"
 #include "config.h"
 #include "api_key.h"
@@ -39,24 +40,6 @@
 #define LORE_PREFIX "loremaster/"
 
 /* ---------------------------------------------------------- small helpers */
-
-static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
-{
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return code;
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static void deadline_in(struct timespec *ts, int ms)
 {
@@ -2510,7 +2493,7 @@ static enum MHD_Result health(hreq *r)
     cJSON *j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "status", "ok");
     cJSON_AddStringToObject(j, "model", h->model_id);
-    cJSON_AddNumberToObject(j, "uptime", now_s() - h->t_start);
+    cJSON_AddNumberToObject(j, "uptime", rlai_clock_s() - h->t_start);
     cJSON_AddNumberToObject(j, "running", es.running);
     cJSON_AddNumberToObject(j, "queued", es.queued);
     cJSON_AddNumberToObject(j, "plugin_commands", h->plugins ? rlai_plugin_host_n_commands(h->plugins) : 0);
@@ -2522,7 +2505,7 @@ static enum MHD_Result metrics(hreq *r)
     rlai_http *h = r->h;
     rlai_engine_stats es;
     rlai_engine_get_stats(h->engine, &es);
-    char *text = rlai_metrics_render(h->metrics, &es, now_s() - h->t_start);
+    char *text = rlai_metrics_render(h->metrics, &es, rlai_clock_s() - h->t_start);
     if (!text)
         return send_error(r, 500, NULL, NULL, "out of memory");
     return send_text(r, 200, "text/plain; version=0.0.4; charset=utf-8", text);
@@ -2856,7 +2839,7 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
         r->conn = conn;
         r->refs = 1;                   /* MHD's, dropped in on_completed */
         r->created = (long long)time(NULL);
-        r->t_begin = now_s();
+        r->t_begin = rlai_clock_s();
         snprintf(r->method, sizeof(r->method), "%s", method ? method : "?");
         snprintf(r->path, sizeof(r->path), "%s", url ? url : "?");
         pthread_mutex_init(&r->mu, NULL);
@@ -2936,7 +2919,7 @@ static void log_request(hreq *r, enum MHD_RequestTerminationCode toe)
     fprintf(stderr, "rlai http: %04d-%02d-%02dT%02d:%02d:%02d.%03ldZ \"%s %s\" %s prompt_tokens=%d "
                     "completion_tokens=%d ms=%.1f%s\n",
             tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000,
-            r->method, path, st, pt, ct, (now_s() - r->t_begin) * 1e3,
+            r->method, path, st, pt, ct, (rlai_clock_s() - r->t_begin) * 1e3,
             toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? "" : " (connection ended early)");
 }
 
@@ -2995,14 +2978,14 @@ static int open_listener(const char *bind_s, bool allow_remote, bool *v6, bool *
     if (bind_s[0] == '[') {
         const char *close = strchr(bind_s, ']');
         if (!close || close[1] != ':' || (size_t)(close - bind_s - 1) >= sizeof(host))
-            return fail(err, errlen, RLAI_ERR_INVALID_ARG, "http: '%s' is not ADDR:PORT", bind_s);
+            return rlai_errf(err, errlen, RLAI_ERR_INVALID_ARG, "http: '%s' is not ADDR:PORT", bind_s);
         memcpy(host, bind_s + 1, (size_t)(close - bind_s - 1));
         host[close - bind_s - 1] = 0;
         port_s = close + 2;
     } else {
         colon = strrchr(bind_s, ':');
         if (!colon || colon == bind_s || (size_t)(colon - bind_s) >= sizeof(host))
-            return fail(err, errlen, RLAI_ERR_INVALID_ARG, "http: '%s' is not ADDR:PORT", bind_s);
+            return rlai_errf(err, errlen, RLAI_ERR_INVALID_ARG, "http: '%s' is not ADDR:PORT", bind_s);
         memcpy(host, bind_s, (size_t)(colon - bind_s));
         host[colon - bind_s] = 0;
         port_s = colon + 1;
@@ -3010,12 +2993,12 @@ static int open_listener(const char *bind_s, bool allow_remote, bool *v6, bool *
     char *end;
     long port = strtol(port_s, &end, 10);
     if (!*port_s || *end || port < 0 || port > 65535)
-        return fail(err, errlen, RLAI_ERR_INVALID_ARG, "http: bad port in '%s'", bind_s);
+        return rlai_errf(err, errlen, RLAI_ERR_INVALID_ARG, "http: bad port in '%s'", bind_s);
     struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV };
     struct addrinfo *res = NULL;
     int gai = getaddrinfo(host, port_s, &hints, &res);
     if (gai != 0 || !res)
-        return fail(err, errlen, RLAI_ERR_INVALID_ARG, "http: cannot resolve '%s': %s", host, gai_strerror(gai));
+        return rlai_errf(err, errlen, RLAI_ERR_INVALID_ARG, "http: cannot resolve '%s': %s", host, gai_strerror(gai));
     /* Prefer IPv4 (what "localhost" users expect from curl and browsers). */
     struct addrinfo *pick = res;
     for (struct addrinfo *a = res; a; a = a->ai_next)
@@ -3026,14 +3009,14 @@ static int open_listener(const char *bind_s, bool allow_remote, bool *v6, bool *
     *loopback = addr_is_loopback(pick->ai_addr);
     if (!allow_remote && !*loopback) {
         freeaddrinfo(res);
-        return fail(err, errlen, RLAI_ERR_INVALID_ARG,
+        return rlai_errf(err, errlen, RLAI_ERR_INVALID_ARG,
                     "http: %s is not a loopback address; set endpoints.allow_remote (or --allow-remote) "
                     "to expose the engine beyond this machine", bind_s);
     }
     int fd = socket(pick->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) {
         freeaddrinfo(res);
-        return fail(err, errlen, RLAI_ERR_IO, "http: socket: %s", strerror(errno));
+        return rlai_errf(err, errlen, RLAI_ERR_IO, "http: socket: %s", strerror(errno));
     }
     int one = 1;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
@@ -3044,7 +3027,7 @@ static int open_listener(const char *bind_s, bool allow_remote, bool *v6, bool *
         int e = errno;
         close(fd);
         freeaddrinfo(res);
-        return fail(err, errlen, e == EADDRINUSE ? RLAI_ERR_BUSY : RLAI_ERR_IO, "http: cannot listen on %s: %s",
+        return rlai_errf(err, errlen, e == EADDRINUSE ? RLAI_ERR_BUSY : RLAI_ERR_IO, "http: cannot listen on %s: %s",
                     bind_s, strerror(e));
     }
     freeaddrinfo(res);
@@ -3067,7 +3050,7 @@ int rlai_http_start(const rlai_http_params *p, rlai_http **out, char *err, size_
 {
     *out = NULL;
     if (!p || !p->bind || !p->engine || !p->router)
-        return fail(err, errlen, RLAI_ERR_INVALID_ARG, "http: bind address, engine and router are required");
+        return rlai_errf(err, errlen, RLAI_ERR_INVALID_ARG, "http: bind address, engine and router are required");
     rlai_http *h = calloc(1, sizeof(*h));
     if (!h)
         return RLAI_ERR_NOMEM;
@@ -3084,7 +3067,7 @@ int rlai_http_start(const rlai_http_params *p, rlai_http **out, char *err, size_
         free(h);
         return RLAI_ERR_NOMEM;
     }
-    h->t_start = now_s();
+    h->t_start = rlai_clock_s();
     h->created = (long long)time(NULL);
     rlai_model_info info;
     rlai_engine_info(p->engine, &info);
@@ -3110,7 +3093,7 @@ int rlai_http_start(const rlai_http_params *p, rlai_http **out, char *err, size_
             const char *o = p->cors_origins[i];
             if (!rlai_http_origin_valid(o)) {
                 rlai_http_stop(&h);
-                return fail(err, errlen, RLAI_ERR_INVALID_ARG,
+                return rlai_errf(err, errlen, RLAI_ERR_INVALID_ARG,
                             "http: CORS origin '%.200s' must be scheme://host[:port] (no path, no '*')",
                             o ? o : "(null)");
             }
@@ -3163,7 +3146,7 @@ int rlai_http_start(const rlai_http_params *p, rlai_http **out, char *err, size_
          * documented: leave it open rather than risk a double close. */
         h->listen_fd = -1;
         rlai_http_stop(&h);
-        return fail(err, errlen, RLAI_ERR_IO, "http: libmicrohttpd failed to start on %s", p->bind);
+        return rlai_errf(err, errlen, RLAI_ERR_IO, "http: libmicrohttpd failed to start on %s", p->bind);
     }
     h->listen_fd = -1;                 /* owned by libmicrohttpd until quiesced */
     *out = h;

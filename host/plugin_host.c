@@ -1,6 +1,7 @@
 /* plugin_host.c - plugin loading, command registry and call workers (see
  * plugin_host.h; the ABI is include/rlai/plugin.h). */
 #include "plugin_host.h"
+#include "rlai/clock.h"
 #include "rlai/plugin.h"
 #include "gguf_describe.h"
 #include "metrics.h"
@@ -1087,13 +1088,6 @@ static const rlai_host_api host_api = {
 
 /* ---------------------------------------------------------- workers */
 
-static double mono_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
 static void call_unref(rlai_call *c)
 {
     if (atomic_fetch_sub(&c->refs, 1) != 1)
@@ -1239,7 +1233,7 @@ static void *watchdog_main(void *arg)
                 wp = &w->next;
             }
         }
-        double now = mono_now();
+        double now = rlai_clock_s();
         rlai_call *expired = NULL;     /* linked through ->next (queued) */
         rlai_call *stuck[64];
         int n_stuck = 0;
@@ -1961,7 +1955,7 @@ int rlai_plugin_host_call_timed(rlai_plugin_host *h, const char *command_name, c
         c->cmd = cmd;
         c->id = h->next_id++;
         c->timeout_ms = call_timeout(h, cmd, timeout_ms);
-        c->deadline = c->timeout_ms > 0 ? mono_now() + c->timeout_ms / 1000.0 : 0;
+        c->deadline = c->timeout_ms > 0 ? rlai_clock_s() + c->timeout_ms / 1000.0 : 0;
         if (h->queue_tail)
             h->queue_tail->next = c;
         else

@@ -12,6 +12,7 @@
  * when handed to the caller.
  */
 #include "rlai/client.h"
+#include "rlai/clock.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -80,19 +81,12 @@ static void set_err(char *err, size_t errlen, const char *fmt, ...)
     va_end(ap);
 }
 
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /* Milliseconds left until deadline (-1 = forever). */
 static int remaining(int64_t deadline)
 {
     if (deadline < 0)
         return -1;
-    int64_t left = deadline - now_ms();
+    int64_t left = deadline - rlai_clock_ms_int();
     if (left <= 0)
         return 0;
     return left > 1000000000 ? 1000000000 : (int)left;
@@ -610,7 +604,7 @@ int rlai_client_recv(rlai_client *c, int timeout_ms, rlai_msg *out)
 {
     if (!c || !out)
         return RLAI_ERR_INVALID_ARG;
-    int64_t deadline = timeout_ms < 0 ? -1 : now_ms() + timeout_ms;
+    int64_t deadline = timeout_ms < 0 ? -1 : rlai_clock_ms_int() + timeout_ms;
     if (!c->q_head) {
         int rc = fetch(c, deadline);
         if (rc < 0)
@@ -681,7 +675,7 @@ static int hello(rlai_client *c, int timeout_ms, char *err, size_t errlen)
             set_err(err, errlen, "cannot send hello to %s: %s", c->endpoint, rlai_strerror(rc));
         return rc;
     }
-    int64_t deadline = now_ms() + timeout_ms;
+    int64_t deadline = rlai_clock_ms_int() + timeout_ms;
     rframe *held = NULL, **held_tail = &held;
     for (;;) {
         if (!c->q_head) {

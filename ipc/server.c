@@ -25,6 +25,7 @@
  * the I/O thread polls with zmq_poll next to its sockets.
  */
 #include "server.h"
+#include "rlai/clock.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -144,13 +145,6 @@ struct rlai_server {
 static _Thread_local rlai_server *tl_io_server;
 
 /* ------------------------------------------------------------ helpers */
-
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 static void set_err(char *err, size_t errlen, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -742,14 +736,14 @@ static void drain_queue(rlai_server *s)
             if (c->kind == CONN_UDS) {
                 if (!c->closing) {
                     c->closing = true;
-                    c->close_deadline = now_ms() + CLOSE_GRACE_MS;
+                    c->close_deadline = rlai_clock_ms_int() + CLOSE_GRACE_MS;
                     s->n_closing++;
                 }
                 c->dirty = true; /* uds_flush drops it once the output is written */
             } else if (c->zq_head) {
                 if (!c->closing) {
                     c->closing = true;
-                    c->close_deadline = now_ms() + CLOSE_GRACE_MS;
+                    c->close_deadline = rlai_clock_ms_int() + CLOSE_GRACE_MS;
                     s->n_closing++;
                 }
             } else {
@@ -838,7 +832,7 @@ static void *io_main(void *arg)
         drain_queue(s);
         if (s->pending)
             zmq_retry(s);
-        int64_t now = now_ms();
+        int64_t now = rlai_clock_ms_int();
         if (s->n_closing)
             expire_closing(s, now);
 
@@ -945,7 +939,7 @@ static void *io_main(void *arg)
     while (s->pending)
         conn_drop(s, s->pending, false);
     if (s->router) {
-        int64_t left = s->stop_deadline - now_ms();
+        int64_t left = s->stop_deadline - rlai_clock_ms_int();
         int linger = left > 0 ? (int)(left > INT_MAX ? INT_MAX : left) : 0;
         zmq_setsockopt(s->router, ZMQ_LINGER, &linger, sizeof linger);
         zmq_close(s->router);
@@ -1294,7 +1288,7 @@ void rlai_server_stop(rlai_server *s, int timeout_ms)
         timeout_ms = 0;
     pthread_mutex_lock(&s->lock);
     s->stopping = true;
-    s->stop_deadline = now_ms() + timeout_ms;
+    s->stop_deadline = rlai_clock_ms_int() + timeout_ms;
     pthread_mutex_unlock(&s->lock);
     if (s->thread_started) {
         wake(s);
