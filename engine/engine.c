@@ -477,6 +477,19 @@ int rlai_engine_generate_tokens(rlai_engine *e, const rlai_token *prompt, int n_
     return w.status;
 }
 
+int rlai_engine_check_tokens(const rlai_engine *e, const rlai_token *toks, int n)
+{
+    if (!toks || n <= 0)
+        return RLAI_ERR_INVALID_ARG;
+    if (n >= e->n_ctx)
+        return RLAI_ERR_CONTEXT_FULL;
+    const rlai_hparams *hp = rlai_model_hparams(e->model);
+    for (int i = 0; i < n; i++)
+        if (toks[i] < 0 || toks[i] >= hp->n_vocab)
+            return RLAI_ERR_INVALID_ARG;
+    return 0;
+}
+
 int rlai_engine_eval_logits(rlai_engine *e, const rlai_token *toks, int n, float *logits)
 {
     if (!e || !toks || n <= 0 || !logits)
@@ -553,14 +566,12 @@ static int embed_locked(rlai_engine *e, const rlai_token *toks, int n, rlai_pool
 int rlai_engine_embed(rlai_engine *e, const rlai_token *toks, int n, rlai_pooling pooling, bool normalize,
                       float *out)
 {
-    if (!e || !toks || n <= 0 || !out || (pooling != RLAI_POOL_MEAN && pooling != RLAI_POOL_LAST))
+    if (!e || !out || (pooling != RLAI_POOL_MEAN && pooling != RLAI_POOL_LAST))
         return RLAI_ERR_INVALID_ARG;
-    if (n >= e->n_ctx)
-        return RLAI_ERR_CONTEXT_FULL;
+    int rc0 = rlai_engine_check_tokens(e, toks, n);
+    if (rc0 < 0)
+        return rc0;
     const rlai_hparams *hp = rlai_model_hparams(e->model);
-    for (int i = 0; i < n; i++)
-        if (toks[i] < 0 || toks[i] >= hp->n_vocab)
-            return RLAI_ERR_INVALID_ARG;
     pthread_mutex_lock(&e->step_mu);
     int rc = embed_locked(e, toks, n, pooling, out);
     rlai_sched_refresh_kv_stats(e);

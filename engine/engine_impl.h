@@ -104,6 +104,12 @@ struct rlai_engine {
     rlai_gvocab *gvocab;         /* token bytes and tries for grammars (built on first use) */
 };
 
+/* 0 when toks[0..n) is a usable prompt for a fresh sequence: n >= 1
+ * (else RLAI_ERR_INVALID_ARG), shorter than the context (else
+ * RLAI_ERR_CONTEXT_FULL), every id in the vocabulary (else
+ * RLAI_ERR_INVALID_ARG). engine.c. */
+int rlai_engine_check_tokens(const rlai_engine *e, const rlai_token *toks, int n);
+
 /* KV blocks that hold `tokens` tokens. */
 static inline int rlai_blocks_for(int tokens)
 {

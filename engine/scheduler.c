@@ -37,14 +37,12 @@ void rlai_sched_req_free(rlai_engine *e, rlai_req *r)
 
 int rlai_engine_submit(rlai_engine *e, const rlai_request_params *rp, uint64_t *id)
 {
-    if (!e || !rp || !rp->prompt || rp->n_prompt <= 0)
+    if (!e || !rp)
         return RLAI_ERR_INVALID_ARG;
+    int rc0 = rlai_engine_check_tokens(e, rp->prompt, rp->n_prompt);
+    if (rc0 < 0)
+        return rc0;
     const rlai_hparams *hp = rlai_model_hparams(e->model);
-    for (int i = 0; i < rp->n_prompt; i++)
-        if (rp->prompt[i] < 0 || rp->prompt[i] >= hp->n_vocab)
-            return RLAI_ERR_INVALID_ARG;
-    if (rp->n_prompt >= e->n_ctx)
-        return RLAI_ERR_CONTEXT_FULL;
     rlai_req *r = calloc(1, sizeof(*r));
     if (!r)
         return RLAI_ERR_NOMEM;
@@ -737,14 +735,11 @@ static int pin_locked(rlai_engine *e, const rlai_token *toks, int n)
 
 int rlai_engine_pin_prefix(rlai_engine *e, const rlai_token *toks, int n)
 {
-    if (!e || !toks || n <= 0)
+    if (!e)
         return RLAI_ERR_INVALID_ARG;
-    if (n >= e->n_ctx)
-        return RLAI_ERR_CONTEXT_FULL;
-    const rlai_hparams *hp = rlai_model_hparams(e->model);
-    for (int i = 0; i < n; i++)
-        if (toks[i] < 0 || toks[i] >= hp->n_vocab)
-            return RLAI_ERR_INVALID_ARG;
+    int rc0 = rlai_engine_check_tokens(e, toks, n);
+    if (rc0 < 0)
+        return rc0;
     pthread_mutex_lock(&e->step_mu);
     int rc = pin_locked(e, toks, n);
     rlai_sched_refresh_kv_stats(e);

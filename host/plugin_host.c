@@ -1,6 +1,7 @@
 /* plugin_host.c - plugin loading, command registry and call workers (see
  * plugin_host.h; the ABI is include/rlai/plugin.h). */
 #include "plugin_host.h"
+#include "rlai/error.h"
 #include "rlai/clock.h"
 #include "rlai/plugin.h"
 #include "gguf_describe.h"
@@ -128,16 +129,6 @@ static const rlai_host_api host_api;
 
 /* ---------------------------------------------------------- small helpers */
 
-static void set_err(char *err, size_t len, const char *fmt, ...)
-{
-    if (!err || !len)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, len, fmt, ap);
-    va_end(ap);
-}
-
 static bool valid_ident(const char *s, size_t max)
 {
     size_t n = strlen(s);
@@ -167,14 +158,14 @@ static int check_mode(const struct stat *st, const char *path, bool root_dir, ch
 {
     uid_t me = geteuid();
     if (st->st_uid != me && st->st_uid != 0) {
-        set_err(err, errlen, "%s: refused: owned by uid %u, not by this user (%u) or root", path,
+        rlai_errf(err, errlen, 0, "%s: refused: owned by uid %u, not by this user (%u) or root", path,
                 (unsigned)st->st_uid, (unsigned)me);
         return RLAI_ERR_INVALID_ARG;
     }
     if (st->st_mode & (S_IWGRP | S_IWOTH)) {
         if (root_dir && S_ISDIR(st->st_mode) && (st->st_mode & S_ISVTX) && st->st_uid == 0)
             return 0;
-        set_err(err, errlen, "%s: refused: the %s is %s-writable (chmod go-w)", path,
+        rlai_errf(err, errlen, 0, "%s: refused: the %s is %s-writable (chmod go-w)", path,
                 S_ISDIR(st->st_mode) ? "folder" : "file", (st->st_mode & S_IWOTH) ? "world" : "group");
         return RLAI_ERR_INVALID_ARG;
     }
@@ -189,26 +180,26 @@ static int open_plugin_file(int dirfd, const char *name, const char *path, char 
 {
     struct stat st;
     if (fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
-        set_err(err, errlen, "%s: %s", path, strerror(errno));
+        rlai_errf(err, errlen, 0, "%s: %s", path, strerror(errno));
         return RLAI_ERR_IO;
     }
     if (S_ISLNK(st.st_mode)) {
-        set_err(err, errlen, "%s: refused: it is a symbolic link (put the file itself in the plugin folder)", path);
+        rlai_errf(err, errlen, 0, "%s: refused: it is a symbolic link (put the file itself in the plugin folder)", path);
         return RLAI_ERR_INVALID_ARG;
     }
     if (!S_ISREG(st.st_mode)) {
-        set_err(err, errlen, "%s: refused: not a regular file", path);
+        rlai_errf(err, errlen, 0, "%s: refused: not a regular file", path);
         return RLAI_ERR_INVALID_ARG;
     }
     int fd = openat(dirfd, name, O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY);
     if (fd < 0) {
         int e = errno;
-        set_err(err, errlen, e == ELOOP ? "%s: refused: it is a symbolic link" : "%s: %s", path, strerror(e));
+        rlai_errf(err, errlen, 0, e == ELOOP ? "%s: refused: it is a symbolic link" : "%s: %s", path, strerror(e));
         return e == ELOOP ? RLAI_ERR_INVALID_ARG : RLAI_ERR_IO;
     }
     struct stat fst;
     if (fstat(fd, &fst) != 0 || !S_ISREG(fst.st_mode) || fst.st_ino != st.st_ino || fst.st_dev != st.st_dev) {
-        set_err(err, errlen, "%s: refused: not a regular file (or replaced while opening)", path);
+        rlai_errf(err, errlen, 0, "%s: refused: not a regular file (or replaced while opening)", path);
         close(fd);
         return RLAI_ERR_INVALID_ARG;
     }
@@ -225,7 +216,7 @@ static char *read_fd_small(int fd, const char *path, size_t max, char *err, size
 {
     char *buf = malloc(max + 2);
     if (!buf) {
-        set_err(err, errlen, "out of memory");
+        rlai_errf(err, errlen, 0, "out of memory");
         return NULL;
     }
     size_t n = 0;
@@ -234,7 +225,7 @@ static char *read_fd_small(int fd, const char *path, size_t max, char *err, size
         if (r < 0 && errno == EINTR)
             continue;
         if (r < 0) {
-            set_err(err, errlen, "%s: %s", path, strerror(errno));
+            rlai_errf(err, errlen, 0, "%s: %s", path, strerror(errno));
             free(buf);
             return NULL;
         }
@@ -243,7 +234,7 @@ static char *read_fd_small(int fd, const char *path, size_t max, char *err, size
         n += (size_t)r;
         if (n > max) {
             free(buf);
-            set_err(err, errlen, "%s: larger than %zu bytes", path, max);
+            rlai_errf(err, errlen, 0, "%s: larger than %zu bytes", path, max);
             return NULL;
         }
     }
@@ -538,7 +529,7 @@ static int check_json(const cJSON *v, int depth, size_t *budget, char *why, size
 {
     for (const cJSON *it = v; it; it = depth ? it->next : NULL) {
         if ((cJSON_IsArray(it) || cJSON_IsObject(it)) && depth >= RLAI_PROTO_MAX_DEPTH) {
-            set_err(why, whylen, "the value nests deeper than %d levels", RLAI_PROTO_MAX_DEPTH);
+            rlai_errf(why, whylen, 0, "the value nests deeper than %d levels", RLAI_PROTO_MAX_DEPTH);
             return RLAI_ERR_TOO_LARGE;
         }
         bool nul;
@@ -548,17 +539,17 @@ static int check_json(const cJSON *v, int depth, size_t *budget, char *why, size
                 continue;
             size_t n = strlen(strs[k]);
             if (utf8_check((const unsigned char *)strs[k], n, &nul) != n) {
-                set_err(why, whylen, "a %s is not valid UTF-8", k ? "string" : "key");
+                rlai_errf(why, whylen, 0, "a %s is not valid UTF-8", k ? "string" : "key");
                 return RLAI_ERR_INVALID_ARG;
             }
             if (n + 8 > *budget) {
-                set_err(why, whylen, "the value is larger than %u bytes", RLAI_PLUGIN_MAX_OUTPUT);
+                rlai_errf(why, whylen, 0, "the value is larger than %u bytes", RLAI_PLUGIN_MAX_OUTPUT);
                 return RLAI_ERR_TOO_LARGE;
             }
             *budget -= n + 8;
         }
         if (*budget < 16) {
-            set_err(why, whylen, "the value is larger than %u bytes", RLAI_PLUGIN_MAX_OUTPUT);
+            rlai_errf(why, whylen, 0, "the value is larger than %u bytes", RLAI_PLUGIN_MAX_OUTPUT);
             return RLAI_ERR_TOO_LARGE;
         }
         *budget -= 16;
@@ -1558,7 +1549,7 @@ static int read_manifest(int dirfd, const char *dir, cJSON **root_out, char *err
     cJSON *root = cJSON_ParseWithOpts(text, &end, true);
     if (!root) {
         size_t off = end ? (size_t)(end - text) : 0;
-        set_err(err, errlen, "%s: not valid JSON (near byte %zu)", path, off);
+        rlai_errf(err, errlen, 0, "%s: not valid JSON (near byte %zu)", path, off);
         free(text);
         return RLAI_ERR_FORMAT;
     }
@@ -1617,14 +1608,14 @@ static int read_manifest(int dirfd, const char *dir, cJSON **root_out, char *err
             why = "must map \"*\" or \"<name>.<verb>\" command names to milliseconds (1 to 86400000)";
         } else if (isolation && strcmp(isolation->valuestring, "in-process") != 0) {
             bool process = strcmp(isolation->valuestring, "process") == 0;
-            set_err(err, errlen, process ? "%s: \"isolation\": \"process\" is not implemented in this build "
+            rlai_errf(err, errlen, 0, process ? "%s: \"isolation\": \"process\" is not implemented in this build "
                                            "(plugins run inside the engine process; see docs/PLUGINS.md)"
                                          : "%s: \"isolation\" must be \"in-process\" (\"process\" is not "
                                            "implemented in this build)", path);
             cJSON_Delete(root);
             return process ? RLAI_ERR_NOT_IMPLEMENTED : RLAI_ERR_FORMAT;
         } else if (abi && abi->valuedouble != RLAI_PLUGIN_ABI_MAJOR) {
-            set_err(err, errlen, "%s: \"abi\" is %g but this host speaks plugin ABI %d.%d", path,
+            rlai_errf(err, errlen, 0, "%s: \"abi\" is %g but this host speaks plugin ABI %d.%d", path,
                     abi->valuedouble, RLAI_PLUGIN_ABI_MAJOR, RLAI_PLUGIN_ABI_MINOR);
             cJSON_Delete(root);
             return RLAI_ERR_ABI;
@@ -1632,9 +1623,9 @@ static int read_manifest(int dirfd, const char *dir, cJSON **root_out, char *err
     }
     if (why) {
         if (key)
-            set_err(err, errlen, "%s: \"%s\" %s", path, key, why);
+            rlai_errf(err, errlen, 0, "%s: \"%s\" %s", path, key, why);
         else
-            set_err(err, errlen, "%s %s", path, why);
+            rlai_errf(err, errlen, 0, "%s %s", path, why);
         cJSON_Delete(root);
         return RLAI_ERR_FORMAT;
     }
@@ -1647,7 +1638,7 @@ static int check_dir_fd(int fd, const char *path, bool root_dir, char *err, size
 {
     struct stat st;
     if (fstat(fd, &st) != 0) {
-        set_err(err, errlen, "%s: %s", path, strerror(errno));
+        rlai_errf(err, errlen, 0, "%s: %s", path, strerror(errno));
         return RLAI_ERR_IO;
     }
     return check_mode(&st, path, root_dir, err, errlen);
@@ -1676,7 +1667,7 @@ int rlai_plugin_host_load(rlai_plugin_host *h, const char *dir, char *err, size_
         return RLAI_ERR_INVALID_ARG;
     char absdir[PATH_MAX];
     if (!realpath(dir, absdir)) {
-        set_err(err, errlen, "%s: %s", dir, strerror(errno));
+        rlai_errf(err, errlen, 0, "%s: %s", dir, strerror(errno));
         return RLAI_ERR_IO;
     }
     /* The folder and its parent (the plugin root) must be ours or root's
@@ -1684,7 +1675,7 @@ int rlai_plugin_host_load(rlai_plugin_host *h, const char *dir, char *err, size_
      * folder's fd, never through a symbolic link. */
     int dirfd = open(absdir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     if (dirfd < 0) {
-        set_err(err, errlen, "%s: %s", absdir, strerror(errno));
+        rlai_errf(err, errlen, 0, "%s: %s", absdir, strerror(errno));
         return RLAI_ERR_IO;
     }
     int rc = check_dir_fd(dirfd, absdir, false, err, errlen);
@@ -1696,7 +1687,7 @@ int rlai_plugin_host_load(rlai_plugin_host *h, const char *dir, char *err, size_
         if (slash)
             *(slash == parent ? slash + 1 : slash) = 0;
         if (pfd < 0) {
-            set_err(err, errlen, "%s: %s", parent, strerror(errno));
+            rlai_errf(err, errlen, 0, "%s: %s", parent, strerror(errno));
             rc = RLAI_ERR_IO;
         } else {
             rc = check_dir_fd(pfd, parent, true, err, errlen);
@@ -1715,7 +1706,7 @@ int rlai_plugin_host_load(rlai_plugin_host *h, const char *dir, char *err, size_
     snprintf(file, sizeof(file), "%s/%s", absdir, cJSON_GetObjectItemCaseSensitive(man, "entry")->valuestring);
     for (rlai_plugin *q = h->plugins; q; q = q->next)
         if (strcmp(q->name, name) == 0) {
-            set_err(err, errlen, "%s: a plugin named '%s' is already loaded from %s", file, name, q->dir);
+            rlai_errf(err, errlen, 0, "%s: a plugin named '%s' is already loaded from %s", file, name, q->dir);
             cJSON_Delete(man);
             close(dirfd);
             return RLAI_ERR_EXISTS;
@@ -1754,7 +1745,7 @@ int rlai_plugin_host_load(rlai_plugin_host *h, const char *dir, char *err, size_
     p->dl = dlopen(file, RTLD_NOW | RTLD_LOCAL);
     if (!p->dl) {
         const char *de = dlerror();
-        set_err(err, errlen, "%s: cannot load: %s", file, de ? de : "unknown dlopen error");
+        rlai_errf(err, errlen, 0, "%s: cannot load: %s", file, de ? de : "unknown dlopen error");
         plugin_unload(h, p, false);
         return RLAI_ERR_IO;
     }
@@ -1763,13 +1754,13 @@ int rlai_plugin_host_load(rlai_plugin_host *h, const char *dir, char *err, size_
     *(void **)&init = dlsym(p->dl, "rlai_plugin_init");
     *(void **)&p->fini = dlsym(p->dl, "rlai_plugin_fini");
     if (!abi || !init) {
-        set_err(err, errlen, "%s: not an RTX-LocalAI plugin: symbol %s is missing", file,
+        rlai_errf(err, errlen, 0, "%s: not an RTX-LocalAI plugin: symbol %s is missing", file,
                 !abi ? "rlai_plugin_abi_record (RLAI_PLUGIN_DECLARE())" : "rlai_plugin_init");
         plugin_unload(h, p, false);
         return RLAI_ERR_FORMAT;
     }
     if (abi->major != RLAI_PLUGIN_ABI_MAJOR || abi->minor > RLAI_PLUGIN_ABI_MINOR) {
-        set_err(err, errlen, "%s: refused: built for plugin ABI %u.%u, this host has %d.%d (%s)", file,
+        rlai_errf(err, errlen, 0, "%s: refused: built for plugin ABI %u.%u, this host has %d.%d (%s)", file,
                 abi->major, abi->minor, RLAI_PLUGIN_ABI_MAJOR, RLAI_PLUGIN_ABI_MINOR,
                 abi->major != RLAI_PLUGIN_ABI_MAJOR ? "another major version"
                                                     : "newer than the host: update RTX-LocalAI");
@@ -1777,7 +1768,7 @@ int rlai_plugin_host_load(rlai_plugin_host *h, const char *dir, char *err, size_
         return RLAI_ERR_ABI;
     }
     if (!abi->signature || strcmp(abi->signature, RLAI_PLUGIN_SIGNATURE) != 0) {
-        set_err(err, errlen, "%s: refused: build signature \"%s\" differs from the host's \"%s\"", file,
+        rlai_errf(err, errlen, 0, "%s: refused: build signature \"%s\" differs from the host's \"%s\"", file,
                 abi->signature ? abi->signature : "(none)", RLAI_PLUGIN_SIGNATURE);
         plugin_unload(h, p, false);
         return RLAI_ERR_ABI;
@@ -1792,11 +1783,11 @@ int rlai_plugin_host_load(rlai_plugin_host *h, const char *dir, char *err, size_
     pthread_mutex_unlock(&h->mu);
     if (irc != 0 || p->refused) {
         if (irc != 0)
-            set_err(err, errlen, "%s: plugin '%s' %s: init failed (%d%s%s)%s%s%s%s", file, p->name, p->version, irc,
+            rlai_errf(err, errlen, 0, "%s: plugin '%s' %s: init failed (%d%s%s)%s%s%s%s", file, p->name, p->version, irc,
                     irc < 0 ? ": " : "", irc < 0 ? rlai_strerror(irc) : "", msg ? ": " : "", msg ? msg : "",
                     p->refused_why[0] ? "; registration refused: " : "", p->refused_why);
         else
-            set_err(err, errlen, "%s: plugin '%s' %s: refused: a command registration was refused%s%s", file,
+            rlai_errf(err, errlen, 0, "%s: plugin '%s' %s: refused: a command registration was refused%s%s", file,
                     p->name, p->version, p->refused_why[0] ? ": " : " (see above)", p->refused_why);
         free(msg);
         /* Undo: registrations, pins; fini only runs for a plugin whose init
@@ -1894,7 +1885,7 @@ int rlai_plugin_host_call_timed(rlai_plugin_host *h, const char *command_name, c
     if (call_id)
         *call_id = 0;
     if (!h || !command_name || !sink || !sink->token || !sink->result || !sink->done || !sink->error) {
-        set_err(err, errlen, "invalid call");
+        rlai_errf(err, errlen, 0, "invalid call");
         return RLAI_ERR_INVALID_ARG;
     }
     cJSON *params = NULL;
@@ -1903,20 +1894,20 @@ int rlai_plugin_host_call_timed(rlai_plugin_host *h, const char *command_name, c
         params = cJSON_ParseWithOpts(params_json, &end, true);
         if (!cJSON_IsObject(params)) {
             cJSON_Delete(params);
-            set_err(err, errlen, "params of '%.200s' must be a JSON object", command_name);
+            rlai_errf(err, errlen, 0, "params of '%.200s' must be a JSON object", command_name);
             return RLAI_ERR_INVALID_ARG;
         }
     } else {
         params = cJSON_CreateObject();
     }
     if (!params) {
-        set_err(err, errlen, "out of memory");
+        rlai_errf(err, errlen, 0, "out of memory");
         return RLAI_ERR_NOMEM;
     }
     rlai_call *c = calloc(1, sizeof(*c));
     if (!c) {
         cJSON_Delete(params);
-        set_err(err, errlen, "out of memory");
+        rlai_errf(err, errlen, 0, "out of memory");
         return RLAI_ERR_NOMEM;
     }
     c->magic = CALL_MAGIC;
@@ -1937,20 +1928,20 @@ int rlai_plugin_host_call_timed(rlai_plugin_host *h, const char *command_name, c
         cmd = NULL;   /* its plugin's init has not succeeded yet */
     if (h->stopping) {
         rc = RLAI_ERR_CANCELLED;
-        set_err(err, errlen, "engine shutting down");
+        rlai_errf(err, errlen, 0, "engine shutting down");
     } else if (!cmd) {
         rc = RLAI_ERR_NOT_FOUND;
-        set_err(err, errlen, "unknown command '%.200s' (%d command%s registered; see `rlai plugins`)",
+        rlai_errf(err, errlen, 0, "unknown command '%.200s' (%d command%s registered; see `rlai plugins`)",
                 command_name, h->n_cmds, h->n_cmds == 1 ? "" : "s");
     } else if (rlai_params_schema_validate(cmd->schema, params, verr, sizeof(verr)) < 0) {
         rc = RLAI_ERR_INVALID_ARG;
-        set_err(err, errlen, "invalid params for %.200s: %s", command_name, verr);
+        rlai_errf(err, errlen, 0, "invalid params for %.200s: %s", command_name, verr);
     } else if ((cmd->flags & RLAI_CMD_USES_ENGINE) && !h->p.engine) {
         rc = RLAI_ERR_NOT_IMPLEMENTED;
-        set_err(err, errlen, "command '%.200s' needs a loaded model; none is loaded here", command_name);
+        rlai_errf(err, errlen, 0, "command '%.200s' needs a loaded model; none is loaded here", command_name);
     } else if (h->n_queued >= h->p.max_queue) {
         rc = RLAI_ERR_BUSY;
-        set_err(err, errlen, "too many plugin calls waiting (%d)", h->n_queued);
+        rlai_errf(err, errlen, 0, "too many plugin calls waiting (%d)", h->n_queued);
     } else {
         c->cmd = cmd;
         c->id = h->next_id++;
