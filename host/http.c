@@ -36,8 +36,6 @@
 #define STOP_WAIT_MS 10000        /* rlai_http_stop: longest wait for engine callbacks */
 #define MAX_STOPS 16
 #define MAX_STOP_LEN 256
-#define LORE_COMMAND "loremaster.talk"
-#define LORE_PREFIX "loremaster/"
 
 /* ---------------------------------------------------------- small helpers */
 
@@ -190,7 +188,7 @@ typedef enum req_kind {
     K_NONE = 0,
     K_CHAT,         /* chat.completion via the engine */
     K_COMPLETION,   /* text_completion via the engine */
-    K_LORE,         /* chat.completion answered by loremaster.talk */
+    K_PLUGIN_CHAT,  /* chat.completion answered by a plugin's chat model (register_chat_model) */
     K_PLUGIN,       /* POST /v1/plugins/{command} */
 } req_kind;
 
@@ -265,7 +263,7 @@ struct hreq {
     rlai_gen_metrics gm;
     bool have_gm;
     char stop[32];               /* plugin calls: the stop string of done */
-    char *lore_reply;            /* K_LORE: "reply" of the talk result */
+    char *chat_reply;            /* K_PLUGIN_CHAT: "text" or "reply" of the command's result */
     bool streamed;               /* some text went out as chunks */
     bool probed;                 /* the client half-closed and was probed once */
     bool probe;                  /* a probe write is due (connection thread) */
@@ -316,7 +314,7 @@ static void hreq_unref(hreq *r)
     cJSON_Delete(r->results);
     free(r->model);
     free(r->command);
-    free(r->lore_reply);
+    free(r->chat_reply);
     free(r->lps);
     free(r->echo_text);
     for (int i = 0; i < r->n_kids; i++)
@@ -546,7 +544,7 @@ static int status_of(int rc, const char **code)
 
 static const char *finish_reason(const hreq *r)
 {
-    if (r->kind == K_LORE) {
+    if (r->kind == K_PLUGIN_CHAT) {
         if (!strcmp(r->stop, "max_tokens") || !strcmp(r->stop, "context") || !strcmp(r->stop, "length"))
             return "length";
         if (!strcmp(r->stop, "timeout"))
@@ -594,7 +592,7 @@ static cJSON *timings_json(const hreq *r)
 
 static bool is_chat(const hreq *r)
 {
-    return r->kind == K_CHAT || r->kind == K_LORE;
+    return r->kind == K_CHAT || r->kind == K_PLUGIN_CHAT;
 }
 
 /* The envelope shared by every chunk / body. */
@@ -680,7 +678,7 @@ static cJSON *late_error(const hreq *r)
     const char *code;
     int st = status_of(r->status, &code);
     if (r->status == RLAI_ERR_NOT_FOUND)   /* a running handler's NOT_FOUND: its command exists */
-        code = r->kind == K_LORE ? "model_not_found" : r->kind == K_PLUGIN ? "not_found" : "command_not_found";
+        code = r->kind == K_PLUGIN_CHAT ? "model_not_found" : r->kind == K_PLUGIN ? "not_found" : "command_not_found";
     return error_json(st, code, NULL, r->errmsg[0] ? r->errmsg : rlai_strerror(r->status));
 }
 
@@ -689,7 +687,7 @@ static bool ended_badly(const hreq *r)
     if (r->status < 0 || r->why == END_SHUTDOWN)
         return true;
     /* An engine request cancelled by someone other than its client. */
-    return r->kind != K_PLUGIN && r->kind != K_LORE && r->have_gm && r->gm.stop == RLAI_STOP_CANCELLED;
+    return r->kind != K_PLUGIN && r->kind != K_PLUGIN_CHAT && r->have_gm && r->gm.stop == RLAI_STOP_CANCELLED;
 }
 
 /* Replaces choice's "logprobs" with the object for n tokens (chat:
@@ -891,11 +889,13 @@ static int sink_result(void *user, const cJSON *value)
     if (r->kind != K_PLUGIN) {
         /* Character chats carry the text; keep the reply in case the
          * command did not stream it. */
-        const cJSON *rep = cJSON_GetObjectItemCaseSensitive(value, "reply");
+        const cJSON *rep = cJSON_GetObjectItemCaseSensitive(value, "text");
+        if (!cJSON_IsString(rep))
+            rep = cJSON_GetObjectItemCaseSensitive(value, "reply");
         if (cJSON_IsString(rep)) {
             pthread_mutex_lock(&r->mu);
-            free(r->lore_reply);
-            r->lore_reply = strdup(rep->valuestring);
+            free(r->chat_reply);
+            r->chat_reply = strdup(rep->valuestring);
             pthread_mutex_unlock(&r->mu);
         }
         return 0;
@@ -1035,8 +1035,8 @@ static bool produce(hreq *r)
         } else if (ended_badly(r)) {
             sse_event(&r->out, NULL, late_error(r));
         } else {
-            if (!r->streamed && r->lore_reply && r->lore_reply[0])
-                sse_event(&r->out, NULL, chunk_json(r, r->lore_reply, strlen(r->lore_reply), false, NULL));
+            if (!r->streamed && r->chat_reply && r->chat_reply[0])
+                sse_event(&r->out, NULL, chunk_json(r, r->chat_reply, strlen(r->chat_reply), false, NULL));
             if (r->held.len)
                 tool_flush(r);
             cJSON *fin = chunk_json(r, NULL, 0, false, finish_reason(r));
@@ -1168,7 +1168,7 @@ static enum MHD_Result finish_blocking(hreq *r)
         cJSON_AddItemToObject(j, "usage", r->have_gm ? usage_json(r) : cJSON_CreateNull());
         return send_json(r, 200, j);
     }
-    const char *text = r->pending.len ? r->pending.p : r->lore_reply;
+    const char *text = r->pending.len ? r->pending.p : r->chat_reply;
     if (r->echo_text) {
         /* completions "echo": the prompt, then the completion */
         size_t el = strlen(r->echo_text);
@@ -1417,12 +1417,13 @@ static bool parse_sampling(hreq *r, const cJSON *body, gen_request *g)
     return true;
 }
 
-/* Checks "model": absent, null, "default", the model id, or (chat only)
- * "loremaster/<character>" (*character set). Returns false after 404/400. */
-static bool check_model(hreq *r, const cJSON *body, bool allow_lore, const char **character)
+/* Checks "model": the local model (its id or "default") or, when
+ * allow_chat_models, a chat model a plugin offers (*chat_model set to the
+ * name). Returns false after answering 404/400. */
+static bool check_model(hreq *r, const cJSON *body, bool allow_chat_models, const char **chat_model)
 {
     const cJSON *m = cJSON_GetObjectItemCaseSensitive(body, "model");
-    *character = NULL;
+    *chat_model = NULL;
     if (!m || cJSON_IsNull(m)) {
         r->model = strdup(r->h->model_id);
         return true;
@@ -1430,8 +1431,8 @@ static bool check_model(hreq *r, const cJSON *body, bool allow_lore, const char 
     if (!cJSON_IsString(m))
         return send_error(r, 400, "invalid_type", "model", "'model' must be a string"), false;
     const char *v = m->valuestring;
-    if (allow_lore && !strncmp(v, LORE_PREFIX, strlen(LORE_PREFIX)) && v[strlen(LORE_PREFIX)])
-        *character = v + strlen(LORE_PREFIX);
+    if (allow_chat_models && strchr(v, '/') && strcmp(v, r->h->model_id) != 0)
+        *chat_model = v;   /* looked up by plugin_chat */
     else if (strcmp(v, r->h->model_id) != 0 && strcmp(v, "default") != 0)
         return send_error(r, 404, "model_not_found", "model",
                           "The model '%.200s' does not exist: this server serves '%s' (also reachable as 'default')",
@@ -1658,7 +1659,7 @@ static enum MHD_Result run_call(hreq *r, const char *command, const char *params
         const char *code;
         int st = status_of(rc, &code);
         if (rc == RLAI_ERR_NOT_FOUND)
-            code = r->kind == K_LORE ? "model_not_found" : "command_not_found";
+            code = r->kind == K_PLUGIN_CHAT ? "model_not_found" : "command_not_found";
         return send_error(r, st, code, NULL, "%s", err[0] ? err : rlai_strerror(rc));
     }
     pthread_mutex_lock(&r->mu);
@@ -1752,37 +1753,57 @@ static cJSON *parse_body(hreq *r)
     return j;
 }
 
-/* Character chat through loremaster.talk: the last user message, a
- * session (from "session" or "user") and the sampling fields it knows. */
-static enum MHD_Result lore_chat(hreq *r, const cJSON *body, const char *character, const chat_msgs *cm)
+/* Chat with a plugin's chat model (register_chat_model, ABI 1.2): its
+ * command is called with the model's fixed params plus the last user
+ * message, a session (from "session" or "user") and the sampling fields
+ * of the contract. by_id: `model` is an id alone (the "character" field). */
+static enum MHD_Result plugin_chat(hreq *r, const cJSON *body, const char *model, bool by_id, const chat_msgs *cm)
 {
     if (!r->h->plugins)
         return send_error(r, 404, "model_not_found", "model",
-                          "character chat needs the loremaster plugin, and no plugins are loaded");
+                          "The model '%.200s' does not exist: no plugins are loaded", model);
+    char *full = NULL, *command = NULL;
+    cJSON *p = NULL;
+    int lrc = rlai_plugin_host_chat_model(r->h->plugins, model, by_id, &full, &command, &p);
+    if (lrc == RLAI_ERR_NOT_FOUND)
+        return send_error(r, 404, "model_not_found", by_id ? "character" : "model",
+                          "The model '%.200s' does not exist (GET /v1/models lists the chat models)", model);
+    if (lrc < 0)
+        return send_error(r, 500, NULL, NULL, "out of memory");
+    free(r->model);
+    r->model = full;
     const char *last = NULL;
     for (int i = cm->n - 1; i >= 0 && !last; i--)
         if (!strcmp(cm->m[i].role, "user"))
             last = cm->m[i].content;
-    if (!last)
-        return send_error(r, 400, "invalid_value", "messages", "a character chat needs a user message");
-    cJSON *p = cJSON_CreateObject();
-    cJSON_AddStringToObject(p, "character", character);
+    if (!last) {
+        free(command);
+        cJSON_Delete(p);
+        return send_error(r, 400, "invalid_value", "messages", "a chat with '%s' needs a user message", r->model);
+    }
+    cJSON_DeleteItemFromObjectCaseSensitive(p, "message");
     cJSON_AddStringToObject(p, "message", last);
     const cJSON *s = cJSON_GetObjectItemCaseSensitive(body, "session");
     if (!cJSON_IsString(s))
         s = cJSON_GetObjectItemCaseSensitive(body, "user");
-    if (cJSON_IsString(s) && s->valuestring[0])
+    if (cJSON_IsString(s) && s->valuestring[0]) {
+        cJSON_DeleteItemFromObjectCaseSensitive(p, "session");
         cJSON_AddStringToObject(p, "session", s->valuestring);
+    }
     const char *pass[] = { "max_tokens", "temperature" };
     for (size_t i = 0; i < sizeof(pass) / sizeof(pass[0]); i++) {
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(body, pass[i]);
-        if (cJSON_IsNumber(v))
+        if (cJSON_IsNumber(v)) {
+            cJSON_DeleteItemFromObjectCaseSensitive(p, pass[i]);
             cJSON_AddNumberToObject(p, pass[i], v->valuedouble);
+        }
     }
     char seed_text[24];   /* the seed's exact text (a double would round it) */
     if (cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(body, "seed")) &&
-        rlai_json_find_int_text(r->body.p, r->body.len, "seed", seed_text, sizeof(seed_text)) == 1)
+        rlai_json_find_int_text(r->body.p, r->body.len, "seed", seed_text, sizeof(seed_text)) == 1) {
+        cJSON_DeleteItemFromObjectCaseSensitive(p, "seed");
         cJSON_AddRawToObject(p, "seed", seed_text);
+    }
     const cJSON *mct = cJSON_GetObjectItemCaseSensitive(body, "max_completion_tokens");
     if (cJSON_IsNumber(mct)) {
         cJSON_DeleteItemFromObjectCaseSensitive(p, "max_tokens");
@@ -1790,11 +1811,14 @@ static enum MHD_Result lore_chat(hreq *r, const cJSON *body, const char *charact
     }
     char *pj = cJSON_PrintUnformatted(p);
     cJSON_Delete(p);
-    if (!pj)
+    if (!pj) {
+        free(command);
         return send_error(r, 500, NULL, NULL, "out of memory");
-    r->kind = K_LORE;
-    enum MHD_Result rc = run_call(r, LORE_COMMAND, pj, 0);
+    }
+    r->kind = K_PLUGIN_CHAT;
+    enum MHD_Result rc = run_call(r, command, pj, 0);
     free(pj);
+    free(command);
     return rc;
 }
 
@@ -1848,26 +1872,24 @@ static enum MHD_Result chat_completions(hreq *r)
         return MHD_YES;
     gen_request g;
     memset(&g, 0, sizeof(g));
-    const char *character = NULL;
+    const char *chat_model = NULL;
     chat_msgs cm = { 0 };
     enum MHD_Result ret = MHD_YES;
-    if (!check_model(r, body, true, &character) || !parse_sampling(r, body, &g) || !parse_messages(r, body, &cm))
+    if (!check_model(r, body, true, &chat_model) || !parse_sampling(r, body, &g) || !parse_messages(r, body, &cm))
         goto out;
     make_id(r, "chatcmpl-");
+    /* "character": a chat model named by its id alone (extension). */
     const cJSON *ch = cJSON_GetObjectItemCaseSensitive(body, "character");
     if (ch && !cJSON_IsNull(ch)) {
         if (!cJSON_IsString(ch) || !ch->valuestring[0]) {
             send_error(r, 400, "invalid_type", "character", "'character' must be a non-empty string");
             goto out;
         }
-        character = ch->valuestring;
-        char name[300];
-        snprintf(name, sizeof(name), LORE_PREFIX "%s", character);
-        free(r->model);
-        r->model = strdup(name);
+        ret = plugin_chat(r, body, ch->valuestring, true, &cm);
+        goto out;
     }
-    if (character) {
-        ret = lore_chat(r, body, character, &cm);
+    if (chat_model) {
+        ret = plugin_chat(r, body, chat_model, false, &cm);
         goto out;
     }
     if (!chat_tools(r, body, &g, &cm))
@@ -2346,119 +2368,23 @@ static cJSON *model_object(rlai_http *h, const char *id)
     return m;
 }
 
-/* A short plugin call answered in place: collects the first result. */
-typedef struct quick_call {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int refs;                    /* caller + sink */
-    bool done;
-    cJSON *result;
-} quick_call;
-
-static void quick_unref(quick_call *q)
-{
-    pthread_mutex_lock(&q->mu);
-    int left = --q->refs;
-    pthread_mutex_unlock(&q->mu);
-    if (left)
-        return;
-    cJSON_Delete(q->result);
-    pthread_cond_destroy(&q->cv);
-    pthread_mutex_destroy(&q->mu);
-    free(q);
-}
-
-static int quick_token(void *user, const char *text, size_t len)
-{
-    (void)user;
-    (void)text;
-    (void)len;
-    return 0;
-}
-
-static int quick_result(void *user, const cJSON *value)
-{
-    quick_call *q = user;
-    pthread_mutex_lock(&q->mu);
-    if (!q->result)
-        q->result = cJSON_Duplicate(value, true);
-    pthread_mutex_unlock(&q->mu);
-    return 0;
-}
-
-static void quick_end(quick_call *q)
-{
-    pthread_mutex_lock(&q->mu);
-    q->done = true;
-    pthread_cond_broadcast(&q->cv);
-    pthread_mutex_unlock(&q->mu);
-    quick_unref(q);
-}
-
-static void quick_done(void *user, const char *stop, const rlai_call_metrics *m)
-{
-    (void)stop;
-    (void)m;
-    quick_end(user);
-}
-
-static void quick_error(void *user, int code, const char *msg)
-{
-    (void)code;
-    (void)msg;
-    quick_end(user);
-}
-
-/* Calls command with params "{}" and waits up to timeout_ms. Returns the
- * first result (caller owns) or NULL. */
-static cJSON *call_quick(rlai_http *h, const char *command, int timeout_ms)
+/* Appends the chat models plugins offer (register_chat_model). */
+static void add_chat_models(rlai_http *h, cJSON *data)
 {
     if (!h->plugins)
-        return NULL;
-    quick_call *q = calloc(1, sizeof(*q));
-    if (!q)
-        return NULL;
-    pthread_mutex_init(&q->mu, NULL);
-    cond_init_monotonic(&q->cv);
-    q->refs = 2;
-    rlai_call_sink sink = { quick_token, quick_result, quick_done, quick_error, q };
-    char err[200];
-    if (rlai_plugin_host_call(h->plugins, command, "{}", &sink, NULL, err, sizeof(err)) < 0) {
-        q->refs = 1;
-        quick_unref(q);
-        return NULL;
-    }
-    struct timespec ts;
-    deadline_in(&ts, timeout_ms);
-    pthread_mutex_lock(&q->mu);
-    while (!q->done)
-        if (pthread_cond_timedwait(&q->cv, &q->mu, &ts) == ETIMEDOUT)
-            break;
-    cJSON *res = q->done ? q->result : NULL;
-    if (res)
-        q->result = NULL;
-    pthread_mutex_unlock(&q->mu);
-    quick_unref(q);
-    return res;
-}
-
-/* Appends "loremaster/<id>" for every character LoreMaster plays. */
-static void add_characters(rlai_http *h, cJSON *data)
-{
-    cJSON *res = call_quick(h, "loremaster.characters", 2000);
-    const cJSON *chars = cJSON_GetObjectItemCaseSensitive(res, "characters");
+        return;
+    cJSON *list = rlai_plugin_host_chat_models_json(h->plugins);
     const cJSON *c;
-    cJSON_ArrayForEach(c, chars) {
-        const cJSON *id = cJSON_GetObjectItemCaseSensitive(c, "id");
-        if (!cJSON_IsString(id))
-            continue;
-        char name[300];
-        snprintf(name, sizeof(name), LORE_PREFIX "%s", id->valuestring);
-        cJSON *m = model_object(h, name);
-        cJSON_ReplaceItemInObject(m, "owned_by", cJSON_CreateString("loremaster"));
+    cJSON_ArrayForEach(c, list) {
+        cJSON *m = model_object(h, cJSON_GetObjectItemCaseSensitive(c, "id")->valuestring);
+        cJSON_ReplaceItemInObject(m, "owned_by",
+                                  cJSON_CreateString(cJSON_GetObjectItemCaseSensitive(c, "plugin")->valuestring));
+        const cJSON *d = cJSON_GetObjectItemCaseSensitive(c, "description");
+        if (cJSON_IsString(d))
+            cJSON_AddStringToObject(m, "description", d->valuestring);
         cJSON_AddItemToArray(data, m);
     }
-    cJSON_Delete(res);
+    cJSON_Delete(list);
 }
 
 static enum MHD_Result models(hreq *r, const char *which)
@@ -2469,7 +2395,7 @@ static enum MHD_Result models(hreq *r, const char *which)
     cJSON *data = cJSON_AddArrayToObject(j, "data");
     cJSON_AddItemToArray(data, model_object(h, h->model_id));
     cJSON_AddItemToArray(data, model_object(h, "default"));
-    add_characters(h, data);
+    add_chat_models(h, data);
     if (!which)
         return send_json(r, 200, j);
     const cJSON *m;

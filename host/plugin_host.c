@@ -65,7 +65,16 @@ struct rlai_plugin {
     pin *pins;                      /* prefixes this plugin pinned */
     pthread_mutex_t pin_mu;
     cJSON *timeouts;                /* manifest "timeout_ms" object (owned) or NULL */
+    uint32_t abi_minor;             /* the ABI minor it was built for */
 };
+
+/* A chat model a plugin offers (register_chat_model, ABI 1.2). */
+typedef struct chat_model {
+    struct chat_model *next;
+    char *name, *command, *description;
+    char *params_json;              /* the fixed params object, printed */
+    struct rlai_plugin *owner;
+} chat_model;
 
 struct rlai_call {
     uint32_t magic;
@@ -84,6 +93,8 @@ struct rlai_call {
     bool running;                   /* its handler runs (under h->mu) */
     bool timed_out;                 /* the watchdog ended it (under h->mu) */
     bool replaced;                  /* its worker was replaced (under h->mu) */
+    bool handed_off;                /* a worker was started while it waited on the
+                                       engine; its thread leaves after it (under h->mu) */
     pthread_mutex_t mu;             /* guards engine_id */
     uint64_t engine_id;             /* running engine job, 0 = none */
     rlai_call_metrics metrics;
@@ -111,6 +122,9 @@ struct rlai_plugin_host {
     int n_running;                  /* handlers running now */
     int n_stuck;                    /* handlers running past their deadline */
     int n_replaced;                 /* extra threads started for stuck ones, still stuck */
+    int n_engine_waits;             /* handlers waiting for an engine job now */
+    int n_handoff;                  /* extra threads started for them, their calls not ended */
+    chat_model *chat_models;        /* register_chat_model */
     pthread_t watchdog;
     pthread_cond_t wd_cv;           /* the watchdog's tick / stop */
     bool watchdog_started;
@@ -405,6 +419,15 @@ static int api_register_command(rlai_plugin *self, const rlai_command_desc *d_in
 }
 
 /* Removes every command of plugin p (load failure or unload). */
+static void free_chat_model(chat_model *m)
+{
+    free(m->name);
+    free(m->command);
+    free(m->description);
+    free(m->params_json);
+    free(m);
+}
+
 static void unregister_all(rlai_plugin_host *h, rlai_plugin *p)
 {
     pthread_mutex_lock(&h->mu);
@@ -416,6 +439,15 @@ static void unregister_all(rlai_plugin_host *h, rlai_plugin *p)
             h->cmds[w++] = h->cmds[i];
     }
     h->n_cmds = w;
+    for (chat_model **mp = &h->chat_models; *mp;) {
+        chat_model *m = *mp;
+        if (m->owner == p) {
+            *mp = m->next;
+            free_chat_model(m);
+        } else {
+            mp = &m->next;
+        }
+    }
     pthread_mutex_unlock(&h->mu);
 }
 
@@ -423,6 +455,80 @@ static void api_set_state(rlai_plugin *self, void *state)
 {
     if (plugin_ok(self))
         self->state = state;
+}
+
+static bool valid_model_id(const char *s)
+{
+    size_t n = strlen(s);
+    if (n == 0 || n > 200)
+        return false;
+    for (size_t i = 0; i < n; i++) {
+        char c = s[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
+              c == '-'))
+            return false;
+    }
+    return true;
+}
+
+static int api_register_chat_model(rlai_plugin *self, const char *model, const char *command_name,
+                                   const char *params_json, const char *description)
+{
+    if (!plugin_ok(self) || !model || !command_name)
+        return RLAI_ERR_INVALID_ARG;
+    rlai_plugin_host *h = self->host;
+    size_t nlen = strlen(self->name);
+    cJSON *params = params_json ? cJSON_Parse(params_json) : cJSON_CreateObject();
+    char *printed = cJSON_IsObject(params) ? cJSON_PrintUnformatted(params) : NULL;
+    bool params_ok = cJSON_IsObject(params);
+    cJSON_Delete(params);
+    pthread_mutex_lock(&h->mu);
+    int rc = 0;
+    char why[400] = "";
+    const command *cmd = find_cmd(h, command_name);
+    if (h->loading != self) {
+        rc = RLAI_ERR_BUSY;
+        snprintf(why, sizeof(why), "chat models can only be registered during rlai_plugin_init");
+    } else if (strncmp(model, self->name, nlen) != 0 || model[nlen] != '/' || !valid_model_id(model + nlen + 1)) {
+        rc = RLAI_ERR_INVALID_ARG;
+        snprintf(why, sizeof(why), "chat model '%.100s' is not '%s/<id>' (id of A-Z, a-z, 0-9, '.', '_', '-')",
+                 model, self->name);
+    } else if (!cmd || cmd->owner != self) {
+        rc = RLAI_ERR_INVALID_ARG;
+        snprintf(why, sizeof(why), "chat model '%.100s': '%.100s' is not a command of plugin '%s'", model,
+                 command_name, self->name);
+    } else if (!params_ok) {
+        rc = RLAI_ERR_INVALID_ARG;
+        snprintf(why, sizeof(why), "chat model '%.100s': params are not a JSON object", model);
+    } else {
+        for (const chat_model *m = h->chat_models; m; m = m->next)
+            if (!strcmp(m->name, model)) {
+                rc = RLAI_ERR_EXISTS;
+                snprintf(why, sizeof(why), "chat model '%.100s' is already registered", model);
+            }
+    }
+    if (rc == 0) {
+        chat_model *m = calloc(1, sizeof(*m));
+        if (m && (m->name = strdup(model)) && (m->command = strdup(command_name)) &&
+            (!description || (m->description = strdup(description))) && printed) {
+            m->params_json = printed;
+            printed = NULL;
+            m->owner = self;
+            chat_model **tail = &h->chat_models;   /* keep registration order */
+            while (*tail)
+                tail = &(*tail)->next;
+            *tail = m;
+        } else {
+            if (m)
+                free_chat_model(m);
+            rc = RLAI_ERR_NOMEM;
+        }
+    }
+    pthread_mutex_unlock(&h->mu);
+    free(printed);
+    if (rc < 0 && rc != RLAI_ERR_NOMEM)
+        api_log(self, RLAI_LOG_ERROR, "%s: %s", self->file, why);
+    return rc;
 }
 
 static const cJSON *api_config(rlai_plugin *self)
@@ -788,10 +894,44 @@ static void gen_on_done(void *user, uint64_t id, int status, const rlai_gen_metr
     pthread_mutex_unlock(&w->mu);
 }
 
-static int api_generate(rlai_call *call, const rlai_gen_request *req_in, size_t size, rlai_gen_result *out)
+static int start_worker(rlai_plugin_host *h);
+
+/* The handler of `call` is about to wait for an engine job: when no other
+ * worker is idle, start one so queued calls keep being served (the
+ * "blocked client" of Redis modules, with the plugin API kept blocking).
+ * The call's thread leaves the pool after the call, restoring its size.
+ * At most max_queue such threads exist at once. */
+static void engine_wait_begin(rlai_call *call)
 {
-    if (!call_ok(call) || !req_in || !out)
+    rlai_plugin_host *h = call->h;
+    pthread_mutex_lock(&h->mu);
+    h->n_engine_waits++;
+    int idle = h->n_alive - h->n_running;
+    if (idle <= 0 && !call->handed_off && !call->replaced && !h->stopping && h->n_handoff < h->p.max_queue &&
+        start_worker(h) == 0) {
+        call->handed_off = true;
+        h->n_handoff++;
+    }
+    pthread_mutex_unlock(&h->mu);
+}
+
+static void engine_wait_end(rlai_call *call)
+{
+    rlai_plugin_host *h = call->h;
+    pthread_mutex_lock(&h->mu);
+    h->n_engine_waits--;
+    pthread_mutex_unlock(&h->mu);
+}
+
+static int api_generate(rlai_call *call, const rlai_gen_request *req_in, size_t size, rlai_gen_result *out_p)
+{
+    if (!call_ok(call) || !req_in || !out_p)
         return RLAI_ERR_INVALID_ARG;
+    /* The plugin's struct is as large as its ABI minor defines: write no
+     * more than that (a 1.0/1.1 plugin has no drafted/accepted fields). */
+    size_t out_size = call->cmd->owner->abi_minor >= 2 ? sizeof(rlai_gen_result) : RLAI_GEN_RESULT_SIZE_1_0;
+    memset(out_p, 0, out_size);
+    rlai_gen_result out_full, *out = &out_full;
     memset(out, 0, sizeof(*out));
     if (size > sizeof(rlai_gen_request))
         return RLAI_ERR_UNSUPPORTED;
@@ -874,10 +1014,12 @@ static int api_generate(rlai_call *call, const rlai_gen_request *req_in, size_t 
     /* A cancel that raced the submit is re-applied here. */
     if (atomic_load(&call->cancel))
         rlai_router_cancel(h->p.router, eid);
+    engine_wait_begin(call);
     pthread_mutex_lock(&w.mu);
     while (!w.done)
         pthread_cond_wait(&w.cv, &w.mu);
     pthread_mutex_unlock(&w.mu);
+    engine_wait_end(call);
     pthread_mutex_lock(&call->mu);
     call->engine_id = 0;
     pthread_mutex_unlock(&call->mu);
@@ -898,6 +1040,8 @@ static int api_generate(rlai_call *call, const rlai_gen_request *req_in, size_t 
     out->prefill_tps = w.m.prefill_tps;
     out->decode_tps = w.m.decode_tps;
     out->stop = atomic_load(&call->cancel) ? "cancelled" : rlai_stop_reason_name(w.m.stop);
+    out->drafted_tokens = w.m.drafted_tokens;
+    out->accepted_tokens = w.m.accepted_tokens;
     call->metrics = (rlai_call_metrics){
         .valid = true, .prompt_tokens = out->prompt_tokens, .reused_tokens = out->reused_tokens,
         .gen_tokens = out->gen_tokens, .queue_ms = out->queue_ms, .ttft_ms = out->ttft_ms,
@@ -905,6 +1049,7 @@ static int api_generate(rlai_call *call, const rlai_gen_request *req_in, size_t 
         .drafted_tokens = w.m.drafted_tokens, .accepted_tokens = w.m.accepted_tokens,
     };
     call->stop = out->stop;
+    memcpy(out_p, out, out_size);
     return 0;
 }
 
@@ -1060,6 +1205,7 @@ static const rlai_host_api host_api = {
     .free = api_free,
     .log = api_log,
     .register_command = api_register_command,
+    .register_chat_model = api_register_chat_model,
     .set_state = api_set_state,
     .config = api_config,
     .plugin_dir = api_plugin_dir,
@@ -1151,6 +1297,10 @@ static void *worker_main(void *arg)
         c->running = false;
         h->n_running--;
         bool leave = false;
+        if (c->handed_off) {
+            h->n_handoff--;
+            leave = true;       /* a worker started while it waited took its place */
+        }
         if (c->timed_out) {
             h->n_stuck--;
             if (c->replaced) {
@@ -1251,7 +1401,7 @@ static void *watchdog_main(void *arg)
                 continue;
             c->timed_out = true;
             h->n_stuck++;
-            if (h->n_replaced < h->p.max_stuck && start_worker(h) == 0) {
+            if (!c->handed_off && h->n_replaced < h->p.max_stuck && start_worker(h) == 0) {
                 c->replaced = true;
                 h->n_replaced++;
             }
@@ -1767,6 +1917,7 @@ int rlai_plugin_host_load(rlai_plugin_host *h, const char *dir, char *err, size_
         plugin_unload(h, p, false);
         return RLAI_ERR_ABI;
     }
+    p->abi_minor = abi->minor;
     if (!abi->signature || strcmp(abi->signature, RLAI_PLUGIN_SIGNATURE) != 0) {
         rlai_errf(err, errlen, 0, "%s: refused: build signature \"%s\" differs from the host's \"%s\"", file,
                 abi->signature ? abi->signature : "(none)", RLAI_PLUGIN_SIGNATURE);
@@ -2055,4 +2206,66 @@ int rlai_plugin_host_n_commands(rlai_plugin_host *h)
     int n = h->n_cmds;
     pthread_mutex_unlock(&h->mu);
     return n;
+}
+
+cJSON *rlai_plugin_host_chat_models_json(rlai_plugin_host *h)
+{
+    cJSON *a = cJSON_CreateArray();
+    if (!h || !a)
+        return a;
+    pthread_mutex_lock(&h->mu);
+    for (const chat_model *m = h->chat_models; m; m = m->next) {
+        if (m->owner == h->loading)
+            continue;   /* its plugin's init has not succeeded yet */
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "id", m->name);
+        cJSON_AddStringToObject(o, "plugin", m->owner->name);
+        if (m->description)
+            cJSON_AddStringToObject(o, "description", m->description);
+        cJSON_AddItemToArray(a, o);
+    }
+    pthread_mutex_unlock(&h->mu);
+    return a;
+}
+
+int rlai_plugin_host_chat_model(rlai_plugin_host *h, const char *model, bool by_id, char **name_out, char **command,
+                                cJSON **params)
+{
+    if (!h || !model)
+        return RLAI_ERR_NOT_FOUND;
+    int rc = RLAI_ERR_NOT_FOUND;
+    pthread_mutex_lock(&h->mu);
+    for (const chat_model *m = h->chat_models; m; m = m->next) {
+        if (m->owner == h->loading)
+            continue;
+        const char *id = strchr(m->name, '/') + 1;
+        if (strcmp(m->name, model) != 0 && !(by_id && !strcmp(id, model)))
+            continue;
+        *name_out = strdup(m->name);
+        *command = strdup(m->command);
+        *params = cJSON_Parse(m->params_json);
+        rc = *name_out && *command && *params ? 0 : RLAI_ERR_NOMEM;
+        if (rc < 0) {
+            free(*name_out);
+            free(*command);
+            cJSON_Delete(*params);
+            *name_out = *command = NULL;
+            *params = NULL;
+        }
+        break;
+    }
+    pthread_mutex_unlock(&h->mu);
+    return rc;
+}
+
+void rlai_plugin_host_threads(rlai_plugin_host *h, int *alive, int *engine_waits, int *handoff)
+{
+    pthread_mutex_lock(&h->mu);
+    if (alive)
+        *alive = h->n_alive;
+    if (engine_waits)
+        *engine_waits = h->n_engine_waits;
+    if (handoff)
+        *handoff = h->n_handoff;
+    pthread_mutex_unlock(&h->mu);
 }
