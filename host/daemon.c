@@ -7,6 +7,7 @@
 #include "metrics.h"
 #include "plugin_host.h"
 #include "router.h"
+#include "gen_params.h"
 #include "tools.h"
 #include "server.h"
 #include "rlai/engine.h"
@@ -370,25 +371,6 @@ static void answer_tokenize(rlai_daemon *d, rlai_conn conn, const rlai_msg *m)
     free(toks);
 }
 
-static void apply_gen(const rlai_msg_gen *g, rlai_gen_params *gp)
-{
-    rlai_gen_params_init(gp);
-    rlai_sampler_params_product(&gp->sampling, rlai_fresh_seed());   /* docs/DEFAULTS.md */
-    if (g->has_max_tokens) gp->max_tokens = g->max_tokens;
-    if (g->has_temperature) gp->sampling.temperature = g->temperature;
-    if (g->has_top_k) gp->sampling.top_k = g->top_k;
-    if (g->has_top_p) gp->sampling.top_p = g->top_p;
-    if (g->has_min_p) gp->sampling.min_p = g->min_p;
-    if (g->has_repeat_penalty) gp->sampling.repeat_penalty = g->repeat_penalty;
-    if (g->has_presence_penalty) gp->sampling.presence_penalty = g->presence_penalty;
-    if (g->has_frequency_penalty) gp->sampling.frequency_penalty = g->frequency_penalty;
-    if (g->has_seed) gp->sampling.seed = g->seed;
-    gp->ignore_eos = g->ignore_eos;
-    if (g->has_timeout_ms) gp->timeout_ms = g->timeout_ms;
-    if (g->has_spec) gp->spec = (rlai_spec_mode)g->spec;
-    if (g->has_spec_max_draft) gp->spec_max_draft = (int)g->spec_max_draft;
-}
-
 /* Submits a generate/chat request through the router (the one request
  * path: template, tokenize, prompt limit, submit). */
 static void submit_generation(rlai_daemon *d, rlai_conn conn, const rlai_msg *m)
@@ -429,13 +411,12 @@ static void submit_generation(rlai_daemon *d, rlai_conn conn, const rlai_msg *m)
     atomic_init(&j->cancel, 0);
     rlai_buf_init(&j->buf);
     rlai_request_params *rp = &rq.text.rp;
-    apply_gen(g, &rp->gen);
+    rlai_gen_params_from_wire(g, &rp->gen);
     rp->gen.timeout_ms = rlai_config_timeout_ms(rp->gen.timeout_ms, d->cfg.request_timeout_s);
     for (uint32_t i = 0; i < g->n_stop; i++)
         stops[i] = g->stop[i];
     rp->gen.stop = stops;
     if (g->has_top_logprobs) {
-        rp->gen.top_logprobs = (int)g->top_logprobs;
         rp->gen.on_logprobs = on_logprobs;
         rp->gen.logprobs_user = j;
     }

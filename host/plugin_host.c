@@ -1,6 +1,7 @@
 /* plugin_host.c - plugin loading, command registry and call workers (see
  * plugin_host.h; the ABI is include/rlai/plugin.h). */
 #include "plugin_host.h"
+#include "gen_params.h"
 #include "rlai/error.h"
 #include "rlai/clock.h"
 #include "rlai/plugin.h"
@@ -967,19 +968,7 @@ static int api_generate(rlai_call *call, const rlai_gen_request *req_in, size_t 
     pthread_mutex_init(&w.mu, NULL);
     pthread_cond_init(&w.cv, NULL);
     rlai_request_params *rp = &rq.text.rp;
-    rlai_gen_params_init(&rp->gen);
-    if (req.max_tokens > 0)
-        rp->gen.max_tokens = req.max_tokens;
-    rp->gen.sampling.temperature = req.temperature > 0 ? req.temperature : 0;
-    rp->gen.sampling.top_k = req.top_k > 0 ? req.top_k : 0;
-    if (req.top_p > 0 && req.top_p < 1)
-        rp->gen.sampling.top_p = req.top_p;
-    if (req.min_p > 0)
-        rp->gen.sampling.min_p = req.min_p;
-    if (req.repeat_penalty > 0)
-        rp->gen.sampling.repeat_penalty = req.repeat_penalty;
-    rp->gen.sampling.seed = req.seed;
-    rp->gen.stop = req.stop;
+    rlai_gen_params_from_plugin(&req, &rp->gen);
     rlai_grammar *grammar = NULL;   /* structured output (host/tools.c) */
     if (req.response_format) {
         char gerr[300];
