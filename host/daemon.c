@@ -140,31 +140,38 @@ static int count_conn_jobs(rlai_daemon *d, rlai_conn conn)
 
 /* ---------------------------------------------------------- I/O thread */
 
-static void answer_hello(rlai_daemon *d, rlai_conn conn, uint64_t id)
+/* Sends a cJSON object (owned, freed here) as the result of `id`, then
+ * done: maps are sized by the encoder, never counted by hand. */
+static void send_json_result(rlai_daemon *d, rlai_conn conn, uint64_t id, cJSON *v, const char *what)
 {
     msgpack_sbuffer sb;
     msgpack_sbuffer_init(&sb);
     msgpack_packer pk;
     msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-    msgpack_pack_map(&pk, 4);
-    pack_str(&pk, "version");
-    msgpack_pack_uint32(&pk, RLAI_PROTO_VERSION);
-    pack_str(&pk, "engine");
-    pack_str(&pk, ENGINE_NAME);
-    pack_str(&pk, "model");
-    pack_str(&pk, d->info.name);
-    pack_str(&pk, "limits");
-    msgpack_pack_map(&pk, 4);
-    pack_str(&pk, "max_frame_bytes");
-    msgpack_pack_uint64(&pk, d->cfg.max_frame);
-    pack_str(&pk, "max_prompt_tokens");
-    msgpack_pack_int(&pk, d->cfg.max_prompt_tokens);
-    pack_str(&pk, "max_inflight_per_client");
-    msgpack_pack_int(&pk, d->cfg.max_inflight_client);
-    pack_str(&pk, "max_inflight_total");
-    msgpack_pack_int(&pk, d->cfg.max_inflight_total);
-    send_result_done(d, conn, id, &sb);
+    int rc = v ? rlai_json_to_msgpack(v, &pk) : RLAI_ERR_NOMEM;
+    cJSON_Delete(v);
+    if (rc < 0) {
+        char msg[120];
+        snprintf(msg, sizeof(msg), "cannot encode the %s", what);
+        send_error(d, conn, id, RLAI_PE_INTERNAL, msg);
+    } else {
+        send_result_done(d, conn, id, &sb);
+    }
     msgpack_sbuffer_destroy(&sb);
+}
+
+static void answer_hello(rlai_daemon *d, rlai_conn conn, uint64_t id)
+{
+    cJSON *r = cJSON_CreateObject();
+    cJSON_AddNumberToObject(r, "version", RLAI_PROTO_VERSION);
+    cJSON_AddStringToObject(r, "engine", ENGINE_NAME);
+    cJSON_AddStringToObject(r, "model", d->info.name);
+    cJSON *lim = cJSON_AddObjectToObject(r, "limits");
+    cJSON_AddNumberToObject(lim, "max_frame_bytes", (double)d->cfg.max_frame);
+    cJSON_AddNumberToObject(lim, "max_prompt_tokens", d->cfg.max_prompt_tokens);
+    cJSON_AddNumberToObject(lim, "max_inflight_per_client", d->cfg.max_inflight_client);
+    cJSON_AddNumberToObject(lim, "max_inflight_total", d->cfg.max_inflight_total);
+    send_json_result(d, conn, id, r, "hello");
 }
 
 static void answer_stats(rlai_daemon *d, rlai_conn conn, uint64_t id)
@@ -174,63 +181,33 @@ static void answer_stats(rlai_daemon *d, rlai_conn conn, uint64_t id)
     pthread_mutex_lock(&d->mu);
     int inflight = d->n_jobs;
     pthread_mutex_unlock(&d->mu);
-    msgpack_sbuffer sb;
-    msgpack_sbuffer_init(&sb);
-    msgpack_packer pk;
-    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-    msgpack_pack_map(&pk, 13);
-    pack_str(&pk, "engine");
-    pack_str(&pk, ENGINE_NAME);
-    pack_str(&pk, "requests_total");
-    msgpack_pack_uint64(&pk, atomic_load(&d->n_requests));
-    pack_str(&pk, "requests_inflight");
-    msgpack_pack_int(&pk, inflight);
-    pack_str(&pk, "running");
-    msgpack_pack_int(&pk, es.running);
-    pack_str(&pk, "queue_length");
-    msgpack_pack_int(&pk, es.queued);
-    pack_str(&pk, "errors_total");
-    msgpack_pack_uint64(&pk, atomic_load(&d->n_errors));
-    pack_str(&pk, "tokens_generated");
-    msgpack_pack_uint64(&pk, es.gen_tokens_total);
-    pack_str(&pk, "prompt_tokens");
-    msgpack_pack_uint64(&pk, es.prompt_tokens_total);
-    pack_str(&pk, "prompt_tokens_reused");
-    msgpack_pack_uint64(&pk, es.prompt_tokens_reused_total);
-    pack_str(&pk, "spec_drafted_tokens");
-    msgpack_pack_uint64(&pk, es.spec_drafted_total);
-    pack_str(&pk, "spec_accepted_tokens");
-    msgpack_pack_uint64(&pk, es.spec_accepted_total);
-    pack_str(&pk, "kv_blocks");
-    msgpack_pack_map(&pk, 5);
-    pack_str(&pk, "total");
-    msgpack_pack_int(&pk, es.kv_blocks_total);
-    pack_str(&pk, "used");
-    msgpack_pack_int(&pk, es.kv_blocks_used);
-    pack_str(&pk, "cached");
-    msgpack_pack_int(&pk, es.kv_blocks_cached);
-    pack_str(&pk, "pinned");
-    msgpack_pack_int(&pk, es.kv_blocks_pinned);
-    pack_str(&pk, "free");
-    msgpack_pack_int(&pk, es.kv_blocks_free);
-    pack_str(&pk, "model");
-    msgpack_pack_map(&pk, 7);
-    pack_str(&pk, "name");
-    pack_str(&pk, d->info.name);
-    pack_str(&pk, "arch");
-    pack_str(&pk, d->info.arch);
-    pack_str(&pk, "params");
-    msgpack_pack_uint64(&pk, d->info.n_params);
-    pack_str(&pk, "context");
-    msgpack_pack_int(&pk, d->info.n_ctx);
-    pack_str(&pk, "threads");
-    msgpack_pack_int(&pk, d->info.n_threads);
-    pack_str(&pk, "kernels");
-    pack_str(&pk, d->info.isa);
-    pack_str(&pk, "device");
-    pack_str(&pk, d->info.device);
-    send_result_done(d, conn, id, &sb);
-    msgpack_sbuffer_destroy(&sb);
+    cJSON *r = cJSON_CreateObject();
+    cJSON_AddStringToObject(r, "engine", ENGINE_NAME);
+    cJSON_AddNumberToObject(r, "requests_total", (double)atomic_load(&d->n_requests));
+    cJSON_AddNumberToObject(r, "requests_inflight", inflight);
+    cJSON_AddNumberToObject(r, "running", es.running);
+    cJSON_AddNumberToObject(r, "queue_length", es.queued);
+    cJSON_AddNumberToObject(r, "errors_total", (double)atomic_load(&d->n_errors));
+    cJSON_AddNumberToObject(r, "tokens_generated", (double)es.gen_tokens_total);
+    cJSON_AddNumberToObject(r, "prompt_tokens", (double)es.prompt_tokens_total);
+    cJSON_AddNumberToObject(r, "prompt_tokens_reused", (double)es.prompt_tokens_reused_total);
+    cJSON_AddNumberToObject(r, "spec_drafted_tokens", (double)es.spec_drafted_total);
+    cJSON_AddNumberToObject(r, "spec_accepted_tokens", (double)es.spec_accepted_total);
+    cJSON *kv = cJSON_AddObjectToObject(r, "kv_blocks");
+    cJSON_AddNumberToObject(kv, "total", es.kv_blocks_total);
+    cJSON_AddNumberToObject(kv, "used", es.kv_blocks_used);
+    cJSON_AddNumberToObject(kv, "cached", es.kv_blocks_cached);
+    cJSON_AddNumberToObject(kv, "pinned", es.kv_blocks_pinned);
+    cJSON_AddNumberToObject(kv, "free", es.kv_blocks_free);
+    cJSON *m = cJSON_AddObjectToObject(r, "model");
+    cJSON_AddStringToObject(m, "name", d->info.name);
+    cJSON_AddStringToObject(m, "arch", d->info.arch);
+    cJSON_AddNumberToObject(m, "params", (double)d->info.n_params);
+    cJSON_AddNumberToObject(m, "context", d->info.n_ctx);
+    cJSON_AddNumberToObject(m, "threads", d->info.n_threads);
+    cJSON_AddStringToObject(m, "kernels", d->info.isa);
+    cJSON_AddStringToObject(m, "device", d->info.device);
+    send_json_result(d, conn, id, r, "stats");
 }
 
 static void answer_commands(rlai_daemon *d, rlai_conn conn, uint64_t id)
@@ -240,17 +217,7 @@ static void answer_commands(rlai_daemon *d, rlai_conn conn, uint64_t id)
     if (reg)
         cJSON_AddItemToObject(reg, "plugins", rlai_plugin_host_plugins_json(d->plugins));
     pthread_mutex_unlock(&d->mu);
-    msgpack_sbuffer sb;
-    msgpack_sbuffer_init(&sb);
-    msgpack_packer pk;
-    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-    int rc = reg ? rlai_json_to_msgpack(reg, &pk) : RLAI_ERR_NOMEM;
-    cJSON_Delete(reg);
-    if (rc < 0)
-        send_error(d, conn, id, RLAI_PE_INTERNAL, "cannot encode the command registry");
-    else
-        send_result_done(d, conn, id, &sb);
-    msgpack_sbuffer_destroy(&sb);
+    send_json_result(d, conn, id, reg, "command registry");
 }
 
 /* ---------------------------------------------------------- engine callbacks
