@@ -21,6 +21,7 @@
  * (rank, result id) with an open-addressing hash table, so BPE runs on ids.
  */
 #include "tokenizer.h"
+#include "hash.h"
 #include "rlai/error.h"
 #include "unicode.h"
 #include "rlai/engine.h"
@@ -84,11 +85,7 @@ struct rlai_tokenizer {
 
 static uint32_t hash_bytes(const char *s, size_t n)
 {
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (size_t i = 0; i < n; i++) {
-        h ^= (unsigned char)s[i];
-        h *= 0x100000001b3ull;
-    }
+    uint64_t h = rlai_hash_bytes(s, n);
     return (uint32_t)(h ^ (h >> 32));
 }
 
