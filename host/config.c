@@ -13,17 +13,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
-{
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return code;
-}
-
 int rlai_config_set_str(char **field, const char *s)
 {
     char *copy = NULL;
@@ -119,7 +108,7 @@ static int get_int(const cJSON *item, const char *key, int lo, int hi, int *out,
 {
     if (!cJSON_IsNumber(item) || item->valuedouble != (double)(long long)item->valuedouble ||
         item->valuedouble < lo || item->valuedouble > hi)
-        return fail(err, errlen, RLAI_ERR_FORMAT, "config: '%s' must be an integer in [%d, %d]", key, lo, hi);
+        return rlai_errf(err, errlen, RLAI_ERR_FORMAT, "config: '%s' must be an integer in [%d, %d]", key, lo, hi);
     *out = (int)item->valuedouble;
     return 0;
 }
@@ -129,7 +118,7 @@ static int get_str(const cJSON *item, const char *key, char **out, char *err, si
     if (cJSON_IsNull(item))
         return rlai_config_set_str(out, NULL);
     if (!cJSON_IsString(item))
-        return fail(err, errlen, RLAI_ERR_FORMAT, "config: '%s' must be a string", key);
+        return rlai_errf(err, errlen, RLAI_ERR_FORMAT, "config: '%s' must be a string", key);
     return rlai_config_set_str(out, item->valuestring);
 }
 
@@ -138,11 +127,11 @@ int rlai_config_load_json(rlai_config *c, const char *json, char *err, size_t er
     cJSON *root = cJSON_Parse(json);
     if (!root) {
         const char *at = cJSON_GetErrorPtr();
-        return fail(err, errlen, RLAI_ERR_FORMAT, "config: invalid JSON near '%.20s'", at ? at : "?");
+        return rlai_errf(err, errlen, RLAI_ERR_FORMAT, "config: invalid JSON near '%.20s'", at ? at : "?");
     }
     int rc = 0;
     if (!cJSON_IsObject(root)) {
-        rc = fail(err, errlen, RLAI_ERR_FORMAT, "config: top level must be an object");
+        rc = rlai_errf(err, errlen, RLAI_ERR_FORMAT, "config: top level must be an object");
         goto out;
     }
     const cJSON *it;
@@ -163,7 +152,7 @@ int rlai_config_load_json(rlai_config *c, const char *json, char *err, size_t er
         } else if (!strcmp(k, "spec")) {
             int mode = cJSON_IsString(it) ? rlai_spec_mode_parse(it->valuestring) : RLAI_ERR_INVALID_ARG;
             if (mode < 0)
-                rc = fail(err, errlen, RLAI_ERR_FORMAT, "config: 'spec' %s", rlai_spec_mode_error(mode));
+                rc = rlai_errf(err, errlen, RLAI_ERR_FORMAT, "config: 'spec' %s", rlai_spec_mode_error(mode));
             else
                 c->spec = mode;
         } else if (!strcmp(k, "spec_max_draft")) {
@@ -174,7 +163,7 @@ int rlai_config_load_json(rlai_config *c, const char *json, char *err, size_t er
             else if (cJSON_IsString(it) && !strcmp(it->valuestring, "q8_0"))
                 c->kv_q8_0 = true;
             else
-                rc = fail(err, errlen, RLAI_ERR_FORMAT, "config: 'kv_type' must be \"f16\" or \"q8_0\"");
+                rc = rlai_errf(err, errlen, RLAI_ERR_FORMAT, "config: 'kv_type' must be \"f16\" or \"q8_0\"");
         } else if (!strcmp(k, "endpoints") && cJSON_IsObject(it)) {
             const cJSON *e;
             cJSON_ArrayForEach(e, it) {
@@ -189,11 +178,11 @@ int rlai_config_load_json(rlai_config *c, const char *json, char *err, size_t er
                     rc = get_str(e, "endpoints.http", &c->http, err, errlen);
                 else if (!strcmp(ek, "allow_remote")) {
                     if (!cJSON_IsBool(e))
-                        rc = fail(err, errlen, RLAI_ERR_FORMAT, "config: 'endpoints.allow_remote' must be a boolean");
+                        rc = rlai_errf(err, errlen, RLAI_ERR_FORMAT, "config: 'endpoints.allow_remote' must be a boolean");
                     else
                         c->allow_remote = cJSON_IsTrue(e);
                 } else
-                    rc = fail(err, errlen, RLAI_ERR_FORMAT, "config: unknown key 'endpoints.%s'", ek);
+                    rc = rlai_errf(err, errlen, RLAI_ERR_FORMAT, "config: unknown key 'endpoints.%s'", ek);
                 if (rc < 0)
                     goto out;
             }
@@ -214,7 +203,7 @@ int rlai_config_load_json(rlai_config *c, const char *json, char *err, size_t er
                 } else if (!strcmp(lk, "max_inflight_total")) {
                     rc = get_int(l, "limits.max_inflight_total", 1, 65536, &c->max_inflight_total, err, errlen);
                 } else {
-                    rc = fail(err, errlen, RLAI_ERR_FORMAT, "config: unknown key 'limits.%s'", lk);
+                    rc = rlai_errf(err, errlen, RLAI_ERR_FORMAT, "config: unknown key 'limits.%s'", lk);
                 }
                 if (rc < 0)
                     goto out;
@@ -223,7 +212,7 @@ int rlai_config_load_json(rlai_config *c, const char *json, char *err, size_t er
             rc = get_int(it, "shutdown_timeout_s", 1, 3600, &c->shutdown_timeout_s, err, errlen);
         } else if (!strcmp(k, "prefix_cache")) {
             if (!cJSON_IsBool(it))
-                rc = fail(err, errlen, RLAI_ERR_FORMAT, "config: 'prefix_cache' must be a boolean");
+                rc = rlai_errf(err, errlen, RLAI_ERR_FORMAT, "config: 'prefix_cache' must be a boolean");
             else
                 c->no_prefix_cache = !cJSON_IsTrue(it);
         } else if (!strcmp(k, "plugins") && cJSON_IsObject(it)) {
@@ -234,7 +223,7 @@ int rlai_config_load_json(rlai_config *c, const char *json, char *err, size_t er
                     rc = get_str(pl, "plugins.dir", &c->plugins_dir, err, errlen);
                 } else if (!strcmp(pk, "enabled")) {
                     if (!cJSON_IsBool(pl))
-                        rc = fail(err, errlen, RLAI_ERR_FORMAT, "config: 'plugins.enabled' must be a boolean");
+                        rc = rlai_errf(err, errlen, RLAI_ERR_FORMAT, "config: 'plugins.enabled' must be a boolean");
                     else
                         c->plugins_off = !cJSON_IsTrue(pl);
                 } else if (!strcmp(pk, "workers")) {
@@ -245,7 +234,7 @@ int rlai_config_load_json(rlai_config *c, const char *json, char *err, size_t er
                     rc = get_int(pl, "plugins.max_queue", 1, 65536, &c->plugin_max_queue, err, errlen);
                 } else if (!strcmp(pk, "config")) {
                     if (!cJSON_IsObject(pl)) {
-                        rc = fail(err, errlen, RLAI_ERR_FORMAT, "config: 'plugins.config' must be an object");
+                        rc = rlai_errf(err, errlen, RLAI_ERR_FORMAT, "config: 'plugins.config' must be an object");
                     } else {
                         char *txt = cJSON_PrintUnformatted(pl);
                         if (!txt)
@@ -254,7 +243,7 @@ int rlai_config_load_json(rlai_config *c, const char *json, char *err, size_t er
                         c->plugin_config = txt;
                     }
                 } else {
-                    rc = fail(err, errlen, RLAI_ERR_FORMAT, "config: unknown key 'plugins.%s'", pk);
+                    rc = rlai_errf(err, errlen, RLAI_ERR_FORMAT, "config: unknown key 'plugins.%s'", pk);
                 }
                 if (rc < 0)
                     goto out;
@@ -265,7 +254,7 @@ int rlai_config_load_json(rlai_config *c, const char *json, char *err, size_t er
                 const char *ak = a->string;
                 if (!strcmp(ak, "enabled")) {
                     if (!cJSON_IsBool(a))
-                        rc = fail(err, errlen, RLAI_ERR_FORMAT, "config: 'auth.enabled' must be a boolean");
+                        rc = rlai_errf(err, errlen, RLAI_ERR_FORMAT, "config: 'auth.enabled' must be a boolean");
                     else
                         c->auth_off = cJSON_IsFalse(a);
                 } else if (!strcmp(ak, "api_key")) {
@@ -273,7 +262,7 @@ int rlai_config_load_json(rlai_config *c, const char *json, char *err, size_t er
                 } else if (!strcmp(ak, "api_key_file")) {
                     rc = get_str(a, "auth.api_key_file", &c->api_key_file, err, errlen);
                 } else {
-                    rc = fail(err, errlen, RLAI_ERR_FORMAT, "config: unknown key 'auth.%s'", ak);
+                    rc = rlai_errf(err, errlen, RLAI_ERR_FORMAT, "config: unknown key 'auth.%s'", ak);
                 }
                 if (rc < 0)
                     break;
@@ -285,13 +274,13 @@ int rlai_config_load_json(rlai_config *c, const char *json, char *err, size_t er
                 if (!strcmp(n, "cors_origins")) {
                     const cJSON *o;
                     if (!cJSON_IsArray(hk))
-                        rc = fail(err, errlen, RLAI_ERR_FORMAT, "config: 'http.cors_origins' must be a list of strings");
+                        rc = rlai_errf(err, errlen, RLAI_ERR_FORMAT, "config: 'http.cors_origins' must be a list of strings");
                     rlai_config_clear_cors_origins(c);
                     cJSON_ArrayForEach(o, hk) {
                         if (rc < 0)
                             break;
                         if (!cJSON_IsString(o))
-                            rc = fail(err, errlen, RLAI_ERR_FORMAT,
+                            rc = rlai_errf(err, errlen, RLAI_ERR_FORMAT,
                                       "config: 'http.cors_origins' must be a list of strings");
                         else
                             rc = rlai_config_add_cors_origin(c, o->valuestring);
@@ -304,16 +293,16 @@ int rlai_config_load_json(rlai_config *c, const char *json, char *err, size_t er
                 } else if (!strcmp(n, "header_timeout_s")) {
                     rc = get_int(hk, "http.header_timeout_s", 1, 3600, &c->http_header_timeout_s, err, errlen);
                 } else {
-                    rc = fail(err, errlen, RLAI_ERR_FORMAT, "config: unknown key 'http.%s'", n);
+                    rc = rlai_errf(err, errlen, RLAI_ERR_FORMAT, "config: unknown key 'http.%s'", n);
                 }
                 if (rc < 0)
                     goto out;
             }
         } else if (!strcmp(k, "endpoints") || !strcmp(k, "limits") || !strcmp(k, "plugins") || !strcmp(k, "auth") ||
                    !strcmp(k, "http")) {
-            rc = fail(err, errlen, RLAI_ERR_FORMAT, "config: '%s' must be an object", k);
+            rc = rlai_errf(err, errlen, RLAI_ERR_FORMAT, "config: '%s' must be an object", k);
         } else {
-            rc = fail(err, errlen, RLAI_ERR_FORMAT, "config: unknown key '%s'", k);
+            rc = rlai_errf(err, errlen, RLAI_ERR_FORMAT, "config: unknown key '%s'", k);
         }
         if (rc < 0)
             goto out;
@@ -327,7 +316,7 @@ int rlai_config_load_file(rlai_config *c, const char *path, char *err, size_t er
 {
     FILE *f = fopen(path, "rb");
     if (!f)
-        return fail(err, errlen, RLAI_ERR_IO, "config: cannot open %s", path);
+        return rlai_errf(err, errlen, RLAI_ERR_IO, "config: cannot open %s", path);
     char *buf = NULL;
     size_t len = 0, cap = 0;
     for (;;) {
@@ -336,7 +325,7 @@ int rlai_config_load_file(rlai_config *c, const char *path, char *err, size_t er
             if (cap > (1u << 20)) {
                 free(buf);
                 fclose(f);
-                return fail(err, errlen, RLAI_ERR_TOO_LARGE, "config: %s is larger than 1 MiB", path);
+                return rlai_errf(err, errlen, RLAI_ERR_TOO_LARGE, "config: %s is larger than 1 MiB", path);
             }
             char *nb = realloc(buf, cap);
             if (!nb) {
@@ -367,17 +356,17 @@ static bool tcp_is_loopback(const char *ep)
 int rlai_config_validate(const rlai_config *c, char *err, size_t errlen)
 {
     if (!c->model)
-        return fail(err, errlen, RLAI_ERR_INVALID_ARG, "config: no model path");
+        return rlai_errf(err, errlen, RLAI_ERR_INVALID_ARG, "config: no model path");
     if (!c->zmq && !c->zmq_tcp && !c->pipe && !c->http)
-        return fail(err, errlen, RLAI_ERR_INVALID_ARG, "config: every endpoint is disabled");
+        return rlai_errf(err, errlen, RLAI_ERR_INVALID_ARG, "config: every endpoint is disabled");
     if (c->zmq && strncmp(c->zmq, "ipc://", 6) != 0 && strncmp(c->zmq, "tcp://", 6) != 0)
-        return fail(err, errlen, RLAI_ERR_INVALID_ARG, "config: zmq endpoint '%s' must start with ipc:// or tcp://", c->zmq);
+        return rlai_errf(err, errlen, RLAI_ERR_INVALID_ARG, "config: zmq endpoint '%s' must start with ipc:// or tcp://", c->zmq);
     if (c->zmq_tcp && strncmp(c->zmq_tcp, "tcp://", 6) != 0)
-        return fail(err, errlen, RLAI_ERR_INVALID_ARG, "config: zmq_tcp endpoint '%s' must start with tcp://", c->zmq_tcp);
+        return rlai_errf(err, errlen, RLAI_ERR_INVALID_ARG, "config: zmq_tcp endpoint '%s' must start with tcp://", c->zmq_tcp);
     const char *tcps[2] = { c->zmq && !strncmp(c->zmq, "tcp://", 6) ? c->zmq : NULL, c->zmq_tcp };
     for (int i = 0; i < 2; i++)
         if (tcps[i] && !c->allow_remote && !tcp_is_loopback(tcps[i]))
-            return fail(err, errlen, RLAI_ERR_INVALID_ARG,
+            return rlai_errf(err, errlen, RLAI_ERR_INVALID_ARG,
                         "config: %s is not a loopback address; set endpoints.allow_remote (or --allow-remote) "
                         "to expose the engine beyond this machine", tcps[i]);
     if (c->http) {
@@ -387,23 +376,23 @@ int rlai_config_validate(const rlai_config *c, char *err, size_t errlen)
         bool ok = colon && colon != c->http && port && *port && strlen(port) <= 5 &&
                   strspn(port, "0123456789") == strlen(port) && atoi(port) <= 65535;
         if (!ok)
-            return fail(err, errlen, RLAI_ERR_INVALID_ARG, "config: http endpoint '%s' must be ADDR:PORT", c->http);
+            return rlai_errf(err, errlen, RLAI_ERR_INVALID_ARG, "config: http endpoint '%s' must be ADDR:PORT", c->http);
         bool loop = !strncmp(c->http, "127.", 4) || !strncmp(c->http, "localhost:", 10) ||
                     !strncmp(c->http, "[::1]:", 6);
         if (!loop && !c->allow_remote)
-            return fail(err, errlen, RLAI_ERR_INVALID_ARG,
+            return rlai_errf(err, errlen, RLAI_ERR_INVALID_ARG,
                         "config: http %s is not a loopback address; set endpoints.allow_remote (or --allow-remote) "
                         "to expose the engine beyond this machine", c->http);
     }
     for (int i = 0; i < c->n_cors_origins; i++)
         if (!rlai_http_origin_valid(c->cors_origins[i]))
-            return fail(err, errlen, RLAI_ERR_INVALID_ARG,
+            return rlai_errf(err, errlen, RLAI_ERR_INVALID_ARG,
                         "config: CORS origin '%.200s' must be scheme://host[:port], e.g. https://app.example:8443 "
                         "(no path, no '*')", c->cors_origins[i]);
     if (c->http_max_connections <= 0 || c->http_max_connections_per_ip < 0 || c->http_header_timeout_s <= 0)
-        return fail(err, errlen, RLAI_ERR_INVALID_ARG, "config: http limits must be positive");
+        return rlai_errf(err, errlen, RLAI_ERR_INVALID_ARG, "config: http limits must be positive");
     if (c->max_prompt_tokens <= 0 || c->max_inflight_client <= 0 || c->max_inflight_total <= 0 || c->max_frame < 64)
-        return fail(err, errlen, RLAI_ERR_INVALID_ARG, "config: limits must be positive");
+        return rlai_errf(err, errlen, RLAI_ERR_INVALID_ARG, "config: limits must be positive");
     return 0;
 }
 
