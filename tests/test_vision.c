@@ -31,6 +31,7 @@
 #include "vision.h"
 #include "rlai/error.h"
 #include "rlai/gguf.h"
+#include "rlai/engine.h"
 
 #ifndef RLAI_VISION_DATA
 #error "RLAI_VISION_DATA must name the generated test data directory"
@@ -358,6 +359,284 @@ START_TEST(truncated_files)
 }
 END_TEST
 
+/* ---- the language model with image rows (engine API) ------------------- */
+
+typedef struct lm_fixture {
+    rlai_engine *e;
+    int32_t *prompt;
+    int n_prompt, img_pos;
+    float *rows1, *rows2;     /* the engine's rows of image 1 / image 2 */
+    uint8_t *img1, *img2;
+    int w1, h1, w2, h2;
+    int n_vocab, n_embd, n_tokens;
+} lm_fixture;
+
+static void lm_open(lm_fixture *fx, bool with_vision)
+{
+    memset(fx, 0, sizeof(*fx));
+    rlai_engine_params p;
+    rlai_engine_params_init(&p);
+    p.n_threads = 2;
+    p.precise = true;
+    p.device = "cpu";
+    char err[512] = "";
+    ck_assert_msg(rlai_engine_open(path_of("tiny-lm-F32.gguf"), &p, &fx->e, err, sizeof(err)) == 0, "%s", err);
+    rlai_model_info mi;
+    rlai_engine_info(fx->e, &mi);
+    fx->n_vocab = mi.n_vocab;
+    fx->n_embd = mi.n_embd;
+    size_t len;
+    int32_t *raw = read_all(path_of("vision-prompt.i32"), &len);
+    fx->img_pos = raw[0];
+    fx->n_prompt = raw[1];
+    ck_assert_uint_eq(len, sizeof(int32_t) * (size_t)(fx->n_prompt + 2));
+    fx->prompt = malloc(sizeof(int32_t) * (size_t)fx->n_prompt);
+    memcpy(fx->prompt, raw + 2, sizeof(int32_t) * (size_t)fx->n_prompt);
+    free(raw);
+    fx->img1 = read_ppm("vision-image.ppm", &fx->w1, &fx->h1);
+    fx->img2 = read_ppm("vision-image2.ppm", &fx->w2, &fx->h2);
+    if (!with_vision)
+        return;
+    ck_assert_msg(rlai_engine_load_mmproj(fx->e, path_of("tiny-mmproj-F32.gguf"), err, sizeof(err)) == 0, "%s", err);
+    rlai_vision_info vi;
+    ck_assert_int_eq(rlai_engine_vision_info(fx->e, &vi), 0);
+    fx->n_tokens = vi.n_tokens;
+    ck_assert_int_eq(vi.n_tokens, 16);
+    ck_assert_int_eq(vi.image_token, fx->prompt[fx->img_pos]);
+    size_t no = (size_t)vi.n_tokens * (size_t)fx->n_embd;
+    fx->rows1 = malloc(sizeof(float) * no);
+    fx->rows2 = malloc(sizeof(float) * no);
+    ck_assert_int_eq(rlai_engine_embed_image(fx->e, fx->img1, fx->w1, fx->h1, (size_t)fx->w1 * 3, 3, fx->rows1), 0);
+    ck_assert_int_eq(rlai_engine_embed_image(fx->e, fx->img2, fx->w2, fx->h2, (size_t)fx->w2 * 3, 3, fx->rows2), 0);
+}
+
+static void lm_close(lm_fixture *fx)
+{
+    rlai_engine_close(fx->e);
+    free(fx->prompt);
+    free(fx->rows1);
+    free(fx->rows2);
+    free(fx->img1);
+    free(fx->img2);
+}
+
+/* The logits of every prompt position with image 1's rows (then image 2's)
+ * equal the reference LM's with the reference encoder's rows: the whole
+ * chain image -> preprocess -> ViT -> projection -> injection -> LM.
+ * Tolerance as the text reference (tests/ref/README.md): relative L2 per
+ * position < 1e-3 in precise mode; measured figures are printed. */
+START_TEST(lm_logits_with_image_match_reference)
+{
+    lm_fixture fx;
+    lm_open(&fx, true);
+    size_t nl = (size_t)fx.n_prompt * (size_t)fx.n_vocab;
+    float *lg = malloc(sizeof(float) * nl), *lg_text = malloc(sizeof(float) * nl);
+    double *ref1 = read_f64("vision-lm-logits.f64", nl), *ref2 = read_f64("vision-lm-logits2.f64", nl);
+    rlai_image_rows im = { fx.rows1, fx.n_tokens, fx.img_pos };
+    ck_assert_int_eq(rlai_engine_eval_logits_images(fx.e, fx.prompt, fx.n_prompt, &im, 1, lg), 0);
+    double e1 = max_rel_l2(lg, ref1, fx.n_prompt, fx.n_vocab);
+    im.rows = fx.rows2;
+    float *lg2 = malloc(sizeof(float) * nl);
+    ck_assert_int_eq(rlai_engine_eval_logits_images(fx.e, fx.prompt, fx.n_prompt, &im, 1, lg2), 0);
+    double e2 = max_rel_l2(lg2, ref2, fx.n_prompt, fx.n_vocab);
+    /* image 2's logits are not image 1's from the first image row on */
+    double cross = max_rel_l2(lg2, ref1, fx.n_prompt, fx.n_vocab);
+    ck_assert_int_eq(rlai_engine_eval_logits(fx.e, fx.prompt, fx.n_prompt, lg_text), 0);
+    double text = max_rel_l2(lg_text, ref1, fx.n_prompt, fx.n_vocab);
+    fprintf(stderr, "vision: LM logits with image rows: max rel L2 %.3g (image 1), %.3g (image 2); "
+            "image 2 vs image 1's reference %.3g, no rows vs image 1's reference %.3g\n", e1, e2, cross, text);
+    ck_assert_msg(e1 < 1e-3 && e2 < 1e-3, "rel L2 %g / %g", e1, e2);
+    ck_assert_msg(cross > 0.05 && text > 0.05, "images make no difference (%g, %g)", cross, text);
+    /* the positions before the image see no image: equal for both images */
+    for (int t = 0; t < fx.img_pos; t++)
+        ck_assert_int_eq(memcmp(lg + (size_t)t * fx.n_vocab, lg2 + (size_t)t * fx.n_vocab,
+                                sizeof(float) * (size_t)fx.n_vocab), 0);
+    /* bad image rows */
+    im.pos = fx.n_prompt - 3;
+    ck_assert_int_eq(rlai_engine_eval_logits_images(fx.e, fx.prompt, fx.n_prompt, &im, 1, lg), RLAI_ERR_INVALID_ARG);
+    im.pos = -1;
+    ck_assert_int_eq(rlai_engine_eval_logits_images(fx.e, fx.prompt, fx.n_prompt, &im, 1, lg), RLAI_ERR_INVALID_ARG);
+    rlai_image_rows two[2] = { { fx.rows1, fx.n_tokens, fx.img_pos }, { fx.rows2, 2, fx.img_pos + 4 } };
+    ck_assert_int_eq(rlai_engine_eval_logits_images(fx.e, fx.prompt, fx.n_prompt, two, 2, lg), RLAI_ERR_INVALID_ARG);
+    free(lg); free(lg2); free(lg_text); free(ref1); free(ref2);
+    lm_close(&fx);
+}
+END_TEST
+
+typedef struct sched_out {
+    rlai_token_logprobs first;
+    int n_lp;
+    int status, done;
+    rlai_gen_metrics m;
+} sched_out;
+
+static void on_lp(void *user, const rlai_token_logprobs *lp)
+{
+    sched_out *o = user;
+    if (o->n_lp++ == 0)
+        o->first = *lp;
+}
+
+static void on_done(void *user, uint64_t id, int status, const rlai_gen_metrics *m)
+{
+    (void)id;
+    sched_out *o = user;
+    o->status = status;
+    o->done++;
+    if (m)
+        o->m = *m;
+}
+
+static void run_idle(rlai_engine *e)
+{
+    int guard = 0;
+    while (rlai_engine_step(e) > 0)
+        ck_assert_int_lt(++guard, 100000);
+}
+
+static void sched_params(rlai_request_params *rp, sched_out *o)
+{
+    memset(rp, 0, sizeof(*rp));
+    memset(o, 0, sizeof(*o));
+    rlai_gen_params_init(&rp->gen);
+    rp->gen.max_tokens = 1;
+    rp->gen.ignore_eos = true;
+    rp->gen.top_logprobs = RLAI_MAX_TOP_LOGPROBS;
+    rp->gen.on_logprobs = on_lp;
+    rp->gen.logprobs_user = o;
+    rp->on_done = on_done;
+    rp->user = o;
+}
+
+static void sched_run(lm_fixture *fx, const float *rows, sched_out *o)
+{
+    rlai_request_params rp;
+    sched_params(&rp, o);
+    rp.prompt = fx->prompt;
+    rp.n_prompt = fx->n_prompt;
+    rlai_image_rows im = { rows, fx->n_tokens, fx->img_pos };
+    if (rows) {
+        rp.images = &im;
+        rp.n_images = 1;
+    }
+    uint64_t id;
+    ck_assert_int_eq(rlai_engine_submit(fx->e, &rp, &id), 0);
+    run_idle(fx->e);
+    ck_assert_int_eq(o->done, 1);
+    ck_assert_int_eq(o->status, 0);
+    ck_assert_int_eq(o->n_lp, 1);
+}
+
+/* Largest |logprob difference| over the top ids of a, against the log-softmax
+ * of a reference logits row. */
+static double lp_err(const rlai_token_logprobs *a, const double *ref_row, int n_vocab)
+{
+    double mx = -INFINITY, s = 0;
+    for (int i = 0; i < n_vocab; i++)
+        mx = fmax(mx, ref_row[i]);
+    for (int i = 0; i < n_vocab; i++)
+        s += exp(ref_row[i] - mx);
+    double lse = mx + log(s), worst = 0;
+    for (int i = 0; i < a->n_top; i++)
+        worst = fmax(worst, fabs(a->top_logprobs[i] - (ref_row[a->top_ids[i]] - lse)));
+    return worst;
+}
+
+static double lp_diff(const rlai_token_logprobs *a, const rlai_token_logprobs *b)
+{
+    double worst = 0;
+    ck_assert_int_eq(a->n_top, b->n_top);
+    for (int i = 0; i < a->n_top; i++) {
+        if (a->top_ids[i] != b->top_ids[i])
+            return INFINITY;
+        worst = fmax(worst, fabs(a->top_logprobs[i] - b->top_logprobs[i]));
+    }
+    return worst;
+}
+
+/* Through the scheduler (submit/step, KV cache, prefix cache): the first
+ * token's logprobs equal the reference's; the same image again reuses the
+ * two full blocks holding image rows and gives the same logprobs; another
+ * image with the same token ids reuses nothing and matches its own
+ * reference; the same ids without image rows reuse nothing either. */
+START_TEST(scheduler_images_and_prefix_cache)
+{
+    lm_fixture fx;
+    lm_open(&fx, true);
+    size_t nl = (size_t)fx.n_prompt * (size_t)fx.n_vocab;
+    double *ref1 = read_f64("vision-lm-logits.f64", nl), *ref2 = read_f64("vision-lm-logits2.f64", nl);
+    const double *last1 = ref1 + (size_t)(fx.n_prompt - 1) * fx.n_vocab;
+    const double *last2 = ref2 + (size_t)(fx.n_prompt - 1) * fx.n_vocab;
+    sched_out a, b, c, d, a2;
+    sched_run(&fx, fx.rows1, &a);
+    ck_assert_int_eq(a.m.reused_tokens, 0);
+    double ea = lp_err(&a.first, last1, fx.n_vocab);
+    sched_run(&fx, fx.rows1, &b);
+    double eab = lp_diff(&a.first, &b.first);
+    sched_run(&fx, fx.rows2, &c);
+    double ec = lp_err(&c.first, last2, fx.n_vocab);
+    sched_run(&fx, NULL, &d);
+    double ead = lp_diff(&a.first, &d.first);
+    sched_run(&fx, fx.rows1, &a2);      /* image 1's blocks are still cached */
+    fprintf(stderr, "vision: scheduler: reused %d / %d / %d / %d / %d tokens; logprob error %.3g (image 1), "
+            "%.3g (image 2); same image again %.3g, no rows vs image 1 %.3g\n", a.m.reused_tokens,
+            b.m.reused_tokens, c.m.reused_tokens, d.m.reused_tokens, a2.m.reused_tokens, ea, ec, eab, ead);
+    ck_assert_msg(ea < 1e-3 && ec < 1e-3, "logprobs vs reference: %g, %g", ea, ec);
+    ck_assert_int_eq(b.m.reused_tokens, 32);           /* both full blocks: same image */
+    ck_assert_msg(eab < 1e-5, "same image, reused KV: logprobs differ by %g", eab);
+    ck_assert_int_eq(c.m.reused_tokens, 0);            /* block 0 holds image rows 0..12 */
+    ck_assert_int_eq(d.m.reused_tokens, 0);
+    ck_assert_int_eq(a2.m.reused_tokens, 32);
+    ck_assert_msg(ead > 1e-2, "no rows and image 1 give the same logprobs (%g)", ead);
+
+    /* validation at submit */
+    rlai_request_params rp;
+    sched_out o;
+    sched_params(&rp, &o);
+    rp.prompt = fx.prompt;
+    rp.n_prompt = fx.n_prompt;
+    rlai_image_rows bad = { fx.rows1, fx.n_tokens, fx.n_prompt - fx.n_tokens + 1 };
+    rp.images = &bad;
+    rp.n_images = 1;
+    uint64_t id;
+    ck_assert_int_eq(rlai_engine_submit(fx.e, &rp, &id), RLAI_ERR_INVALID_ARG);
+    bad.pos = 0;
+    bad.rows = NULL;
+    ck_assert_int_eq(rlai_engine_submit(fx.e, &rp, &id), RLAI_ERR_INVALID_ARG);
+    ck_assert_int_eq(o.done, 0);
+    free(ref1);
+    free(ref2);
+    lm_close(&fx);
+}
+END_TEST
+
+/* An engine without an encoder refuses image work; a projector whose width
+ * is not the model's n_embd is refused. */
+START_TEST(engine_without_encoder)
+{
+    lm_fixture fx;
+    lm_open(&fx, false);
+    rlai_vision_info vi;
+    ck_assert_int_eq(rlai_engine_vision_info(fx.e, &vi), RLAI_ERR_NOT_FOUND);
+    float row[64 * 16];
+    ck_assert_int_eq(rlai_engine_embed_image(fx.e, fx.img1, fx.w1, fx.h1, (size_t)fx.w1 * 3, 3, row),
+                     RLAI_ERR_NOT_IMPLEMENTED);
+    char err[256];
+    ck_assert_int_eq(rlai_engine_load_mmproj(fx.e, path_of("tiny-mmproj-width32.gguf"), err, sizeof(err)),
+                     RLAI_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(err, "n_embd"));
+    ck_assert_int_eq(rlai_engine_vision_info(fx.e, &vi), RLAI_ERR_NOT_FOUND);
+    ck_assert_int_eq(rlai_engine_load_mmproj(fx.e, path_of("tiny-mmproj-bad-shape.gguf"), err, sizeof(err)),
+                     RLAI_ERR_FORMAT);
+    ck_assert_int_eq(rlai_engine_load_mmproj(fx.e, path_of("tiny-mmproj-F32.gguf"), err, sizeof(err)), 0);
+    ck_assert_int_eq(rlai_engine_load_mmproj(fx.e, path_of("tiny-mmproj-F32.gguf"), err, sizeof(err)),
+                     RLAI_ERR_EXISTS);
+    ck_assert_int_eq(rlai_engine_vision_info(fx.e, &vi), 0);
+    ck_assert_int_eq(vi.n_tokens, 16);
+    lm_close(&fx);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("vision");
@@ -370,6 +649,12 @@ int main(void)
     tcase_add_test(tc, hostile_files);
     tcase_add_test(tc, truncated_files);
     suite_add_tcase(s, tc);
+    TCase *te = tcase_create("engine");
+    tcase_set_timeout(te, 600);
+    tcase_add_test(te, lm_logits_with_image_match_reference);
+    tcase_add_test(te, scheduler_images_and_prefix_cache);
+    tcase_add_test(te, engine_without_encoder);
+    suite_add_tcase(s, te);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
     int failed = srunner_ntests_failed(sr);
