@@ -846,6 +846,63 @@ int rlai_engine_unpin_prefix(rlai_engine *e, const rlai_token *toks, int n)
 /* ------------------------------------------------------------------
  * The one request path: text or chat -> tokens -> limits -> submit. */
 
+/* rq's image: the prompt's one image token becomes the encoder's n_tokens
+ * positions (*toks / *n replaced), *rows the image's rows (owned by the
+ * caller), *img describing them. */
+static int text_image(rlai_engine *e, const rlai_text_request *rq, bool text, rlai_token **toks, int *n,
+                      float **rows, rlai_image_rows *img, char *err, size_t errlen)
+{
+    if (!text)
+        return rlai_errf(err, errlen, RLAI_ERR_INVALID_ARG,
+                         "an image needs a raw prompt holding the image token <image> (not chat messages)");
+    rlai_vision_info vi;
+    if (rlai_engine_vision_info(e, &vi) < 0)
+        return rlai_errf(err, errlen, RLAI_ERR_NOT_IMPLEMENTED,
+                         "no vision encoder is loaded (start rlai serve with --mmproj FILE)");
+    if (vi.image_token < 0)
+        return rlai_errf(err, errlen, RLAI_ERR_INVALID_ARG, "the model's vocabulary has no <image> token");
+    if (rq->image_width <= 0 || rq->image_height <= 0 || rq->image_width > 16384 || rq->image_height > 16384)
+        return rlai_errf(err, errlen, RLAI_ERR_INVALID_ARG, "image size %dx%d is out of range",
+                         rq->image_width, rq->image_height);
+    int at = -1, count = 0;
+    for (int i = 0; i < *n; i++)
+        if ((*toks)[i] == vi.image_token) {
+            at = i;
+            count++;
+        }
+    if (count != 1)
+        return rlai_errf(err, errlen, RLAI_ERR_INVALID_ARG,
+                         "the prompt must hold the image token <image> exactly once (it has %d)", count);
+    int m = *n + vi.n_tokens - 1;
+    rlai_token *nt = malloc(sizeof(rlai_token) * (size_t)m);
+    size_t E = (size_t)rlai_model_hparams(e->model)->n_embd;
+    float *r = malloc(sizeof(float) * (size_t)vi.n_tokens * E);
+    if (!nt || !r) {
+        free(nt);
+        free(r);
+        return rlai_errf(err, errlen, RLAI_ERR_NOMEM, "%s", rlai_strerror(RLAI_ERR_NOMEM));
+    }
+    int rc = rlai_engine_embed_image(e, rq->image_rgb, rq->image_width, rq->image_height,
+                                     (size_t)rq->image_width * 3, 3, r);
+    if (rc < 0) {
+        free(nt);
+        free(r);
+        return rlai_errf(err, errlen, rc, "image encoding failed: %s", rlai_strerror(rc));
+    }
+    memcpy(nt, *toks, sizeof(rlai_token) * (size_t)at);
+    for (int j = 0; j < vi.n_tokens; j++)
+        nt[at + j] = vi.image_token;
+    memcpy(nt + at + vi.n_tokens, *toks + at + 1, sizeof(rlai_token) * (size_t)(*n - at - 1));
+    free(*toks);
+    *toks = nt;
+    *n = m;
+    *rows = r;
+    img->rows = r;
+    img->n_rows = vi.n_tokens;
+    img->pos = at;
+    return 0;
+}
+
 int rlai_engine_submit_text(rlai_engine *e, const rlai_text_request *rq, uint64_t *id, int *n_prompt,
                             char *err, size_t errlen)
 {
@@ -894,6 +951,18 @@ int rlai_engine_submit_text(rlai_engine *e, const rlai_text_request *rq, uint64_
                 return rlai_errf(err, errlen, RLAI_ERR_INVALID_ARG, "prompt token %d is %d; ids are in [0, %d)", i,
                                  (int)use[i], hp->n_vocab);
     }
+    float *img_rows = NULL;            /* owned here */
+    rlai_image_rows img;
+    if (rq->image_rgb) {
+        if (!toks)
+            return rlai_errf(err, errlen, RLAI_ERR_INVALID_ARG,
+                             "an image needs a raw prompt holding the image token <image>");
+        if ((rc = text_image(e, rq, text, &toks, &n, &img_rows, &img, err, errlen)) < 0) {
+            free(toks);
+            return rc;
+        }
+        use = toks;
+    }
     if (n_prompt)
         *n_prompt = n;
     int limit = rq->max_prompt_tokens > 0 ? rq->max_prompt_tokens : e->n_ctx - 1;
@@ -903,13 +972,19 @@ int rlai_engine_submit_text(rlai_engine *e, const rlai_text_request *rq, uint64_
     }
     if (n > limit) {
         free(toks);
+        free(img_rows);
         return rlai_errf(err, errlen, RLAI_ERR_TOO_LARGE, "prompt has %d tokens; the limit is %d", n, limit);
     }
     rlai_request_params rp = rq->rp;
     rp.prompt = use;
     rp.n_prompt = n;
+    if (img_rows) {
+        rp.images = &img;
+        rp.n_images = 1;
+    }
     rc = rlai_engine_submit(e, &rp, id);
     free(toks);
+    free(img_rows);
     if (rc < 0)
         return rlai_errf(err, errlen, rc, "%s", rlai_strerror(rc));
     return 0;

@@ -637,6 +637,45 @@ START_TEST(engine_without_encoder)
 }
 END_TEST
 
+/* rlai_engine_submit_text with an image: the raw prompt's one "<image>" is
+ * expanded to the encoder's rows; the result equals the explicit request. */
+START_TEST(submit_text_expands_the_image_token)
+{
+    lm_fixture fx;
+    lm_open(&fx, true);
+    sched_out a, t;
+    sched_run(&fx, fx.rows1, &a);
+    rlai_text_request rq;
+    memset(&rq, 0, sizeof(rq));
+    rq.prompt = "Hi <image> and what is in it?";
+    sched_params(&rq.rp, &t);
+    rq.image_rgb = fx.img1;
+    rq.image_width = fx.w1;
+    rq.image_height = fx.h1;
+    uint64_t id;
+    int n = 0;
+    char err[256];
+    ck_assert_msg(rlai_engine_submit_text(fx.e, &rq, &id, &n, err, sizeof(err)) == 0, "%s", err);
+    run_idle(fx.e);
+    ck_assert_int_eq(n, fx.n_prompt);
+    ck_assert_int_eq(t.done, 1);
+    ck_assert_int_eq(t.m.reused_tokens, 32);          /* the same ids and image: a's blocks */
+    ck_assert_msg(lp_diff(&a.first, &t.first) < 1e-5, "submit_text differs from the explicit request");
+    /* refusals, each with a reason */
+    rq.prompt = "Hi, no image token here";
+    ck_assert_int_eq(rlai_engine_submit_text(fx.e, &rq, &id, &n, err, sizeof(err)), RLAI_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(err, "<image>"));
+    rq.prompt = "<image> twice <image>";
+    ck_assert_int_eq(rlai_engine_submit_text(fx.e, &rq, &id, &n, err, sizeof(err)), RLAI_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(err, "<image>"));
+    rq.prompt = "Hi <image>";
+    rq.image_width = 0;
+    ck_assert_int_eq(rlai_engine_submit_text(fx.e, &rq, &id, &n, err, sizeof(err)), RLAI_ERR_INVALID_ARG);
+    ck_assert_int_eq(t.done, 1);
+    lm_close(&fx);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("vision");
@@ -654,6 +693,7 @@ int main(void)
     tcase_add_test(te, lm_logits_with_image_match_reference);
     tcase_add_test(te, scheduler_images_and_prefix_cache);
     tcase_add_test(te, engine_without_encoder);
+    tcase_add_test(te, submit_text_expands_the_image_token);
     suite_add_tcase(s, te);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
