@@ -120,7 +120,7 @@ class Window:
 
 
 class Server:
-    def __init__(self, tmp, display):
+    def __init__(self, tmp, display, model=None, extra=()):
         self.dir = Path(tmp) / "rt"
         self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.port = free_port()
@@ -131,8 +131,8 @@ class Server:
         if display:
             env["DISPLAY"] = display
         self.log = open(Path(tmp) / "serve.log", "w+b")
-        self.proc = subprocess.Popen([RLAI, "serve", "-m", str(MODEL), "-t", "2", "-c", "2048", "--http",
-                                      f"127.0.0.1:{self.port}", "--no-auth", "--plugins", str(PLUGINS)],
+        self.proc = subprocess.Popen([RLAI, "serve", "-m", str(model or MODEL), "-t", "2", "-c", "2048", "--http",
+                                      f"127.0.0.1:{self.port}", "--no-auth", "--plugins", str(PLUGINS), *extra],
                                      env=env, stderr=self.log, stdout=subprocess.DEVNULL)
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.DEALER)
@@ -413,3 +413,28 @@ def test_gassist_manifest_lists_screen_analyze(env):
     params = fns["screen_analyze"]["parameters"]
     assert "question" in params["properties"] and "question" in params["required"]
     assert "screen" in fns["screen_analyze"]["tags"]
+
+
+def test_vision_mode_with_a_tiny_vlm(tmp_path):
+    """rlai serve --mmproj with the tiny random-weight LM + mmproj of
+    tests/ref/make_tiny_vision.py (meson target vision-data): model_info has
+    the encoder, auto picks vision, the image's 16 rows replace <image>, and
+    the same image twice reuses the prefix cache."""
+    data = Path(os.environ["RLAI_BUILD_ROOT"]) / "tests" / "vision-data"
+    lm, mm = data / "tiny-lm-F32.gguf", data / "tiny-mmproj-F32.gguf"
+    assert lm.is_file() and mm.is_file(), "meson target vision-data not built"
+    img = hud_image(120, 80)
+    path = tmp_path / "frame.png"
+    img.save(path)
+    srv = Server(tmp_path, None, model=lm, extra=("--mmproj", str(mm)))
+    try:
+        params = {"question": "hp?", "file": str(path), "max_tokens": 4, "temperature": 0}
+        r1 = result(srv.call("screen.analyze", params))
+        assert r1["mode"] == "vision" and r1["image_tokens"] == 16 and "<image>" in r1["prompt"], r1
+        r2 = result(srv.call("screen.analyze", dict(params, mode="vision")))
+        assert r2["prompt_tokens"] == r1["prompt_tokens"] and r2["answer"] == r1["answer"]
+        # OCR is still there on request
+        r3 = result(srv.call("screen.analyze", dict(params, mode="ocr", dry_run=True)))
+        assert r3["mode"] == "ocr"
+    finally:
+        srv.stop()
