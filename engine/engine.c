@@ -5,6 +5,7 @@
  * scheduler half (submit, step, cancel, pinning, the text request path)
  * is scheduler.c; the shared state is engine_impl.h. */
 #include "engine_impl.h"
+#include "vision.h"
 #include "scheduler.h"
 #include "dtype.h"
 #include "rlai/clock.h"
@@ -118,6 +119,8 @@ int rlai_engine_open(const char *path, const rlai_engine_params *params,
     pthread_cond_init(&e->qcv, NULL);
     pthread_mutex_init(&e->step_mu, NULL);
     pthread_mutex_init(&e->gv_mu, NULL);
+    pthread_mutex_init(&e->vmu, NULL);
+    e->image_token = -1;
     if (params)
         e->params = *params;
     else
@@ -262,6 +265,11 @@ void rlai_engine_close(rlai_engine *e)
     pthread_mutex_destroy(&e->qmu);
     pthread_mutex_destroy(&e->step_mu);
     pthread_mutex_destroy(&e->gv_mu);
+    pthread_mutex_destroy(&e->vmu);
+    rlai_vision_free(e->vision);
+    rlai_kernels_free(e->vkern);
+    rlai_threadpool_free(e->vtp);
+    free(e->mmproj_path);
     rlai_gvocab_free(e->gvocab);
     pthread_cond_destroy(&e->qcv);
     rlai_model_ctx_free(e->mctx);
@@ -492,8 +500,22 @@ int rlai_engine_check_tokens(const rlai_engine *e, const rlai_token *toks, int n
 
 int rlai_engine_eval_logits(rlai_engine *e, const rlai_token *toks, int n, float *logits)
 {
-    if (!e || !toks || n <= 0 || !logits)
+    return rlai_engine_eval_logits_images(e, toks, n, NULL, 0, logits);
+}
+
+int rlai_engine_eval_logits_images(rlai_engine *e, const rlai_token *toks, int n,
+                                   const rlai_image_rows *images, int n_images, float *logits)
+{
+    if (!e || !toks || n <= 0 || !logits || n_images < 0 || (n_images > 0 && !images))
         return RLAI_ERR_INVALID_ARG;
+    size_t E = (size_t)rlai_model_hparams(e->model)->n_embd;
+    for (int i = 0; i < n_images; i++) {
+        if (!images[i].rows || images[i].n_rows <= 0 || images[i].pos < 0 || images[i].pos > n - images[i].n_rows)
+            return RLAI_ERR_INVALID_ARG;
+        for (int j = 0; j < i; j++)
+            if (images[i].pos < images[j].pos + images[j].n_rows && images[j].pos < images[i].pos + images[i].n_rows)
+                return RLAI_ERR_INVALID_ARG;
+    }
     if (n >= e->n_ctx)
         return RLAI_ERR_CONTEXT_FULL;
     rlai_kv_seq seq;
@@ -509,12 +531,110 @@ int rlai_engine_eval_logits(rlai_engine *e, const rlai_token *toks, int n, float
             want[i] = true;
         }
         rlai_kv_seq *seqs[1] = { &seq };
-        rlai_batch b = { n, toks, pos, NULL, want, false };
-        rc = rlai_model_forward(e->mctx, e->kv, seqs, &b, logits);
+        const float **embd = n_images > 0 ? calloc((size_t)n, sizeof(*embd)) : NULL;
+        if (n_images > 0 && !embd)
+            rc = RLAI_ERR_NOMEM;
+        for (int i = 0; rc == 0 && i < n_images; i++)
+            for (int j = 0; j < images[i].n_rows; j++)
+                embd[images[i].pos + j] = images[i].rows + (size_t)j * E;
+        rlai_batch b = { n, toks, pos, NULL, want, false, embd };
+        if (rc == 0)
+            rc = rlai_model_forward(e->mctx, e->kv, seqs, &b, logits);
+        free(embd);
     }
     rlai_kv_seq_release(e->kv, &seq);
     free(pos);
     free(want);
+    return rc;
+}
+
+/* ------------------------------------------------------------------
+ * The vision encoder (engine/vision.h) */
+
+int rlai_engine_load_mmproj(rlai_engine *e, const char *path, char *err, size_t errlen)
+{
+    if (err && errlen)
+        err[0] = 0;
+    if (!e || !path)
+        return RLAI_ERR_INVALID_ARG;
+    pthread_mutex_lock(&e->vmu);
+    int rc = 0;
+    rlai_vision *v = NULL;
+    rlai_kernels *k = NULL;
+    rlai_threadpool *tp = NULL;
+    char *copy = NULL;
+    if (e->vision) {
+        rc = RLAI_ERR_EXISTS;
+        rlai_errf(err, errlen, 0, "a vision encoder is loaded already (%s)", e->mmproj_path);
+        goto out;
+    }
+    if ((rc = rlai_vision_open_file(path, &v, err, errlen)) < 0)
+        goto out;
+    const rlai_hparams *hp = rlai_model_hparams(e->model);
+    if (rlai_vision_get_hparams(v)->n_out != hp->n_embd) {
+        rc = RLAI_ERR_INVALID_ARG;
+        rlai_errf(err, errlen, 0, "vision: the projector's output width %d is not the model's n_embd %d "
+                  "(an mmproj of another model?)", rlai_vision_get_hparams(v)->n_out, hp->n_embd);
+        goto out;
+    }
+    int nth = rlai_threadpool_size(e->tp);
+    if ((rc = rlai_kernels_new(e->isa, e->params.precise, &k)) < 0 ||
+        (rc = rlai_threadpool_new(nth > 0 ? nth : 1, &tp)) < 0 || !(copy = strdup(path))) {
+        rc = rc < 0 ? rc : RLAI_ERR_NOMEM;
+        rlai_errf(err, errlen, 0, "vision: %s", rlai_strerror(rc));
+        goto out;
+    }
+    e->vision = v;
+    e->vkern = k;
+    e->vtp = tp;
+    e->mmproj_path = copy;
+    static const char tok[] = "<image>";
+    e->image_token = rlai_tokenizer_find(e->tok, tok, sizeof(tok) - 1);
+    v = NULL;
+    k = NULL;
+    tp = NULL;
+    copy = NULL;
+out:
+    pthread_mutex_unlock(&e->vmu);
+    rlai_vision_free(v);
+    rlai_kernels_free(k);
+    rlai_threadpool_free(tp);
+    free(copy);
+    return rc;
+}
+
+int rlai_engine_vision_info(const rlai_engine *e, rlai_vision_info *out)
+{
+    if (!e || !out)
+        return RLAI_ERR_INVALID_ARG;
+    memset(out, 0, sizeof(*out));
+    rlai_engine *me = (rlai_engine *)e;
+    pthread_mutex_lock(&me->vmu);
+    int rc = RLAI_ERR_NOT_FOUND;
+    if (e->vision) {
+        const rlai_vision_hparams *vh = rlai_vision_get_hparams(e->vision);
+        out->n_tokens = vh->n_tokens;
+        out->image_size = vh->image_size;
+        out->image_token = e->image_token;
+        out->image_token_text = "<image>";
+        out->path = e->mmproj_path;
+        out->weight_bytes = rlai_vision_weight_bytes(e->vision);
+        rc = 0;
+    }
+    pthread_mutex_unlock(&me->vmu);
+    return rc;
+}
+
+int rlai_engine_embed_image(rlai_engine *e, const uint8_t *img, int width, int height, size_t stride,
+                            int channels, float *out)
+{
+    if (!e || !img || !out)
+        return RLAI_ERR_INVALID_ARG;
+    pthread_mutex_lock(&e->vmu);
+    int rc = e->vision ? rlai_vision_embed_image(e->vision, e->vkern, e->vtp, img, width, height, stride,
+                                                 channels, out)
+                       : RLAI_ERR_NOT_IMPLEMENTED;
+    pthread_mutex_unlock(&e->vmu);
     return rc;
 }
 
@@ -545,7 +665,7 @@ static int embed_locked(rlai_engine *e, const rlai_token *toks, int n, rlai_pool
             want[i] = pooling == RLAI_POOL_MEAN || i == n - 1;
         }
         rlai_kv_seq *seqs[1] = { &seq };
-        rlai_batch b = { n, toks, pos, NULL, want, true };
+        rlai_batch b = { n, toks, pos, NULL, want, true, NULL };
         rc = rlai_model_forward(e->mctx, e->kv, seqs, &b, hid);
     }
     if (rc == 0) {

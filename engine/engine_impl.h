@@ -65,7 +65,17 @@ typedef struct rlai_req {
     rlai_grammar_matcher *gm;    /* gen.grammar's matcher, or NULL */
     uint32_t *gmask;             /* allowed tokens of this step (bitset) */
     int gerr;                    /* mask failure of this step (< 0), else 0 */
+    struct rlai_req_image *imgs; /* owned copies of the request's image rows, or NULL */
+    int n_imgs;
+    int32_t *keys;               /* prefix-cache keys of toks (image positions hashed), or NULL */
 } rlai_req;
+
+/* One image of a request: its rows (owned) and their content hash. */
+typedef struct rlai_req_image {
+    int pos, n_rows;
+    float *rows;                 /* n_rows * n_embd */
+    uint64_t hash;
+} rlai_req_image;
 
 
 struct rlai_engine {
@@ -102,7 +112,22 @@ struct rlai_engine {
     rlai_engine_stats stats;     /* snapshot, under qmu */
     pthread_mutex_t gv_mu;       /* guards building gvocab */
     rlai_gvocab *gvocab;         /* token bytes and tries for grammars (built on first use) */
+    /* vision encoder (rlai_engine_load_mmproj): encodes run one at a time
+     * under vmu, on their own kernel context and threads */
+    pthread_mutex_t vmu;
+    struct rlai_vision *vision;  /* NULL = none */
+    rlai_kernels *vkern;
+    rlai_threadpool *vtp;
+    char *mmproj_path;
+    rlai_token image_token;      /* "<image>" in the vocabulary, or -1 */
 };
+
+/* The prefix-cache keys of a request's tokens [0, n_toks): its tokens with
+ * each image position replaced by a negative id derived from the image's
+ * hash and the row (scheduler.c). r->toks itself when it has no image. */
+const int32_t *rlai_sched_keys(rlai_req *r);
+/* The input row of token position p of r (an image row), or NULL. */
+const float *rlai_sched_image_row(const rlai_engine *e, const rlai_req *r, int p);
 
 /* 0 when toks[0..n) is a usable prompt for a fresh sequence: n >= 1
  * (else RLAI_ERR_INVALID_ARG), shorter than the context (else

@@ -509,6 +509,21 @@ static int forward_chunk(rlai_model_ctx *c, rlai_kv_cache *kv, rlai_kv_seq *cons
     rlai_paged_rows rows = { n, c->pos, c->tables };
 
     bi->get_rows(be, &c->tok_embd, b->tokens + start, n, c->x);
+    if (b->embd) {   /* image rows replace the embeddings of their positions */
+        size_t rb = sizeof(float) * (size_t)E;
+        for (int i = 0; i < n; i++) {
+            const float *row = b->embd[start + i];
+            if (!row)
+                continue;
+            if (c->host) {
+                memcpy(c->x + (size_t)i * E, row, rb);
+            } else {
+                int rc = bi->upload(be, c->x, (size_t)i * rb, row, rb);
+                if (rc < 0)
+                    return rc;
+            }
+        }
+    }
 
     for (int l = 0; l < hp->n_layer; l++) {
         const dev_layer *L = &c->layers[l];

@@ -65,6 +65,10 @@ typedef struct rlai_batch {
     const bool *want;        /* NULL = last token only */
     bool hidden;             /* output the final-norm hidden state (n_embd floats per
                                 wanted row) instead of logits */
+    const float *const *embd; /* NULL, or per token NULL or n_embd floats (host memory):
+                                the input row used instead of the token's embedding
+                                (a VLM's image rows, engine/vision.h); the token id is
+                                still range-checked but not looked up */
 } rlai_batch;
 
 /* Runs the forward pass (splitting into chunks of max_batch) as a walk over

@@ -7,6 +7,7 @@
  * open/close and the synchronous helpers are in engine.c. */
 #include "engine_impl.h"
 #include "scheduler.h"
+#include "vision.h"
 #include "rlai/clock.h"
 #include "rlai/error.h"
 
@@ -30,8 +31,79 @@ void rlai_sched_req_free(rlai_engine *e, rlai_req *r)
         for (char **s = r->stops; *s; s++)
             free(*s);
     free(r->stops);
+    for (int i = 0; i < r->n_imgs; i++)
+        free(r->imgs[i].rows);
+    free(r->imgs);
+    free(r->keys);
     free(r->toks);
     free(r);
+}
+
+/* ---- image rows (engine/vision.h) and their prefix-cache keys */
+
+/* The key of image row j of an image with content hash h: a negative id
+ * (never a real token) mixing both (splitmix64's finaliser). */
+static int32_t image_key(uint64_t h, int j)
+{
+    uint64_t z = h + 0x9E3779B97F4A7C15ull * (uint64_t)(j + 1);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return -(int32_t)(z & 0x7FFFFFFFu) - 1;
+}
+
+const int32_t *rlai_sched_keys(rlai_req *r)
+{
+    if (!r->keys)
+        return r->toks;
+    /* the generated tail follows the prompt's keys */
+    memcpy(r->keys + r->n_prompt, r->toks + r->n_prompt, sizeof(int32_t) * (size_t)(r->n_toks - r->n_prompt));
+    return r->keys;
+}
+
+const float *rlai_sched_image_row(const rlai_engine *e, const rlai_req *r, int p)
+{
+    const rlai_hparams *hp = rlai_model_hparams(e->model);
+    for (int i = 0; i < r->n_imgs; i++)
+        if (p >= r->imgs[i].pos && p < r->imgs[i].pos + r->imgs[i].n_rows)
+            return r->imgs[i].rows + (size_t)(p - r->imgs[i].pos) * (size_t)hp->n_embd;
+    return NULL;
+}
+
+/* Checks and copies rp's images into r (n_prompt already set), with the keys. */
+static int req_take_images(rlai_engine *e, rlai_req *r, const rlai_request_params *rp)
+{
+    if (rp->n_images == 0)
+        return 0;
+    if (rp->n_images < 0 || rp->n_images > 1024 || !rp->images)
+        return RLAI_ERR_INVALID_ARG;
+    const rlai_image_rows *im = rp->images;
+    for (int i = 0; i < rp->n_images; i++) {
+        if (!im[i].rows || im[i].n_rows <= 0 || im[i].pos < 0 || im[i].pos > rp->n_prompt - im[i].n_rows)
+            return RLAI_ERR_INVALID_ARG;
+        for (int j = 0; j < i; j++)
+            if (im[i].pos < im[j].pos + im[j].n_rows && im[j].pos < im[i].pos + im[i].n_rows)
+                return RLAI_ERR_INVALID_ARG;
+    }
+    size_t E = (size_t)rlai_model_hparams(e->model)->n_embd;
+    if (!(r->imgs = calloc((size_t)rp->n_images, sizeof(*r->imgs))) ||
+        !(r->keys = malloc(sizeof(int32_t) * (size_t)r->cap_toks)))
+        return RLAI_ERR_NOMEM;
+    memcpy(r->keys, rp->prompt, sizeof(int32_t) * (size_t)rp->n_prompt);
+    for (int i = 0; i < rp->n_images; i++) {
+        size_t n = (size_t)im[i].n_rows * E;
+        rlai_req_image *ri = &r->imgs[i];
+        if (!(ri->rows = malloc(sizeof(float) * n)))
+            return RLAI_ERR_NOMEM;
+        r->n_imgs = i + 1;
+        memcpy(ri->rows, im[i].rows, sizeof(float) * n);
+        ri->pos = im[i].pos;
+        ri->n_rows = im[i].n_rows;
+        ri->hash = rlai_vision_hash_rows(ri->rows, n);
+        for (int j = 0; j < ri->n_rows; j++)
+            r->keys[ri->pos + j] = image_key(ri->hash, j);
+    }
+    return 0;
 }
 
 
@@ -108,6 +180,10 @@ int rlai_engine_submit(rlai_engine *e, const rlai_request_params *rp, uint64_t *
     }
     memcpy(r->toks, rp->prompt, sizeof(rlai_token) * (size_t)rp->n_prompt);
     r->n_toks = r->n_prompt = rp->n_prompt;
+    if ((rc = req_take_images(e, r, rp)) < 0) {
+        rlai_sched_req_free(e, r);
+        return rc;
+    }
     for (int i = 0; i < rp->n_prompt; i++)
         rlai_sampler_accept(r->smp, rp->prompt[i]);
     r->on_token = rp->on_token;
@@ -266,7 +342,7 @@ static void admit(rlai_engine *e, rlai_req **finished)
         rlai_req *r = e->queue;
         /* Reuse the longest cached prefix, keeping the last prompt token to
          * compute (its logits start generation). */
-        int reused = rlai_kv_prefix_attach(e->kv, &r->seq, r->toks, r->n_prompt, r->n_prompt - 1);
+        int reused = rlai_kv_prefix_attach(e->kv, &r->seq, rlai_sched_keys(r), r->n_prompt, r->n_prompt - 1);
         if (reused < 0)
             reused = 0;
         int need = rlai_blocks_for(r->total) - r->seq.n_blocks;
@@ -451,7 +527,7 @@ static int req_verify(rlai_engine *e, rlai_req *r, int32_t tok, float *logits, s
             int dropped = rlai_kv_seq_truncate(e->kv, &r->seq, r->seq.n_tokens);
             if (dropped > 0)
                 r->reserve += dropped;
-            rlai_kv_prefix_commit(e->kv, &r->seq, r->toks, r->seq.n_tokens);
+            rlai_kv_prefix_commit(e->kv, &r->seq, rlai_sched_keys(r), r->seq.n_tokens);
         }
         r->n_draft = 0;
     }
@@ -525,11 +601,17 @@ static int step_locked(rlai_engine *e)
         int32_t *pos = malloc(sizeof(int32_t) * (size_t)n);
         int32_t *sidx = malloc(sizeof(int32_t) * (size_t)n);
         bool *want = malloc(sizeof(bool) * (size_t)n);
+        const float **embd = NULL;              /* image rows of this batch, if any */
+        bool need_embd = false;
+        for (rlai_req *r = e->running; r; r = r->next)
+            need_embd |= !r->done && r->n_imgs > 0 && r->seq.n_tokens < r->n_prompt;
+        if (need_embd)
+            embd = calloc((size_t)n, sizeof(*embd));
         rlai_kv_seq **seqs = malloc(sizeof(rlai_kv_seq *) * (size_t)n_seqs);
         rlai_req **rows = malloc(sizeof(rlai_req *) * (size_t)n_seqs);
         int *take = malloc(sizeof(int) * (size_t)n_seqs);
         int n_rows = 0, wi = 0;
-        if (!tokens || !pos || !sidx || !want || !seqs || !rows || !take) {
+        if (!tokens || !pos || !sidx || !want || !seqs || !rows || !take || (need_embd && !embd)) {
             rc = RLAI_ERR_NOMEM;
         } else {
             budget = e->params.prefill_chunk;
@@ -556,6 +638,8 @@ static int step_locked(rlai_engine *e)
                 take[si] = t;
                 for (int j = 0; j < t + nd; j++) {
                     tokens[k] = j < t ? r->toks[p0 + j] : r->draft[j - t];
+                    if (embd && j < t && p0 + j < r->n_prompt)
+                        embd[k] = rlai_sched_image_row(e, r, p0 + j);
                     pos[k] = p0 + j;
                     sidx[k] = si;
                     want[k] = p0 + j >= r->n_toks - 1;  /* the last real token and every draft token */
@@ -569,7 +653,7 @@ static int step_locked(rlai_engine *e)
                 si++;
             }
             if (k > 0) {
-                rlai_batch b = { k, tokens, pos, sidx, want, false };
+                rlai_batch b = { k, tokens, pos, sidx, want, false, embd };
                 rc = rlai_model_forward(e->mctx, e->kv, seqs, &b, e->step_logits);
             }
             if (rc == 0) {
@@ -578,7 +662,7 @@ static int step_locked(rlai_engine *e)
                     if (r->done || si >= n_seqs || seqs[si] != &r->seq)
                         continue;
                     r->seq.n_tokens += take[si];
-                    rlai_kv_prefix_commit(e->kv, &r->seq, r->toks, r->seq.n_tokens);
+                    rlai_kv_prefix_commit(e->kv, &r->seq, rlai_sched_keys(r), r->seq.n_tokens);
                     if (r->seq.n_tokens == r->n_prompt && r->t_prefill_end == 0)
                         r->t_prefill_end = rlai_clock_ms();
                     si++;
@@ -610,6 +694,7 @@ static int step_locked(rlai_engine *e)
             }
         }
         free(tokens);
+        free(embd);
         free(pos);
         free(sidx);
         free(want);
@@ -682,7 +767,7 @@ static int prefill_no_logits(rlai_engine *e, rlai_kv_seq *seq, const rlai_token 
         for (int i = 0; i < n; i++)
             pos[i] = from + i;
         rlai_kv_seq *seqs[1] = { seq };
-        rlai_batch b = { n, toks + from, pos, NULL, want, false };
+        rlai_batch b = { n, toks + from, pos, NULL, want, false, NULL };
         rc = rlai_model_forward(e->mctx, e->kv, seqs, &b, NULL);
         if (rc == 0) {
             seq->n_tokens = to;
@@ -761,6 +846,63 @@ int rlai_engine_unpin_prefix(rlai_engine *e, const rlai_token *toks, int n)
 /* ------------------------------------------------------------------
  * The one request path: text or chat -> tokens -> limits -> submit. */
 
+/* rq's image: the prompt's one image token becomes the encoder's n_tokens
+ * positions (*toks / *n replaced), *rows the image's rows (owned by the
+ * caller), *img describing them. */
+static int text_image(rlai_engine *e, const rlai_text_request *rq, bool text, rlai_token **toks, int *n,
+                      float **rows, rlai_image_rows *img, char *err, size_t errlen)
+{
+    if (!text)
+        return rlai_errf(err, errlen, RLAI_ERR_INVALID_ARG,
+                         "an image needs a raw prompt holding the image token <image> (not chat messages)");
+    rlai_vision_info vi;
+    if (rlai_engine_vision_info(e, &vi) < 0)
+        return rlai_errf(err, errlen, RLAI_ERR_NOT_IMPLEMENTED,
+                         "no vision encoder is loaded (start rlai serve with --mmproj FILE)");
+    if (vi.image_token < 0)
+        return rlai_errf(err, errlen, RLAI_ERR_INVALID_ARG, "the model's vocabulary has no <image> token");
+    if (rq->image_width <= 0 || rq->image_height <= 0 || rq->image_width > 16384 || rq->image_height > 16384)
+        return rlai_errf(err, errlen, RLAI_ERR_INVALID_ARG, "image size %dx%d is out of range",
+                         rq->image_width, rq->image_height);
+    int at = -1, count = 0;
+    for (int i = 0; i < *n; i++)
+        if ((*toks)[i] == vi.image_token) {
+            at = i;
+            count++;
+        }
+    if (count != 1)
+        return rlai_errf(err, errlen, RLAI_ERR_INVALID_ARG,
+                         "the prompt must hold the image token <image> exactly once (it has %d)", count);
+    int m = *n + vi.n_tokens - 1;
+    rlai_token *nt = malloc(sizeof(rlai_token) * (size_t)m);
+    size_t E = (size_t)rlai_model_hparams(e->model)->n_embd;
+    float *r = malloc(sizeof(float) * (size_t)vi.n_tokens * E);
+    if (!nt || !r) {
+        free(nt);
+        free(r);
+        return rlai_errf(err, errlen, RLAI_ERR_NOMEM, "%s", rlai_strerror(RLAI_ERR_NOMEM));
+    }
+    int rc = rlai_engine_embed_image(e, rq->image_rgb, rq->image_width, rq->image_height,
+                                     (size_t)rq->image_width * 3, 3, r);
+    if (rc < 0) {
+        free(nt);
+        free(r);
+        return rlai_errf(err, errlen, rc, "image encoding failed: %s", rlai_strerror(rc));
+    }
+    memcpy(nt, *toks, sizeof(rlai_token) * (size_t)at);
+    for (int j = 0; j < vi.n_tokens; j++)
+        nt[at + j] = vi.image_token;
+    memcpy(nt + at + vi.n_tokens, *toks + at + 1, sizeof(rlai_token) * (size_t)(*n - at - 1));
+    free(*toks);
+    *toks = nt;
+    *n = m;
+    *rows = r;
+    img->rows = r;
+    img->n_rows = vi.n_tokens;
+    img->pos = at;
+    return 0;
+}
+
 int rlai_engine_submit_text(rlai_engine *e, const rlai_text_request *rq, uint64_t *id, int *n_prompt,
                             char *err, size_t errlen)
 {
@@ -809,6 +951,18 @@ int rlai_engine_submit_text(rlai_engine *e, const rlai_text_request *rq, uint64_
                 return rlai_errf(err, errlen, RLAI_ERR_INVALID_ARG, "prompt token %d is %d; ids are in [0, %d)", i,
                                  (int)use[i], hp->n_vocab);
     }
+    float *img_rows = NULL;            /* owned here */
+    rlai_image_rows img;
+    if (rq->image_rgb) {
+        if (!toks)
+            return rlai_errf(err, errlen, RLAI_ERR_INVALID_ARG,
+                             "an image needs a raw prompt holding the image token <image>");
+        if ((rc = text_image(e, rq, text, &toks, &n, &img_rows, &img, err, errlen)) < 0) {
+            free(toks);
+            return rc;
+        }
+        use = toks;
+    }
     if (n_prompt)
         *n_prompt = n;
     int limit = rq->max_prompt_tokens > 0 ? rq->max_prompt_tokens : e->n_ctx - 1;
@@ -818,13 +972,19 @@ int rlai_engine_submit_text(rlai_engine *e, const rlai_text_request *rq, uint64_
     }
     if (n > limit) {
         free(toks);
+        free(img_rows);
         return rlai_errf(err, errlen, RLAI_ERR_TOO_LARGE, "prompt has %d tokens; the limit is %d", n, limit);
     }
     rlai_request_params rp = rq->rp;
     rp.prompt = use;
     rp.n_prompt = n;
+    if (img_rows) {
+        rp.images = &img;
+        rp.n_images = 1;
+    }
     rc = rlai_engine_submit(e, &rp, id);
     free(toks);
+    free(img_rows);
     if (rc < 0)
         return rlai_errf(err, errlen, rc, "%s", rlai_strerror(rc));
     return 0;

@@ -90,6 +90,7 @@ void rlai_config_free(rlai_config *c)
     free(c->zmq);
     free(c->zmq_tcp);
     free(c->device);
+    free(c->mmproj);
     free(c->pipe);
     free(c->http);
     free(c->plugins_dir);
@@ -146,6 +147,8 @@ int rlai_config_load_json(rlai_config *c, const char *json, char *err, size_t er
             rc = get_int(it, k, 0, 1 << 24, &c->kv_blocks, err, errlen);
         } else if (!strcmp(k, "device")) {
             rc = get_str(it, k, &c->device, err, errlen);
+        } else if (!strcmp(k, "mmproj")) {
+            rc = get_str(it, k, &c->mmproj, err, errlen);
         } else if (!strcmp(k, "spec")) {
             int mode = cJSON_IsString(it) ? rlai_spec_mode_parse(it->valuestring) : RLAI_ERR_INVALID_ARG;
             if (mode < 0)

@@ -71,6 +71,8 @@ typedef struct rlai_config {
     int http_max_connections;        /* "max_connections" / --max-connections */
     int http_max_connections_per_ip; /* "max_connections_per_ip" / --max-connections-per-ip; 0 = auto */
     int http_header_timeout_s;       /* "header_timeout_s": seconds to deliver a whole request; default 10 */
+    char *mmproj;            /* "mmproj" / --mmproj: a vision projector GGUF loaded with the
+                                model (engine/vision.h, docs/SCREEN.md "Vision"); NULL = none */
 } rlai_config;
 
 /* Fills defaults: default model path, default private endpoints, limits.

@@ -728,6 +728,10 @@ int rlai_daemon_start(const rlai_config *cfg, rlai_daemon **out, char *err, size
     rc = rlai_engine_open(cfg->model, &ep, &d->engine, err, errlen);
     if (rc < 0)
         goto fail;
+    if (cfg->mmproj && (rc = rlai_engine_load_mmproj(d->engine, cfg->mmproj, err, errlen)) < 0)
+        goto fail;
+    if (cfg->mmproj)
+        fprintf(stderr, "rlai serve: vision   %s (images in prompts: docs/SCREEN.md \"Vision\")\n", cfg->mmproj);
     rlai_engine_info(d->engine, &d->info);
     if ((rc = rlai_router_new(d->engine, &d->router)) < 0) {
         snprintf(err, errlen, "cannot create the request router: %s", rlai_strerror(rc));

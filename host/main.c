@@ -837,6 +837,9 @@ static void serve_usage(FILE *f)
         "      --kv-type f16|q8_0     KV cache element type (default f16)\n"
         "      --device D             compute device: auto|cpu|cuda|cuda:N (default auto: CUDA when\n"
         "                             a GPU and the CUDA backend are present, else the CPU)\n"
+        "      --mmproj FILE          vision projector GGUF of the model (llama.cpp mmproj: SigLIP +\n"
+        "                             Idefics3, as SmolVLM ships); images then go to the model\n"
+        "                             (docs/SCREEN.md \"Vision\")\n"
         "      --spec MODE            speculative decoding: off|ngram|auto (default auto = off for now;\n"
         "                             see docs/SPECULATIVE.md); requests may ask for their own\n"
         "      --spec-max-draft N     longest draft per step, 1..16 (default 8)\n"
@@ -868,7 +871,8 @@ static int cmd_serve(int argc, char **argv)
 {
     enum { S_CONFIG = 300, S_KV, S_ZMQ, S_ZMQ_TCP, S_PIPE, S_REMOTE, S_FRAME, S_PROMPT, S_CLIENT, S_TOTAL,
            S_KVTYPE, S_DEVICE, S_HTTP, S_PLUGINS, S_NO_PLUGINS, S_PLUGIN_WORKERS, S_NO_PREFIX,
-           S_KEY_FILE, S_NO_AUTH, S_CORS, S_MAXCONN, S_MAXCONN_IP, S_SPEC, S_SPEC_DRAFT, S_NO_DEF_PLUGINS };
+           S_KEY_FILE, S_NO_AUTH, S_CORS, S_MAXCONN, S_MAXCONN_IP, S_SPEC, S_SPEC_DRAFT, S_NO_DEF_PLUGINS,
+           S_MMPROJ };
     static const struct option opts[] = {
         { "config", required_argument, 0, S_CONFIG }, { "model", required_argument, 0, 'm' },
         { "threads", required_argument, 0, 't' }, { "ctx", required_argument, 0, 'c' },
@@ -878,7 +882,7 @@ static int cmd_serve(int argc, char **argv)
         { "max-prompt-tokens", required_argument, 0, S_PROMPT },
         { "max-inflight-client", required_argument, 0, S_CLIENT },
         { "max-inflight-total", required_argument, 0, S_TOTAL }, { "kv-type", required_argument, 0, S_KVTYPE },
-        { "device", required_argument, 0, S_DEVICE },
+        { "device", required_argument, 0, S_DEVICE }, { "mmproj", required_argument, 0, S_MMPROJ },
         { "spec", required_argument, 0, S_SPEC }, { "spec-max-draft", required_argument, 0, S_SPEC_DRAFT },
         { "http", required_argument, 0, S_HTTP },
         { "cors-origin", required_argument, 0, S_CORS },
@@ -947,6 +951,7 @@ static int cmd_serve(int argc, char **argv)
         case S_PLUGIN_WORKERS: bad |= parse_int(optarg, 1, 64, &cfg.plugin_workers); break;
         case S_NO_PREFIX: cfg.no_prefix_cache = true; break;
         case S_DEVICE: bad |= rlai_config_set_str(&cfg.device, optarg); break;
+        case S_MMPROJ: bad |= rlai_config_set_str(&cfg.mmproj, optarg); break;
         case S_SPEC: {
             rlai_spec_mode sm = RLAI_SPEC_AUTO;
             bad |= parse_spec(optarg, &sm);

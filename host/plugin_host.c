@@ -961,6 +961,9 @@ static int api_generate(rlai_call *call, const rlai_gen_request *req_in, size_t 
     }
     rq.text.max_prompt_tokens = h->p.max_prompt_tokens;
     rq.response_format = req.response_format;
+    rq.text.image_rgb = req.image_rgb;      /* the engine expands the prompt's <image> (engine.h) */
+    rq.text.image_width = req.image_width;
+    rq.text.image_height = req.image_height;
     gen_wait w;
     memset(&w, 0, sizeof(w));
     w.call = call;
@@ -1176,6 +1179,17 @@ static int api_model_info(rlai_plugin *self, cJSON **out)
     cJSON_AddNumberToObject(o, "kv_blocks_pinned", st.kv_blocks_pinned);
     cJSON_AddNumberToObject(o, "max_prompt_tokens",
                             self->host->p.max_prompt_tokens > 0 ? self->host->p.max_prompt_tokens : mi.n_ctx - 1);
+    rlai_vision_info vi;
+    if (rlai_engine_vision_info(e, &vi) == 0) {   /* rlai serve --mmproj */
+        cJSON *v = cJSON_AddObjectToObject(o, "vision");
+        if (v) {
+            cJSON_AddNumberToObject(v, "n_tokens", vi.n_tokens);
+            cJSON_AddNumberToObject(v, "image_size", vi.image_size);
+            if (vi.image_token >= 0)
+                cJSON_AddStringToObject(v, "image_token", vi.image_token_text);
+            cJSON_AddStringToObject(v, "mmproj", vi.path);
+        }
+    }
     *out = o;
     return 0;
 }

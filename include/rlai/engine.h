@@ -316,6 +316,15 @@ int rlai_engine_generate_tokens(rlai_engine *e, const rlai_token *prompt, int n_
 
 typedef void (*rlai_done_cb)(void *user, uint64_t id, int status, const rlai_gen_metrics *m);
 
+/* Rows that replace the input embeddings of prompt positions pos ..
+ * pos + n_rows - 1: n_rows * n_embd floats (the model's n_embd), e.g. one
+ * image from rlai_engine_embed_image (a vision-language model). */
+typedef struct rlai_image_rows {
+    const float *rows;
+    int n_rows;
+    int pos;
+} rlai_image_rows;
+
 typedef struct rlai_request_params {
     const rlai_token *prompt;   /* copied */
     int n_prompt;
@@ -323,6 +332,12 @@ typedef struct rlai_request_params {
     rlai_token_cb on_token;     /* may be NULL */
     rlai_done_cb on_done;       /* may be NULL */
     void *user;
+    const rlai_image_rows *images; /* NULL, or n_images images (rows copied at submit;
+                                    inside the prompt, not overlapping, else
+                                    RLAI_ERR_INVALID_ARG). Their positions' KV is
+                                    keyed in the prefix cache by a hash of the rows,
+                                    so only the same image reuses it. */
+    int n_images;
 } rlai_request_params;
 
 /* Queues a request; *id receives its id (> 0). Thread-safe. Returns 0,
@@ -345,6 +360,15 @@ typedef struct rlai_text_request {
     const char *prompt;                 /* borrowed for the call */
     int max_prompt_tokens;              /* 0 = the context length - 1 */
     rlai_request_params rp;
+    const uint8_t *image_rgb;           /* NULL, or one RGB image (image_width * image_height * 3
+                                           bytes, borrowed for the call) for the vision encoder
+                                           (rlai_engine_load_mmproj): the raw `prompt` must hold
+                                           the image token ("<image>") exactly once; it becomes
+                                           the encoder's n_tokens positions with the image's rows
+                                           (rp.images is ignored). RLAI_ERR_NOT_IMPLEMENTED
+                                           without an encoder, RLAI_ERR_INVALID_ARG with messages
+                                           or no / two image tokens. */
+    int image_width, image_height;
 } rlai_text_request;
 
 /* Builds the prompt of `rq` and submits it; *id as rlai_engine_submit.
@@ -430,6 +454,48 @@ int rlai_engine_embed(rlai_engine *e, const rlai_token *toks, int n, rlai_poolin
  * position into `logits` (caller-owned, n * n_vocab floats, row-major).
  * For testing against a reference implementation. */
 int rlai_engine_eval_logits(rlai_engine *e, const rlai_token *toks, int n, float *logits);
+
+/* ------------------------------------------------------------------
+ * Images: a vision-language model's encoder (engine/vision.h; SigLIP +
+ * Idefics3 projector from a llama.cpp mmproj GGUF, as SmolVLM ships).
+ * docs/SCREEN.md "Vision" says how to point it at real files. */
+
+/* Loads the vision encoder from an mmproj GGUF (once per engine; call
+ * before submitting image requests). Its projection width must equal the
+ * model's n_embd. The model's image token is looked up as "<image>" in
+ * its vocabulary (-1 in the info when absent: then only rlai_image_rows
+ * with explicit positions work). Returns 0 or a negative error with a
+ * message in err (RLAI_ERR_FORMAT / RLAI_ERR_UNSUPPORTED naming the key
+ * or tensor, RLAI_ERR_INVALID_ARG for a width mismatch, RLAI_ERR_EXISTS
+ * when one is loaded already). */
+int rlai_engine_load_mmproj(rlai_engine *e, const char *path, char *err, size_t errlen);
+
+typedef struct rlai_vision_info {
+    int n_tokens;          /* rows per image */
+    int image_size;        /* the encoder's input side, pixels */
+    rlai_token image_token;/* id of "<image>" in the vocabulary, or -1 */
+    const char *image_token_text;  /* "<image>" (static) */
+    const char *path;      /* the mmproj file (owned by the engine) */
+    uint64_t weight_bytes;
+} rlai_vision_info;
+
+/* Fills *out and returns 0, or RLAI_ERR_NOT_FOUND when no encoder is
+ * loaded. */
+int rlai_engine_vision_info(const rlai_engine *e, rlai_vision_info *out);
+
+/* Encodes one 8-bit image (width x height pixels of `channels` bytes, 3 =
+ * RGB or 4 = RGBA; rows `stride` bytes apart; caller-owned, read only)
+ * into out (caller-owned, n_tokens * n_embd floats). Thread-safe: encodes
+ * run one at a time on the encoder's own kernel context and threads (not
+ * the scheduler's). Returns 0, RLAI_ERR_NOT_IMPLEMENTED (no encoder),
+ * RLAI_ERR_INVALID_ARG or RLAI_ERR_NOMEM. */
+int rlai_engine_embed_image(rlai_engine *e, const uint8_t *img, int width, int height, size_t stride,
+                            int channels, float *out);
+
+/* As rlai_engine_eval_logits, with image rows in place of the input
+ * embeddings of their positions (for testing against a reference). */
+int rlai_engine_eval_logits_images(rlai_engine *e, const rlai_token *toks, int n,
+                                   const rlai_image_rows *images, int n_images, float *logits);
 
 #ifdef __cplusplus
 }

@@ -199,6 +199,19 @@ typedef struct rlai_gen_request {
                                        (docs/STRUCTURED.md). A bad or unsupported schema
                                        makes generate return RLAI_ERR_INVALID_ARG /
                                        RLAI_ERR_UNSUPPORTED. */
+    /* Since 1.2, added with the vision encoder (a host without it refuses this larger
+     * req_size with RLAI_ERR_UNSUPPORTED): one RGB image for a vision-
+     * language model (`rlai serve --mmproj FILE`; model_info then has a
+     * "vision" object). image_rgb: image_width * image_height * 3 bytes,
+     * rows packed, borrowed for the call; NULL = no image. The raw `prompt`
+     * must then contain the model's image token (model_info's
+     * vision.image_token, SmolVLM: "<image>") exactly once: the host expands
+     * it to the encoder's rows and the engine uses the image's embeddings
+     * there (docs/SCREEN.md "Vision"). An image with `messages`, a prompt
+     * without the token or with two, or no encoder loaded: RLAI_ERR_INVALID_ARG
+     * / RLAI_ERR_NOT_IMPLEMENTED. */
+    const uint8_t *image_rgb;
+    int image_width, image_height;
 } rlai_gen_request;
 
 /* Outcome of a generation (filled by host->generate). */

@@ -12,10 +12,10 @@
  * names the X display (default $DISPLAY of the engine). Pixels stay in
  * memory; nothing is written unless screen.capture is given "save_to".
  *
- * Analysis modes: "ocr" (OCR + the loaded language model), "vision" (a
- * vision encoder from an mmproj GGUF: not implemented in this build, refused
- * with NOT_IMPLEMENTED), "auto" (vision when an mmproj is configured, which
- * is then refused; else ocr).
+ * Analysis modes: "ocr" (OCR + the loaded language model), "vision" (the
+ * engine's vision encoder from an mmproj GGUF: the frame's pixels go to the
+ * model with the question, refused with NOT_IMPLEMENTED when the engine has
+ * no encoder), "auto" (vision when the engine has an encoder, else ocr).
  *
  * Handlers run on several workers at once: the state is read-only after
  * init except the OCR pool, which locks itself. */
@@ -459,6 +459,137 @@ static char *make_user_message(const char *description, const char *question)
     return s;
 }
 
+/* The engine's vision encoder as model_info describes it: the image rows
+ * per image (> 0), and the model's image token text into tok; 0 when no
+ * encoder (or no model) is loaded. */
+static int engine_vision(screen_plugin *sp, char *tok, size_t toklen)
+{
+    const rlai_host_api *h = sp->host;
+    cJSON *mi = NULL;
+    if (!h->model_info || h->model_info(sp->self, &mi) < 0 || !mi)
+        return 0;
+    int n = 0;
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(mi, "vision");
+    const cJSON *jn = cJSON_GetObjectItemCaseSensitive(v, "n_tokens");
+    const cJSON *jt = cJSON_GetObjectItemCaseSensitive(v, "image_token");
+    if (cJSON_IsNumber(jn) && jn->valuedouble >= 1 && jn->valuedouble <= 65536 && cJSON_IsString(jt) &&
+        jt->valuestring[0] && strlen(jt->valuestring) < toklen) {
+        n = (int)jn->valuedouble;
+        snprintf(tok, toklen, "%s", jt->valuestring);
+    }
+    cJSON_Delete(mi);
+    return n;
+}
+
+static const char VISION_SYSTEM[] =
+    "You are a tactical assistant for a video game player. You see the player's screen and get their "
+    "question. Answer briefly and concretely, using what the screen shows; say so when it does not show enough.";
+
+/* Appends s to the buffer with every '<' followed by a space, so text from
+ * the caller can never spell a special token ("<image>", "<end_of_utterance>")
+ * in the raw prompt. */
+static void append_defused(char *dst, size_t cap, size_t *o, const char *s)
+{
+    for (; *s && *o + 3 < cap; s++) {
+        dst[(*o)++] = *s;
+        if (*s == '<')
+            dst[(*o)++] = ' ';
+    }
+    dst[*o] = 0;
+}
+
+/* The vision path: the frame's pixels go to the engine's encoder; the raw
+ * prompt is SmolVLM's (Idefics3) chat format with the image token where
+ * the image's rows go:
+ *   <|im_start|>System: SYSTEM<end_of_utterance>\nUser:IMAGE QUESTION<end_of_utterance>\nAssistant:
+ */
+static int analyze_vision(screen_plugin *sp, rlai_call *call, const cJSON *params, rlai_gen_request *req,
+                          const char *question, const rlai_screen_profile *prof, bool dry,
+                          const char *image_token, int vision_tokens)
+{
+    const rlai_host_api *h = sp->host;
+    frame f;
+    int rc = get_frame(sp, call, params, &f);
+    if (rc) {
+        frame_free(&f);
+        return rc;
+    }
+    const char *system = prof && prof->system_prompt[0] ? prof->system_prompt : VISION_SYSTEM;
+    size_t cap = strlen(system) * 2 + strlen(question) * 2 + strlen(image_token) + 128;
+    char *prompt = malloc(cap);
+    cJSON *r = NULL;
+    rlai_gen_result res;
+    memset(&res, 0, sizeof res);
+    double answer_ms = 0;
+    if (!prompt) {
+        rc = h->reply_error(call, RLAI_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    size_t o = (size_t)snprintf(prompt, cap, "<|im_start|>System: ");
+    append_defused(prompt, cap, &o, system);
+    o += (size_t)snprintf(prompt + o, cap - o, "<end_of_utterance>\nUser:%s", image_token);
+    append_defused(prompt, cap, &o, question);
+    snprintf(prompt + o, cap - o, "<end_of_utterance>\nAssistant:");
+    if (!dry) {
+        req->prompt = prompt;
+        req->stream = true;
+        req->image_rgb = f.img.rgb;
+        req->image_width = f.img.width;
+        req->image_height = f.img.height;
+        double g0 = now_ms();
+        rc = h->generate(call, req, sizeof *req, &res);
+        answer_ms = now_ms() - g0;
+        if (rc < 0) {
+            rc = rc == RLAI_ERR_UNSUPPORTED
+                     ? h->reply_error(call, rc, "this host cannot pass images to the engine (older host)")
+                     : h->reply_error(call, rc, "generation failed: %s", h->strerror(rc));
+            goto done;
+        }
+        if (res.stop && strcmp(res.stop, "cancelled") == 0) {
+            rc = 0;
+            goto done;
+        }
+    }
+    if (!(r = cJSON_CreateObject())) {
+        rc = h->reply_error(call, RLAI_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    cJSON_AddStringToObject(r, "mode", "vision");
+    if (dry)
+        cJSON_AddNullToObject(r, "answer");
+    else
+        cJSON_AddStringToObject(r, "answer", res.text ? res.text : "");
+    cJSON_AddStringToObject(r, "question", question);
+    if (prof)
+        cJSON_AddStringToObject(r, "profile", prof->name);
+    else
+        cJSON_AddNullToObject(r, "profile");
+    cJSON_AddStringToObject(r, "system_prompt", system);
+    cJSON_AddStringToObject(r, "prompt", prompt);
+    cJSON_AddNumberToObject(r, "image_tokens", vision_tokens);
+    cJSON_AddItemToObject(r, "source", f.source);
+    f.source = NULL;
+    cJSON *tm = cJSON_AddObjectToObject(r, "timings_ms");
+    if (tm) {
+        cJSON_AddNumberToObject(tm, "acquire", f.acquire_ms);
+        cJSON_AddNumberToObject(tm, "decode", f.decode_ms);
+        cJSON_AddNumberToObject(tm, "answer", answer_ms);   /* the image's encoding included */
+    }
+    if (!dry) {
+        cJSON_AddNumberToObject(r, "prompt_tokens", res.prompt_tokens);
+        cJSON_AddNumberToObject(r, "gen_tokens", res.gen_tokens);
+        cJSON_AddNumberToObject(r, "seed", (double)req->seed);
+        cJSON_AddStringToObject(r, "stop", res.stop ? res.stop : "");
+    }
+    h->reply_json(call, r);
+    rc = 0;
+done:
+    free(prompt);
+    h->free(res.text);
+    frame_free(&f);
+    return rc;
+}
+
 static int cmd_analyze(rlai_call *call, const cJSON *params, void *user)
 {
     static const char *const keys[] = { "question", "display", "window", "file", "image", "mode", "profile",
@@ -478,16 +609,14 @@ static int cmd_analyze(rlai_call *call, const cJSON *params, void *user)
     const char *mode = opt_str(params, "mode", &bad);
     if (bad || (mode && strcmp(mode, "auto") && strcmp(mode, "ocr") && strcmp(mode, "vision")))
         return h->reply_error(call, RLAI_ERR_INVALID_ARG, "\"mode\" must be \"auto\", \"ocr\" or \"vision\"");
-    if (mode && strcmp(mode, "vision") == 0)
+    char image_token[64] = "";
+    int vision_tokens = engine_vision(sp, image_token, sizeof image_token);
+    bool use_vision = vision_tokens > 0 && (!mode || strcmp(mode, "ocr") != 0);
+    if (mode && strcmp(mode, "vision") == 0 && vision_tokens <= 0)
         return h->reply_error(call, RLAI_ERR_NOT_IMPLEMENTED,
-                              "\"mode\": \"vision\" is not implemented: this build has no vision encoder (mmproj "
-                              "GGUF projector) support yet; use \"mode\": \"ocr\" or \"auto\"");
-    if ((!mode || strcmp(mode, "auto") == 0) && sp->mmproj[0])
-        return h->reply_error(call, RLAI_ERR_NOT_IMPLEMENTED,
-                              "a vision projector is configured (config \"mmproj\": %.200s), but vision analysis "
-                              "(a vision encoder loaded from an mmproj GGUF) is not implemented in this build; pass "
-                              "\"mode\": \"ocr\" or remove \"mmproj\" from the plugin's config",
-                              sp->mmproj);
+                              "\"mode\": \"vision\" needs a vision encoder, and the engine has none loaded (start "
+                              "rlai serve with --mmproj FILE, the model's llama.cpp mmproj GGUF); use \"mode\": "
+                              "\"ocr\" or \"auto\"");
     const cJSON *jdry = cJSON_GetObjectItemCaseSensitive(params, "dry_run");
     if (jdry && !cJSON_IsBool(jdry))
         return h->reply_error(call, RLAI_ERR_INVALID_ARG, "\"dry_run\" must be true or false");
@@ -538,6 +667,11 @@ static int cmd_analyze(rlai_call *call, const cJSON *params, void *user)
         return h->reply_error(call, RLAI_ERR_INVALID_ARG, "\"profile\" must be a profile name or a profile object");
     } else if (sp->default_profile[0]) {
         prof = find_profile(sp, sp->default_profile);
+    }
+    if (use_vision) {
+        int rc = analyze_vision(sp, call, params, &req, jq->valuestring, prof, dry, image_token, vision_tokens);
+        rlai_screen_profile_free(&inline_p);
+        return rc;
     }
     if (!sp->ocr) {
         rlai_screen_profile_free(&inline_p);
@@ -855,8 +989,8 @@ static const char ANALYZE_SCHEMA[] =
     "\"question\":{\"type\":\"string\",\"minLength\":1,\"maxLength\":2000,\"description\":\"What the player "
     "asks about the screen, e.g. \\\"what should I do in this fight?\\\"\"}," SOURCE_PROPS ","
     "\"mode\":{\"type\":\"string\",\"enum\":[\"auto\",\"ocr\",\"vision\"],\"default\":\"auto\",\"description\":"
-    "\"ocr: read the screen's text and ask the language model; vision: not implemented in this build; auto: "
-    "ocr unless a vision projector is configured.\"},"
+    "\"ocr: read the screen's text and ask the language model; vision: show the screen to a vision-language "
+    "model (needs rlai serve --mmproj); auto: vision when the engine has a vision encoder, else ocr.\"},"
     "\"profile\":{\"description\":\"Game profile (regions of interest and a system prompt): the name of a "
     "loaded profile, or a profile object.\",\"oneOf\":[{\"type\":\"string\"},{\"type\":\"object\"}]},"
     "\"dry_run\":{\"type\":\"boolean\",\"default\":false,\"description\":\"Only read the screen and build the "
@@ -948,8 +1082,9 @@ RLAI_PLUGIN_EXPORT int rlai_plugin_init(const rlai_host_api *host, rlai_plugin *
         return rc;
     }
     if (sp->mmproj[0])
-        host->log(self, RLAI_LOG_WARN, "config \"mmproj\" set, but vision analysis is not implemented in this build: "
-                                       "\"mode\": \"auto\" and \"vision\" will refuse; \"ocr\" works");
+        host->log(self, RLAI_LOG_WARN, "config \"mmproj\" is not used by the plugin: the engine loads the vision "
+                                       "projector (rlai serve --mmproj FILE, or the daemon config's "
+                                       "\"vision\": {\"mmproj\": FILE}); \"auto\" picks vision when it has one");
     host->log(self, RLAI_LOG_INFO, "%d profile(s), OCR %s", sp->n_profiles, sp->ocr ? "ready" : "unavailable");
     host->set_state(self, sp);
     return 0;

@@ -3,7 +3,7 @@ X server (Xvfb): a window showing a generated HUD image (known text and
 numbers, drawn with Pillow) is listed, captured and read, over ZeroMQ and
 HTTP. screen.capture's PNG must equal the drawn pixels; OCR must find the
 text; the analysis prompt must contain it; bad input gets clear errors while
-the server keeps serving. The vision path must refuse with NOT_IMPLEMENTED.
+the server keeps serving. Without an mmproj loaded, the vision path refuses with NOT_IMPLEMENTED.
 
 Skips only when Xvfb, Pillow or the plugin are not installed/built
 (scripts/setup.sh installs them; CI has them). Paths from meson: RLAI_BIN,
@@ -120,7 +120,7 @@ class Window:
 
 
 class Server:
-    def __init__(self, tmp, display):
+    def __init__(self, tmp, display, model=None, extra=()):
         self.dir = Path(tmp) / "rt"
         self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.port = free_port()
@@ -131,8 +131,8 @@ class Server:
         if display:
             env["DISPLAY"] = display
         self.log = open(Path(tmp) / "serve.log", "w+b")
-        self.proc = subprocess.Popen([RLAI, "serve", "-m", str(MODEL), "-t", "2", "-c", "2048", "--http",
-                                      f"127.0.0.1:{self.port}", "--no-auth", "--plugins", str(PLUGINS)],
+        self.proc = subprocess.Popen([RLAI, "serve", "-m", str(model or MODEL), "-t", "2", "-c", "2048", "--http",
+                                      f"127.0.0.1:{self.port}", "--no-auth", "--plugins", str(PLUGINS), *extra],
                                      env=env, stderr=self.log, stdout=subprocess.DEVNULL)
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.DEALER)
@@ -380,7 +380,7 @@ def test_bad_input_gets_clear_errors(env):
     e = error_of(s.call("screen.capture", {"window": TITLE, "region": [0, 0, 2, 1]}))
     assert e["name"] == "BAD_REQUEST" and "region" in e["msg"]
     st, j = s.http("screen.analyze", {"question": "x", "mode": "vision"})
-    assert st == 501 and "not implemented" in j["error"]["message"]
+    assert st == 501 and "--mmproj" in j["error"]["message"]
     # and the server still serves
     r = result(s.call("screen.analyze", {"question": "hp?", "window": TITLE, "dry_run": True}))
     assert "87/100" in r["prompt"]
@@ -413,3 +413,28 @@ def test_gassist_manifest_lists_screen_analyze(env):
     params = fns["screen_analyze"]["parameters"]
     assert "question" in params["properties"] and "question" in params["required"]
     assert "screen" in fns["screen_analyze"]["tags"]
+
+
+def test_vision_mode_with_a_tiny_vlm(tmp_path):
+    """rlai serve --mmproj with the tiny random-weight LM + mmproj of
+    tests/ref/make_tiny_vision.py (meson target vision-data): model_info has
+    the encoder, auto picks vision, the image's 16 rows replace <image>, and
+    the same image twice reuses the prefix cache."""
+    data = Path(os.environ["RLAI_BUILD_ROOT"]) / "tests" / "vision-data"
+    lm, mm = data / "tiny-lm-F32.gguf", data / "tiny-mmproj-F32.gguf"
+    assert lm.is_file() and mm.is_file(), "meson target vision-data not built"
+    img = hud_image(120, 80)
+    path = tmp_path / "frame.png"
+    img.save(path)
+    srv = Server(tmp_path, None, model=lm, extra=("--mmproj", str(mm)))
+    try:
+        params = {"question": "hp?", "file": str(path), "max_tokens": 4, "temperature": 0}
+        r1 = result(srv.call("screen.analyze", params))
+        assert r1["mode"] == "vision" and r1["image_tokens"] == 16 and "<image>" in r1["prompt"], r1
+        r2 = result(srv.call("screen.analyze", dict(params, mode="vision")))
+        assert r2["prompt_tokens"] == r1["prompt_tokens"] and r2["answer"] == r1["answer"]
+        # OCR is still there on request
+        r3 = result(srv.call("screen.analyze", dict(params, mode="ocr", dry_run=True)))
+        assert r3["mode"] == "ocr"
+    finally:
+        srv.stop()

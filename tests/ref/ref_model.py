@@ -185,11 +185,14 @@ class RefModel:
     def new_cache(self) -> KVCache:
         return KVCache(k=[None] * self.n_layer, v=[None] * self.n_layer, n=0)
 
-    def forward(self, tokens, cache: KVCache | None = None, last_only=False, hidden=False):
+    def forward(self, tokens, cache: KVCache | None = None, last_only=False, hidden=False,
+                embd_rows=None):
         """Evaluate tokens (appended after what the cache holds).
 
         Returns logits (T, n_vocab) float64, or (n_vocab,) for last_only;
-        with hidden=True the final-norm hidden states (T, n_embd) instead."""
+        with hidden=True the final-norm hidden states (T, n_embd) instead.
+        embd_rows: optional {index in tokens: (n_embd,) vector} whose rows
+        replace those tokens' input embeddings (a VLM's image rows)."""
         tokens = np.asarray(tokens, dtype=np.int64)
         T = len(tokens)
         if T == 0:
@@ -205,6 +208,8 @@ class RefModel:
         scale = 1.0 / math.sqrt(D)
 
         x = self.tok_embd[tokens].copy()                      # (T, E)
+        for i, row in (embd_rows or {}).items():
+            x[i] = np.asarray(row, dtype=np.float64)
         for li, L in enumerate(self.layers):
             h = self._rmsnorm(x, L["attn_norm"])
             q = self._mm(h, L["wq"])
