@@ -1,6 +1,7 @@
 /* remote.c - transfers to remote upstreams on one libcurl thread (see remote.h). */
 #include "remote.h"
 
+#include <cjson/cJSON.h>
 #include <curl/curl.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -484,6 +485,15 @@ static void error_text(const rreq *q, char *out, size_t cap)
     out[0] = 0;
     if (!q->errlen)
         return;
+    cJSON *j = cJSON_ParseWithLength(q->errbody, q->errlen);
+    const cJSON *e = cJSON_IsObject(j) ? cJSON_GetObjectItemCaseSensitive(j, "error") : NULL;
+    const cJSON *m = cJSON_IsObject(e) ? cJSON_GetObjectItemCaseSensitive(e, "message") : e;
+    if (cJSON_IsString(m)) {
+        snprintf(out, cap, "%.200s", m->valuestring);
+        cJSON_Delete(j);
+        return;
+    }
+    cJSON_Delete(j);
     size_t n = 0;
     for (size_t i = 0; i < q->errlen && n + 1 < cap && n < 200; i++) {
         char c = q->errbody[i];
