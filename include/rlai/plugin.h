@@ -188,6 +188,14 @@ typedef struct rlai_gen_request {
                                        (docs/STRUCTURED.md). A bad or unsupported schema
                                        makes generate return RLAI_ERR_INVALID_ARG /
                                        RLAI_ERR_UNSUPPORTED. */
+    const char *model;              /* added later in 1.1, after response_format (older
+                                       plugins pass a smaller req_size): the model to run
+                                       on, as a client names it -- NULL or "" = the local
+                                       model, else a remote model of the host's upstreams
+                                       ("NAME" or "UPSTREAM/NAME", docs/REMOTE.md); an
+                                       unknown name runs locally as the fronts check
+                                       names. Remote models refuse what they cannot honour
+                                       (docs/REMOTE.md) */
 } rlai_gen_request;
 
 /* Outcome of a generation (filled by host->generate). */
