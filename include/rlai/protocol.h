@@ -33,6 +33,7 @@
 #define RLAI_PROTO_MAX_TOKENS_ARRAY 65536      /* ids in one token/result frame */
 #define RLAI_PROTO_MAX_TOP_LOGPROBS 20         /* "top_logprobs" option, alternatives per token */
 #define RLAI_PROTO_MAX_CALL_TIMEOUT_MS 86400000u /* call "timeout_ms" (one day) */
+#define RLAI_PROTO_MAX_MODEL_NAME 256          /* "model" / "route" options */
 #define RLAI_PROTO_MAX_DEPTH 16                /* array/map nesting in any field value (result "data") */
 
 typedef enum rlai_msg_type {
@@ -90,6 +91,8 @@ typedef struct rlai_msg_gen {
     uint32_t n_stop;
     char *response_format;         /* JSON text of an OpenAI response_format object
                                       (docs/STRUCTURED.md), or NULL; owned */
+    char *model;                   /* "model": where it runs (docs/REMOTE.md), or NULL = local; owned */
+    char *route;                   /* "route": auto|local|remote|UPSTREAM, or NULL = auto; owned */
 } rlai_msg_gen;
 
 typedef struct rlai_msg_chat_message {
