@@ -706,6 +706,17 @@ static int decode_metrics(dctx *c, const msgpack_object *o, rlai_msg_metrics *mt
     unsigned seen = 0;
     for (uint32_t k = 0; k < o->via.map.size; k++) {
         const msgpack_object_kv *kv = &o->via.map.ptr[k];
+        if (obj_key_is(&kv->key, "where")) {          /* where it ran (docs/REMOTE.md) */
+            if (seen & (1u << N_METRICS))
+                return fail(c, RLAI_PE_BAD_REQUEST, "metrics repeats field 'where'");
+            seen |= 1u << N_METRICS;
+            char *w = NULL;
+            int rc = get_str(c, &kv->val, "where", RLAI_PROTO_MAX_WHERE, false, &w);
+            if (rc) return rc;
+            snprintf(mt->where, sizeof mt->where, "%s", w);
+            free(w);
+            continue;
+        }
         for (int j = 0; j < N_METRICS; j++) {
             if (!obj_key_is(&kv->key, names[j])) continue;
             if (seen & (1u << j))
@@ -1220,7 +1231,8 @@ static void p_done(enc *e, uint32_t version, uint64_t id, const char *stop, cons
     if (!mt) return;
     p_key(e, "metrics");
     bool spec = mt->drafted_tokens || mt->accepted_tokens;   /* sent only when speculation ran */
-    msgpack_pack_map(&e->pk, spec ? 9 : 7);
+    size_t wl = strnlen(mt->where, sizeof mt->where);
+    msgpack_pack_map(&e->pk, (spec ? 9 : 7) + (wl > 0));
     p_key(e, "queue_ms");
     msgpack_pack_double(&e->pk, finite_or_zero(mt->queue_ms));
     p_key(e, "ttft_ms");
@@ -1235,6 +1247,11 @@ static void p_done(enc *e, uint32_t version, uint64_t id, const char *stop, cons
     msgpack_pack_uint32(&e->pk, mt->gen_tokens);
     p_key(e, "reused_tokens");
     msgpack_pack_uint32(&e->pk, mt->reused_tokens);
+    if (wl) {
+        p_key(e, "where");
+        msgpack_pack_str(&e->pk, wl);
+        msgpack_pack_str_body(&e->pk, mt->where, wl);
+    }
     if (!spec) return;
     p_key(e, "drafted_tokens");
     msgpack_pack_uint32(&e->pk, mt->drafted_tokens);

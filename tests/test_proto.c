@@ -389,7 +389,8 @@ static bool msg_eq(const rlai_msg *a, const rlai_msg *b)
                  a->u.done.metrics.gen_tokens == b->u.done.metrics.gen_tokens &&
                  a->u.done.metrics.reused_tokens == b->u.done.metrics.reused_tokens &&
                  a->u.done.metrics.drafted_tokens == b->u.done.metrics.drafted_tokens &&
-                 a->u.done.metrics.accepted_tokens == b->u.done.metrics.accepted_tokens));
+                 a->u.done.metrics.accepted_tokens == b->u.done.metrics.accepted_tokens &&
+                 !strcmp(a->u.done.metrics.where, b->u.done.metrics.where)));
     case RLAI_MSG_ERROR:
         return a->u.error.code == b->u.error.code &&
                str_eq(a->u.error.name ? a->u.error.name : rlai_proto_code_name(a->u.error.code),
@@ -604,7 +605,9 @@ START_TEST(test_roundtrip_every_type)
     m.u.done.stop = "max_tokens";
     roundtrip(&m);
     m.u.done.has_metrics = true;
-    m.u.done.metrics = (rlai_msg_metrics){1.0 / 3.0, 1e9, 0, 123.456, UINT32_MAX, 0, 7, 12, 9};
+    m.u.done.metrics = (rlai_msg_metrics){1.0 / 3.0, 1e9, 0, 123.456, UINT32_MAX, 0, 7, 12, 9, ""};
+    roundtrip(&m);
+    snprintf(m.u.done.metrics.where, sizeof m.u.done.metrics.where, "upstream:cluster-1");
     roundtrip(&m);
 
     m = mk(RLAI_MSG_ERROR, 11);
@@ -697,7 +700,7 @@ START_TEST(test_convenience_encoders)
     m.u.token.n_tokens = 0;
     expect_same(&a, &m);
 
-    rlai_msg_metrics mt = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+    rlai_msg_metrics mt = {1, 2, 3, 4, 5, 6, 7, 8, 9, ""};
     ck_assert_int_eq(rlai_proto_encode_done(&a, 7, "eog", &mt), 0);
     m = mk(RLAI_MSG_DONE, 7);
     m.u.done.stop = "eog";
@@ -736,7 +739,7 @@ START_TEST(test_convenience_encoders)
 
     /* non-finite metrics are written as 0 */
     rlai_buf_reset(&a);
-    rlai_msg_metrics bad = {NAN, INFINITY, -INFINITY, 2.5, 1, 1, 1, 0, 0};
+    rlai_msg_metrics bad = {NAN, INFINITY, -INFINITY, 2.5, 1, 1, 1, 0, 0, ""};
     ck_assert_int_eq(rlai_proto_encode_done(&a, 3, "eog", &bad), 0);
     ck_assert_int_eq(dec(a.data, a.len, &d, err, sizeof err), 0);
     ck_assert(d.u.done.metrics.queue_ms == 0 && d.u.done.metrics.ttft_ms == 0 &&
