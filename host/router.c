@@ -498,17 +498,18 @@ char *rlai_router_render_metrics(rlai_router *r)
 
 char *rlai_router_upstreams_json(rlai_router *r)
 {
-    cJSON *a = cJSON_CreateArray();
+    cJSON *a = cJSON_CreateObject();
     if (!a)
         return NULL;
     for (int u = 0; r && u < rlai_remote_n_upstreams(r->remote); u++) {
         rlai_upstream_stats st;
         rlai_remote_get_stats(r->remote, u, &st);
-        cJSON *o = cJSON_CreateObject();
-        cJSON_AddStringToObject(o, "name", rlai_remote_upstream(r->remote, u)->name);
+        cJSON *o = cJSON_AddObjectToObject(a, rlai_remote_upstream(r->remote, u)->name);
+        if (!o)
+            break;
         cJSON_AddStringToObject(o, "breaker", rlai_breaker_state_name(st.breaker));
         cJSON_AddNumberToObject(o, "active", st.active);
-        cJSON_AddNumberToObject(o, "queued", st.queued);
+        cJSON_AddNumberToObject(o, "waiting", st.queued);
         cJSON_AddNumberToObject(o, "requests", (double)st.requests);
         cJSON_AddNumberToObject(o, "ok", (double)st.ok);
         cJSON_AddNumberToObject(o, "failed", (double)st.failed);
@@ -517,7 +518,6 @@ char *rlai_router_upstreams_json(rlai_router *r)
         cJSON_AddNumberToObject(o, "retries", (double)st.retries);
         cJSON_AddNumberToObject(o, "attempts_failed", (double)st.attempts_failed);
         cJSON_AddNumberToObject(o, "breaker_opens", (double)st.breaker_opens);
-        cJSON_AddItemToArray(a, o);
     }
     char *s = cJSON_PrintUnformatted(a);
     cJSON_Delete(a);

@@ -85,10 +85,10 @@ bool rlai_router_is_remote_model(const rlai_router *r, const char *model);
  * NULL when out of memory. */
 char *rlai_router_render_metrics(rlai_router *r);
 
-/* Upstream health for `rlai stats`: a malloc'd JSON array text of
- * {"name", "breaker", "active", "queued", "requests", "ok", "failed",
- * "cancelled", "timeouts", "retries", "attempts_failed", "breaker_opens"}
- * (caller frees), or NULL when out of memory. */
+/* Upstream health for `rlai stats`: a malloc'd JSON object text
+ * {"NAME": {"breaker", "active", "waiting", "requests", "ok", "failed",
+ * "cancelled", "timeouts", "retries", "attempts_failed", "breaker_opens"}}
+ * ({} without upstreams; caller frees), or NULL when out of memory. */
 char *rlai_router_upstreams_json(rlai_router *r);
 
 /* Frees the router (NULL is fine). Every routed request must have ended
