@@ -16,15 +16,19 @@ from pathlib import Path
 import pytest
 
 openai = pytest.importorskip("openai")
+HERE = Path(__file__).resolve().parent
 
-from test_http import RLAI, MODEL, MODEL_ID, Engine, free_port, sample  # noqa: E402
+from test_http import RLAI, MODEL, MODEL_ID, SHIPPED_PLUGINS, Engine, free_port, sample  # noqa: E402
+
+SDK = Path(os.environ.get("RLAI_SOURCE_ROOT", HERE.parent.parent)) / "sdk" / "python"
+sys.path.insert(0, str(SDK))
+import rtx_localai  # noqa: E402
 
 pytestmark = [
     pytest.mark.skipif(not RLAI, reason="RLAI_BIN not set (run through meson test)"),
     pytest.mark.skipif(not MODEL.exists(), reason="default model not fetched (scripts/setup.sh)"),
 ]
 
-HERE = Path(__file__).resolve().parent
 HELLO = [{"role": "user", "content": "Name three planets."}]
 
 
@@ -55,9 +59,13 @@ class BadUpstream:
         self.proc.wait()
 
 
+LORE = bool(SHIPPED_PLUGINS) and (Path(SHIPPED_PLUGINS) / "loremaster" / "manifest.json").exists()
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    up = Engine(tmp_path_factory.mktemp("upstream"))
+    plugins = Path(SHIPPED_PLUGINS) if LORE else None
+    up = Engine(tmp_path_factory.mktemp("upstream"), plugins=plugins)
     bad = BadUpstream()
     closed = free_port()
     tmp = tmp_path_factory.mktemp("router")
@@ -76,10 +84,11 @@ def cluster(tmp_path_factory):
             dict(fast, name="down", base_url=f"http://127.0.0.1:{closed}/v1", max_retries=1,
                  breaker_failures=1000, models={"down-x": "x"}),
         ],
+        "plugins": {"config": {"loremaster": {"model": "remote-smol"}}},
     }
     cp = tmp / "router.json"
     cp.write_text(json.dumps(conf))
-    router = Engine(tmp, extra=("--config", str(cp)))
+    router = Engine(tmp, plugins=plugins, extra=("--config", str(cp)))
     yield up, router, bad
     rc = router.stop()
     bad.stop()
@@ -314,3 +323,78 @@ def test_router_keeps_serving_locally(cluster):
     st2, b = chat(up, "default")
     assert st == st2 == 200
     assert a["choices"][0]["message"]["content"] == b["choices"][0]["message"]["content"]
+
+
+# ---------------------------------------------------------------- wire protocol, plugins
+
+def pipe_client(engine):
+    return rtx_localai.RTXLocalAIClient("unix://" + str(engine.sock_path), timeout=120)
+
+
+def test_wire_protocol_reaches_remote_model(cluster):
+    up, router, _ = cluster
+    with pipe_client(up) as c:
+        want = c.chat(HELLO, max_tokens=24, temperature=0)
+    with pipe_client(router) as c:
+        got = c.chat(HELLO, max_tokens=24, temperature=0, model="remote-smol")
+        assert got.text == want.text
+        assert got.metrics.where == "upstream:up"
+        assert got.metrics.gen_tokens == want.metrics.gen_tokens
+        local = c.chat(HELLO, max_tokens=4, temperature=0)
+        assert local.metrics.where == "local"
+        # streamed, with a cancel that reaches the upstream
+        s = c.chat([{"role": "user", "content": "Tell me a very long story."}], stream=True, max_tokens=1500,
+                   temperature=0, model="remote-smol")
+        for i, _piece in enumerate(s):
+            if i >= 4:
+                break
+        assert up.get_json("/health")["running"] == 1
+        s.cancel()
+        g = s.finish()
+        assert g.stop == "cancelled"
+        t0 = time.time()
+        while up.get_json("/health")["running"] != 0:
+            assert time.time() - t0 < 10, "the cancel did not reach the upstream"
+            time.sleep(0.02)
+        # errors name the upstream; what a remote model cannot do is refused
+        with pytest.raises(rtx_localai.RTXLocalAIError) as ei:
+            c.chat(HELLO, max_tokens=4, model="down-x")
+        assert "upstream 'down'" in str(ei.value)
+        with pytest.raises(rtx_localai.RTXLocalAIError) as ei:
+            c.chat(HELLO, max_tokens=4, model="remote-smol", top_logprobs=2)
+        assert "not implemented" in str(ei.value)
+        with pytest.raises(rtx_localai.RTXLocalAIError):
+            c.chat(HELLO, max_tokens=4, model="no-such-model")
+
+
+def test_route_override_and_stats(cluster):
+    up, router, _ = cluster
+    before = sample(router.metrics(), "rlai_route_spills_total", reason="asked")
+    st, j = chat(router, "default", route="remote", max_tokens=8)
+    assert st == 200, j
+    st2, direct = chat(up, "default", max_tokens=8)
+    assert j["choices"][0]["message"]["content"] == direct["choices"][0]["message"]["content"]
+    assert sample(router.metrics(), "rlai_route_spills_total", reason="asked") == before + 1
+    st, j = chat(router, "remote-smol", route="local")
+    assert st == 400, j
+    st, j = chat(router, "default", route="elsewhere")
+    assert st == 400 and "elsewhere" in j["error"]["message"], j
+    out = subprocess.run([RLAI, "stats", "--endpoint", "unix://" + str(router.sock_path)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "upstreams.up.breaker" in out.stdout and "upstreams.down.requests" in out.stdout
+
+
+@pytest.mark.skipif(not LORE, reason="loremaster plugin not built")
+def test_loremaster_talk_reaches_remote_model(cluster):
+    up, router, _ = cluster
+    params = {"character": "pell", "message": "Good evening. Who are you?", "temperature": 0, "max_tokens": 24}
+    with pipe_client(up) as c:
+        want = c.call("loremaster.talk", params)         # the upstream's own LoreMaster, local model
+    before = sample(router.metrics(), "rlai_route_requests_total", place="upstream:up")
+    gens = sample(up.metrics(), "rlai_generations_total", transport="http")
+    with pipe_client(router) as c:
+        got = c.call("loremaster.talk", params)          # the router's LoreMaster, model remote-smol
+    assert got.data["reply"] == want.data["reply"]
+    assert sample(router.metrics(), "rlai_route_requests_total", place="upstream:up") == before + 1
+    assert sample(up.metrics(), "rlai_generations_total", transport="http") == gens + 1
