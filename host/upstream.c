@@ -102,6 +102,10 @@ int rlai_upstream_config_check(const rlai_upstream_config *c, char *err, size_t 
         if (!isalnum((unsigned char)*p) && *p != '_' && *p != '-' && *p != '.')
             return fail(err, errlen, RLAI_ERR_INVALID_ARG,
                         "upstreams: name '%s' may hold only letters, digits, '_', '-' and '.'", c->name);
+    if (!strcmp(c->name, "loremaster") || !strcmp(c->name, "default") || !strcmp(c->name, "local") ||
+        !strcmp(c->name, "remote") || !strcmp(c->name, "auto"))
+        return fail(err, errlen, RLAI_ERR_INVALID_ARG,
+                    "upstreams: the name '%s' is reserved (loremaster/..., default, local, remote, auto)", c->name);
     if (!c->base_url || (strncmp(c->base_url, "http://", 7) && strncmp(c->base_url, "https://", 8)))
         return fail(err, errlen, RLAI_ERR_INVALID_ARG,
                     "upstreams.%s.base_url must be an http:// or https:// URL (e.g. http://host:8000/v1)", c->name);
