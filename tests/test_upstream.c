@@ -53,6 +53,8 @@ START_TEST(config_reads_upstreams_and_routing)
         { "{\"upstreams\":[{\"name\":\"x\",\"base_url\":\"http://h/v1\",\"models\":{\"a\":\"b\"},"
           "\"max_concurrency\":0}]}", "max_concurrency" },
         { "{\"routing\":{\"spill\":1}}", "routing.spill" },
+        { "{\"upstreams\":[{\"name\":\"remote\",\"base_url\":\"http://h/v1\",\"models\":{\"a\":\"b\"}}]}",
+          "reserved" },
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         ck_assert_int_eq(rlai_config_defaults(&c, "m.gguf"), 0);
