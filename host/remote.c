@@ -391,6 +391,7 @@ static int attempt_start(rlai_remote *r, rreq *q, uint64_t now)
     curl_easy_setopt(e, CURLOPT_TCP_NODELAY, 1L);
     curl_easy_setopt(e, CURLOPT_TCP_KEEPALIVE, 1L);
     curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
+    curl_easy_setopt(e, CURLOPT_PROXY, u->cfg.proxy ? u->cfg.proxy : "");   /* "" = no proxy, env ignored */
     curl_easy_setopt(e, CURLOPT_USERAGENT, "rtx-localai/" RLAI_VERSION);
     if (curl_multi_add_handle(r->multi, e) != CURLM_OK)
         return RLAI_ERR_IO;

@@ -51,6 +51,7 @@ void rlai_upstream_config_clear(rlai_upstream_config *c)
     free(c->api_key_env);
     free(c->api_key_file);
     free(c->spill_model);
+    free(c->proxy);
     for (int i = 0; i < c->n_models; i++) {
         free(c->models[i].name);
         free(c->models[i].remote);
@@ -70,7 +71,7 @@ static int dup_opt(char **dst, const char *s)
 int rlai_upstream_config_copy(rlai_upstream_config *dst, const rlai_upstream_config *src)
 {
     *dst = *src;
-    dst->name = dst->base_url = dst->api_key_env = dst->api_key_file = dst->spill_model = NULL;
+    dst->name = dst->base_url = dst->api_key_env = dst->api_key_file = dst->spill_model = dst->proxy = NULL;
     dst->models = NULL;
     dst->n_models = 0;
     int rc = dup_opt(&dst->name, src->name);
@@ -78,6 +79,7 @@ int rlai_upstream_config_copy(rlai_upstream_config *dst, const rlai_upstream_con
     if (!rc) rc = dup_opt(&dst->api_key_env, src->api_key_env);
     if (!rc) rc = dup_opt(&dst->api_key_file, src->api_key_file);
     if (!rc) rc = dup_opt(&dst->spill_model, src->spill_model);
+    if (!rc) rc = dup_opt(&dst->proxy, src->proxy);
     if (!rc && src->n_models > 0) {
         dst->models = calloc((size_t)src->n_models, sizeof(*dst->models));
         if (!dst->models)

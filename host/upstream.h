@@ -44,6 +44,8 @@ typedef struct rlai_upstream_config {
     int breaker_failures;       /* "breaker_failures": consecutive failed attempts that open the
                                    breaker (default 5) */
     int breaker_cooldown_ms;    /* "breaker_cooldown_ms": open time before one trial (default 10000) */
+    char *proxy;                /* "proxy": an HTTP(S) proxy URL; NULL = none (the environment's
+                                   http_proxy / https_proxy are NOT used) */
     bool sampling_extras;       /* "sampling_extras": also send top_k, min_p, repetition_penalty
                                    (vLLM, SGLang, llama.cpp, rlai accept them) (default true) */
 } rlai_upstream_config;
