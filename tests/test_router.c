@@ -92,7 +92,8 @@ static void *fake_main(void *arg)
             for (int i = 0; i < 500; i++) {   /* 5 s of tokens unless the client goes */
                 struct timespec ts = { 0, 10 * 1000 * 1000 };
                 nanosleep(&ts, NULL);
-                if (send(c, "data: {\"choices\":[{\"delta\":{\"content\":\".\"}}]}\n\n", 48, MSG_NOSIGNAL) < 0) {
+                static const char dot[] = "data: {\"choices\":[{\"delta\":{\"content\":\".\"}}]}\n\n";
+                if (send(c, dot, sizeof dot - 1, MSG_NOSIGNAL) < 0) {
                     atomic_fetch_add(&f->closed_early, 1);
                     break;
                 }
@@ -148,10 +149,13 @@ static void *step_main(void *arg)
     return NULL;
 }
 
+static int max_running;   /* 0 = the engine's default */
+
 static void engine_up(void)
 {
     rlai_engine_params p;
     rlai_engine_params_init(&p);
+    p.max_running = max_running;
     p.n_threads = 1;
     p.n_ctx = 512;
     p.max_queue = 8;
@@ -494,6 +498,69 @@ START_TEST(cancel_spill_and_breaker)
 }
 END_TEST
 
+/* spill on the local queue: one sequence runs at a time, a second waits;
+ * with routing.spill_queued 1 the third goes to the spill upstream */
+START_TEST(spill_on_queue)
+{
+    max_running = 1;
+    engine_up();
+    max_running = 0;
+    fake a;
+    fake_start(&a, "A");
+    rlai_upstream_config u;
+    ucfg(&u, "ua", a.port, "m", "twin");
+    rlai_router *rt = NULL;
+    ck_assert_int_eq(rlai_router_new(E, &rt), 0);
+    rlai_route_policy pol;
+    rlai_route_policy_init(&pol);
+    pol.spill_queued = 1;
+    char err[256] = "";
+    ck_assert_int_eq(rlai_router_set_upstreams(rt, &u, 1, &pol, err, sizeof(err)), 0);
+    res r1, r2, r3;
+    res_init(&r1);
+    res_init(&r2);
+    res_init(&r3);
+    rlai_route_request q1, q2, q3;
+    rlai_chat_message story[1] = { { "user", "Tell me a long story." } };
+    rq_init(&q1, &r1, NULL, story, 1);
+    q1.text.rp.gen.max_tokens = 64;
+    rq_init(&q2, &r2, NULL, story, 1);
+    rq_init(&q3, &r3, NULL, SYS_A, 2);
+    char w1[32], w2[32], w3[32];
+    q1.where = w1; q1.where_len = sizeof w1;
+    q2.where = w2; q2.where_len = sizeof w2;
+    q3.where = w3; q3.where_len = sizeof w3;
+    uint64_t id1, id2, id3;
+    ck_assert_int_eq(rlai_router_submit(rt, &q1, &id1, NULL, err, sizeof(err)), 0);
+    for (int i = 0; i < 500; i++) {                   /* q1 admitted and running */
+        rlai_engine_stats es;
+        rlai_engine_get_stats(E, &es);
+        if (es.running == 1 && es.queued == 0)
+            break;
+        struct timespec ts = { 0, 5 * 1000 * 1000 };
+        nanosleep(&ts, NULL);
+    }
+    ck_assert_int_eq(rlai_router_submit(rt, &q2, &id2, NULL, err, sizeof(err)), 0);
+    ck_assert_int_eq(rlai_router_submit(rt, &q3, &id3, NULL, err, sizeof(err)), 0);
+    ck_assert_str_eq(w1, "local");
+    ck_assert_str_eq(w2, "local");
+    ck_assert_str_eq(w3, "upstream:ua");
+    ck_assert(id3 & RLAI_ROUTER_REMOTE_BIT);
+    wait_done(&r3);
+    ck_assert_str_eq(r3.text, "A");
+    rlai_router_cancel(rt, id1);
+    wait_done(&r1);
+    wait_done(&r2);
+    char *m = rlai_router_render_metrics(rt);
+    ck_assert_ptr_nonnull(strstr(m, "rlai_route_spills_total{reason=\"queue\"} 1\n"));
+    free(m);
+    rlai_router_free(rt);
+    rlai_upstream_config_clear(&u);
+    fake_stop(&a);
+    engine_down();
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("router");
@@ -501,6 +568,7 @@ int main(void)
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, routes_by_model_override_and_affinity);
     tcase_add_test(tc, cancel_spill_and_breaker);
+    tcase_add_test(tc, spill_on_queue);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
