@@ -5,6 +5,7 @@
 
 #include <cjson/cJSON.h>
 #include <stdarg.h>
+#include <limits.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -219,13 +220,14 @@ static int submit_remote(rlai_router *r, const rlai_route_request *rq, int up, c
 {
     uint64_t rid = RLAI_ROUTER_REMOTE_BIT | (atomic_fetch_add(&r->seq, 1) + 1);
     int rc = rlai_remote_submit(r->remote, up, remote_name, rq, rid, rq->on_error, err, errlen);
-    if (rc < 0)
+    if (rc < 0) {
+        *n_prompt = RLAI_ROUTER_REFUSED_REMOTE;
         return rc;
+    }
     atomic_fetch_add(&r->n_remote, 1);
     if (id)
         *id = rid;
-    if (n_prompt)
-        *n_prompt = 0;
+    *n_prompt = 0;
     if (rq->where && rq->where_len) {
         char w[96];
         snprintf(w, sizeof(w), "upstream:%s", rlai_remote_upstream(r->remote, up)->name);
@@ -237,6 +239,7 @@ static int submit_remote(rlai_router *r, const rlai_route_request *rq, int up, c
 static int submit_local(rlai_router *r, const rlai_route_request *rq, uint64_t *id, int *n_prompt, char *err,
                         size_t errlen)
 {
+    *n_prompt = -1;
     int rc = rlai_engine_submit_text(r->engine, &rq->text, id, n_prompt, err, errlen);
     if (rc == 0) {
         atomic_fetch_add(&r->n_local, 1);
@@ -261,8 +264,23 @@ static int spill(rlai_router *r, const rlai_route_request *rq, int only, int rea
     return rc;
 }
 
+static int decide(rlai_router *r, const rlai_route_request *rq, uint64_t *id, int *n_prompt, char *err,
+                  size_t errlen);
+
 int rlai_router_submit(rlai_router *r, const rlai_route_request *rq, uint64_t *id, int *n_prompt,
                        char *err, size_t errlen)
+{
+    int np = INT_MIN;                              /* set by the local engine when it ran */
+    int rc = decide(r, rq, id, &np, err, errlen);
+    if (np == INT_MIN)
+        np = rc < 0 ? RLAI_ROUTER_REFUSED_REMOTE : 0;
+    if (n_prompt)
+        *n_prompt = np;
+    return rc;
+}
+
+static int decide(rlai_router *r, const rlai_route_request *rq, uint64_t *id, int *n_prompt, char *err,
+                  size_t errlen)
 {
     if (!r || !rq)
         return rlai_engine_submit_text(NULL, NULL, id, n_prompt, err, errlen);
@@ -339,9 +357,13 @@ int rlai_router_submit(rlai_router *r, const rlai_route_request *rq, uint64_t *i
         rlai_engine_stats es;
         rlai_engine_get_stats(r->engine, &es);
         if (es.queued >= r->policy.spill_queued) {
-            int rc = spill(r, rq, -1, SPILL_QUEUE, id, n_prompt, err, errlen);
-            if (rc != 1)
-                return rc;
+            /* a spill the upstream refuses (e.g. logprobs) queues locally instead */
+            char e2[256];
+            int np2 = 0;
+            if (spill(r, rq, -1, SPILL_QUEUE, id, &np2, e2, sizeof(e2)) == 0) {
+                *n_prompt = np2;
+                return 0;
+            }
         }
     }
     int rc = submit_local(r, rq, id, n_prompt, err, errlen);
@@ -354,9 +376,11 @@ int rlai_router_submit(rlai_router *r, const rlai_route_request *rq, uint64_t *i
             reason = SPILL_BUSY;
         if (reason >= 0) {
             char e2[256];
-            int rc2 = spill(r, rq, -1, reason, id, n_prompt, e2, sizeof(e2));
-            if (rc2 == 0)
+            int np2 = 0;
+            if (spill(r, rq, -1, reason, id, &np2, e2, sizeof(e2)) == 0) {
+                *n_prompt = np2;
                 return 0;                          /* the local error is not reported */
+            }
         }
     }
     return rc;

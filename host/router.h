@@ -39,6 +39,10 @@ typedef struct rlai_route_request {
                                          just before on_done (status < 0) with a one-line reason */
 } rlai_route_request;
 
+/* *n_prompt of rlai_router_submit when the refusal came from the routing
+ * decision or a remote upstream (no local prompt count; err says why). */
+#define RLAI_ROUTER_REFUSED_REMOTE (-2)
+
 /* Routed ids of remote requests have this bit set (engine ids never do). */
 #define RLAI_ROUTER_REMOTE_BIT (UINT64_C(1) << 63)
 

@@ -279,6 +279,9 @@ int rlai_upstream_build_body(const rlai_route_request *rq, const char *remote_mo
         return fail(err, errlen, RLAI_ERR_UNSUPPORTED, "ignore_eos is not implemented for remote models");
     bool has_msgs = t->messages && t->n_messages > 0;
     bool has_prompt = t->prompt != NULL;
+    if (!has_msgs && !has_prompt && t->rp.prompt && t->rp.n_prompt > 0)
+        return fail(err, errlen, RLAI_ERR_UNSUPPORTED,
+                    "token-id prompts are not implemented for remote models (the ids are the local model's)");
     if (has_msgs == has_prompt)
         return fail(err, errlen, RLAI_ERR_INVALID_ARG, "exactly one of messages or prompt must be given");
     if (has_prompt && !*t->prompt)

@@ -378,8 +378,15 @@ START_TEST(routes_by_model_override_and_affinity)
     rq.model = "big";
     rq.text.rp.gen.top_logprobs = 3;
     rq.text.rp.gen.on_logprobs = (rlai_logprobs_cb)(uintptr_t)1;
-    ck_assert_int_eq(rlai_router_submit(rt, &rq, &id, NULL, err, sizeof(err)), RLAI_ERR_UNSUPPORTED);
+    np = 5;
+    ck_assert_int_eq(rlai_router_submit(rt, &rq, &id, &np, err, sizeof(err)), RLAI_ERR_UNSUPPORTED);
     ck_assert_ptr_nonnull(strstr(err, "not implemented"));
+    ck_assert_int_eq(np, RLAI_ROUTER_REFUSED_REMOTE);
+    rq.route = "nowhere";
+    np = 5;
+    ck_assert_int_eq(rlai_router_submit(rt, &rq, &id, &np, err, sizeof(err)), RLAI_ERR_INVALID_ARG);
+    ck_assert_int_eq(np, RLAI_ROUTER_REFUSED_REMOTE);
+    rq.route = NULL;
     ck_assert_int_eq(r.done, 0);
 
     char *m = rlai_router_render_metrics(rt);
