@@ -63,7 +63,9 @@ struct rlai_remote {
     upstream *ups;
     int n;
     pthread_mutex_t mu;
+    pthread_cond_t idle_cv;      /* signalled when a request has ended (under mu) */
     rreq *list;                  /* every running request (under mu) */
+    int n_delivering;            /* ended, on_done not yet returned (under mu) */
     CURLM *multi;
     pthread_t thread;
     bool thread_started;
@@ -122,6 +124,7 @@ int rlai_remote_new(const rlai_upstream_config *ups, int n, rlai_remote **out, c
     if (!r)
         return RLAI_ERR_NOMEM;
     pthread_mutex_init(&r->mu, NULL);
+    pthread_cond_init(&r->idle_cv, NULL);
     r->ups = calloc((size_t)(n > 0 ? n : 1), sizeof(*r->ups));
     int rc = r->ups ? 0 : RLAI_ERR_NOMEM;
     for (int i = 0; rc == 0 && i < n; i++) {
@@ -430,6 +433,7 @@ static void finish(rlai_remote *r, rreq *q, int status, rlai_stop_reason stop, c
     else
         u->st.ok++;
     u->st.gen_pieces += (uint64_t)q->pieces;
+    r->n_delivering++;
     e->q = q;
     e->status = status;
     e->stop = stop;
@@ -439,6 +443,7 @@ static void finish(rlai_remote *r, rreq *q, int status, rlai_stop_reason stop, c
 static void deliver(ending *e)
 {
     rreq *q = e->q;
+    rlai_remote *rm = q->rm;
     if (e->status < 0) {
         fprintf(stderr, "rlai: remote request %llx failed: %s\n", (unsigned long long)q->id, e->msg);
         if (q->on_error)
@@ -463,6 +468,34 @@ static void deliver(ending *e)
     rlai_sse_free(q->sse);
     free(q->body);
     free(q);
+    pthread_mutex_lock(&rm->mu);
+    rm->n_delivering--;
+    pthread_cond_broadcast(&rm->idle_cv);
+    pthread_mutex_unlock(&rm->mu);
+}
+
+int rlai_remote_wait_idle(rlai_remote *r, int timeout_ms)
+{
+    if (!r)
+        return 0;
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += timeout_ms / 1000;
+    until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&r->mu);
+    int rc = 0;
+    while ((r->list || r->n_delivering) && rc == 0)
+        rc = pthread_cond_timedwait(&r->idle_cv, &r->mu, &until);
+    int left = 0;
+    for (rreq *q = r->list; q; q = q->next)
+        left++;
+    left += r->n_delivering;
+    pthread_mutex_unlock(&r->mu);
+    return left;
 }
 
 /* Error of a failed attempt from its HTTP status. Retryable: 429, 5xx. */
@@ -697,6 +730,7 @@ void rlai_remote_free(rlai_remote *r)
         free(u->url_completions);
     }
     free(r->ups);
+    pthread_cond_destroy(&r->idle_cv);
     pthread_mutex_destroy(&r->mu);
     free(r);
 }

@@ -62,6 +62,11 @@ int rlai_remote_submit(rlai_remote *r, int up, const char *remote_model, const r
  * Thread-safe, callable from the callbacks too. Returns 0 or RLAI_ERR_NOT_FOUND. */
 int rlai_remote_cancel(rlai_remote *r, uint64_t id);
 
+/* Waits until no remote request is running (every on_done has returned)
+ * or timeout_ms pass. Returns how many are still running. Thread-safe; not
+ * from the callbacks. */
+int rlai_remote_wait_idle(rlai_remote *r, int timeout_ms);
+
 typedef struct rlai_upstream_stats {
     rlai_breaker_state breaker;
     int active, queued;

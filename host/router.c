@@ -386,6 +386,11 @@ static int decide(rlai_router *r, const rlai_route_request *rq, uint64_t *id, in
     return rc;
 }
 
+int rlai_router_wait_remote(rlai_router *r, int timeout_ms)
+{
+    return r ? rlai_remote_wait_idle(r->remote, timeout_ms) : 0;
+}
+
 int rlai_router_cancel(rlai_router *r, uint64_t id)
 {
     if (!r)

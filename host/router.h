@@ -95,6 +95,12 @@ char *rlai_router_render_metrics(rlai_router *r);
  * ({} without upstreams; caller frees), or NULL when out of memory. */
 char *rlai_router_upstreams_json(rlai_router *r);
 
+/* Waits until no remote request is running (their on_done returned), at
+ * most timeout_ms; call after cancelling them at shutdown, before the
+ * transports that their callbacks write to stop. Returns how many are
+ * left (0 without upstreams). */
+int rlai_router_wait_remote(rlai_router *r, int timeout_ms);
+
 /* Frees the router (NULL is fine). Every routed request must have ended
  * (on_done) before. */
 void rlai_router_free(rlai_router *r);

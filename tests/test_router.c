@@ -437,6 +437,8 @@ START_TEST(cancel_spill_and_breaker)
         nanosleep(&ts, NULL);
     }
     ck_assert_int_eq(rlai_router_cancel(rt, id), 0);
+    ck_assert_int_eq(rlai_router_wait_remote(rt, 5000), 0);   /* on_done returned */
+    ck_assert_int_eq(r.done, 1);
     wait_done(&r);
     ck_assert_int_eq(r.status, 0);
     ck_assert_int_eq(r.stop, RLAI_STOP_CANCELLED);
