@@ -317,8 +317,9 @@ int rlai_upstream_build_body(const rlai_route_request *rq, const char *remote_mo
     cJSON_AddTrueToObject(so, "include_usage");
     const rlai_sampler_params *s = &g->sampling;
     cJSON_AddNumberToObject(j, "temperature", s->temperature);
-    if (s->top_p < 1.0f)
-        cJSON_AddNumberToObject(j, "top_p", s->top_p);
+    /* sampling knobs are sent even when neutral: an upstream's own defaults
+     * (rlai's product defaults, say) must not replace the request's */
+    cJSON_AddNumberToObject(j, "top_p", s->top_p > 0.0f && s->top_p <= 1.0f ? s->top_p : 1.0f);
     if (g->max_tokens > 0)
         cJSON_AddNumberToObject(j, "max_tokens", g->max_tokens);
     /* seeds beyond 2^53 do not survive a JSON double: send the low 53 bits */
@@ -328,10 +329,8 @@ int rlai_upstream_build_body(const rlai_route_request *rq, const char *remote_mo
     if (s->frequency_penalty != 0.0f)
         cJSON_AddNumberToObject(j, "frequency_penalty", s->frequency_penalty);
     if (extras) {
-        if (s->top_k > 0)
-            cJSON_AddNumberToObject(j, "top_k", s->top_k);
-        if (s->min_p > 0.0f)
-            cJSON_AddNumberToObject(j, "min_p", s->min_p);
+        cJSON_AddNumberToObject(j, "top_k", s->top_k > 0 ? s->top_k : 0);   /* 0 = off (vLLM: 0 or -1) */
+        cJSON_AddNumberToObject(j, "min_p", s->min_p > 0.0f ? s->min_p : 0.0f);
         if (s->repeat_penalty != 1.0f && s->repeat_penalty > 0.0f) {
             cJSON_AddNumberToObject(j, "repetition_penalty", s->repeat_penalty);   /* vLLM, SGLang */
             cJSON_AddNumberToObject(j, "repeat_penalty", s->repeat_penalty);       /* llama.cpp, rlai */

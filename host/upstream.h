@@ -110,8 +110,9 @@ const char *rlai_breaker_state_name(rlai_breaker_state s);
 /* Builds the JSON body for rq sent to an upstream as remote_model: chat
  * messages -> a chat-completions body, a prompt -> a completions body;
  * stream true with usage; temperature, top_p, max_tokens, seed, stop,
- * presence/frequency penalties (and top_k, min_p, repetition_penalty when
- * extras is true and they are not neutral), response_format parsed from
+ * presence/frequency penalties when set (and, when extras is true, top_k
+ * and min_p always -- 0 = off -- and repetition_penalty when not 1), so
+ * the upstream's own defaults never replace the request's; response_format parsed from
  * rq->response_format. *chat says which endpoint. *body malloc'd (caller
  * frees). Returns 0, RLAI_ERR_NOMEM, or RLAI_ERR_UNSUPPORTED with a
  * message for what a remote model cannot honour (top_logprobs, a grammar

@@ -160,6 +160,14 @@ START_TEST(body_maps_the_request_and_refuses_what_it_cannot_honour)
     ck_assert_str_eq(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "stop"), 0)->valuestring, "\n\n");
     cJSON_Delete(j);
     free(body);
+    /* neutral knobs are sent too (an upstream's defaults must not apply) */
+    rq.text.rp.gen.sampling.top_k = 0;
+    ck_assert_int_eq(rlai_upstream_build_body(&rq, "org/M", true, &body, &chat, err, sizeof(err)), 0);
+    ck_assert_ptr_nonnull(strstr(body, "\"top_k\":0"));
+    ck_assert_ptr_nonnull(strstr(body, "\"min_p\":0"));
+    ck_assert_ptr_nonnull(strstr(body, "\"top_p\":1"));
+    ck_assert_ptr_null(strstr(body, "repetition_penalty"));
+    free(body);
     /* without extras: no top_k */
     ck_assert_int_eq(rlai_upstream_build_body(&rq, "org/M", false, &body, &chat, err, sizeof(err)), 0);
     ck_assert_ptr_null(strstr(body, "top_k"));
