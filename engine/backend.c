@@ -1,5 +1,6 @@
 /* backend.c - device selection and backend loading (see backend.h). */
 #include "backend.h"
+#include "rlai/error.h"
 
 #include <dlfcn.h>
 #include <errno.h>
@@ -14,17 +15,6 @@
 #endif
 
 #define CUDA_MODULE "rlai-backend-cuda.so"
-
-static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
-{
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return code;
-}
 
 int rlai_device_parse(const char *spec, rlai_device_kind *kind, int *index, char *err, size_t errlen)
 {
@@ -53,7 +43,7 @@ int rlai_device_parse(const char *spec, rlai_device_kind *kind, int *index, char
             }
         }
     }
-    return fail(err, errlen, RLAI_ERR_INVALID_ARG,
+    return rlai_errf(err, errlen, RLAI_ERR_INVALID_ARG,
                 "device '%.40s' is not one of auto, cpu, cuda, cuda:N", spec);
 }
 
@@ -99,25 +89,25 @@ static int open_cuda(const rlai_backend_options *opt, int index, rlai_backend **
     char why[512];
     void *h = open_module(CUDA_MODULE, why, sizeof(why));
     if (!h)
-        return fail(err, errlen, RLAI_ERR_UNSUPPORTED, "CUDA backend: %s", why);
+        return rlai_errf(err, errlen, RLAI_ERR_UNSUPPORTED, "CUDA backend: %s", why);
     rlai_backend_module_open_fn fn;
     *(void **)&fn = dlsym(h, "rlai_backend_module_open");
     if (!fn) {
         dlclose(h);
-        return fail(err, errlen, RLAI_ERR_UNSUPPORTED, "CUDA backend: module has no rlai_backend_module_open");
+        return rlai_errf(err, errlen, RLAI_ERR_UNSUPPORTED, "CUDA backend: module has no rlai_backend_module_open");
     }
     char merr[256] = "";
     int rc = fn(RLAI_BACKEND_IFACE_VERSION, index, opt->max_ctx, out, merr, sizeof(merr));
     if (rc < 0) {
         dlclose(h);
-        return fail(err, errlen, rc, "CUDA backend: %s", merr[0] ? merr : "could not start");
+        return rlai_errf(err, errlen, rc, "CUDA backend: %s", merr[0] ? merr : "could not start");
     }
     if (!*out || (*out)->iface->version != RLAI_BACKEND_IFACE_VERSION) {
         if (*out)
             (*out)->iface->free(*out);
         *out = NULL;
         dlclose(h);
-        return fail(err, errlen, RLAI_ERR_UNSUPPORTED, "CUDA backend: interface version mismatch");
+        return rlai_errf(err, errlen, RLAI_ERR_UNSUPPORTED, "CUDA backend: interface version mismatch");
     }
     /* The module stays loaded for the life of the process: its code backs
      * the table the engine now holds. */
@@ -146,7 +136,7 @@ int rlai_backend_open(const rlai_backend_options *opt, rlai_backend **out,
     }
     rc = rlai_backend_cpu_new(opt->kernels, opt->pool, opt->max_ctx, out);
     if (rc < 0)
-        return fail(err, errlen, rc, "CPU backend: %s", rlai_strerror(rc));
+        return rlai_errf(err, errlen, rc, "CPU backend: %s", rlai_strerror(rc));
     return 0;
 }
 

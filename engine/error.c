@@ -4,6 +4,9 @@
  * engine. */
 #include "rlai/error.h"
 
+#include <stdarg.h>
+#include <stdio.h>
+
 #include <stddef.h>
 
 const char *rlai_strerror(int code)
@@ -72,4 +75,15 @@ const char *rlai_wire_code_meaning(int wire_code)
 #undef X
     default: return "";
     }
+}
+
+int rlai_errf(char *err, size_t errlen, int code, const char *fmt, ...)
+{
+    if (err && errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return code;
 }

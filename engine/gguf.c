@@ -10,6 +10,7 @@
  * so every read goes through memcpy.
  */
 #include "rlai/gguf.h"
+#include "hash.h"
 #include "rlai/engine.h"
 
 #include <errno.h>
@@ -242,12 +243,7 @@ static bool ggml_type_size(uint32_t t, uint32_t *blck, uint32_t *bytes)
 
 static uint64_t hash_bytes(const char *p, size_t n)
 {
-    uint64_t h = 1469598103934665603ull; /* FNV-1a */
-    for (size_t i = 0; i < n; i++) {
-        h ^= (uint8_t)p[i];
-        h *= 1099511628211ull;
-    }
-    return h;
+    return rlai_hash_bytes(p, n);
 }
 
 static bool str_eq(rlai_gguf_str a, const char *p, size_t n)

@@ -1,5 +1,6 @@
 /* model.c - llama-family weights and forward pass (see model.h). */
 #include "model.h"
+#include "rlai/error.h"
 #include "dtype.h"
 #include "rlai/engine.h"
 
@@ -28,17 +29,6 @@ struct rlai_model {
 
 /* ------------------------------------------------------------------ load */
 
-static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
-{
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return code;
-}
-
 static int get_u32_key(const rlai_gguf *g, const char *arch, const char *suffix, bool required,
                        uint32_t dflt, uint32_t *out, char *err, size_t errlen)
 {
@@ -50,9 +40,9 @@ static int get_u32_key(const rlai_gguf *g, const char *arch, const char *suffix,
         return 0;
     }
     if (rc == RLAI_ERR_NOT_FOUND)
-        return fail(err, errlen, RLAI_ERR_FORMAT, "model: required key '%s' missing", key);
+        return rlai_errf(err, errlen, RLAI_ERR_FORMAT, "model: required key '%s' missing", key);
     if (rc < 0)
-        return fail(err, errlen, RLAI_ERR_FORMAT, "model: key '%s' has a wrong type or value", key);
+        return rlai_errf(err, errlen, RLAI_ERR_FORMAT, "model: key '%s' has a wrong type or value", key);
     return 0;
 }
 
@@ -67,9 +57,9 @@ static int get_f32_key(const rlai_gguf *g, const char *arch, const char *suffix,
         return 0;
     }
     if (rc == RLAI_ERR_NOT_FOUND)
-        return fail(err, errlen, RLAI_ERR_FORMAT, "model: required key '%s' missing", key);
+        return rlai_errf(err, errlen, RLAI_ERR_FORMAT, "model: required key '%s' missing", key);
     if (rc < 0 || !isfinite(*out))
-        return fail(err, errlen, RLAI_ERR_FORMAT, "model: key '%s' has a wrong type or value", key);
+        return rlai_errf(err, errlen, RLAI_ERR_FORMAT, "model: key '%s' has a wrong type or value", key);
     return 0;
 }
 
@@ -82,17 +72,17 @@ static int find_tensor(const rlai_gguf *g, const char *name, int64_t ne0, int64_
     if (!t) {
         if (!required)
             return 0;
-        return fail(err, errlen, RLAI_ERR_FORMAT, "model: tensor '%s' missing", name);
+        return rlai_errf(err, errlen, RLAI_ERR_FORMAT, "model: tensor '%s' missing", name);
     }
     bool ok = (int64_t)t->ne[0] == ne0 && (int64_t)t->ne[1] == ne1 && t->ne[2] == 1 && t->ne[3] == 1;
     if (!ok)
-        return fail(err, errlen, RLAI_ERR_FORMAT,
+        return rlai_errf(err, errlen, RLAI_ERR_FORMAT,
                     "model: tensor '%s' has shape [%llu, %llu, %llu, %llu], expected [%lld, %lld]",
                     name, (unsigned long long)t->ne[0], (unsigned long long)t->ne[1],
                     (unsigned long long)t->ne[2], (unsigned long long)t->ne[3],
                     (long long)ne0, (long long)ne1);
     if (!rlai_dtype_supported(t->type))
-        return fail(err, errlen, RLAI_ERR_UNSUPPORTED,
+        return rlai_errf(err, errlen, RLAI_ERR_UNSUPPORTED,
                     "model: tensor '%s' has type %s (id %u), which this engine cannot compute "
                     "(supported: f32 f16 bf16 q4_0 q4_1 q5_0 q5_1 q8_0)",
                     name, rlai_dtype_name(t->type), t->type);
@@ -107,7 +97,7 @@ static int bind_matrix(rlai_model *m, const rlai_gguf *g, const char *name, int6
     if (rc < 0)
         return rc;
     if (t->type == RLAI_DT_Q8_1)
-        return fail(err, errlen, RLAI_ERR_UNSUPPORTED, "model: tensor '%s': q8_1 weights unsupported", name);
+        return rlai_errf(err, errlen, RLAI_ERR_UNSUPPORTED, "model: tensor '%s': q8_1 weights unsupported", name);
     w->type = t->type;
     w->rows = rows;
     w->cols = cols;
@@ -127,7 +117,7 @@ static int load_vector(rlai_model *m, const rlai_gguf *g, const char *name, int6
     if (rc < 0 || !t)
         return rc;
     if (n % (int64_t)rlai_dtype_block_elems(t->type) != 0)
-        return fail(err, errlen, RLAI_ERR_FORMAT, "model: tensor '%s' length not a block multiple", name);
+        return rlai_errf(err, errlen, RLAI_ERR_FORMAT, "model: tensor '%s' length not a block multiple", name);
     float *v = malloc(sizeof(float) * (size_t)n);
     if (!v)
         return RLAI_ERR_NOMEM;
@@ -143,16 +133,16 @@ int rlai_model_load(const rlai_gguf *g, rlai_model **out, char *err, size_t errl
     *out = NULL;
     rlai_gguf_str archs;
     if (rlai_gguf_get_str(g, "general.architecture", &archs) < 0)
-        return fail(err, errlen, RLAI_ERR_FORMAT, "model: 'general.architecture' missing or not a string");
+        return rlai_errf(err, errlen, RLAI_ERR_FORMAT, "model: 'general.architecture' missing or not a string");
     char arch[32];
     if (archs.len == 0 || archs.len >= sizeof(arch))
-        return fail(err, errlen, RLAI_ERR_UNSUPPORTED, "model: architecture name of %zu bytes", archs.len);
+        return rlai_errf(err, errlen, RLAI_ERR_UNSUPPORTED, "model: architecture name of %zu bytes", archs.len);
     memcpy(arch, archs.ptr, archs.len);
     arch[archs.len] = 0;
     bool is_llama = strcmp(arch, "llama") == 0;
     bool is_qwen2 = strcmp(arch, "qwen2") == 0;
     if (!is_llama && !is_qwen2)
-        return fail(err, errlen, RLAI_ERR_UNSUPPORTED,
+        return rlai_errf(err, errlen, RLAI_ERR_UNSUPPORTED,
                     "model: architecture '%s' is not supported (supported: llama, qwen2)", arch);
 
     rlai_model *m = calloc(1, sizeof(*m));
@@ -174,7 +164,7 @@ int rlai_model_load(const rlai_gguf *g, rlai_model **out, char *err, size_t errl
     rc = RLAI_ERR_FORMAT;
     if (n_embd == 0 || n_embd > 65536 || n_layer == 0 || n_layer > 1024 || n_ff == 0 || n_ff > 262144 ||
         n_head == 0 || n_head > 1024 || n_head_kv == 0 || n_head_kv > n_head || n_head % n_head_kv != 0) {
-        fail(err, errlen, rc, "model: inconsistent hyperparameters (n_embd %u, n_layer %u, n_ff %u, "
+        rlai_errf(err, errlen, rc, "model: inconsistent hyperparameters (n_embd %u, n_layer %u, n_ff %u, "
              "n_head %u, n_head_kv %u)", n_embd, n_layer, n_ff, n_head, n_head_kv);
         goto fail;
     }
@@ -188,7 +178,7 @@ int rlai_model_load(const rlai_gguf *g, rlai_model **out, char *err, size_t errl
     rc = RLAI_ERR_FORMAT;
     if (head_dim == 0 || head_dim > 1024 || head_dim % 2 || v_len != head_dim || n_rot > head_dim || n_rot % 2 ||
         hp->norm_eps <= 0 || hp->rope_base <= 0 || n_ctx == 0) {
-        fail(err, errlen, rc, "model: inconsistent attention parameters (head_dim %u, value_length %u, "
+        rlai_errf(err, errlen, rc, "model: inconsistent attention parameters (head_dim %u, value_length %u, "
              "n_rot %u, eps %g, rope base %g, context %u)", head_dim, v_len, n_rot,
              (double)hp->norm_eps, (double)hp->rope_base, n_ctx);
         goto fail;
@@ -214,12 +204,12 @@ int rlai_model_load(const rlai_gguf *g, rlai_model **out, char *err, size_t errl
             if ((rc = get_f32_key(g, arch, "rope.scaling.factor", true, 1, &factor, err, errlen)) < 0)
                 goto fail;
             if (factor <= 0) {
-                rc = fail(err, errlen, RLAI_ERR_FORMAT, "model: rope.scaling.factor must be > 0");
+                rc = rlai_errf(err, errlen, RLAI_ERR_FORMAT, "model: rope.scaling.factor must be > 0");
                 goto fail;
             }
             hp->rope_freq_scale = 1.0f / factor;
         } else {
-            rc = fail(err, errlen, RLAI_ERR_UNSUPPORTED, "model: rope scaling type '%.*s' not supported",
+            rc = rlai_errf(err, errlen, RLAI_ERR_UNSUPPORTED, "model: rope scaling type '%.*s' not supported",
                       (int)st.len, st.ptr);
             goto fail;
         }
@@ -227,11 +217,11 @@ int rlai_model_load(const rlai_gguf *g, rlai_model **out, char *err, size_t errl
 
     const rlai_gguf_tensor *te = rlai_gguf_find_tensor(g, "token_embd.weight");
     if (!te) {
-        rc = fail(err, errlen, RLAI_ERR_FORMAT, "model: tensor 'token_embd.weight' missing");
+        rc = rlai_errf(err, errlen, RLAI_ERR_FORMAT, "model: tensor 'token_embd.weight' missing");
         goto fail;
     }
     if (te->ne[1] == 0 || te->ne[1] > (1u << 24)) {
-        rc = fail(err, errlen, RLAI_ERR_FORMAT, "model: token_embd.weight vocabulary size %llu out of range",
+        rc = rlai_errf(err, errlen, RLAI_ERR_FORMAT, "model: token_embd.weight vocabulary size %llu out of range",
                   (unsigned long long)te->ne[1]);
         goto fail;
     }

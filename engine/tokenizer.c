@@ -21,6 +21,8 @@
  * (rank, result id) with an open-addressing hash table, so BPE runs on ids.
  */
 #include "tokenizer.h"
+#include "hash.h"
+#include "rlai/error.h"
 #include "unicode.h"
 #include "rlai/engine.h"
 
@@ -81,23 +83,9 @@ struct rlai_tokenizer {
 /* ------------------------------------------------------------------ */
 /* helpers                                                              */
 
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (!err || errlen == 0)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
-
 static uint32_t hash_bytes(const char *s, size_t n)
 {
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (size_t i = 0; i < n; i++) {
-        h ^= (unsigned char)s[i];
-        h *= 0x100000001b3ull;
-    }
+    uint64_t h = rlai_hash_bytes(s, n);
     return (uint32_t)(h ^ (h >> 32));
 }
 
@@ -448,7 +436,7 @@ static int load_impl(rlai_tokenizer *t, const rlai_gguf *g, char *err, size_t er
     rlai_gguf_str model;
     rc = rlai_gguf_get_str(g, "tokenizer.ggml.model", &model);
     if (rc) {
-        set_err(err, errlen, "tokenizer.ggml.model is %s", rc == RLAI_ERR_NOT_FOUND ? "missing" : "not a string");
+        rlai_errf(err, errlen, 0, "tokenizer.ggml.model is %s", rc == RLAI_ERR_NOT_FOUND ? "missing" : "not a string");
         return rc == RLAI_ERR_NOT_FOUND ? RLAI_ERR_FORMAT : rc;
     }
     if (str_eq(model.ptr, model.len, "gpt2")) {
@@ -456,7 +444,7 @@ static int load_impl(rlai_tokenizer *t, const rlai_gguf *g, char *err, size_t er
     } else if (str_eq(model.ptr, model.len, "llama")) {
         t->kind = KIND_SPM;
     } else {
-        set_err(err, errlen, "unsupported tokenizer model '%.*s'", (int)(model.len > 64 ? 64 : model.len), model.ptr);
+        rlai_errf(err, errlen, 0, "unsupported tokenizer model '%.*s'", (int)(model.len > 64 ? 64 : model.len), model.ptr);
         return RLAI_ERR_UNSUPPORTED;
     }
 
@@ -469,14 +457,14 @@ static int load_impl(rlai_tokenizer *t, const rlai_gguf *g, char *err, size_t er
                 fprintf(stderr, "rlai tokenizer: warning: tokenizer.ggml.pre missing; using the GPT-2 "
                                 "pre-tokenizer (generation quality may be degraded)\n");
         } else if (rc) {
-            set_err(err, errlen, "tokenizer.ggml.pre is not a string");
+            rlai_errf(err, errlen, 0, "tokenizer.ggml.pre is not a string");
             return rc;
         } else {
             for (size_t i = 0; i < sizeof pre_names / sizeof pre_names[0]; i++)
                 if (str_eq(pre.ptr, pre.len, pre_names[i].name))
                     t->pre = pre_names[i].pre;
             if (!t->pre) {
-                set_err(err, errlen, "unsupported pre-tokenizer '%.*s' (tokenizer.ggml.pre)",
+                rlai_errf(err, errlen, 0, "unsupported pre-tokenizer '%.*s' (tokenizer.ggml.pre)",
                         (int)(pre.len > 64 ? 64 : pre.len), pre.ptr);
                 return RLAI_ERR_UNSUPPORTED;
             }
@@ -495,13 +483,13 @@ static int load_impl(rlai_tokenizer *t, const rlai_gguf *g, char *err, size_t er
     uint64_t n_tok = 0;
     rc = rlai_gguf_get_str_array(g, "tokenizer.ggml.tokens", &toks, &n_tok);
     if (rc) {
-        set_err(err, errlen, "tokenizer.ggml.tokens is %s",
+        rlai_errf(err, errlen, 0, "tokenizer.ggml.tokens is %s",
                 rc == RLAI_ERR_NOT_FOUND ? "missing" : "not an array of strings");
         return rc == RLAI_ERR_NOT_FOUND ? RLAI_ERR_FORMAT : rc;
     }
     if (n_tok == 0 || n_tok > (uint64_t)INT32_MAX / 4) {
         free(toks);
-        set_err(err, errlen, "tokenizer.ggml.tokens has %llu entries", (unsigned long long)n_tok);
+        rlai_errf(err, errlen, 0, "tokenizer.ggml.tokens has %llu entries", (unsigned long long)n_tok);
         return RLAI_ERR_FORMAT;
     }
     t->n_vocab = (int32_t)n_tok;
@@ -515,7 +503,7 @@ static int load_impl(rlai_tokenizer *t, const rlai_gguf *g, char *err, size_t er
     }
     free(toks);
     if (rc) {
-        set_err(err, errlen, "cannot store the vocabulary");
+        rlai_errf(err, errlen, 0, "cannot store the vocabulary");
         return rc;
     }
 
@@ -532,7 +520,7 @@ static int load_impl(rlai_tokenizer *t, const rlai_gguf *g, char *err, size_t er
     rc = rlai_gguf_get_array(g, "tokenizer.ggml.token_type", &et, &n, &data);
     if (rc == 0) {
         if (n != n_tok || (et != RLAI_GGUF_I32 && et != RLAI_GGUF_U32)) {
-            set_err(err, errlen, "tokenizer.ggml.token_type: %llu entries of type %u for %llu tokens",
+            rlai_errf(err, errlen, 0, "tokenizer.ggml.token_type: %llu entries of type %u for %llu tokens",
                     (unsigned long long)n, et, (unsigned long long)n_tok);
             return RLAI_ERR_FORMAT;
         }
@@ -542,19 +530,19 @@ static int load_impl(rlai_tokenizer *t, const rlai_gguf *g, char *err, size_t er
             t->attr[i] = (uint8_t)(v >= 1 && v <= 6 ? v : RLAI_TOKEN_NORMAL);
         }
     } else if (rc != RLAI_ERR_NOT_FOUND) {
-        set_err(err, errlen, "tokenizer.ggml.token_type is not an array");
+        rlai_errf(err, errlen, 0, "tokenizer.ggml.token_type is not an array");
         return rc;
     }
     rc = rlai_gguf_get_array(g, "tokenizer.ggml.scores", &et, &n, &data);
     if (rc == 0) {
         if (n != n_tok || et != RLAI_GGUF_F32) {
-            set_err(err, errlen, "tokenizer.ggml.scores: %llu entries of type %u for %llu tokens",
+            rlai_errf(err, errlen, 0, "tokenizer.ggml.scores: %llu entries of type %u for %llu tokens",
                     (unsigned long long)n, et, (unsigned long long)n_tok);
             return RLAI_ERR_FORMAT;
         }
         memcpy(t->scores, data, (size_t)n * 4);
     } else if (rc != RLAI_ERR_NOT_FOUND) {
-        set_err(err, errlen, "tokenizer.ggml.scores is not an array");
+        rlai_errf(err, errlen, 0, "tokenizer.ggml.scores is not an array");
         return rc;
     }
 
@@ -564,13 +552,13 @@ static int load_impl(rlai_tokenizer *t, const rlai_gguf *g, char *err, size_t er
         uint64_t n_mg = 0;
         rc = rlai_gguf_get_str_array(g, "tokenizer.ggml.merges", &mg, &n_mg);
         if (rc) {
-            set_err(err, errlen, "tokenizer.ggml.merges is %s (required for gpt2 tokenizers)",
+            rlai_errf(err, errlen, 0, "tokenizer.ggml.merges is %s (required for gpt2 tokenizers)",
                     rc == RLAI_ERR_NOT_FOUND ? "missing" : "not an array of strings");
             return rc == RLAI_ERR_NOT_FOUND ? RLAI_ERR_FORMAT : rc;
         }
         if (n_mg > (uint64_t)INT32_MAX / 4) {
             free(mg);
-            set_err(err, errlen, "too many merges (%llu)", (unsigned long long)n_mg);
+            rlai_errf(err, errlen, 0, "too many merges (%llu)", (unsigned long long)n_mg);
             return RLAI_ERR_FORMAT;
         }
         size_t cap = pow2_at_least((size_t)n_mg * 2 + 16);
@@ -618,7 +606,7 @@ static int load_impl(rlai_tokenizer *t, const rlai_gguf *g, char *err, size_t er
         free(cat);
         free(mg);
         if (rc) {
-            set_err(err, errlen, "cannot store the merges");
+            rlai_errf(err, errlen, 0, "cannot store the merges");
             return rc;
         }
     }
@@ -635,16 +623,16 @@ static int load_impl(rlai_tokenizer *t, const rlai_gguf *g, char *err, size_t er
         (rc = read_id(g, "tokenizer.ggml.unknown_token_id", t->n_vocab, &t->unk)) ||
         (rc = read_id(g, "tokenizer.ggml.eot_token_id", t->n_vocab, &t->eot)) ||
         (rc = read_id(g, "tokenizer.ggml.eom_token_id", t->n_vocab, &t->eom))) {
-        set_err(err, errlen, "a tokenizer.ggml.*_token_id key has a bad type");
+        rlai_errf(err, errlen, 0, "a tokenizer.ggml.*_token_id key has a bad type");
         return rc;
     }
     if ((rc = read_bool(g, "tokenizer.ggml.add_bos_token", &t->add_bos)) ||
         (rc = read_bool(g, "tokenizer.ggml.add_eos_token", &t->add_eos))) {
-        set_err(err, errlen, "tokenizer.ggml.add_bos_token/add_eos_token is not a bool");
+        rlai_errf(err, errlen, 0, "tokenizer.ggml.add_bos_token/add_eos_token is not a bool");
         return rc;
     }
     if (t->kind == KIND_SPM && (rc = read_bool(g, "tokenizer.ggml.add_space_prefix", &t->add_space_prefix))) {
-        set_err(err, errlen, "tokenizer.ggml.add_space_prefix is not a bool");
+        rlai_errf(err, errlen, 0, "tokenizer.ggml.add_space_prefix is not a bool");
         return rc;
     }
     if (t->add_bos && t->bos < 0)
@@ -714,7 +702,7 @@ static int load_impl(rlai_tokenizer *t, const rlai_gguf *g, char *err, size_t er
 
     rc = build_pieces(t);
     if (rc) {
-        set_err(err, errlen, "cannot build token pieces");
+        rlai_errf(err, errlen, 0, "cannot build token pieces");
         return rc;
     }
     return 0;
@@ -728,7 +716,7 @@ int rlai_tokenizer_load(const rlai_gguf *g, rlai_tokenizer **out, char *err, siz
         return RLAI_ERR_INVALID_ARG;
     *out = NULL;
     if (!g) {
-        set_err(err, errlen, "no gguf");
+        rlai_errf(err, errlen, 0, "no gguf");
         return RLAI_ERR_INVALID_ARG;
     }
     if (err && errlen)
@@ -739,7 +727,7 @@ int rlai_tokenizer_load(const rlai_gguf *g, rlai_tokenizer **out, char *err, siz
     int rc = load_impl(t, g, err, errlen);
     if (rc) {
         if (err && errlen && !err[0])
-            set_err(err, errlen, "tokenizer: %s", rlai_strerror(rc));
+            rlai_errf(err, errlen, 0, "tokenizer: %s", rlai_strerror(rc));
         rlai_tokenizer_free(t);
         return rc;
     }

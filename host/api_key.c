@@ -14,18 +14,6 @@
 
 #include "rlai/error.h"
 
-static int fail(char *err, size_t errlen, int code, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
-static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
-{
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return code;
-}
-
 /* A key is 1..RLAI_API_KEY_MAX visible ASCII characters (it travels in an
  * HTTP header and as a ZeroMQ PLAIN password). */
 static bool key_ok(const char *k, size_t n)
@@ -59,22 +47,22 @@ int rlai_api_key_read_file(const char *path, char *key, char *err, size_t errlen
         int e = errno;
         struct stat lst;
         if (e == ENOENT)
-            return fail(err, errlen, RLAI_ERR_NOT_FOUND, "API key file %s does not exist", path);
+            return rlai_errf(err, errlen, RLAI_ERR_NOT_FOUND, "API key file %s does not exist", path);
         if (lstat(path, &lst) == 0 && S_ISLNK(lst.st_mode))
-            return fail(err, errlen, RLAI_ERR_IO, "refusing API key file %s: it is a symbolic link", path);
-        return fail(err, errlen, RLAI_ERR_IO, "cannot open API key file %s: %s", path, strerror(e));
+            return rlai_errf(err, errlen, RLAI_ERR_IO, "refusing API key file %s: it is a symbolic link", path);
+        return rlai_errf(err, errlen, RLAI_ERR_IO, "cannot open API key file %s: %s", path, strerror(e));
     }
     struct stat st;
     int rc = 0;
     if (fstat(fd, &st) < 0)
-        rc = fail(err, errlen, RLAI_ERR_IO, "cannot stat API key file %s: %s", path, strerror(errno));
+        rc = rlai_errf(err, errlen, RLAI_ERR_IO, "cannot stat API key file %s: %s", path, strerror(errno));
     else if (!S_ISREG(st.st_mode))
-        rc = fail(err, errlen, RLAI_ERR_IO, "refusing API key file %s: not a regular file", path);
+        rc = rlai_errf(err, errlen, RLAI_ERR_IO, "refusing API key file %s: not a regular file", path);
     else if (st.st_uid != geteuid())
-        rc = fail(err, errlen, RLAI_ERR_IO, "refusing API key file %s: owned by uid %u, not by this user (uid %u)",
+        rc = rlai_errf(err, errlen, RLAI_ERR_IO, "refusing API key file %s: owned by uid %u, not by this user (uid %u)",
                   path, (unsigned)st.st_uid, (unsigned)geteuid());
     else if (st.st_mode & 077)
-        rc = fail(err, errlen, RLAI_ERR_IO,
+        rc = rlai_errf(err, errlen, RLAI_ERR_IO,
                   "refusing API key file %s: mode %04o lets other users read or change it; it must be 0600 "
                   "(chmod 600 %s)", path, (unsigned)(st.st_mode & 07777), path);
     if (rc < 0) {
@@ -89,7 +77,7 @@ int rlai_api_key_read_file(const char *path, char *key, char *err, size_t errlen
             continue;
         if (r < 0) {
             close(fd);
-            return fail(err, errlen, RLAI_ERR_IO, "cannot read API key file %s: %s", path, strerror(errno));
+            return rlai_errf(err, errlen, RLAI_ERR_IO, "cannot read API key file %s: %s", path, strerror(errno));
         }
         if (r == 0 || (n += (size_t)r) == sizeof buf)
             break;
@@ -98,7 +86,7 @@ int rlai_api_key_read_file(const char *path, char *key, char *err, size_t errlen
     while (n && (buf[n - 1] == '\n' || buf[n - 1] == '\r' || buf[n - 1] == ' ' || buf[n - 1] == '\t'))
         n--;
     if (!key_ok(buf, n))
-        return fail(err, errlen, RLAI_ERR_FORMAT,
+        return rlai_errf(err, errlen, RLAI_ERR_FORMAT,
                     "API key file %s must hold one key of 1 to %d visible ASCII characters", path, RLAI_API_KEY_MAX);
     memcpy(key, buf, n);
     key[n] = '\0';
@@ -111,7 +99,7 @@ static int make_parent(const char *path, char *err, size_t errlen)
     char dir[PATH_MAX];
     size_t len = strlen(path);
     if (len >= sizeof dir)
-        return fail(err, errlen, RLAI_ERR_IO, "API key file path too long");
+        return rlai_errf(err, errlen, RLAI_ERR_IO, "API key file path too long");
     memcpy(dir, path, len + 1);
     char *slash = strrchr(dir, '/');
     if (!slash || slash == dir)
@@ -123,7 +111,7 @@ static int make_parent(const char *path, char *err, size_t errlen)
         char saved = *p;
         *p = '\0';
         if (mkdir(dir, 0700) < 0 && errno != EEXIST)
-            return fail(err, errlen, RLAI_ERR_IO, "cannot create %s for the API key: %s", dir, strerror(errno));
+            return rlai_errf(err, errlen, RLAI_ERR_IO, "cannot create %s for the API key: %s", dir, strerror(errno));
         *p = saved;
         if (!saved)
             break;
@@ -143,7 +131,7 @@ static int create_file(const char *path, char *key, char *err, size_t errlen)
         if (r < 0 && errno == EINTR)
             continue;
         if (r < 0)
-            return fail(err, errlen, RLAI_ERR_IO, "getrandom: %s", strerror(errno));
+            return rlai_errf(err, errlen, RLAI_ERR_IO, "getrandom: %s", strerror(errno));
         got += (size_t)r;
     }
     static const char hex[] = "0123456789abcdef";
@@ -158,13 +146,13 @@ static int create_file(const char *path, char *key, char *err, size_t errlen)
     if (fd < 0) {
         if (errno == EEXIST) /* created meanwhile: use that one, with the checks */
             return 1;
-        return fail(err, errlen, RLAI_ERR_IO, "cannot create API key file %s: %s", path, strerror(errno));
+        return rlai_errf(err, errlen, RLAI_ERR_IO, "cannot create API key file %s: %s", path, strerror(errno));
     }
     if (fchmod(fd, 0600) < 0 || write(fd, text, 65) != 65 || fsync(fd) < 0) {
         int e = errno;
         close(fd);
         unlink(path);
-        return fail(err, errlen, RLAI_ERR_IO, "cannot write API key file %s: %s", path, strerror(e));
+        return rlai_errf(err, errlen, RLAI_ERR_IO, "cannot write API key file %s: %s", path, strerror(e));
     }
     close(fd);
     memcpy(key, text, 64);
@@ -178,7 +166,7 @@ int rlai_api_key_resolve(const char *config_key, const char *config_file, rlai_a
     memset(out, 0, sizeof *out);
     if (config_key && *config_key) {
         if (!key_ok(config_key, strlen(config_key)))
-            return fail(err, errlen, RLAI_ERR_FORMAT,
+            return rlai_errf(err, errlen, RLAI_ERR_FORMAT,
                         "config auth.api_key must be 1 to %d visible ASCII characters", RLAI_API_KEY_MAX);
         strcpy(out->key, config_key);
         snprintf(out->source, sizeof out->source, "config auth.api_key");
@@ -187,7 +175,7 @@ int rlai_api_key_resolve(const char *config_key, const char *config_file, rlai_a
     const char *env = getenv("RLAI_API_KEY");
     if (env && *env) {
         if (!key_ok(env, strlen(env)))
-            return fail(err, errlen, RLAI_ERR_FORMAT,
+            return rlai_errf(err, errlen, RLAI_ERR_FORMAT,
                         "RLAI_API_KEY must be 1 to %d visible ASCII characters", RLAI_API_KEY_MAX);
         strcpy(out->key, env);
         snprintf(out->source, sizeof out->source, "environment RLAI_API_KEY");
@@ -196,12 +184,12 @@ int rlai_api_key_resolve(const char *config_key, const char *config_file, rlai_a
     char path[4096];
     if (config_file && *config_file) {
         if (strlen(config_file) >= sizeof path)
-            return fail(err, errlen, RLAI_ERR_IO, "API key file path too long");
+            return rlai_errf(err, errlen, RLAI_ERR_IO, "API key file path too long");
         strcpy(path, config_file);
     } else {
         int rc = rlai_api_key_default_path(path, sizeof path);
         if (rc < 0)
-            return fail(err, errlen, RLAI_ERR_IO,
+            return rlai_errf(err, errlen, RLAI_ERR_IO,
                         "no place for the API key file (set HOME or XDG_CONFIG_HOME, or pass --api-key-file)");
     }
     out->from_file = true;

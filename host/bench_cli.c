@@ -1,5 +1,6 @@
 /* bench_cli.c - `rlai bench` (see bench_cli.h). */
 #include "bench_cli.h"
+#include "rlai/clock.h"
 #include "rlai/engine.h"
 #include "rlai/error.h"
 
@@ -44,13 +45,6 @@ static int opt_int(const char *opt, const char *s, int lo, int hi, int *out)
     }
     *out = (int)v;
     return 0;
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
 /* Random prompt ids away from the ends of the vocabulary (where special
@@ -104,7 +98,7 @@ static double run_batch(rlai_engine *e, int B, int n_gen, int n_vocab, uint64_t 
     enum { BATCH_PROMPT = 8 };
     batch_state st = { 0, 0, 0 };
     rlai_token toks[BATCH_PROMPT];
-    double t0 = now_s();
+    double t0 = rlai_clock_s();
     for (int i = 0; i < B; i++) {
         random_prompt(toks, BATCH_PROMPT, n_vocab, rng);
         rlai_request_params rp;
@@ -128,7 +122,7 @@ static double run_batch(rlai_engine *e, int B, int n_gen, int n_vocab, uint64_t 
         if (rc == 0 && st.done < B)
             return RLAI_ERR_PROTOCOL;
     }
-    double dt = now_s() - t0;
+    double dt = rlai_clock_s() - t0;
     if (st.failed < 0)
         return st.failed;
     return dt > 0 ? st.gen / dt : 0;

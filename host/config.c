@@ -14,17 +14,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
-{
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return code;
-}
-
 int rlai_config_set_str(char **field, const char *s)
 {
     char *copy = NULL;
@@ -122,7 +111,7 @@ static int get_int(const cJSON *item, const char *key, int lo, int hi, int *out,
 {
     if (!cJSON_IsNumber(item) || item->valuedouble != (double)(long long)item->valuedouble ||
         item->valuedouble < lo || item->valuedouble > hi)
-        return fail(err, errlen, RLAI_ERR_FORMAT, "config: '%s' must be an integer in [%d, %d]", key, lo, hi);
+        return rlai_errf(err, errlen, RLAI_ERR_FORMAT, "config: '%s' must be an integer in [%d, %d]", key, lo, hi);
     *out = (int)item->valuedouble;
     return 0;
 }
@@ -132,7 +121,7 @@ static int get_str(const cJSON *item, const char *key, char **out, char *err, si
     if (cJSON_IsNull(item))
         return rlai_config_set_str(out, NULL);
     if (!cJSON_IsString(item))
-        return fail(err, errlen, RLAI_ERR_FORMAT, "config: '%s' must be a string", key);
+        return rlai_errf(err, errlen, RLAI_ERR_FORMAT, "config: '%s' must be a string", key);
     return rlai_config_set_str(out, item->valuestring);
 }
 
@@ -140,7 +129,7 @@ static int get_str(const cJSON *item, const char *key, char **out, char *err, si
 static int load_upstream(const cJSON *o, int idx, rlai_upstream_config *u, char *err, size_t errlen)
 {
     if (!cJSON_IsObject(o))
-        return fail(err, errlen, RLAI_ERR_FORMAT, "config: 'upstreams[%d]' must be an object", idx);
+        return rlai_errf(err, errlen, RLAI_ERR_FORMAT, "config: 'upstreams[%d]' must be an object", idx);
     const cJSON *f;
     char key[96];
     int rc = 0;
@@ -177,12 +166,12 @@ static int load_upstream(const cJSON *o, int idx, rlai_upstream_config *u, char 
             rc = get_str(f, key, &u->proxy, err, errlen);
         } else if (!strcmp(k, "sampling_extras")) {
             if (!cJSON_IsBool(f))
-                rc = fail(err, errlen, RLAI_ERR_FORMAT, "config: '%s' must be a boolean", key);
+                rc = rlai_errf(err, errlen, RLAI_ERR_FORMAT, "config: '%s' must be a boolean", key);
             else
                 u->sampling_extras = cJSON_IsTrue(f);
         } else if (!strcmp(k, "models")) {
             if (!cJSON_IsObject(f))
-                return fail(err, errlen, RLAI_ERR_FORMAT,
+                return rlai_errf(err, errlen, RLAI_ERR_FORMAT,
                             "config: '%s' must be an object {\"shown name\": \"upstream's name\"}", key);
             int n = cJSON_GetArraySize(f);
             u->models = calloc((size_t)(n > 0 ? n : 1), sizeof(*u->models));
@@ -191,14 +180,14 @@ static int load_upstream(const cJSON *o, int idx, rlai_upstream_config *u, char 
             const cJSON *m;
             cJSON_ArrayForEach(m, f) {
                 if (!cJSON_IsString(m) || !m->valuestring[0] || !m->string[0])
-                    return fail(err, errlen, RLAI_ERR_FORMAT, "config: '%s.%s' must be a non-empty string", key,
+                    return rlai_errf(err, errlen, RLAI_ERR_FORMAT, "config: '%s.%s' must be a non-empty string", key,
                                 m->string);
                 rlai_upstream_model *um = &u->models[u->n_models++];
                 if (!(um->name = strdup(m->string)) || !(um->remote = strdup(m->valuestring)))
                     return RLAI_ERR_NOMEM;
             }
         } else {
-            rc = fail(err, errlen, RLAI_ERR_FORMAT, "config: unknown key '%s'", key);
+            rc = rlai_errf(err, errlen, RLAI_ERR_FORMAT, "config: unknown key '%s'", key);
         }
         if (rc < 0)
             return rc;
@@ -210,7 +199,7 @@ static int load_upstream(const cJSON *o, int idx, rlai_upstream_config *u, char 
 static int load_upstreams(rlai_config *c, const cJSON *a, char *err, size_t errlen)
 {
     if (!cJSON_IsArray(a))
-        return fail(err, errlen, RLAI_ERR_FORMAT, "config: 'upstreams' must be a list of objects");
+        return rlai_errf(err, errlen, RLAI_ERR_FORMAT, "config: 'upstreams' must be a list of objects");
     for (int i = 0; i < c->n_upstreams; i++)
         rlai_upstream_config_clear(&c->upstreams[i]);
     free(c->upstreams);
@@ -218,7 +207,7 @@ static int load_upstreams(rlai_config *c, const cJSON *a, char *err, size_t errl
     c->n_upstreams = 0;
     int n = cJSON_GetArraySize(a);
     if (n > 64)
-        return fail(err, errlen, RLAI_ERR_FORMAT, "config: at most 64 upstreams");
+        return rlai_errf(err, errlen, RLAI_ERR_FORMAT, "config: at most 64 upstreams");
     if (n == 0)
         return 0;
     c->upstreams = calloc((size_t)n, sizeof(*c->upstreams));
@@ -234,7 +223,7 @@ static int load_upstreams(rlai_config *c, const cJSON *a, char *err, size_t errl
             return rc;
         for (int k = 0; k < c->n_upstreams - 1; k++)
             if (!strcmp(c->upstreams[k].name, u->name))
-                return fail(err, errlen, RLAI_ERR_FORMAT, "config: upstream name '%s' is used twice", u->name);
+                return rlai_errf(err, errlen, RLAI_ERR_FORMAT, "config: upstream name '%s' is used twice", u->name);
     }
     return 0;
 }
@@ -242,7 +231,7 @@ static int load_upstreams(rlai_config *c, const cJSON *a, char *err, size_t errl
 static int load_routing(rlai_config *c, const cJSON *o, char *err, size_t errlen)
 {
     if (!cJSON_IsObject(o))
-        return fail(err, errlen, RLAI_ERR_FORMAT, "config: 'routing' must be an object");
+        return rlai_errf(err, errlen, RLAI_ERR_FORMAT, "config: 'routing' must be an object");
     const cJSON *f;
     cJSON_ArrayForEach(f, o) {
         const char *k = f->string;
@@ -251,13 +240,13 @@ static int load_routing(rlai_config *c, const cJSON *o, char *err, size_t errlen
             rc = get_int(f, "routing.spill_queued", 0, 65536, &c->route_spill_queued, err, errlen);
         } else if (!strcmp(k, "spill_long_prompts") || !strcmp(k, "affinity")) {
             if (!cJSON_IsBool(f))
-                return fail(err, errlen, RLAI_ERR_FORMAT, "config: 'routing.%s' must be a boolean", k);
+                return rlai_errf(err, errlen, RLAI_ERR_FORMAT, "config: 'routing.%s' must be a boolean", k);
             if (!strcmp(k, "affinity"))
                 c->route_no_affinity = !cJSON_IsTrue(f);
             else
                 c->route_no_spill_long = !cJSON_IsTrue(f);
         } else {
-            rc = fail(err, errlen, RLAI_ERR_FORMAT, "config: unknown key 'routing.%s'", k);
+            rc = rlai_errf(err, errlen, RLAI_ERR_FORMAT, "config: unknown key 'routing.%s'", k);
         }
         if (rc < 0)
             return rc;
@@ -270,11 +259,11 @@ int rlai_config_load_json(rlai_config *c, const char *json, char *err, size_t er
     cJSON *root = cJSON_Parse(json);
     if (!root) {
         const char *at = cJSON_GetErrorPtr();
-        return fail(err, errlen, RLAI_ERR_FORMAT, "config: invalid JSON near '%.20s'", at ? at : "?");
+        return rlai_errf(err, errlen, RLAI_ERR_FORMAT, "config: invalid JSON near '%.20s'", at ? at : "?");
     }
     int rc = 0;
     if (!cJSON_IsObject(root)) {
-        rc = fail(err, errlen, RLAI_ERR_FORMAT, "config: top level must be an object");
+        rc = rlai_errf(err, errlen, RLAI_ERR_FORMAT, "config: top level must be an object");
         goto out;
     }
     const cJSON *it;
@@ -293,7 +282,7 @@ int rlai_config_load_json(rlai_config *c, const char *json, char *err, size_t er
         } else if (!strcmp(k, "spec")) {
             int mode = cJSON_IsString(it) ? rlai_spec_mode_parse(it->valuestring) : RLAI_ERR_INVALID_ARG;
             if (mode < 0)
-                rc = fail(err, errlen, RLAI_ERR_FORMAT, "config: 'spec' %s", rlai_spec_mode_error(mode));
+                rc = rlai_errf(err, errlen, RLAI_ERR_FORMAT, "config: 'spec' %s", rlai_spec_mode_error(mode));
             else
                 c->spec = mode;
         } else if (!strcmp(k, "spec_max_draft")) {
@@ -304,7 +293,7 @@ int rlai_config_load_json(rlai_config *c, const char *json, char *err, size_t er
             else if (cJSON_IsString(it) && !strcmp(it->valuestring, "q8_0"))
                 c->kv_q8_0 = true;
             else
-                rc = fail(err, errlen, RLAI_ERR_FORMAT, "config: 'kv_type' must be \"f16\" or \"q8_0\"");
+                rc = rlai_errf(err, errlen, RLAI_ERR_FORMAT, "config: 'kv_type' must be \"f16\" or \"q8_0\"");
         } else if (!strcmp(k, "endpoints") && cJSON_IsObject(it)) {
             const cJSON *e;
             cJSON_ArrayForEach(e, it) {
@@ -319,11 +308,11 @@ int rlai_config_load_json(rlai_config *c, const char *json, char *err, size_t er
                     rc = get_str(e, "endpoints.http", &c->http, err, errlen);
                 else if (!strcmp(ek, "allow_remote")) {
                     if (!cJSON_IsBool(e))
-                        rc = fail(err, errlen, RLAI_ERR_FORMAT, "config: 'endpoints.allow_remote' must be a boolean");
+                        rc = rlai_errf(err, errlen, RLAI_ERR_FORMAT, "config: 'endpoints.allow_remote' must be a boolean");
                     else
                         c->allow_remote = cJSON_IsTrue(e);
                 } else
-                    rc = fail(err, errlen, RLAI_ERR_FORMAT, "config: unknown key 'endpoints.%s'", ek);
+                    rc = rlai_errf(err, errlen, RLAI_ERR_FORMAT, "config: unknown key 'endpoints.%s'", ek);
                 if (rc < 0)
                     goto out;
             }
@@ -344,7 +333,7 @@ int rlai_config_load_json(rlai_config *c, const char *json, char *err, size_t er
                 } else if (!strcmp(lk, "max_inflight_total")) {
                     rc = get_int(l, "limits.max_inflight_total", 1, 65536, &c->max_inflight_total, err, errlen);
                 } else {
-                    rc = fail(err, errlen, RLAI_ERR_FORMAT, "config: unknown key 'limits.%s'", lk);
+                    rc = rlai_errf(err, errlen, RLAI_ERR_FORMAT, "config: unknown key 'limits.%s'", lk);
                 }
                 if (rc < 0)
                     goto out;
@@ -353,7 +342,7 @@ int rlai_config_load_json(rlai_config *c, const char *json, char *err, size_t er
             rc = get_int(it, "shutdown_timeout_s", 1, 3600, &c->shutdown_timeout_s, err, errlen);
         } else if (!strcmp(k, "prefix_cache")) {
             if (!cJSON_IsBool(it))
-                rc = fail(err, errlen, RLAI_ERR_FORMAT, "config: 'prefix_cache' must be a boolean");
+                rc = rlai_errf(err, errlen, RLAI_ERR_FORMAT, "config: 'prefix_cache' must be a boolean");
             else
                 c->no_prefix_cache = !cJSON_IsTrue(it);
         } else if (!strcmp(k, "plugins") && cJSON_IsObject(it)) {
@@ -364,7 +353,7 @@ int rlai_config_load_json(rlai_config *c, const char *json, char *err, size_t er
                     rc = get_str(pl, "plugins.dir", &c->plugins_dir, err, errlen);
                 } else if (!strcmp(pk, "enabled")) {
                     if (!cJSON_IsBool(pl))
-                        rc = fail(err, errlen, RLAI_ERR_FORMAT, "config: 'plugins.enabled' must be a boolean");
+                        rc = rlai_errf(err, errlen, RLAI_ERR_FORMAT, "config: 'plugins.enabled' must be a boolean");
                     else
                         c->plugins_off = !cJSON_IsTrue(pl);
                 } else if (!strcmp(pk, "workers")) {
@@ -375,7 +364,7 @@ int rlai_config_load_json(rlai_config *c, const char *json, char *err, size_t er
                     rc = get_int(pl, "plugins.max_queue", 1, 65536, &c->plugin_max_queue, err, errlen);
                 } else if (!strcmp(pk, "config")) {
                     if (!cJSON_IsObject(pl)) {
-                        rc = fail(err, errlen, RLAI_ERR_FORMAT, "config: 'plugins.config' must be an object");
+                        rc = rlai_errf(err, errlen, RLAI_ERR_FORMAT, "config: 'plugins.config' must be an object");
                     } else {
                         char *txt = cJSON_PrintUnformatted(pl);
                         if (!txt)
@@ -384,7 +373,7 @@ int rlai_config_load_json(rlai_config *c, const char *json, char *err, size_t er
                         c->plugin_config = txt;
                     }
                 } else {
-                    rc = fail(err, errlen, RLAI_ERR_FORMAT, "config: unknown key 'plugins.%s'", pk);
+                    rc = rlai_errf(err, errlen, RLAI_ERR_FORMAT, "config: unknown key 'plugins.%s'", pk);
                 }
                 if (rc < 0)
                     goto out;
@@ -395,7 +384,7 @@ int rlai_config_load_json(rlai_config *c, const char *json, char *err, size_t er
                 const char *ak = a->string;
                 if (!strcmp(ak, "enabled")) {
                     if (!cJSON_IsBool(a))
-                        rc = fail(err, errlen, RLAI_ERR_FORMAT, "config: 'auth.enabled' must be a boolean");
+                        rc = rlai_errf(err, errlen, RLAI_ERR_FORMAT, "config: 'auth.enabled' must be a boolean");
                     else
                         c->auth_off = cJSON_IsFalse(a);
                 } else if (!strcmp(ak, "api_key")) {
@@ -403,7 +392,7 @@ int rlai_config_load_json(rlai_config *c, const char *json, char *err, size_t er
                 } else if (!strcmp(ak, "api_key_file")) {
                     rc = get_str(a, "auth.api_key_file", &c->api_key_file, err, errlen);
                 } else {
-                    rc = fail(err, errlen, RLAI_ERR_FORMAT, "config: unknown key 'auth.%s'", ak);
+                    rc = rlai_errf(err, errlen, RLAI_ERR_FORMAT, "config: unknown key 'auth.%s'", ak);
                 }
                 if (rc < 0)
                     break;
@@ -415,13 +404,13 @@ int rlai_config_load_json(rlai_config *c, const char *json, char *err, size_t er
                 if (!strcmp(n, "cors_origins")) {
                     const cJSON *o;
                     if (!cJSON_IsArray(hk))
-                        rc = fail(err, errlen, RLAI_ERR_FORMAT, "config: 'http.cors_origins' must be a list of strings");
+                        rc = rlai_errf(err, errlen, RLAI_ERR_FORMAT, "config: 'http.cors_origins' must be a list of strings");
                     rlai_config_clear_cors_origins(c);
                     cJSON_ArrayForEach(o, hk) {
                         if (rc < 0)
                             break;
                         if (!cJSON_IsString(o))
-                            rc = fail(err, errlen, RLAI_ERR_FORMAT,
+                            rc = rlai_errf(err, errlen, RLAI_ERR_FORMAT,
                                       "config: 'http.cors_origins' must be a list of strings");
                         else
                             rc = rlai_config_add_cors_origin(c, o->valuestring);
@@ -434,7 +423,7 @@ int rlai_config_load_json(rlai_config *c, const char *json, char *err, size_t er
                 } else if (!strcmp(n, "header_timeout_s")) {
                     rc = get_int(hk, "http.header_timeout_s", 1, 3600, &c->http_header_timeout_s, err, errlen);
                 } else {
-                    rc = fail(err, errlen, RLAI_ERR_FORMAT, "config: unknown key 'http.%s'", n);
+                    rc = rlai_errf(err, errlen, RLAI_ERR_FORMAT, "config: unknown key 'http.%s'", n);
                 }
                 if (rc < 0)
                     goto out;
@@ -445,9 +434,9 @@ int rlai_config_load_json(rlai_config *c, const char *json, char *err, size_t er
             rc = load_routing(c, it, err, errlen);
         } else if (!strcmp(k, "endpoints") || !strcmp(k, "limits") || !strcmp(k, "plugins") || !strcmp(k, "auth") ||
                    !strcmp(k, "http")) {
-            rc = fail(err, errlen, RLAI_ERR_FORMAT, "config: '%s' must be an object", k);
+            rc = rlai_errf(err, errlen, RLAI_ERR_FORMAT, "config: '%s' must be an object", k);
         } else {
-            rc = fail(err, errlen, RLAI_ERR_FORMAT, "config: unknown key '%s'", k);
+            rc = rlai_errf(err, errlen, RLAI_ERR_FORMAT, "config: unknown key '%s'", k);
         }
         if (rc < 0)
             goto out;
@@ -461,7 +450,7 @@ int rlai_config_load_file(rlai_config *c, const char *path, char *err, size_t er
 {
     FILE *f = fopen(path, "rb");
     if (!f)
-        return fail(err, errlen, RLAI_ERR_IO, "config: cannot open %s", path);
+        return rlai_errf(err, errlen, RLAI_ERR_IO, "config: cannot open %s", path);
     char *buf = NULL;
     size_t len = 0, cap = 0;
     for (;;) {
@@ -470,7 +459,7 @@ int rlai_config_load_file(rlai_config *c, const char *path, char *err, size_t er
             if (cap > (1u << 20)) {
                 free(buf);
                 fclose(f);
-                return fail(err, errlen, RLAI_ERR_TOO_LARGE, "config: %s is larger than 1 MiB", path);
+                return rlai_errf(err, errlen, RLAI_ERR_TOO_LARGE, "config: %s is larger than 1 MiB", path);
             }
             char *nb = realloc(buf, cap);
             if (!nb) {
@@ -501,17 +490,17 @@ static bool tcp_is_loopback(const char *ep)
 int rlai_config_validate(const rlai_config *c, char *err, size_t errlen)
 {
     if (!c->model)
-        return fail(err, errlen, RLAI_ERR_INVALID_ARG, "config: no model path");
+        return rlai_errf(err, errlen, RLAI_ERR_INVALID_ARG, "config: no model path");
     if (!c->zmq && !c->zmq_tcp && !c->pipe && !c->http)
-        return fail(err, errlen, RLAI_ERR_INVALID_ARG, "config: every endpoint is disabled");
+        return rlai_errf(err, errlen, RLAI_ERR_INVALID_ARG, "config: every endpoint is disabled");
     if (c->zmq && strncmp(c->zmq, "ipc://", 6) != 0 && strncmp(c->zmq, "tcp://", 6) != 0)
-        return fail(err, errlen, RLAI_ERR_INVALID_ARG, "config: zmq endpoint '%s' must start with ipc:// or tcp://", c->zmq);
+        return rlai_errf(err, errlen, RLAI_ERR_INVALID_ARG, "config: zmq endpoint '%s' must start with ipc:// or tcp://", c->zmq);
     if (c->zmq_tcp && strncmp(c->zmq_tcp, "tcp://", 6) != 0)
-        return fail(err, errlen, RLAI_ERR_INVALID_ARG, "config: zmq_tcp endpoint '%s' must start with tcp://", c->zmq_tcp);
+        return rlai_errf(err, errlen, RLAI_ERR_INVALID_ARG, "config: zmq_tcp endpoint '%s' must start with tcp://", c->zmq_tcp);
     const char *tcps[2] = { c->zmq && !strncmp(c->zmq, "tcp://", 6) ? c->zmq : NULL, c->zmq_tcp };
     for (int i = 0; i < 2; i++)
         if (tcps[i] && !c->allow_remote && !tcp_is_loopback(tcps[i]))
-            return fail(err, errlen, RLAI_ERR_INVALID_ARG,
+            return rlai_errf(err, errlen, RLAI_ERR_INVALID_ARG,
                         "config: %s is not a loopback address; set endpoints.allow_remote (or --allow-remote) "
                         "to expose the engine beyond this machine", tcps[i]);
     if (c->http) {
@@ -521,23 +510,23 @@ int rlai_config_validate(const rlai_config *c, char *err, size_t errlen)
         bool ok = colon && colon != c->http && port && *port && strlen(port) <= 5 &&
                   strspn(port, "0123456789") == strlen(port) && atoi(port) <= 65535;
         if (!ok)
-            return fail(err, errlen, RLAI_ERR_INVALID_ARG, "config: http endpoint '%s' must be ADDR:PORT", c->http);
+            return rlai_errf(err, errlen, RLAI_ERR_INVALID_ARG, "config: http endpoint '%s' must be ADDR:PORT", c->http);
         bool loop = !strncmp(c->http, "127.", 4) || !strncmp(c->http, "localhost:", 10) ||
                     !strncmp(c->http, "[::1]:", 6);
         if (!loop && !c->allow_remote)
-            return fail(err, errlen, RLAI_ERR_INVALID_ARG,
+            return rlai_errf(err, errlen, RLAI_ERR_INVALID_ARG,
                         "config: http %s is not a loopback address; set endpoints.allow_remote (or --allow-remote) "
                         "to expose the engine beyond this machine", c->http);
     }
     for (int i = 0; i < c->n_cors_origins; i++)
         if (!rlai_http_origin_valid(c->cors_origins[i]))
-            return fail(err, errlen, RLAI_ERR_INVALID_ARG,
+            return rlai_errf(err, errlen, RLAI_ERR_INVALID_ARG,
                         "config: CORS origin '%.200s' must be scheme://host[:port], e.g. https://app.example:8443 "
                         "(no path, no '*')", c->cors_origins[i]);
     if (c->http_max_connections <= 0 || c->http_max_connections_per_ip < 0 || c->http_header_timeout_s <= 0)
-        return fail(err, errlen, RLAI_ERR_INVALID_ARG, "config: http limits must be positive");
+        return rlai_errf(err, errlen, RLAI_ERR_INVALID_ARG, "config: http limits must be positive");
     if (c->max_prompt_tokens <= 0 || c->max_inflight_client <= 0 || c->max_inflight_total <= 0 || c->max_frame < 64)
-        return fail(err, errlen, RLAI_ERR_INVALID_ARG, "config: limits must be positive");
+        return rlai_errf(err, errlen, RLAI_ERR_INVALID_ARG, "config: limits must be positive");
     return 0;
 }
 

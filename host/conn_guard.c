@@ -1,5 +1,6 @@
 /* conn_guard.c - slow-client guard of the HTTP front (see conn_guard.h). */
 #include "conn_guard.h"
+#include "rlai/clock.h"
 #include "rlai/error.h"
 
 #include <pthread.h>
@@ -30,13 +31,6 @@ struct rlai_conn_guard {
     uint64_t n_timed_out, n_evicted;
 };
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
 /* Shuts the slot's socket down (its server thread then sees EOF and closes
  * it) when the fd still is the connection the slot was made for. */
 static void shut_slot(rlai_conn_slot *s)
@@ -63,7 +57,7 @@ static void *reaper_main(void *arg)
             ts.tv_nsec -= 1000000000L;
         }
         pthread_cond_timedwait(&g->cv, &g->mu, &ts);
-        double t = now_s();
+        double t = rlai_clock_s();
         for (rlai_conn_slot *s = g->head; s; s = s->next) {
             if (!s->busy && !s->shut && t - s->t_wait > g->timeout_s) {
                 shut_slot(s);
@@ -131,7 +125,7 @@ rlai_conn_slot *rlai_conn_guard_opened(rlai_conn_guard *g, int fd)
     s->peer_len = sizeof(s->peer);
     if (getpeername(fd, (struct sockaddr *)&s->peer, &s->peer_len) != 0)
         s->peer_len = 0;
-    s->t_wait = now_s();
+    s->t_wait = rlai_clock_s();
     pthread_mutex_lock(&g->mu);
     s->prev = g->tail;
     if (g->tail)
@@ -186,7 +180,7 @@ void rlai_conn_guard_set_busy(rlai_conn_guard *g, rlai_conn_slot *s, bool busy)
     pthread_mutex_lock(&g->mu);
     s->busy = busy;
     if (!busy)
-        s->t_wait = now_s();
+        s->t_wait = rlai_clock_s();
     pthread_mutex_unlock(&g->mu);
 }
 

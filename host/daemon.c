@@ -1,10 +1,14 @@
 /* daemon.c - request router and engine thread of `rlai serve` (see daemon.h). */
 #include "daemon.h"
+#include "rlai/clock.h"
 #include "http.h"
 #include "api_key.h"
 #include "json_msgpack.h"
 #include "metrics.h"
 #include "plugin_host.h"
+#include "router.h"
+#include "upstream.h"
+#include "gen_params.h"
 #include "tools.h"
 #include "server.h"
 #include "rlai/engine.h"
@@ -25,18 +29,21 @@ typedef struct job {
     struct rlai_daemon *d;
     rlai_conn conn;
     uint64_t id;               /* client's request id */
-    uint64_t engine_id;        /* id from rlai_engine_submit */
+    uint64_t engine_id;        /* id from rlai_router_submit */
     uint64_t call_id;          /* plugin call (rlai_plugin_host_call), 0 = generation */
     atomic_int cancel;         /* 0, or the protocol code that ended it */
     rlai_buf buf;              /* frame encoding scratch (engine thread) */
     rlai_msg_logprob lp;       /* the next token's logprobs (engine thread) */
     bool has_lp;
+    char where[RLAI_PROTO_MAX_WHERE + 1];   /* where the router runs it (done metrics "where") */
+    char errmsg[320];          /* a remote failure's reason (router on_error) */
 } job;
 
 struct rlai_daemon {
     rlai_api_key key;          /* the API key of HTTP and tcp:// (when auth is on) */
     rlai_config cfg;
     rlai_engine *engine;
+    rlai_router *router;       /* every generation goes through it (router.h) */
     rlai_server *server;
     rlai_model_info info;
     rlai_plugin_host *plugins; /* NULL when plugins are off */
@@ -136,31 +143,38 @@ static int count_conn_jobs(rlai_daemon *d, rlai_conn conn)
 
 /* ---------------------------------------------------------- I/O thread */
 
-static void answer_hello(rlai_daemon *d, rlai_conn conn, uint64_t id)
+/* Sends a cJSON object (owned, freed here) as the result of `id`, then
+ * done: maps are sized by the encoder, never counted by hand. */
+static void send_json_result(rlai_daemon *d, rlai_conn conn, uint64_t id, cJSON *v, const char *what)
 {
     msgpack_sbuffer sb;
     msgpack_sbuffer_init(&sb);
     msgpack_packer pk;
     msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-    msgpack_pack_map(&pk, 4);
-    pack_str(&pk, "version");
-    msgpack_pack_uint32(&pk, RLAI_PROTO_VERSION);
-    pack_str(&pk, "engine");
-    pack_str(&pk, ENGINE_NAME);
-    pack_str(&pk, "model");
-    pack_str(&pk, d->info.name);
-    pack_str(&pk, "limits");
-    msgpack_pack_map(&pk, 4);
-    pack_str(&pk, "max_frame_bytes");
-    msgpack_pack_uint64(&pk, d->cfg.max_frame);
-    pack_str(&pk, "max_prompt_tokens");
-    msgpack_pack_int(&pk, d->cfg.max_prompt_tokens);
-    pack_str(&pk, "max_inflight_per_client");
-    msgpack_pack_int(&pk, d->cfg.max_inflight_client);
-    pack_str(&pk, "max_inflight_total");
-    msgpack_pack_int(&pk, d->cfg.max_inflight_total);
-    send_result_done(d, conn, id, &sb);
+    int rc = v ? rlai_json_to_msgpack(v, &pk) : RLAI_ERR_NOMEM;
+    cJSON_Delete(v);
+    if (rc < 0) {
+        char msg[120];
+        snprintf(msg, sizeof(msg), "cannot encode the %s", what);
+        send_error(d, conn, id, RLAI_PE_INTERNAL, msg);
+    } else {
+        send_result_done(d, conn, id, &sb);
+    }
     msgpack_sbuffer_destroy(&sb);
+}
+
+static void answer_hello(rlai_daemon *d, rlai_conn conn, uint64_t id)
+{
+    cJSON *r = cJSON_CreateObject();
+    cJSON_AddNumberToObject(r, "version", RLAI_PROTO_VERSION);
+    cJSON_AddStringToObject(r, "engine", ENGINE_NAME);
+    cJSON_AddStringToObject(r, "model", d->info.name);
+    cJSON *lim = cJSON_AddObjectToObject(r, "limits");
+    cJSON_AddNumberToObject(lim, "max_frame_bytes", (double)d->cfg.max_frame);
+    cJSON_AddNumberToObject(lim, "max_prompt_tokens", d->cfg.max_prompt_tokens);
+    cJSON_AddNumberToObject(lim, "max_inflight_per_client", d->cfg.max_inflight_client);
+    cJSON_AddNumberToObject(lim, "max_inflight_total", d->cfg.max_inflight_total);
+    send_json_result(d, conn, id, r, "hello");
 }
 
 static void answer_stats(rlai_daemon *d, rlai_conn conn, uint64_t id)
@@ -170,63 +184,40 @@ static void answer_stats(rlai_daemon *d, rlai_conn conn, uint64_t id)
     pthread_mutex_lock(&d->mu);
     int inflight = d->n_jobs;
     pthread_mutex_unlock(&d->mu);
-    msgpack_sbuffer sb;
-    msgpack_sbuffer_init(&sb);
-    msgpack_packer pk;
-    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-    msgpack_pack_map(&pk, 13);
-    pack_str(&pk, "engine");
-    pack_str(&pk, ENGINE_NAME);
-    pack_str(&pk, "requests_total");
-    msgpack_pack_uint64(&pk, atomic_load(&d->n_requests));
-    pack_str(&pk, "requests_inflight");
-    msgpack_pack_int(&pk, inflight);
-    pack_str(&pk, "running");
-    msgpack_pack_int(&pk, es.running);
-    pack_str(&pk, "queue_length");
-    msgpack_pack_int(&pk, es.queued);
-    pack_str(&pk, "errors_total");
-    msgpack_pack_uint64(&pk, atomic_load(&d->n_errors));
-    pack_str(&pk, "tokens_generated");
-    msgpack_pack_uint64(&pk, es.gen_tokens_total);
-    pack_str(&pk, "prompt_tokens");
-    msgpack_pack_uint64(&pk, es.prompt_tokens_total);
-    pack_str(&pk, "prompt_tokens_reused");
-    msgpack_pack_uint64(&pk, es.prompt_tokens_reused_total);
-    pack_str(&pk, "spec_drafted_tokens");
-    msgpack_pack_uint64(&pk, es.spec_drafted_total);
-    pack_str(&pk, "spec_accepted_tokens");
-    msgpack_pack_uint64(&pk, es.spec_accepted_total);
-    pack_str(&pk, "kv_blocks");
-    msgpack_pack_map(&pk, 5);
-    pack_str(&pk, "total");
-    msgpack_pack_int(&pk, es.kv_blocks_total);
-    pack_str(&pk, "used");
-    msgpack_pack_int(&pk, es.kv_blocks_used);
-    pack_str(&pk, "cached");
-    msgpack_pack_int(&pk, es.kv_blocks_cached);
-    pack_str(&pk, "pinned");
-    msgpack_pack_int(&pk, es.kv_blocks_pinned);
-    pack_str(&pk, "free");
-    msgpack_pack_int(&pk, es.kv_blocks_free);
-    pack_str(&pk, "model");
-    msgpack_pack_map(&pk, 7);
-    pack_str(&pk, "name");
-    pack_str(&pk, d->info.name);
-    pack_str(&pk, "arch");
-    pack_str(&pk, d->info.arch);
-    pack_str(&pk, "params");
-    msgpack_pack_uint64(&pk, d->info.n_params);
-    pack_str(&pk, "context");
-    msgpack_pack_int(&pk, d->info.n_ctx);
-    pack_str(&pk, "threads");
-    msgpack_pack_int(&pk, d->info.n_threads);
-    pack_str(&pk, "kernels");
-    pack_str(&pk, d->info.isa);
-    pack_str(&pk, "device");
-    pack_str(&pk, d->info.device);
-    send_result_done(d, conn, id, &sb);
-    msgpack_sbuffer_destroy(&sb);
+    cJSON *r = cJSON_CreateObject();
+    cJSON_AddStringToObject(r, "engine", ENGINE_NAME);
+    cJSON_AddNumberToObject(r, "requests_total", (double)atomic_load(&d->n_requests));
+    cJSON_AddNumberToObject(r, "requests_inflight", inflight);
+    cJSON_AddNumberToObject(r, "running", es.running);
+    cJSON_AddNumberToObject(r, "queue_length", es.queued);
+    cJSON_AddNumberToObject(r, "errors_total", (double)atomic_load(&d->n_errors));
+    if (d->cfg.n_upstreams > 0) {       /* upstream health (docs/REMOTE.md) */
+        char *ups = rlai_router_upstreams_json(d->router);
+        cJSON *upj = ups ? cJSON_Parse(ups) : NULL;
+        free(ups);
+        if (upj)
+            cJSON_AddItemToObject(r, "upstreams", upj);
+    }
+    cJSON_AddNumberToObject(r, "tokens_generated", (double)es.gen_tokens_total);
+    cJSON_AddNumberToObject(r, "prompt_tokens", (double)es.prompt_tokens_total);
+    cJSON_AddNumberToObject(r, "prompt_tokens_reused", (double)es.prompt_tokens_reused_total);
+    cJSON_AddNumberToObject(r, "spec_drafted_tokens", (double)es.spec_drafted_total);
+    cJSON_AddNumberToObject(r, "spec_accepted_tokens", (double)es.spec_accepted_total);
+    cJSON *kv = cJSON_AddObjectToObject(r, "kv_blocks");
+    cJSON_AddNumberToObject(kv, "total", es.kv_blocks_total);
+    cJSON_AddNumberToObject(kv, "used", es.kv_blocks_used);
+    cJSON_AddNumberToObject(kv, "cached", es.kv_blocks_cached);
+    cJSON_AddNumberToObject(kv, "pinned", es.kv_blocks_pinned);
+    cJSON_AddNumberToObject(kv, "free", es.kv_blocks_free);
+    cJSON *m = cJSON_AddObjectToObject(r, "model");
+    cJSON_AddStringToObject(m, "name", d->info.name);
+    cJSON_AddStringToObject(m, "arch", d->info.arch);
+    cJSON_AddNumberToObject(m, "params", (double)d->info.n_params);
+    cJSON_AddNumberToObject(m, "context", d->info.n_ctx);
+    cJSON_AddNumberToObject(m, "threads", d->info.n_threads);
+    cJSON_AddStringToObject(m, "kernels", d->info.isa);
+    cJSON_AddStringToObject(m, "device", d->info.device);
+    send_json_result(d, conn, id, r, "stats");
 }
 
 static void answer_commands(rlai_daemon *d, rlai_conn conn, uint64_t id)
@@ -236,17 +227,7 @@ static void answer_commands(rlai_daemon *d, rlai_conn conn, uint64_t id)
     if (reg)
         cJSON_AddItemToObject(reg, "plugins", rlai_plugin_host_plugins_json(d->plugins));
     pthread_mutex_unlock(&d->mu);
-    msgpack_sbuffer sb;
-    msgpack_sbuffer_init(&sb);
-    msgpack_packer pk;
-    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-    int rc = reg ? rlai_json_to_msgpack(reg, &pk) : RLAI_ERR_NOMEM;
-    cJSON_Delete(reg);
-    if (rc < 0)
-        send_error(d, conn, id, RLAI_PE_INTERNAL, "cannot encode the command registry");
-    else
-        send_result_done(d, conn, id, &sb);
-    msgpack_sbuffer_destroy(&sb);
+    send_json_result(d, conn, id, reg, "command registry");
 }
 
 /* ---------------------------------------------------------- engine callbacks
@@ -292,6 +273,29 @@ static int map_engine_error(int rc)
     return rlai_err_wire_code(rc);
 }
 
+/* A remote request failed (router thread, just before on_done): its reason. */
+static void on_job_error(void *user, uint64_t id, int status, const char *msg)
+{
+    (void)id;
+    (void)status;
+    job *j = user;
+    snprintf(j->errmsg, sizeof(j->errmsg), "%s", msg);
+}
+
+/* Is `name` a model of this daemon: "", "default", the model file's name
+ * without .gguf (the HTTP model id), or a remote model (docs/REMOTE.md)? */
+static bool model_known(rlai_daemon *d, const char *name)
+{
+    if (!name || !*name || !strcmp(name, "default") || rlai_router_is_remote_model(d->router, name))
+        return true;
+    const char *base = d->cfg.model ? strrchr(d->cfg.model, '/') : NULL;
+    base = base ? base + 1 : d->cfg.model ? d->cfg.model : "";
+    size_t n = strlen(base);
+    if (n > 5 && !strcmp(base + n - 5, ".gguf"))
+        n -= 5;
+    return strlen(name) == n && !strncmp(name, base, n);
+}
+
 static void on_done(void *user, uint64_t engine_id, int status, const rlai_gen_metrics *gm)
 {
     (void)engine_id;
@@ -304,7 +308,7 @@ static void on_done(void *user, uint64_t engine_id, int status, const rlai_gen_m
     if (cancel == RLAI_PE_SHUTDOWN) {
         send_error(d, j->conn, j->id, RLAI_PE_SHUTDOWN, "engine shutting down: request ended");
     } else if (status < 0) {
-        send_error(d, j->conn, j->id, map_engine_error(status), rlai_strerror(status));
+        send_error(d, j->conn, j->id, map_engine_error(status), j->errmsg[0] ? j->errmsg : rlai_strerror(status));
     } else {
         rlai_msg_metrics mm = {
             .queue_ms = gm->queue_ms, .ttft_ms = gm->ttft_ms, .prefill_tps = gm->prefill_tps,
@@ -312,6 +316,7 @@ static void on_done(void *user, uint64_t engine_id, int status, const rlai_gen_m
             .gen_tokens = (uint32_t)gm->gen_tokens, .reused_tokens = (uint32_t)gm->reused_tokens,
             .drafted_tokens = (uint32_t)gm->drafted_tokens, .accepted_tokens = (uint32_t)gm->accepted_tokens,
         };
+        snprintf(mm.where, sizeof(mm.where), "%s", j->where);
         send_done(d, j->conn, j->id, cancel ? "cancelled" : rlai_stop_reason_name(gm->stop), &mm);
     }
     pthread_mutex_lock(&d->mu);
@@ -367,34 +372,23 @@ static void answer_tokenize(rlai_daemon *d, rlai_conn conn, const rlai_msg *m)
     free(toks);
 }
 
-static void apply_gen(const rlai_msg_gen *g, rlai_gen_params *gp)
-{
-    rlai_gen_params_init(gp);
-    rlai_sampler_params_product(&gp->sampling, rlai_fresh_seed());   /* docs/DEFAULTS.md */
-    if (g->has_max_tokens) gp->max_tokens = g->max_tokens;
-    if (g->has_temperature) gp->sampling.temperature = g->temperature;
-    if (g->has_top_k) gp->sampling.top_k = g->top_k;
-    if (g->has_top_p) gp->sampling.top_p = g->top_p;
-    if (g->has_min_p) gp->sampling.min_p = g->min_p;
-    if (g->has_repeat_penalty) gp->sampling.repeat_penalty = g->repeat_penalty;
-    if (g->has_presence_penalty) gp->sampling.presence_penalty = g->presence_penalty;
-    if (g->has_frequency_penalty) gp->sampling.frequency_penalty = g->frequency_penalty;
-    if (g->has_seed) gp->sampling.seed = g->seed;
-    gp->ignore_eos = g->ignore_eos;
-    if (g->has_timeout_ms) gp->timeout_ms = g->timeout_ms;
-    if (g->has_spec) gp->spec = (rlai_spec_mode)g->spec;
-    if (g->has_spec_max_draft) gp->spec_max_draft = (int)g->spec_max_draft;
-}
-
-/* Turns a generate/chat request into prompt tokens and submits it. */
+/* Submits a generate/chat request through the router (the one request
+ * path: template, tokenize, prompt limit, submit). */
 static void submit_generation(rlai_daemon *d, rlai_conn conn, const rlai_msg *m)
 {
-    const rlai_msg_gen *g;
-    rlai_token *toks = NULL;
-    int n;
+    const rlai_msg_gen *g = m->type == RLAI_MSG_CHAT ? &m->u.chat.gen : &m->u.generate.gen;
+    if (!model_known(d, g->model)) {
+        char msg[400];
+        snprintf(msg, sizeof(msg), "unknown model '%.200s': this daemon serves its local model ('default') "
+                 "and the remote models of its upstreams (docs/REMOTE.md)", g->model);
+        send_error(d, conn, m->id, RLAI_PE_BAD_REQUEST, msg);
+        return;
+    }
+    rlai_route_request rq;
+    memset(&rq, 0, sizeof(rq));
+    rlai_chat_message *cm = NULL;
     if (m->type == RLAI_MSG_CHAT) {
-        g = &m->u.chat.gen;
-        rlai_chat_message *cm = calloc(m->u.chat.n_messages ? m->u.chat.n_messages : 1, sizeof(*cm));
+        cm = calloc(m->u.chat.n_messages ? m->u.chat.n_messages : 1, sizeof(*cm));
         if (!cm) {
             send_error(d, conn, m->id, RLAI_PE_INTERNAL, "out of memory");
             return;
@@ -403,37 +397,22 @@ static void submit_generation(rlai_daemon *d, rlai_conn conn, const rlai_msg *m)
             cm[i].role = m->u.chat.messages[i].role;
             cm[i].content = m->u.chat.messages[i].content;
         }
-        /* Message content is never parsed for special tokens. */
-        int rc = rlai_engine_tokenize_chat(d->engine, cm, (int)m->u.chat.n_messages, true, &toks, &n);
-        free(cm);
-        if (rc == RLAI_ERR_INVALID_ARG) {
-            send_error(d, conn, m->id, RLAI_PE_BAD_REQUEST,
-                       "chat messages rejected by the template (roles: system, user, assistant)");
-            return;
-        }
-        if (rc < 0)
-            n = rc;
+        rq.text.messages = cm;
+        rq.text.n_messages = (int)m->u.chat.n_messages;
     } else {
-        g = &m->u.generate.gen;
-        n = tokenize_all(d->engine, m->u.generate.prompt ? m->u.generate.prompt : "", true, true, &toks);
+        rq.text.prompt = m->u.generate.prompt ? m->u.generate.prompt : "";
     }
-    if (n < 0) {
-        send_error(d, conn, m->id, map_engine_error(n), rlai_strerror(n));
-        return;
-    }
-    if (n == 0 || n > d->cfg.max_prompt_tokens) {
-        char msg[160];
-        if (n == 0)
-            snprintf(msg, sizeof(msg), "empty prompt");
-        else
-            snprintf(msg, sizeof(msg), "prompt has %d tokens; the limit is %d", n, d->cfg.max_prompt_tokens);
-        free(toks);
-        send_error(d, conn, m->id, n == 0 ? RLAI_PE_BAD_REQUEST : RLAI_PE_TOO_LARGE, msg);
-        return;
-    }
+    rq.text.max_prompt_tokens = d->cfg.max_prompt_tokens;
+    rq.response_format = g->response_format;
+    rq.model = g->model;                  /* docs/REMOTE.md */
+    rq.route = g->route;
+    rq.on_error = on_job_error;
     job *j = calloc(1, sizeof(*j));
-    if (!j) {
-        free(toks);
+    const char **stops = NULL;
+    rlai_grammar *grammar = NULL;
+    if (!j || (g->n_stop && !(stops = calloc(g->n_stop + 1, sizeof(char *))))) {
+        free(cm);
+        free(j);
         send_error(d, conn, m->id, RLAI_PE_INTERNAL, "out of memory");
         return;
     }
@@ -442,33 +421,18 @@ static void submit_generation(rlai_daemon *d, rlai_conn conn, const rlai_msg *m)
     j->id = m->id;
     atomic_init(&j->cancel, 0);
     rlai_buf_init(&j->buf);
-    rlai_request_params rp;
-    memset(&rp, 0, sizeof(rp));
-    rp.prompt = toks;
-    rp.n_prompt = n;
-    apply_gen(g, &rp.gen);
-    rp.gen.timeout_ms = rlai_config_timeout_ms(rp.gen.timeout_ms, d->cfg.request_timeout_s);
-    const char **stops = NULL;
-    if (g->n_stop) {
-        stops = calloc(g->n_stop + 1, sizeof(char *));
-        if (!stops) {
-            free(toks);
-            free_job(j);
-            send_error(d, conn, m->id, RLAI_PE_INTERNAL, "out of memory");
-            return;
-        }
-        for (uint32_t i = 0; i < g->n_stop; i++)
-            stops[i] = g->stop[i];
-        rp.gen.stop = stops;
-    }
+    rlai_request_params *rp = &rq.text.rp;
+    rlai_gen_params_from_wire(g, &rp->gen);
+    rp->gen.timeout_ms = rlai_config_timeout_ms(rp->gen.timeout_ms, d->cfg.request_timeout_s);
+    for (uint32_t i = 0; i < g->n_stop; i++)
+        stops[i] = g->stop[i];
+    rp->gen.stop = stops;
     if (g->has_top_logprobs) {
-        rp.gen.top_logprobs = (int)g->top_logprobs;
-        rp.gen.on_logprobs = on_logprobs;
-        rp.gen.logprobs_user = j;
+        rp->gen.on_logprobs = on_logprobs;
+        rp->gen.logprobs_user = j;
     }
     /* Structured output (docs/STRUCTURED.md): the engine takes its own
      * reference to the grammar at submit. */
-    rlai_grammar *grammar = NULL;
     if (g->response_format) {
         char gerr[300] = "";
         cJSON *rf = cJSON_Parse(g->response_format);
@@ -476,34 +440,37 @@ static void submit_generation(rlai_daemon *d, rlai_conn conn, const rlai_msg *m)
         cJSON_Delete(rf);
         if (grc < 0) {
             free(stops);
-            free(toks);
+            free(cm);
             free_job(j);
             send_error(d, conn, m->id, RLAI_PE_BAD_REQUEST, gerr[0] ? gerr : "response_format is not a JSON object");
             return;
         }
-        rp.gen.grammar = grammar;
+        rp->gen.grammar = grammar;
     }
-    rp.on_token = on_token;
-    rp.on_done = on_done;
-    rp.user = j;
+    rp->on_token = on_token;
+    rp->on_done = on_done;
+    rp->user = j;
     /* Link the job first: on_done may run on the engine thread as soon as
      * the request is submitted. */
+    char err[256];
     pthread_mutex_lock(&d->mu);
     j->next = d->jobs;
     d->jobs = j;
     d->n_jobs++;
-    int rc = rlai_engine_submit(d->engine, &rp, &j->engine_id);
+    rq.where = j->where;
+    rq.where_len = sizeof(j->where);
+    int rc = rlai_router_submit(d->router, &rq, &j->engine_id, NULL, err, sizeof(err));
     if (rc < 0) {
         unlink_job(d, j);
         pthread_mutex_unlock(&d->mu);
         free_job(j);
-        send_error(d, conn, m->id, map_engine_error(rc), rlai_strerror(rc));
+        send_error(d, conn, m->id, map_engine_error(rc), err[0] ? err : rlai_strerror(rc));
     } else {
         pthread_mutex_unlock(&d->mu);
     }
     rlai_grammar_unref(grammar);
     free(stops);
-    free(toks);
+    free(cm);
 }
 
 /* ---------------------------------------------------------- plugin calls
@@ -670,7 +637,7 @@ static void on_message(void *user, rlai_conn conn, const void *data, size_t len)
         pthread_mutex_unlock(&d->mu);
         if (t) {
             if (!cid)
-                rlai_engine_cancel(d->engine, eid);
+                rlai_router_cancel(d->router, eid);
             send_done(d, conn, m.id, "", NULL);
         } else {
             send_error(d, conn, m.id, RLAI_PE_NOT_FOUND, "no request with that id in flight");
@@ -729,7 +696,7 @@ static void on_disconnect(void *user, rlai_conn conn)
     }
     pthread_mutex_unlock(&d->mu);
     for (int i = 0; i < n; i++)
-        rlai_engine_cancel(d->engine, ids[i]);
+        rlai_router_cancel(d->router, ids[i]);
 }
 
 static void on_frame_error(void *user, rlai_conn conn, const char *why)
@@ -808,6 +775,28 @@ int rlai_daemon_start(const rlai_config *cfg, rlai_daemon **out, char *err, size
     if (rc < 0)
         goto fail;
     rlai_engine_info(d->engine, &d->info);
+    if ((rc = rlai_router_new(d->engine, &d->router)) < 0) {
+        snprintf(err, errlen, "cannot create the request router: %s", rlai_strerror(rc));
+        goto fail;
+    }
+    {   /* remote upstreams (docs/REMOTE.md) */
+        rlai_route_policy pol;
+        rlai_route_policy_init(&pol);
+        pol.spill_queued = cfg->route_spill_queued;
+        pol.spill_long_prompts = !cfg->route_no_spill_long;
+        pol.affinity = !cfg->route_no_affinity;
+        char uerr[300] = "";
+        if ((rc = rlai_router_set_upstreams(d->router, cfg->upstreams, cfg->n_upstreams, &pol, uerr,
+                                            sizeof(uerr))) < 0) {
+            snprintf(err, errlen, "%s", uerr[0] ? uerr : rlai_strerror(rc));
+            goto fail;
+        }
+        for (int i = 0; i < cfg->n_upstreams; i++)
+            fprintf(stderr, "rlai serve: upstream %s at %s (%d model%s%s)\n", cfg->upstreams[i].name,
+                    cfg->upstreams[i].base_url, cfg->upstreams[i].n_models,
+                    cfg->upstreams[i].n_models == 1 ? "" : "s",
+                    cfg->upstreams[i].spill_model ? ", takes spills" : "");
+    }
     if (cfg->no_prefix_cache)
         rlai_engine_set_prefix_cache(d->engine, false);
     if (pthread_create(&d->engine_thread, NULL, engine_main, d) != 0) {
@@ -823,7 +812,7 @@ int rlai_daemon_start(const rlai_config *cfg, rlai_daemon **out, char *err, size
          * prefixes) and before any transport accepts a call. */
         cJSON *pconf = cfg->plugin_config ? cJSON_Parse(cfg->plugin_config) : NULL;
         rlai_plugin_host_params hp = {
-            .engine = d->engine, .workers = cfg->plugin_workers,
+            .engine = d->engine, .router = d->router, .workers = cfg->plugin_workers,
             .max_queue = cfg->plugin_max_queue > 0 ? cfg->plugin_max_queue : cfg->max_inflight_total,
             .max_prompt_tokens = cfg->max_prompt_tokens, .plugin_config = pconf,
             .call_timeout_ms = cfg->plugin_call_timeout_s > 0 ? cfg->plugin_call_timeout_s * 1000 : -1,
@@ -856,7 +845,8 @@ int rlai_daemon_start(const rlai_config *cfg, rlai_daemon **out, char *err, size
     }
     if (cfg->http) {
         rlai_http_params hp = {
-            .bind = cfg->http, .allow_remote = cfg->allow_remote, .engine = d->engine, .model_path = cfg->model,
+            .bind = cfg->http, .allow_remote = cfg->allow_remote, .engine = d->engine, .router = d->router,
+            .model_path = cfg->model,
             .plugins = d->plugins, .metrics = d->metrics, .max_body = cfg->max_frame,
             .max_prompt_tokens = cfg->max_prompt_tokens, .max_inflight = cfg->max_inflight_total,
             .stop_wait_ms = shutdown_ms(cfg) / 2,
@@ -893,14 +883,8 @@ fail:
 /* Engines whose plugin host was abandoned at shutdown (handlers stuck in
  * plugin code may still call into them): kept reachable, never closed. */
 static rlai_engine *volatile abandoned_engines[8];   /* volatile: the stores must stay */
+static rlai_router *volatile abandoned_routers[8];
 static int n_abandoned_engines;
-
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
 
 void rlai_daemon_shutdown(rlai_daemon *d)
 {
@@ -909,7 +893,7 @@ void rlai_daemon_shutdown(rlai_daemon *d)
     /* The whole shutdown is bounded by shutdown_timeout_s (plus the
      * server's own teardown): what has not ended by then is ended for the
      * client and left behind, and the sockets are removed anyway. */
-    double deadline = now_ms() + shutdown_ms(&d->cfg);
+    double deadline = rlai_clock_ms() + shutdown_ms(&d->cfg);
     /* HTTP first: it ends its requests while the engine and plugins run
      * (it waits at most half the budget: stop_wait_ms). */
     rlai_http_stop(&d->http);
@@ -926,7 +910,7 @@ void rlai_daemon_shutdown(rlai_daemon *d)
     }
     pthread_mutex_unlock(&d->mu);
     for (int i = 0; i < n; i++)
-        rlai_engine_cancel(d->engine, ids[i]);
+        rlai_router_cancel(d->router, ids[i]);
     free(ids);
     /* Plugin calls end (SHUTDOWN) and plugins unload while the engine
      * thread still runs, so their engine jobs can finish cancelling. A
@@ -938,7 +922,7 @@ void rlai_daemon_shutdown(rlai_daemon *d)
     pthread_mutex_unlock(&d->mu);
     int left = 0;
     if (plugins) {
-        double wait = deadline - now_ms();
+        double wait = deadline - rlai_clock_ms();
         left = rlai_plugin_host_stop(plugins, wait > 100 ? (int)wait : 100);
         if (left > 0)
             fprintf(stderr, "rlai serve: %d plugin handler%s did not stop within shutdown_timeout_s (%d s); "
@@ -950,11 +934,17 @@ void rlai_daemon_shutdown(rlai_daemon *d)
         rlai_engine_wakeup(d->engine);
         pthread_join(d->engine_thread, NULL);
     }
+    /* remote requests end on the router's thread: their done/error frames
+     * go out before the transports stop */
+    rlai_router_wait_remote(d->router, 2000);
     rlai_server_stop(d->server, 1000);
-    if (left > 0 && n_abandoned_engines < 8)
+    if (left > 0 && n_abandoned_engines < 8) {
         abandoned_engines[n_abandoned_engines++] = d->engine;   /* a stuck handler may still use it */
-    else
+        abandoned_routers[n_abandoned_engines - 1] = d->router;  /* ... and the router */
+    } else {
+        rlai_router_free(d->router);
         rlai_engine_close(d->engine);
+    }
     while (d->jobs) {
         job *j = d->jobs;
         d->jobs = j->next;

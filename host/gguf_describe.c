@@ -9,23 +9,6 @@
 #include <stdio.h>
 #include <string.h>
 
-static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
-#if defined(__GNUC__)
-    __attribute__((format(printf, 4, 5)))
-#endif
-    ;
-
-static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
-{
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return code;
-}
-
 /* Adds "<arch>.<suffix>" as a number when it is an integer key that fits
  * u32 and is > 0. Returns the value, 0 when absent or invalid, -1 on
  * allocation failure. */
@@ -65,7 +48,7 @@ static int describe(const rlai_gguf *g, cJSON *o, char *err, size_t errlen)
     char arch[128] = "";
     if (!add_str(o, g, "general.architecture", "arch", arch, sizeof arch) ||
         !add_str(o, g, "general.name", "name", NULL, 0))
-        return fail(err, errlen, RLAI_ERR_NOMEM, "out of memory");
+        return rlai_errf(err, errlen, RLAI_ERR_NOMEM, "out of memory");
 
     int64_t n_embd = 0, n_head = 0, v;
     int rc;
@@ -73,21 +56,21 @@ static int describe(const rlai_gguf *g, cJSON *o, char *err, size_t errlen)
         if ((v = add_u32(o, g, arch, "block_count", "n_layer", &rc)) < 0 ||
             (n_embd = add_u32(o, g, arch, "embedding_length", "n_embd", &rc)) < 0 ||
             (n_head = add_u32(o, g, arch, "attention.head_count", "n_head", &rc)) < 0)
-            return fail(err, errlen, RLAI_ERR_NOMEM, "out of memory");
+            return rlai_errf(err, errlen, RLAI_ERR_NOMEM, "out of memory");
         v = add_u32(o, g, arch, "attention.head_count_kv", "n_head_kv", &rc);
         if (v < 0)
-            return fail(err, errlen, RLAI_ERR_NOMEM, "out of memory");
+            return rlai_errf(err, errlen, RLAI_ERR_NOMEM, "out of memory");
         if (rc == RLAI_ERR_NOT_FOUND && n_head > 0 && !cJSON_AddNumberToObject(o, "n_head_kv", (double)n_head))
-            return fail(err, errlen, RLAI_ERR_NOMEM, "out of memory");
+            return rlai_errf(err, errlen, RLAI_ERR_NOMEM, "out of memory");
         v = add_u32(o, g, arch, "attention.key_length", "head_dim", &rc);
         if (v < 0)
-            return fail(err, errlen, RLAI_ERR_NOMEM, "out of memory");
+            return rlai_errf(err, errlen, RLAI_ERR_NOMEM, "out of memory");
         if (rc == RLAI_ERR_NOT_FOUND && n_embd > 0 && n_head > 0 && n_embd % n_head == 0 &&
             !cJSON_AddNumberToObject(o, "head_dim", (double)(n_embd / n_head)))
-            return fail(err, errlen, RLAI_ERR_NOMEM, "out of memory");
+            return rlai_errf(err, errlen, RLAI_ERR_NOMEM, "out of memory");
         if (add_u32(o, g, arch, "feed_forward_length", "n_ff", &rc) < 0 ||
             add_u32(o, g, arch, "context_length", "n_ctx_train", &rc) < 0)
-            return fail(err, errlen, RLAI_ERR_NOMEM, "out of memory");
+            return rlai_errf(err, errlen, RLAI_ERR_NOMEM, "out of memory");
     }
 
     /* Vocabulary: <arch>.vocab_size, else the tokenizer's token list, else
@@ -107,27 +90,27 @@ static int describe(const rlai_gguf *g, cJSON *o, char *err, size_t errlen)
     if (!n_vocab && emb && emb->n_dims == 2)
         n_vocab = emb->ne[1];
     if (n_vocab && !cJSON_AddNumberToObject(o, "n_vocab", (double)n_vocab))
-        return fail(err, errlen, RLAI_ERR_NOMEM, "out of memory");
+        return rlai_errf(err, errlen, RLAI_ERR_NOMEM, "out of memory");
 
     /* Tensors, by type. */
     uint64_t n_params = 0, weight_bytes = 0;
     cJSON *types = cJSON_CreateObject();
     if (!types || !cJSON_AddItemToObject(o, "tensor_types", types)) {
         cJSON_Delete(types);
-        return fail(err, errlen, RLAI_ERR_NOMEM, "out of memory");
+        return rlai_errf(err, errlen, RLAI_ERR_NOMEM, "out of memory");
     }
     uint64_t n = rlai_gguf_n_tensors(g);
     for (uint64_t i = 0; i < n; i++) {
         const rlai_gguf_tensor *t = rlai_gguf_tensor_at(g, i);
         const char *tn = rlai_gguf_type_name(t->type);
         if (!tn) /* the reader refuses ids it cannot size, so this is a new id */
-            return fail(err, errlen, RLAI_ERR_UNSUPPORTED, "tensor '%.*s': type id %" PRIu32 " unknown",
+            return rlai_errf(err, errlen, RLAI_ERR_UNSUPPORTED, "tensor '%.*s': type id %" PRIu32 " unknown",
                         (int)t->name.len, t->name.ptr, t->type);
         uint64_t nel = 1;
         for (uint32_t d = 0; d < t->n_dims; d++)
             nel *= t->ne[d];              /* validated by the reader to fit int64 */
         if (nel > UINT64_MAX - n_params || t->nbytes > UINT64_MAX - weight_bytes)
-            return fail(err, errlen, RLAI_ERR_FORMAT, "tensor sizes overflow");
+            return rlai_errf(err, errlen, RLAI_ERR_FORMAT, "tensor sizes overflow");
         n_params += nel;
         weight_bytes += t->nbytes;
         cJSON *e = cJSON_GetObjectItemCaseSensitive(types, tn);
@@ -135,7 +118,7 @@ static int describe(const rlai_gguf *g, cJSON *o, char *err, size_t errlen)
             e = cJSON_AddObjectToObject(types, tn);
             if (!e || !cJSON_AddNumberToObject(e, "count", 0) || !cJSON_AddNumberToObject(e, "params", 0) ||
                 !cJSON_AddNumberToObject(e, "bytes", 0))
-                return fail(err, errlen, RLAI_ERR_NOMEM, "out of memory");
+                return rlai_errf(err, errlen, RLAI_ERR_NOMEM, "out of memory");
         }
         cJSON *c = cJSON_GetObjectItemCaseSensitive(e, "count");
         cJSON *p = cJSON_GetObjectItemCaseSensitive(e, "params");
@@ -147,17 +130,17 @@ static int describe(const rlai_gguf *g, cJSON *o, char *err, size_t errlen)
     if (!cJSON_AddNumberToObject(o, "n_params", (double)n_params) ||
         !cJSON_AddNumberToObject(o, "weight_bytes", (double)weight_bytes) ||
         !cJSON_AddNumberToObject(o, "file_bytes", (double)rlai_gguf_file_size(g)))
-        return fail(err, errlen, RLAI_ERR_NOMEM, "out of memory");
+        return rlai_errf(err, errlen, RLAI_ERR_NOMEM, "out of memory");
     return 0;
 }
 
 int rlai_host_gguf_describe(const char *path, cJSON **out, char *err, size_t errlen)
 {
     if (!out)
-        return fail(err, errlen, RLAI_ERR_INVALID_ARG, "NULL output pointer");
+        return rlai_errf(err, errlen, RLAI_ERR_INVALID_ARG, "NULL output pointer");
     *out = NULL;
     if (!path)
-        return fail(err, errlen, RLAI_ERR_INVALID_ARG, "NULL path");
+        return rlai_errf(err, errlen, RLAI_ERR_INVALID_ARG, "NULL path");
     rlai_gguf *g = NULL;
     int rc = rlai_gguf_open_file(path, &g, err, errlen);
     if (rc < 0)
@@ -165,7 +148,7 @@ int rlai_host_gguf_describe(const char *path, cJSON **out, char *err, size_t err
     cJSON *o = cJSON_CreateObject();
     if (!o) {
         rlai_gguf_close(g);
-        return fail(err, errlen, RLAI_ERR_NOMEM, "out of memory");
+        return rlai_errf(err, errlen, RLAI_ERR_NOMEM, "out of memory");
     }
     rc = describe(g, o, err, errlen);
     rlai_gguf_close(g);

@@ -1,5 +1,6 @@
 /* http.c - OpenAI-compatible HTTP front (see http.h). */
 #include "http.h"
+#include "rlai/clock.h"
 #include "sampling_limits.h"
 #include "config.h"
 #include "api_key.h"
@@ -35,28 +36,8 @@
 #define STOP_WAIT_MS 10000        /* rlai_http_stop: longest wait for engine callbacks */
 #define MAX_STOPS 16
 #define MAX_STOP_LEN 256
-#define LORE_COMMAND "loremaster.talk"
-#define LORE_PREFIX "loremaster/"
 
 /* ---------------------------------------------------------- small helpers */
-
-static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
-{
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return code;
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static void deadline_in(struct timespec *ts, int ms)
 {
@@ -207,7 +188,7 @@ typedef enum req_kind {
     K_NONE = 0,
     K_CHAT,         /* chat.completion via the engine */
     K_COMPLETION,   /* text_completion via the engine */
-    K_LORE,         /* chat.completion answered by loremaster.talk */
+    K_PLUGIN_CHAT,  /* chat.completion answered by a plugin's chat model (register_chat_model) */
     K_PLUGIN,       /* POST /v1/plugins/{command} */
 } req_kind;
 
@@ -217,6 +198,7 @@ typedef struct hreq hreq;
 
 struct rlai_http {
     struct MHD_Daemon *mhd;
+    rlai_router *router;          /* borrowed (rlai_http_params) */
     rlai_conn_guard *guard;       /* slow-client guard (conn_guard.h) */
     int listen_fd;
     int port;
@@ -267,6 +249,8 @@ struct hreq {
     bool stream, include_usage;
     char id[48];
     char *model;                 /* echoed "model" value */
+    char *route;                 /* "route" (docs/REMOTE.md), or NULL */
+    char *rf_json;               /* response_format as JSON text when it made a grammar (for upstreams) */
     char *command;               /* K_PLUGIN */
 
     pthread_mutex_t mu;
@@ -281,7 +265,7 @@ struct hreq {
     rlai_gen_metrics gm;
     bool have_gm;
     char stop[32];               /* plugin calls: the stop string of done */
-    char *lore_reply;            /* K_LORE: "reply" of the talk result */
+    char *chat_reply;            /* K_PLUGIN_CHAT: "text" or "reply" of the command's result */
     bool streamed;               /* some text went out as chunks */
     bool probed;                 /* the client half-closed and was probed once */
     bool probe;                  /* a probe write is due (connection thread) */
@@ -331,8 +315,10 @@ static void hreq_unref(hreq *r)
     bytes_free(&r->out);
     cJSON_Delete(r->results);
     free(r->model);
+    free(r->route);
+    free(r->rf_json);
     free(r->command);
-    free(r->lore_reply);
+    free(r->chat_reply);
     free(r->lps);
     free(r->echo_text);
     for (int i = 0; i < r->n_kids; i++)
@@ -405,7 +391,7 @@ static void end_request(hreq *r, end_why why)
     if (!running)
         return;
     if (eid)
-        rlai_engine_cancel(r->h->engine, eid);
+        rlai_router_cancel(r->h->router, eid);
     if (cid && r->h->plugins)
         rlai_plugin_host_cancel(r->h->plugins, cid);
 }
@@ -562,7 +548,7 @@ static int status_of(int rc, const char **code)
 
 static const char *finish_reason(const hreq *r)
 {
-    if (r->kind == K_LORE) {
+    if (r->kind == K_PLUGIN_CHAT) {
         if (!strcmp(r->stop, "max_tokens") || !strcmp(r->stop, "context") || !strcmp(r->stop, "length"))
             return "length";
         if (!strcmp(r->stop, "timeout"))
@@ -610,7 +596,7 @@ static cJSON *timings_json(const hreq *r)
 
 static bool is_chat(const hreq *r)
 {
-    return r->kind == K_CHAT || r->kind == K_LORE;
+    return r->kind == K_CHAT || r->kind == K_PLUGIN_CHAT;
 }
 
 /* The envelope shared by every chunk / body. */
@@ -696,7 +682,7 @@ static cJSON *late_error(const hreq *r)
     const char *code;
     int st = status_of(r->status, &code);
     if (r->status == RLAI_ERR_NOT_FOUND)   /* a running handler's NOT_FOUND: its command exists */
-        code = r->kind == K_LORE ? "model_not_found" : r->kind == K_PLUGIN ? "not_found" : "command_not_found";
+        code = r->kind == K_PLUGIN_CHAT ? "model_not_found" : r->kind == K_PLUGIN ? "not_found" : "command_not_found";
     return error_json(st, code, NULL, r->errmsg[0] ? r->errmsg : rlai_strerror(r->status));
 }
 
@@ -705,7 +691,7 @@ static bool ended_badly(const hreq *r)
     if (r->status < 0 || r->why == END_SHUTDOWN)
         return true;
     /* An engine request cancelled by someone other than its client. */
-    return r->kind != K_PLUGIN && r->kind != K_LORE && r->have_gm && r->gm.stop == RLAI_STOP_CANCELLED;
+    return r->kind != K_PLUGIN && r->kind != K_PLUGIN_CHAT && r->have_gm && r->gm.stop == RLAI_STOP_CANCELLED;
 }
 
 /* Replaces choice's "logprobs" with the object for n tokens (chat:
@@ -853,6 +839,17 @@ static int gen_on_token(void *user, rlai_token tok, const char *text, size_t len
     return stop;
 }
 
+/* A remote request failed: keep the router's reason for the error frame. */
+static void gen_on_error(void *user, uint64_t id, int status, const char *msg)
+{
+    (void)id;
+    (void)status;
+    hreq *r = user;
+    pthread_mutex_lock(&r->mu);
+    snprintf(r->errmsg, sizeof(r->errmsg), "%s", msg);
+    pthread_mutex_unlock(&r->mu);
+}
+
 static void gen_on_done(void *user, uint64_t id, int status, const rlai_gen_metrics *m)
 {
     (void)id;
@@ -865,7 +862,7 @@ static void gen_on_done(void *user, uint64_t id, int status, const rlai_gen_metr
     if (status == 0 && m) {
         r->gm = *m;
         r->have_gm = true;
-    } else if (status < 0) {
+    } else if (status < 0 && !r->errmsg[0]) {
         snprintf(r->errmsg, sizeof(r->errmsg), "generation failed: %s", rlai_strerror(status));
     }
     pthread_cond_broadcast(&r->cv);
@@ -907,11 +904,13 @@ static int sink_result(void *user, const cJSON *value)
     if (r->kind != K_PLUGIN) {
         /* Character chats carry the text; keep the reply in case the
          * command did not stream it. */
-        const cJSON *rep = cJSON_GetObjectItemCaseSensitive(value, "reply");
+        const cJSON *rep = cJSON_GetObjectItemCaseSensitive(value, "text");
+        if (!cJSON_IsString(rep))
+            rep = cJSON_GetObjectItemCaseSensitive(value, "reply");
         if (cJSON_IsString(rep)) {
             pthread_mutex_lock(&r->mu);
-            free(r->lore_reply);
-            r->lore_reply = strdup(rep->valuestring);
+            free(r->chat_reply);
+            r->chat_reply = strdup(rep->valuestring);
             pthread_mutex_unlock(&r->mu);
         }
         return 0;
@@ -1051,8 +1050,8 @@ static bool produce(hreq *r)
         } else if (ended_badly(r)) {
             sse_event(&r->out, NULL, late_error(r));
         } else {
-            if (!r->streamed && r->lore_reply && r->lore_reply[0])
-                sse_event(&r->out, NULL, chunk_json(r, r->lore_reply, strlen(r->lore_reply), false, NULL));
+            if (!r->streamed && r->chat_reply && r->chat_reply[0])
+                sse_event(&r->out, NULL, chunk_json(r, r->chat_reply, strlen(r->chat_reply), false, NULL));
             if (r->held.len)
                 tool_flush(r);
             cJSON *fin = chunk_json(r, NULL, 0, false, finish_reason(r));
@@ -1184,7 +1183,7 @@ static enum MHD_Result finish_blocking(hreq *r)
         cJSON_AddItemToObject(j, "usage", r->have_gm ? usage_json(r) : cJSON_CreateNull());
         return send_json(r, 200, j);
     }
-    const char *text = r->pending.len ? r->pending.p : r->lore_reply;
+    const char *text = r->pending.len ? r->pending.p : r->chat_reply;
     if (r->echo_text) {
         /* completions "echo": the prompt, then the completion */
         size_t el = strlen(r->echo_text);
@@ -1419,6 +1418,10 @@ static bool parse_sampling(hreq *r, const cJSON *body, gen_request *g)
                                      sizeof(ferr)) < 0)
         return send_error(r, 400, "invalid_value", "response_format", "%s", ferr), false;
     g->gp.grammar = g->grammar;
+    if (g->grammar) {                     /* an upstream is given the text, not the mask */
+        free(r->rf_json);
+        r->rf_json = cJSON_PrintUnformatted(cJSON_GetObjectItemCaseSensitive(body, "response_format"));
+    }
     it = cJSON_GetObjectItemCaseSensitive(body, "ignore_eos");   /* extension */
     if (it && !cJSON_IsNull(it) && !cJSON_IsBool(it))
         return send_error(r, 400, "invalid_type", "ignore_eos", "'ignore_eos' must be a boolean"), false;
@@ -1433,12 +1436,13 @@ static bool parse_sampling(hreq *r, const cJSON *body, gen_request *g)
     return true;
 }
 
-/* Checks "model": absent, null, "default", the model id, or (chat only)
- * "loremaster/<character>" (*character set). Returns false after 404/400. */
-static bool check_model(hreq *r, const cJSON *body, bool allow_lore, const char **character)
+/* Checks "model": the local model (its id or "default") or, when
+ * allow_chat_models, a chat model a plugin offers (*chat_model set to the
+ * name). Returns false after answering 404/400. */
+static bool check_model(hreq *r, const cJSON *body, bool allow_chat_models, const char **chat_model)
 {
     const cJSON *m = cJSON_GetObjectItemCaseSensitive(body, "model");
-    *character = NULL;
+    *chat_model = NULL;
     if (!m || cJSON_IsNull(m)) {
         r->model = strdup(r->h->model_id);
         return true;
@@ -1446,13 +1450,24 @@ static bool check_model(hreq *r, const cJSON *body, bool allow_lore, const char 
     if (!cJSON_IsString(m))
         return send_error(r, 400, "invalid_type", "model", "'model' must be a string"), false;
     const char *v = m->valuestring;
-    if (allow_lore && !strncmp(v, LORE_PREFIX, strlen(LORE_PREFIX)) && v[strlen(LORE_PREFIX)])
-        *character = v + strlen(LORE_PREFIX);
-    else if (strcmp(v, r->h->model_id) != 0 && strcmp(v, "default") != 0)
+    if (allow_chat_models && strchr(v, '/') && strcmp(v, r->h->model_id) != 0)
+        *chat_model = v;   /* looked up by plugin_chat */
+    else if (strcmp(v, r->h->model_id) != 0 && strcmp(v, "default") != 0 &&
+             !rlai_router_is_remote_model(r->h->router, v))
         return send_error(r, 404, "model_not_found", "model",
-                          "The model '%.200s' does not exist: this server serves '%s' (also reachable as 'default')",
-                          v, r->h->model_id), false;
+                          "The model '%.200s' does not exist: this server serves '%s' (also reachable as 'default')%s",
+                          v, r->h->model_id,
+                          rlai_router_n_remote_models(r->h->router) ? " and the remote models of /v1/models" : ""),
+               false;
     r->model = strdup(v);
+    /* Extension: where it runs (docs/REMOTE.md) */
+    const cJSON *rt = cJSON_GetObjectItemCaseSensitive(body, "route");
+    if (rt && !cJSON_IsNull(rt)) {
+        if (!cJSON_IsString(rt) || strlen(rt->valuestring) > 256)
+            return send_error(r, 400, "invalid_type", "route",
+                              "'route' must be \"auto\", \"local\", \"remote\" or an upstream's name"), false;
+        r->route = strdup(rt->valuestring);
+    }
     return true;
 }
 
@@ -1577,20 +1592,6 @@ static bool parse_messages(hreq *r, const cJSON *body, chat_msgs *out)
     return true;
 }
 
-static int tokenize_all(rlai_engine *e, const char *text, rlai_token **out)
-{
-    size_t len = strlen(text);
-    int n = rlai_engine_tokenize(e, text, len, true, true, NULL, 0);
-    if (n < 0)
-        return n;
-    rlai_token *t = malloc(sizeof(rlai_token) * (size_t)(n > 0 ? n : 1));
-    if (!t)
-        return RLAI_ERR_NOMEM;
-    n = rlai_engine_tokenize(e, text, len, true, true, t, n);
-    *out = t;
-    return n;
-}
-
 static void make_id(hreq *r, const char *prefix)
 {
     uint64_t seq = atomic_fetch_add(&r->h->seq, 1);
@@ -1599,55 +1600,78 @@ static void make_id(hreq *r, const char *prefix)
              (unsigned long long)(seq & 0xffff));
 }
 
-/* Submits prompt tokens to the engine and answers (stream or blocking). */
-static enum MHD_Result run_generation(hreq *r, const rlai_token *toks, int n, gen_request *g)
+/* The HTTP answer to a refused submit (rlai_router_submit). what names the
+ * prompt (its JSON field); n_prompt is what the router counted (-1: the
+ * prompt could not be built). */
+static enum MHD_Result send_submit_error(hreq *r, int rc, int n_prompt, const char *err, const char *what,
+                                         const char *sub)
 {
     rlai_http *h = r->h;
-    if (n == 0)
-        return send_error(r, 400, "invalid_value", "prompt", "the prompt is empty");
-    if (n > h->max_prompt_tokens)
-        return send_error(r, 400, "context_length_exceeded", r->kind == K_CHAT ? "messages" : "prompt",
-                          "This model's maximum prompt length is %d tokens; the prompt has %d tokens",
-                          h->max_prompt_tokens, n);
+    const char *code;
+    int st = status_of(rc, &code);
+    if (n_prompt == RLAI_ROUTER_REFUSED_REMOTE)      /* the routing decision or an upstream said why */
+        return send_error(r, st, code, rc == RLAI_ERR_INVALID_ARG ? "route" : NULL, "%s%s", sub, err);
+    if (rc == RLAI_ERR_TOO_LARGE && n_prompt > 0)
+        return send_error(r, 400, "context_length_exceeded", what,
+                          "%sThis model's maximum prompt length is %d tokens; the prompt has %d tokens", sub,
+                          h->max_prompt_tokens, n_prompt);
+    if (rc == RLAI_ERR_INVALID_ARG && n_prompt == 0)
+        return send_error(r, 400, "invalid_value", what, "%sthe prompt is empty", sub);
+    if (rc == RLAI_ERR_INVALID_ARG && n_prompt < 0 && r->kind == K_CHAT)
+        return send_error(r, 400, "invalid_value", what, "the chat template refused these messages: %s", err);
+    if (n_prompt < 0)
+        return send_error(r, st, code, what, "%scannot tokenize the %s: %s", sub, what, err);
+    if (rc == RLAI_ERR_BUSY)
+        return send_error(r, 429, "rate_limit_exceeded", NULL, "%sthe engine's queue is full; retry later", sub);
+    if (rc == RLAI_ERR_KV_FULL)
+        return send_error(r, 400, "context_length_exceeded", NULL,
+                          "%sthe prompt plus max_tokens can never fit the KV cache: %s", sub, rlai_strerror(rc));
+    return send_error(r, st, code, NULL, "%sengine refused the request: %s", sub, err);
+}
+
+/* Submits a generation through the router (the one request path of the
+ * host: template, tokenize, prompt limit) and answers (stream or
+ * blocking). rq holds the prompt (messages, text or token ids). */
+static enum MHD_Result run_generation(hreq *r, rlai_route_request *rq, gen_request *g)
+{
+    rlai_http *h = r->h;
     int rc = track(h, r);
     if (rc == RLAI_ERR_BUSY)
         return send_error(r, 429, "rate_limit_exceeded", NULL, "too many requests in flight (limit %d); retry later",
                           h->max_inflight);
     if (rc < 0)
         return send_error(r, 503, "shutdown", NULL, "server shutting down");
-    rlai_request_params rp;
-    memset(&rp, 0, sizeof(rp));
-    rp.prompt = toks;
-    rp.n_prompt = n;
-    rp.gen = g->gp;
+    rlai_request_params *rp = &rq->text.rp;
+    rq->text.max_prompt_tokens = h->max_prompt_tokens;
+    rq->model = r->model;
+    rq->route = r->route;
+    if (!rq->response_format)
+        rq->response_format = r->rf_json;
+    rq->on_error = gen_on_error;
+    rp->gen = g->gp;
     if (r->lp_mode) {
-        rp.gen.on_logprobs = gen_on_logprobs;
-        rp.gen.logprobs_user = r;
+        rp->gen.on_logprobs = gen_on_logprobs;
+        rp->gen.logprobs_user = r;
     }
-    rp.on_token = gen_on_token;
-    rp.on_done = gen_on_done;
-    rp.user = r;
+    rp->on_token = gen_on_token;
+    rp->on_done = gen_on_done;
+    rp->user = r;
     hreq_ref(r);                       /* the engine's reference, dropped in gen_on_done */
     uint64_t eid = 0;
-    rc = rlai_engine_submit(h->engine, &rp, &eid);
+    int n_prompt = -1;
+    char err[256];
+    rc = rlai_router_submit(h->router, rq, &eid, &n_prompt, err, sizeof(err));
     if (rc < 0) {
         untrack(h, r);
         hreq_unref(r);
-        const char *code;
-        int st = status_of(rc, &code);
-        if (rc == RLAI_ERR_BUSY)
-            st = 429;
-        if (rc == RLAI_ERR_KV_FULL)
-            return send_error(r, 400, "context_length_exceeded", NULL,
-                              "the prompt plus max_tokens can never fit the KV cache: %s", rlai_strerror(rc));
-        return send_error(r, st, code, NULL, "engine refused the request: %s", rlai_strerror(rc));
+        return send_submit_error(r, rc, n_prompt, err, r->kind == K_CHAT ? "messages" : "prompt", "");
     }
     pthread_mutex_lock(&r->mu);
     r->engine_id = eid;
     bool cancel = r->why != END_NONE && !r->done;
     pthread_mutex_unlock(&r->mu);
     if (cancel)
-        rlai_engine_cancel(h->engine, eid);
+        rlai_router_cancel(h->router, eid);
     return r->stream ? start_stream(r) : finish_blocking(r);
 }
 
@@ -1672,7 +1696,7 @@ static enum MHD_Result run_call(hreq *r, const char *command, const char *params
         const char *code;
         int st = status_of(rc, &code);
         if (rc == RLAI_ERR_NOT_FOUND)
-            code = r->kind == K_LORE ? "model_not_found" : "command_not_found";
+            code = r->kind == K_PLUGIN_CHAT ? "model_not_found" : "command_not_found";
         return send_error(r, st, code, NULL, "%s", err[0] ? err : rlai_strerror(rc));
     }
     pthread_mutex_lock(&r->mu);
@@ -1766,37 +1790,57 @@ static cJSON *parse_body(hreq *r)
     return j;
 }
 
-/* Character chat through loremaster.talk: the last user message, a
- * session (from "session" or "user") and the sampling fields it knows. */
-static enum MHD_Result lore_chat(hreq *r, const cJSON *body, const char *character, const chat_msgs *cm)
+/* Chat with a plugin's chat model (register_chat_model, ABI 1.2): its
+ * command is called with the model's fixed params plus the last user
+ * message, a session (from "session" or "user") and the sampling fields
+ * of the contract. by_id: `model` is an id alone (the "character" field). */
+static enum MHD_Result plugin_chat(hreq *r, const cJSON *body, const char *model, bool by_id, const chat_msgs *cm)
 {
     if (!r->h->plugins)
         return send_error(r, 404, "model_not_found", "model",
-                          "character chat needs the loremaster plugin, and no plugins are loaded");
+                          "The model '%.200s' does not exist: no plugins are loaded", model);
+    char *full = NULL, *command = NULL;
+    cJSON *p = NULL;
+    int lrc = rlai_plugin_host_chat_model(r->h->plugins, model, by_id, &full, &command, &p);
+    if (lrc == RLAI_ERR_NOT_FOUND)
+        return send_error(r, 404, "model_not_found", by_id ? "character" : "model",
+                          "The model '%.200s' does not exist (GET /v1/models lists the chat models)", model);
+    if (lrc < 0)
+        return send_error(r, 500, NULL, NULL, "out of memory");
+    free(r->model);
+    r->model = full;
     const char *last = NULL;
     for (int i = cm->n - 1; i >= 0 && !last; i--)
         if (!strcmp(cm->m[i].role, "user"))
             last = cm->m[i].content;
-    if (!last)
-        return send_error(r, 400, "invalid_value", "messages", "a character chat needs a user message");
-    cJSON *p = cJSON_CreateObject();
-    cJSON_AddStringToObject(p, "character", character);
+    if (!last) {
+        free(command);
+        cJSON_Delete(p);
+        return send_error(r, 400, "invalid_value", "messages", "a chat with '%s' needs a user message", r->model);
+    }
+    cJSON_DeleteItemFromObjectCaseSensitive(p, "message");
     cJSON_AddStringToObject(p, "message", last);
     const cJSON *s = cJSON_GetObjectItemCaseSensitive(body, "session");
     if (!cJSON_IsString(s))
         s = cJSON_GetObjectItemCaseSensitive(body, "user");
-    if (cJSON_IsString(s) && s->valuestring[0])
+    if (cJSON_IsString(s) && s->valuestring[0]) {
+        cJSON_DeleteItemFromObjectCaseSensitive(p, "session");
         cJSON_AddStringToObject(p, "session", s->valuestring);
+    }
     const char *pass[] = { "max_tokens", "temperature" };
     for (size_t i = 0; i < sizeof(pass) / sizeof(pass[0]); i++) {
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(body, pass[i]);
-        if (cJSON_IsNumber(v))
+        if (cJSON_IsNumber(v)) {
+            cJSON_DeleteItemFromObjectCaseSensitive(p, pass[i]);
             cJSON_AddNumberToObject(p, pass[i], v->valuedouble);
+        }
     }
     char seed_text[24];   /* the seed's exact text (a double would round it) */
     if (cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(body, "seed")) &&
-        rlai_json_find_int_text(r->body.p, r->body.len, "seed", seed_text, sizeof(seed_text)) == 1)
+        rlai_json_find_int_text(r->body.p, r->body.len, "seed", seed_text, sizeof(seed_text)) == 1) {
+        cJSON_DeleteItemFromObjectCaseSensitive(p, "seed");
         cJSON_AddRawToObject(p, "seed", seed_text);
+    }
     const cJSON *mct = cJSON_GetObjectItemCaseSensitive(body, "max_completion_tokens");
     if (cJSON_IsNumber(mct)) {
         cJSON_DeleteItemFromObjectCaseSensitive(p, "max_tokens");
@@ -1804,11 +1848,14 @@ static enum MHD_Result lore_chat(hreq *r, const cJSON *body, const char *charact
     }
     char *pj = cJSON_PrintUnformatted(p);
     cJSON_Delete(p);
-    if (!pj)
+    if (!pj) {
+        free(command);
         return send_error(r, 500, NULL, NULL, "out of memory");
-    r->kind = K_LORE;
-    enum MHD_Result rc = run_call(r, LORE_COMMAND, pj, 0);
+    }
+    r->kind = K_PLUGIN_CHAT;
+    enum MHD_Result rc = run_call(r, command, pj, 0);
     free(pj);
+    free(command);
     return rc;
 }
 
@@ -1862,47 +1909,34 @@ static enum MHD_Result chat_completions(hreq *r)
         return MHD_YES;
     gen_request g;
     memset(&g, 0, sizeof(g));
-    const char *character = NULL;
+    const char *chat_model = NULL;
     chat_msgs cm = { 0 };
     enum MHD_Result ret = MHD_YES;
-    if (!check_model(r, body, true, &character) || !parse_sampling(r, body, &g) || !parse_messages(r, body, &cm))
+    if (!check_model(r, body, true, &chat_model) || !parse_sampling(r, body, &g) || !parse_messages(r, body, &cm))
         goto out;
     make_id(r, "chatcmpl-");
+    /* "character": a chat model named by its id alone (extension). */
     const cJSON *ch = cJSON_GetObjectItemCaseSensitive(body, "character");
     if (ch && !cJSON_IsNull(ch)) {
         if (!cJSON_IsString(ch) || !ch->valuestring[0]) {
             send_error(r, 400, "invalid_type", "character", "'character' must be a non-empty string");
             goto out;
         }
-        character = ch->valuestring;
-        char name[300];
-        snprintf(name, sizeof(name), LORE_PREFIX "%s", character);
-        free(r->model);
-        r->model = strdup(name);
+        ret = plugin_chat(r, body, ch->valuestring, true, &cm);
+        goto out;
     }
-    if (character) {
-        ret = lore_chat(r, body, character, &cm);
+    if (chat_model) {
+        ret = plugin_chat(r, body, chat_model, false, &cm);
         goto out;
     }
     if (!chat_tools(r, body, &g, &cm))
         goto out;
     /* Message content is never parsed for special tokens (role injection). */
-    rlai_token *toks = NULL;
-    int n = 0;
-    int rc = rlai_engine_tokenize_chat(r->h->engine, cm.m, cm.n, true, &toks, &n);
-    if (rc == RLAI_ERR_INVALID_ARG) {
-        send_error(r, 400, "invalid_value", "messages", "the chat template refused these messages: %s",
-                   rlai_strerror(rc));
-        goto out;
-    }
-    if (rc < 0) {
-        const char *code;
-        int st = status_of(rc, &code);
-        send_error(r, st, code, "messages", "cannot tokenize the messages: %s", rlai_strerror(rc));
-        goto out;
-    }
-    ret = run_generation(r, toks, n, &g);
-    free(toks);
+    rlai_route_request rq;
+    memset(&rq, 0, sizeof(rq));
+    rq.text.messages = cm.m;
+    rq.text.n_messages = cm.n;
+    ret = run_generation(r, &rq, &g);
 out:
     chat_msgs_free(&cm);
     rlai_grammar_unref(g.grammar);
@@ -1933,13 +1967,7 @@ static enum MHD_Result completions(hreq *r)
         (cJSON_IsString(p->child) || cJSON_IsArray(p->child)))
         p = p->child;
     if (cJSON_IsString(p)) {
-        n = tokenize_all(r->h->engine, p->valuestring, &toks);
-        if (n < 0) {
-            const char *code;
-            int st = status_of(n, &code);
-            send_error(r, st, code, "prompt", "cannot tokenize the prompt: %s", rlai_strerror(n));
-            goto out;
-        }
+        /* tokenized by the router */
     } else if (cJSON_IsArray(p) && cJSON_GetArraySize(p) > 0 && cJSON_IsNumber(p->child)) {
         int cap = cJSON_GetArraySize(p);
         rlai_model_info info;
@@ -1965,7 +1993,7 @@ static enum MHD_Result completions(hreq *r)
         send_error(r, 400, "invalid_value", "prompt", "'prompt' must be a string or an array of token ids");
         goto out;
     }
-    if (g.echo && n > 0) {
+    if (g.echo && (n > 0 || (cJSON_IsString(p) && p->valuestring[0]))) {
         /* The prompt as text: the string given, or the ids' text. */
         if (cJSON_IsString(p)) {
             r->echo_text = strdup(p->valuestring);
@@ -1980,7 +2008,15 @@ static enum MHD_Result completions(hreq *r)
             goto out;
         }
     }
-    ret = run_generation(r, toks, n, &g);
+    rlai_route_request rq;
+    memset(&rq, 0, sizeof(rq));
+    if (cJSON_IsString(p)) {
+        rq.text.prompt = p->valuestring;
+    } else {
+        rq.text.rp.prompt = toks;
+        rq.text.rp.n_prompt = n;
+    }
+    ret = run_generation(r, &rq, &g);
 out:
     free(toks);
     rlai_grammar_unref(g.grammar);
@@ -2013,28 +2049,40 @@ static hreq *kid_new(hreq *r)
     return k;
 }
 
-/* Submits one child's job. Returns 0 or a negative rlai_error. */
-static int kid_submit(hreq *k, const rlai_token *toks, int n, const rlai_gen_params *gp)
+/* Submits one child's job through the router: a prompt string (text) or
+ * token ids (toks, n). Returns 0 or a negative rlai_error with *n_prompt
+ * and err as rlai_router_submit. */
+static int kid_submit(hreq *k, const char *text, const rlai_token *toks, int n, const rlai_gen_params *gp,
+                      int *n_prompt, char *err, size_t errlen)
 {
     rlai_http *h = k->h;
     int rc = track(h, k);
-    if (rc < 0)
+    if (rc < 0) {
+        snprintf(err, errlen, "%s", rlai_strerror(rc));
         return rc;
-    rlai_request_params rp;
-    memset(&rp, 0, sizeof(rp));
-    rp.prompt = toks;
-    rp.n_prompt = n;
-    rp.gen = *gp;
-    if (k->lp_mode) {
-        rp.gen.on_logprobs = gen_on_logprobs;
-        rp.gen.logprobs_user = k;
     }
-    rp.on_token = gen_on_token;
-    rp.on_done = gen_on_done;
-    rp.user = k;
+    rlai_route_request rq;
+    memset(&rq, 0, sizeof(rq));
+    rq.text.prompt = text;
+    rq.text.max_prompt_tokens = h->max_prompt_tokens;
+    rq.model = k->model;
+    rq.on_error = gen_on_error;
+    rlai_request_params *rp = &rq.text.rp;
+    if (!text) {
+        rp->prompt = toks;
+        rp->n_prompt = n;
+    }
+    rp->gen = *gp;
+    if (k->lp_mode) {
+        rp->gen.on_logprobs = gen_on_logprobs;
+        rp->gen.logprobs_user = k;
+    }
+    rp->on_token = gen_on_token;
+    rp->on_done = gen_on_done;
+    rp->user = k;
     hreq_ref(k);
     uint64_t eid = 0;
-    rc = rlai_engine_submit(h->engine, &rp, &eid);
+    rc = rlai_router_submit(h->router, &rq, &eid, n_prompt, err, errlen);
     if (rc < 0) {
         untrack(h, k);
         hreq_unref(k);
@@ -2262,7 +2310,7 @@ static enum MHD_Result completions_multi(hreq *r, const cJSON *p, gen_request *g
     const cJSON *e;
     cJSON_ArrayForEach(e, p) {
         if (cJSON_IsString(e)) {
-            nt[i] = tokenize_all(r->h->engine, e->valuestring, &toks[i]);
+            nt[i] = e->valuestring[0] ? 1 : RLAI_ERR_INVALID_ARG;   /* tokenized by the router */
         } else if (cJSON_IsArray(e) && cJSON_GetArraySize(e) > 0) {
             toks[i] = malloc(sizeof(rlai_token) * (size_t)cJSON_GetArraySize(e));
             const cJSON *t;
@@ -2276,15 +2324,10 @@ static enum MHD_Result completions_multi(hreq *r, const cJSON *p, gen_request *g
         } else {
             nt[i] = RLAI_ERR_INVALID_ARG;
         }
-        if (nt[i] <= 0 || nt[i] > r->h->max_prompt_tokens) {
-            if (nt[i] > 0)
-                send_error(r, 400, "context_length_exceeded", "prompt",
-                           "prompt[%d] has %d tokens; this model's maximum prompt length is %d tokens", i, nt[i],
-                           r->h->max_prompt_tokens);
-            else
-                send_error(r, 400, "invalid_value", "prompt",
-                           "prompt[%d] must be a non-empty string or a non-empty list of token ids in [0, %d)", i,
-                           info.n_vocab);
+        if (nt[i] <= 0) {
+            send_error(r, 400, "invalid_value", "prompt",
+                       "prompt[%d] must be a non-empty string or a non-empty list of token ids in [0, %d)", i,
+                       info.n_vocab);
             ok = false;
             i++;
             break;
@@ -2299,31 +2342,27 @@ static enum MHD_Result completions_multi(hreq *r, const cJSON *p, gen_request *g
             break;
         }
         r->kids[r->n_kids++] = kid;
-        if (g->echo) {
+        const cJSON *pk = cJSON_GetArrayItem(p, k);
+        if (g->echo && cJSON_IsString(pk)) {
+            kid->echo_text = strdup(pk->valuestring);
+        } else if (g->echo) {
             int len = rlai_engine_detokenize(r->h->engine, toks[k], nt[k], true, NULL, 0);
             kid->echo_text = len >= 0 ? malloc((size_t)len + 1) : NULL;
             if (kid->echo_text)
                 rlai_engine_detokenize(r->h->engine, toks[k], nt[k], true, kid->echo_text, (size_t)len + 1);
-            const cJSON *pk = cJSON_GetArrayItem(p, k);
-            if (cJSON_IsString(pk)) {
-                free(kid->echo_text);
-                kid->echo_text = strdup(pk->valuestring);
-            }
         }
         rlai_gen_params gp = g->gp;
         gp.sampling.seed += (uint64_t)k;
-        int rc = kid_submit(kid, toks[k], nt[k], &gp);
+        int n_prompt = -1;
+        char err[256];
+        int rc = kid_submit(kid, cJSON_IsString(pk) ? pk->valuestring : NULL, toks[k], nt[k], &gp, &n_prompt, err,
+                            sizeof(err));
         if (rc < 0) {
             ok = false;
             end_request(r, END_GONE);
-            const char *code;
-            int st = status_of(rc, &code);
-            if (rc == RLAI_ERR_KV_FULL)
-                send_error(r, 400, "context_length_exceeded", NULL,
-                           "prompt[%d] plus max_tokens can never fit the KV cache", k);
-            else
-                send_error(r, rc == RLAI_ERR_BUSY ? 429 : st, rc == RLAI_ERR_BUSY ? "rate_limit_exceeded" : code,
-                           NULL, "engine refused prompt[%d]: %s", k, rlai_strerror(rc));
+            char sub[32];
+            snprintf(sub, sizeof(sub), "prompt[%d]: ", k);
+            send_submit_error(r, rc, n_prompt, err, "prompt", sub);
         }
     }
     for (int k = 0; k < i; k++)
@@ -2368,119 +2407,23 @@ static cJSON *model_object(rlai_http *h, const char *id)
     return m;
 }
 
-/* A short plugin call answered in place: collects the first result. */
-typedef struct quick_call {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int refs;                    /* caller + sink */
-    bool done;
-    cJSON *result;
-} quick_call;
-
-static void quick_unref(quick_call *q)
-{
-    pthread_mutex_lock(&q->mu);
-    int left = --q->refs;
-    pthread_mutex_unlock(&q->mu);
-    if (left)
-        return;
-    cJSON_Delete(q->result);
-    pthread_cond_destroy(&q->cv);
-    pthread_mutex_destroy(&q->mu);
-    free(q);
-}
-
-static int quick_token(void *user, const char *text, size_t len)
-{
-    (void)user;
-    (void)text;
-    (void)len;
-    return 0;
-}
-
-static int quick_result(void *user, const cJSON *value)
-{
-    quick_call *q = user;
-    pthread_mutex_lock(&q->mu);
-    if (!q->result)
-        q->result = cJSON_Duplicate(value, true);
-    pthread_mutex_unlock(&q->mu);
-    return 0;
-}
-
-static void quick_end(quick_call *q)
-{
-    pthread_mutex_lock(&q->mu);
-    q->done = true;
-    pthread_cond_broadcast(&q->cv);
-    pthread_mutex_unlock(&q->mu);
-    quick_unref(q);
-}
-
-static void quick_done(void *user, const char *stop, const rlai_call_metrics *m)
-{
-    (void)stop;
-    (void)m;
-    quick_end(user);
-}
-
-static void quick_error(void *user, int code, const char *msg)
-{
-    (void)code;
-    (void)msg;
-    quick_end(user);
-}
-
-/* Calls command with params "{}" and waits up to timeout_ms. Returns the
- * first result (caller owns) or NULL. */
-static cJSON *call_quick(rlai_http *h, const char *command, int timeout_ms)
+/* Appends the chat models plugins offer (register_chat_model). */
+static void add_chat_models(rlai_http *h, cJSON *data)
 {
     if (!h->plugins)
-        return NULL;
-    quick_call *q = calloc(1, sizeof(*q));
-    if (!q)
-        return NULL;
-    pthread_mutex_init(&q->mu, NULL);
-    cond_init_monotonic(&q->cv);
-    q->refs = 2;
-    rlai_call_sink sink = { quick_token, quick_result, quick_done, quick_error, q };
-    char err[200];
-    if (rlai_plugin_host_call(h->plugins, command, "{}", &sink, NULL, err, sizeof(err)) < 0) {
-        q->refs = 1;
-        quick_unref(q);
-        return NULL;
-    }
-    struct timespec ts;
-    deadline_in(&ts, timeout_ms);
-    pthread_mutex_lock(&q->mu);
-    while (!q->done)
-        if (pthread_cond_timedwait(&q->cv, &q->mu, &ts) == ETIMEDOUT)
-            break;
-    cJSON *res = q->done ? q->result : NULL;
-    if (res)
-        q->result = NULL;
-    pthread_mutex_unlock(&q->mu);
-    quick_unref(q);
-    return res;
-}
-
-/* Appends "loremaster/<id>" for every character LoreMaster plays. */
-static void add_characters(rlai_http *h, cJSON *data)
-{
-    cJSON *res = call_quick(h, "loremaster.characters", 2000);
-    const cJSON *chars = cJSON_GetObjectItemCaseSensitive(res, "characters");
+        return;
+    cJSON *list = rlai_plugin_host_chat_models_json(h->plugins);
     const cJSON *c;
-    cJSON_ArrayForEach(c, chars) {
-        const cJSON *id = cJSON_GetObjectItemCaseSensitive(c, "id");
-        if (!cJSON_IsString(id))
-            continue;
-        char name[300];
-        snprintf(name, sizeof(name), LORE_PREFIX "%s", id->valuestring);
-        cJSON *m = model_object(h, name);
-        cJSON_ReplaceItemInObject(m, "owned_by", cJSON_CreateString("loremaster"));
+    cJSON_ArrayForEach(c, list) {
+        cJSON *m = model_object(h, cJSON_GetObjectItemCaseSensitive(c, "id")->valuestring);
+        cJSON_ReplaceItemInObject(m, "owned_by",
+                                  cJSON_CreateString(cJSON_GetObjectItemCaseSensitive(c, "plugin")->valuestring));
+        const cJSON *d = cJSON_GetObjectItemCaseSensitive(c, "description");
+        if (cJSON_IsString(d))
+            cJSON_AddStringToObject(m, "description", d->valuestring);
         cJSON_AddItemToArray(data, m);
     }
-    cJSON_Delete(res);
+    cJSON_Delete(list);
 }
 
 static enum MHD_Result models(hreq *r, const char *which)
@@ -2491,7 +2434,16 @@ static enum MHD_Result models(hreq *r, const char *which)
     cJSON *data = cJSON_AddArrayToObject(j, "data");
     cJSON_AddItemToArray(data, model_object(h, h->model_id));
     cJSON_AddItemToArray(data, model_object(h, "default"));
-    add_characters(h, data);
+    for (int i = 0; i < rlai_router_n_remote_models(h->router); i++) {   /* docs/REMOTE.md */
+        const char *up = NULL;
+        const char *name = rlai_router_remote_model(h->router, i, &up);
+        cJSON *o = model_object(h, name);
+        char owner[96];
+        snprintf(owner, sizeof(owner), "upstream:%s", up);
+        cJSON_ReplaceItemInObject(o, "owned_by", cJSON_CreateString(owner));
+        cJSON_AddItemToArray(data, o);
+    }
+    add_chat_models(h, data);
     if (!which)
         return send_json(r, 200, j);
     const cJSON *m;
@@ -2515,7 +2467,7 @@ static enum MHD_Result health(hreq *r)
     cJSON *j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "status", "ok");
     cJSON_AddStringToObject(j, "model", h->model_id);
-    cJSON_AddNumberToObject(j, "uptime", now_s() - h->t_start);
+    cJSON_AddNumberToObject(j, "uptime", rlai_clock_s() - h->t_start);
     cJSON_AddNumberToObject(j, "running", es.running);
     cJSON_AddNumberToObject(j, "queued", es.queued);
     cJSON_AddNumberToObject(j, "plugin_commands", h->plugins ? rlai_plugin_host_n_commands(h->plugins) : 0);
@@ -2527,7 +2479,17 @@ static enum MHD_Result metrics(hreq *r)
     rlai_http *h = r->h;
     rlai_engine_stats es;
     rlai_engine_get_stats(h->engine, &es);
-    char *text = rlai_metrics_render(h->metrics, &es, now_s() - h->t_start);
+    char *text = rlai_metrics_render(h->metrics, &es, rlai_clock_s() - h->t_start);
+    char *route = rlai_router_render_metrics(h->router);   /* upstreams (docs/REMOTE.md) */
+    if (text && route && route[0]) {
+        size_t a = strlen(text), b = strlen(route);
+        char *both = realloc(text, a + b + 1);
+        if (both) {
+            memcpy(both + a, route, b + 1);
+            text = both;
+        }
+    }
+    free(route);
     if (!text)
         return send_error(r, 500, NULL, NULL, "out of memory");
     return send_text(r, 200, "text/plain; version=0.0.4; charset=utf-8", text);
@@ -2861,7 +2823,7 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
         r->conn = conn;
         r->refs = 1;                   /* MHD's, dropped in on_completed */
         r->created = (long long)time(NULL);
-        r->t_begin = now_s();
+        r->t_begin = rlai_clock_s();
         snprintf(r->method, sizeof(r->method), "%s", method ? method : "?");
         snprintf(r->path, sizeof(r->path), "%s", url ? url : "?");
         pthread_mutex_init(&r->mu, NULL);
@@ -2941,7 +2903,7 @@ static void log_request(hreq *r, enum MHD_RequestTerminationCode toe)
     fprintf(stderr, "rlai http: %04d-%02d-%02dT%02d:%02d:%02d.%03ldZ \"%s %s\" %s prompt_tokens=%d "
                     "completion_tokens=%d ms=%.1f%s\n",
             tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000,
-            r->method, path, st, pt, ct, (now_s() - r->t_begin) * 1e3,
+            r->method, path, st, pt, ct, (rlai_clock_s() - r->t_begin) * 1e3,
             toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? "" : " (connection ended early)");
 }
 
@@ -3000,14 +2962,14 @@ static int open_listener(const char *bind_s, bool allow_remote, bool *v6, bool *
     if (bind_s[0] == '[') {
         const char *close = strchr(bind_s, ']');
         if (!close || close[1] != ':' || (size_t)(close - bind_s - 1) >= sizeof(host))
-            return fail(err, errlen, RLAI_ERR_INVALID_ARG, "http: '%s' is not ADDR:PORT", bind_s);
+            return rlai_errf(err, errlen, RLAI_ERR_INVALID_ARG, "http: '%s' is not ADDR:PORT", bind_s);
         memcpy(host, bind_s + 1, (size_t)(close - bind_s - 1));
         host[close - bind_s - 1] = 0;
         port_s = close + 2;
     } else {
         colon = strrchr(bind_s, ':');
         if (!colon || colon == bind_s || (size_t)(colon - bind_s) >= sizeof(host))
-            return fail(err, errlen, RLAI_ERR_INVALID_ARG, "http: '%s' is not ADDR:PORT", bind_s);
+            return rlai_errf(err, errlen, RLAI_ERR_INVALID_ARG, "http: '%s' is not ADDR:PORT", bind_s);
         memcpy(host, bind_s, (size_t)(colon - bind_s));
         host[colon - bind_s] = 0;
         port_s = colon + 1;
@@ -3015,12 +2977,12 @@ static int open_listener(const char *bind_s, bool allow_remote, bool *v6, bool *
     char *end;
     long port = strtol(port_s, &end, 10);
     if (!*port_s || *end || port < 0 || port > 65535)
-        return fail(err, errlen, RLAI_ERR_INVALID_ARG, "http: bad port in '%s'", bind_s);
+        return rlai_errf(err, errlen, RLAI_ERR_INVALID_ARG, "http: bad port in '%s'", bind_s);
     struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV };
     struct addrinfo *res = NULL;
     int gai = getaddrinfo(host, port_s, &hints, &res);
     if (gai != 0 || !res)
-        return fail(err, errlen, RLAI_ERR_INVALID_ARG, "http: cannot resolve '%s': %s", host, gai_strerror(gai));
+        return rlai_errf(err, errlen, RLAI_ERR_INVALID_ARG, "http: cannot resolve '%s': %s", host, gai_strerror(gai));
     /* Prefer IPv4 (what "localhost" users expect from curl and browsers). */
     struct addrinfo *pick = res;
     for (struct addrinfo *a = res; a; a = a->ai_next)
@@ -3031,14 +2993,14 @@ static int open_listener(const char *bind_s, bool allow_remote, bool *v6, bool *
     *loopback = addr_is_loopback(pick->ai_addr);
     if (!allow_remote && !*loopback) {
         freeaddrinfo(res);
-        return fail(err, errlen, RLAI_ERR_INVALID_ARG,
+        return rlai_errf(err, errlen, RLAI_ERR_INVALID_ARG,
                     "http: %s is not a loopback address; set endpoints.allow_remote (or --allow-remote) "
                     "to expose the engine beyond this machine", bind_s);
     }
     int fd = socket(pick->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) {
         freeaddrinfo(res);
-        return fail(err, errlen, RLAI_ERR_IO, "http: socket: %s", strerror(errno));
+        return rlai_errf(err, errlen, RLAI_ERR_IO, "http: socket: %s", strerror(errno));
     }
     int one = 1;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
@@ -3049,7 +3011,7 @@ static int open_listener(const char *bind_s, bool allow_remote, bool *v6, bool *
         int e = errno;
         close(fd);
         freeaddrinfo(res);
-        return fail(err, errlen, e == EADDRINUSE ? RLAI_ERR_BUSY : RLAI_ERR_IO, "http: cannot listen on %s: %s",
+        return rlai_errf(err, errlen, e == EADDRINUSE ? RLAI_ERR_BUSY : RLAI_ERR_IO, "http: cannot listen on %s: %s",
                     bind_s, strerror(e));
     }
     freeaddrinfo(res);
@@ -3071,12 +3033,13 @@ static char *model_id_from_path(const char *path)
 int rlai_http_start(const rlai_http_params *p, rlai_http **out, char *err, size_t errlen)
 {
     *out = NULL;
-    if (!p || !p->bind || !p->engine)
-        return fail(err, errlen, RLAI_ERR_INVALID_ARG, "http: bind address and engine are required");
+    if (!p || !p->bind || !p->engine || !p->router)
+        return rlai_errf(err, errlen, RLAI_ERR_INVALID_ARG, "http: bind address, engine and router are required");
     rlai_http *h = calloc(1, sizeof(*h));
     if (!h)
         return RLAI_ERR_NOMEM;
     h->engine = p->engine;
+    h->router = p->router;
     h->plugins = p->plugins;
     h->metrics = p->metrics;
     h->max_body = p->max_body ? p->max_body : RLAI_PROTO_MAX_FRAME;
@@ -3088,7 +3051,7 @@ int rlai_http_start(const rlai_http_params *p, rlai_http **out, char *err, size_
         free(h);
         return RLAI_ERR_NOMEM;
     }
-    h->t_start = now_s();
+    h->t_start = rlai_clock_s();
     h->created = (long long)time(NULL);
     rlai_model_info info;
     rlai_engine_info(p->engine, &info);
@@ -3114,7 +3077,7 @@ int rlai_http_start(const rlai_http_params *p, rlai_http **out, char *err, size_
             const char *o = p->cors_origins[i];
             if (!rlai_http_origin_valid(o)) {
                 rlai_http_stop(&h);
-                return fail(err, errlen, RLAI_ERR_INVALID_ARG,
+                return rlai_errf(err, errlen, RLAI_ERR_INVALID_ARG,
                             "http: CORS origin '%.200s' must be scheme://host[:port] (no path, no '*')",
                             o ? o : "(null)");
             }
@@ -3167,7 +3130,7 @@ int rlai_http_start(const rlai_http_params *p, rlai_http **out, char *err, size_
          * documented: leave it open rather than risk a double close. */
         h->listen_fd = -1;
         rlai_http_stop(&h);
-        return fail(err, errlen, RLAI_ERR_IO, "http: libmicrohttpd failed to start on %s", p->bind);
+        return rlai_errf(err, errlen, RLAI_ERR_IO, "http: libmicrohttpd failed to start on %s", p->bind);
     }
     h->listen_fd = -1;                 /* owned by libmicrohttpd until quiesced */
     *out = h;

@@ -35,6 +35,7 @@
 #include "metrics.h"
 #include "plugin_host.h"
 #include "rlai/engine.h"
+#include "router.h"
 
 typedef struct rlai_http rlai_http;
 
@@ -49,6 +50,7 @@ typedef struct rlai_http_params {
                                      "[::1]:5676", "0.0.0.0:80"; port 0 = any free port */
     bool allow_remote;            /* permit a non-loopback bind address */
     rlai_engine *engine;          /* borrowed; someone else runs rlai_engine_step */
+    rlai_router *router;          /* borrowed; every generation is submitted through it */
     const char *model_path;       /* the model file; its basename without .gguf is the model id */
     rlai_plugin_host *plugins;    /* borrowed; NULL = plugin routes answer 404 */
     rlai_metrics *metrics;        /* borrowed; may be NULL */

@@ -1,6 +1,9 @@
 /* plugin_host.c - plugin loading, command registry and call workers (see
  * plugin_host.h; the ABI is include/rlai/plugin.h). */
 #include "plugin_host.h"
+#include "gen_params.h"
+#include "rlai/error.h"
+#include "rlai/clock.h"
 #include "rlai/plugin.h"
 #include "gguf_describe.h"
 #include "metrics.h"
@@ -63,7 +66,16 @@ struct rlai_plugin {
     pin *pins;                      /* prefixes this plugin pinned */
     pthread_mutex_t pin_mu;
     cJSON *timeouts;                /* manifest "timeout_ms" object (owned) or NULL */
+    uint32_t abi_minor;             /* the ABI minor it was built for */
 };
+
+/* A chat model a plugin offers (register_chat_model, ABI 1.2). */
+typedef struct chat_model {
+    struct chat_model *next;
+    char *name, *command, *description;
+    char *params_json;              /* the fixed params object, printed */
+    struct rlai_plugin *owner;
+} chat_model;
 
 struct rlai_call {
     uint32_t magic;
@@ -82,6 +94,8 @@ struct rlai_call {
     bool running;                   /* its handler runs (under h->mu) */
     bool timed_out;                 /* the watchdog ended it (under h->mu) */
     bool replaced;                  /* its worker was replaced (under h->mu) */
+    bool handed_off;                /* a worker was started while it waited on the
+                                       engine; its thread leaves after it (under h->mu) */
     pthread_mutex_t mu;             /* guards engine_id */
     uint64_t engine_id;             /* running engine job, 0 = none */
     rlai_call_metrics metrics;
@@ -90,6 +104,7 @@ struct rlai_call {
 
 struct rlai_plugin_host {
     rlai_plugin_host_params p;
+    rlai_router *own_router;        /* when the params gave none */
     cJSON *plugin_config;           /* owned copy */
     pthread_mutex_t mu;             /* registry, queue, active list */
     pthread_cond_t cv;
@@ -108,6 +123,9 @@ struct rlai_plugin_host {
     int n_running;                  /* handlers running now */
     int n_stuck;                    /* handlers running past their deadline */
     int n_replaced;                 /* extra threads started for stuck ones, still stuck */
+    int n_engine_waits;             /* handlers waiting for an engine job now */
+    int n_handoff;                  /* extra threads started for them, their calls not ended */
+    chat_model *chat_models;        /* register_chat_model */
     pthread_t watchdog;
     pthread_cond_t wd_cv;           /* the watchdog's tick / stop */
     bool watchdog_started;
@@ -125,16 +143,6 @@ typedef struct worker {
 static const rlai_host_api host_api;
 
 /* ---------------------------------------------------------- small helpers */
-
-static void set_err(char *err, size_t len, const char *fmt, ...)
-{
-    if (!err || !len)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, len, fmt, ap);
-    va_end(ap);
-}
 
 static bool valid_ident(const char *s, size_t max)
 {
@@ -165,14 +173,14 @@ static int check_mode(const struct stat *st, const char *path, bool root_dir, ch
 {
     uid_t me = geteuid();
     if (st->st_uid != me && st->st_uid != 0) {
-        set_err(err, errlen, "%s: refused: owned by uid %u, not by this user (%u) or root", path,
+        rlai_errf(err, errlen, 0, "%s: refused: owned by uid %u, not by this user (%u) or root", path,
                 (unsigned)st->st_uid, (unsigned)me);
         return RLAI_ERR_INVALID_ARG;
     }
     if (st->st_mode & (S_IWGRP | S_IWOTH)) {
         if (root_dir && S_ISDIR(st->st_mode) && (st->st_mode & S_ISVTX) && st->st_uid == 0)
             return 0;
-        set_err(err, errlen, "%s: refused: the %s is %s-writable (chmod go-w)", path,
+        rlai_errf(err, errlen, 0, "%s: refused: the %s is %s-writable (chmod go-w)", path,
                 S_ISDIR(st->st_mode) ? "folder" : "file", (st->st_mode & S_IWOTH) ? "world" : "group");
         return RLAI_ERR_INVALID_ARG;
     }
@@ -187,26 +195,26 @@ static int open_plugin_file(int dirfd, const char *name, const char *path, char 
 {
     struct stat st;
     if (fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
-        set_err(err, errlen, "%s: %s", path, strerror(errno));
+        rlai_errf(err, errlen, 0, "%s: %s", path, strerror(errno));
         return RLAI_ERR_IO;
     }
     if (S_ISLNK(st.st_mode)) {
-        set_err(err, errlen, "%s: refused: it is a symbolic link (put the file itself in the plugin folder)", path);
+        rlai_errf(err, errlen, 0, "%s: refused: it is a symbolic link (put the file itself in the plugin folder)", path);
         return RLAI_ERR_INVALID_ARG;
     }
     if (!S_ISREG(st.st_mode)) {
-        set_err(err, errlen, "%s: refused: not a regular file", path);
+        rlai_errf(err, errlen, 0, "%s: refused: not a regular file", path);
         return RLAI_ERR_INVALID_ARG;
     }
     int fd = openat(dirfd, name, O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY);
     if (fd < 0) {
         int e = errno;
-        set_err(err, errlen, e == ELOOP ? "%s: refused: it is a symbolic link" : "%s: %s", path, strerror(e));
+        rlai_errf(err, errlen, 0, e == ELOOP ? "%s: refused: it is a symbolic link" : "%s: %s", path, strerror(e));
         return e == ELOOP ? RLAI_ERR_INVALID_ARG : RLAI_ERR_IO;
     }
     struct stat fst;
     if (fstat(fd, &fst) != 0 || !S_ISREG(fst.st_mode) || fst.st_ino != st.st_ino || fst.st_dev != st.st_dev) {
-        set_err(err, errlen, "%s: refused: not a regular file (or replaced while opening)", path);
+        rlai_errf(err, errlen, 0, "%s: refused: not a regular file (or replaced while opening)", path);
         close(fd);
         return RLAI_ERR_INVALID_ARG;
     }
@@ -223,7 +231,7 @@ static char *read_fd_small(int fd, const char *path, size_t max, char *err, size
 {
     char *buf = malloc(max + 2);
     if (!buf) {
-        set_err(err, errlen, "out of memory");
+        rlai_errf(err, errlen, 0, "out of memory");
         return NULL;
     }
     size_t n = 0;
@@ -232,7 +240,7 @@ static char *read_fd_small(int fd, const char *path, size_t max, char *err, size
         if (r < 0 && errno == EINTR)
             continue;
         if (r < 0) {
-            set_err(err, errlen, "%s: %s", path, strerror(errno));
+            rlai_errf(err, errlen, 0, "%s: %s", path, strerror(errno));
             free(buf);
             return NULL;
         }
@@ -241,7 +249,7 @@ static char *read_fd_small(int fd, const char *path, size_t max, char *err, size
         n += (size_t)r;
         if (n > max) {
             free(buf);
-            set_err(err, errlen, "%s: larger than %zu bytes", path, max);
+            rlai_errf(err, errlen, 0, "%s: larger than %zu bytes", path, max);
             return NULL;
         }
     }
@@ -412,6 +420,15 @@ static int api_register_command(rlai_plugin *self, const rlai_command_desc *d_in
 }
 
 /* Removes every command of plugin p (load failure or unload). */
+static void free_chat_model(chat_model *m)
+{
+    free(m->name);
+    free(m->command);
+    free(m->description);
+    free(m->params_json);
+    free(m);
+}
+
 static void unregister_all(rlai_plugin_host *h, rlai_plugin *p)
 {
     pthread_mutex_lock(&h->mu);
@@ -423,6 +440,15 @@ static void unregister_all(rlai_plugin_host *h, rlai_plugin *p)
             h->cmds[w++] = h->cmds[i];
     }
     h->n_cmds = w;
+    for (chat_model **mp = &h->chat_models; *mp;) {
+        chat_model *m = *mp;
+        if (m->owner == p) {
+            *mp = m->next;
+            free_chat_model(m);
+        } else {
+            mp = &m->next;
+        }
+    }
     pthread_mutex_unlock(&h->mu);
 }
 
@@ -430,6 +456,80 @@ static void api_set_state(rlai_plugin *self, void *state)
 {
     if (plugin_ok(self))
         self->state = state;
+}
+
+static bool valid_model_id(const char *s)
+{
+    size_t n = strlen(s);
+    if (n == 0 || n > 200)
+        return false;
+    for (size_t i = 0; i < n; i++) {
+        char c = s[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
+              c == '-'))
+            return false;
+    }
+    return true;
+}
+
+static int api_register_chat_model(rlai_plugin *self, const char *model, const char *command_name,
+                                   const char *params_json, const char *description)
+{
+    if (!plugin_ok(self) || !model || !command_name)
+        return RLAI_ERR_INVALID_ARG;
+    rlai_plugin_host *h = self->host;
+    size_t nlen = strlen(self->name);
+    cJSON *params = params_json ? cJSON_Parse(params_json) : cJSON_CreateObject();
+    char *printed = cJSON_IsObject(params) ? cJSON_PrintUnformatted(params) : NULL;
+    bool params_ok = cJSON_IsObject(params);
+    cJSON_Delete(params);
+    pthread_mutex_lock(&h->mu);
+    int rc = 0;
+    char why[400] = "";
+    const command *cmd = find_cmd(h, command_name);
+    if (h->loading != self) {
+        rc = RLAI_ERR_BUSY;
+        snprintf(why, sizeof(why), "chat models can only be registered during rlai_plugin_init");
+    } else if (strncmp(model, self->name, nlen) != 0 || model[nlen] != '/' || !valid_model_id(model + nlen + 1)) {
+        rc = RLAI_ERR_INVALID_ARG;
+        snprintf(why, sizeof(why), "chat model '%.100s' is not '%s/<id>' (id of A-Z, a-z, 0-9, '.', '_', '-')",
+                 model, self->name);
+    } else if (!cmd || cmd->owner != self) {
+        rc = RLAI_ERR_INVALID_ARG;
+        snprintf(why, sizeof(why), "chat model '%.100s': '%.100s' is not a command of plugin '%s'", model,
+                 command_name, self->name);
+    } else if (!params_ok) {
+        rc = RLAI_ERR_INVALID_ARG;
+        snprintf(why, sizeof(why), "chat model '%.100s': params are not a JSON object", model);
+    } else {
+        for (const chat_model *m = h->chat_models; m; m = m->next)
+            if (!strcmp(m->name, model)) {
+                rc = RLAI_ERR_EXISTS;
+                snprintf(why, sizeof(why), "chat model '%.100s' is already registered", model);
+            }
+    }
+    if (rc == 0) {
+        chat_model *m = calloc(1, sizeof(*m));
+        if (m && (m->name = strdup(model)) && (m->command = strdup(command_name)) &&
+            (!description || (m->description = strdup(description))) && printed) {
+            m->params_json = printed;
+            printed = NULL;
+            m->owner = self;
+            chat_model **tail = &h->chat_models;   /* keep registration order */
+            while (*tail)
+                tail = &(*tail)->next;
+            *tail = m;
+        } else {
+            if (m)
+                free_chat_model(m);
+            rc = RLAI_ERR_NOMEM;
+        }
+    }
+    pthread_mutex_unlock(&h->mu);
+    free(printed);
+    if (rc < 0 && rc != RLAI_ERR_NOMEM)
+        api_log(self, RLAI_LOG_ERROR, "%s: %s", self->file, why);
+    return rc;
 }
 
 static const cJSON *api_config(rlai_plugin *self)
@@ -536,7 +636,7 @@ static int check_json(const cJSON *v, int depth, size_t *budget, char *why, size
 {
     for (const cJSON *it = v; it; it = depth ? it->next : NULL) {
         if ((cJSON_IsArray(it) || cJSON_IsObject(it)) && depth >= RLAI_PROTO_MAX_DEPTH) {
-            set_err(why, whylen, "the value nests deeper than %d levels", RLAI_PROTO_MAX_DEPTH);
+            rlai_errf(why, whylen, 0, "the value nests deeper than %d levels", RLAI_PROTO_MAX_DEPTH);
             return RLAI_ERR_TOO_LARGE;
         }
         bool nul;
@@ -546,17 +646,17 @@ static int check_json(const cJSON *v, int depth, size_t *budget, char *why, size
                 continue;
             size_t n = strlen(strs[k]);
             if (utf8_check((const unsigned char *)strs[k], n, &nul) != n) {
-                set_err(why, whylen, "a %s is not valid UTF-8", k ? "string" : "key");
+                rlai_errf(why, whylen, 0, "a %s is not valid UTF-8", k ? "string" : "key");
                 return RLAI_ERR_INVALID_ARG;
             }
             if (n + 8 > *budget) {
-                set_err(why, whylen, "the value is larger than %u bytes", RLAI_PLUGIN_MAX_OUTPUT);
+                rlai_errf(why, whylen, 0, "the value is larger than %u bytes", RLAI_PLUGIN_MAX_OUTPUT);
                 return RLAI_ERR_TOO_LARGE;
             }
             *budget -= n + 8;
         }
         if (*budget < 16) {
-            set_err(why, whylen, "the value is larger than %u bytes", RLAI_PLUGIN_MAX_OUTPUT);
+            rlai_errf(why, whylen, 0, "the value is larger than %u bytes", RLAI_PLUGIN_MAX_OUTPUT);
             return RLAI_ERR_TOO_LARGE;
         }
         *budget -= 16;
@@ -696,9 +796,9 @@ static int tokenize_text(rlai_engine *e, const char *text, rlai_token **out)
     return n;
 }
 
-/* Text (out) or, with toks, safe tokens (*toks malloc'd, count returned). */
-static int format_chat_any(rlai_engine *e, const rlai_plugin_message *msgs, int n, bool gen, char **out,
-                           rlai_token **toks)
+/* The engine's message array for a plugin's (*out malloc'd; the strings
+ * stay borrowed). Returns 0, RLAI_ERR_INVALID_ARG or RLAI_ERR_NOMEM. */
+static int chat_messages_of(const rlai_plugin_message *msgs, int n, rlai_chat_message **out)
 {
     if (!msgs || n <= 0)
         return RLAI_ERR_INVALID_ARG;
@@ -713,6 +813,18 @@ static int format_chat_any(rlai_engine *e, const rlai_plugin_message *msgs, int 
         cm[i].role = msgs[i].role;
         cm[i].content = msgs[i].content;
     }
+    *out = cm;
+    return 0;
+}
+
+/* Text (out) or, with toks, safe tokens (*toks malloc'd, count returned). */
+static int format_chat_any(rlai_engine *e, const rlai_plugin_message *msgs, int n, bool gen, char **out,
+                           rlai_token **toks)
+{
+    rlai_chat_message *cm = NULL;
+    int crc = chat_messages_of(msgs, n, &cm);
+    if (crc < 0)
+        return crc;
     int rc;
     if (toks) {
         int nt = 0;
@@ -783,10 +895,44 @@ static void gen_on_done(void *user, uint64_t id, int status, const rlai_gen_metr
     pthread_mutex_unlock(&w->mu);
 }
 
-static int api_generate(rlai_call *call, const rlai_gen_request *req_in, size_t size, rlai_gen_result *out)
+static int start_worker(rlai_plugin_host *h);
+
+/* The handler of `call` is about to wait for an engine job: when no other
+ * worker is idle, start one so queued calls keep being served (the
+ * "blocked client" of Redis modules, with the plugin API kept blocking).
+ * The call's thread leaves the pool after the call, restoring its size.
+ * At most max_queue such threads exist at once. */
+static void engine_wait_begin(rlai_call *call)
 {
-    if (!call_ok(call) || !req_in || !out)
+    rlai_plugin_host *h = call->h;
+    pthread_mutex_lock(&h->mu);
+    h->n_engine_waits++;
+    int idle = h->n_alive - h->n_running;
+    if (idle <= 0 && !call->handed_off && !call->replaced && !h->stopping && h->n_handoff < h->p.max_queue &&
+        start_worker(h) == 0) {
+        call->handed_off = true;
+        h->n_handoff++;
+    }
+    pthread_mutex_unlock(&h->mu);
+}
+
+static void engine_wait_end(rlai_call *call)
+{
+    rlai_plugin_host *h = call->h;
+    pthread_mutex_lock(&h->mu);
+    h->n_engine_waits--;
+    pthread_mutex_unlock(&h->mu);
+}
+
+static int api_generate(rlai_call *call, const rlai_gen_request *req_in, size_t size, rlai_gen_result *out_p)
+{
+    if (!call_ok(call) || !req_in || !out_p)
         return RLAI_ERR_INVALID_ARG;
+    /* The plugin's struct is as large as its ABI minor defines: write no
+     * more than that (a 1.0/1.1 plugin has no drafted/accepted fields). */
+    size_t out_size = call->cmd->owner->abi_minor >= 2 ? sizeof(rlai_gen_result) : RLAI_GEN_RESULT_SIZE_1_0;
+    memset(out_p, 0, out_size);
+    rlai_gen_result out_full, *out = &out_full;
     memset(out, 0, sizeof(*out));
     if (size > sizeof(rlai_gen_request))
         return RLAI_ERR_UNSUPPORTED;
@@ -800,22 +946,26 @@ static int api_generate(rlai_call *call, const rlai_gen_request *req_in, size_t 
     if (api_cancelled(call))
         return RLAI_ERR_CANCELLED;
     int rc;
-    rlai_token *toks = NULL;
-    int n;
-    if (req.messages && req.n_messages > 0)   /* content never parsed for special tokens */
-        n = format_chat_any(e, req.messages, req.n_messages, true, NULL, &toks);
-    else if (req.prompt)
-        n = tokenize_text(e, req.prompt, &toks);
-    else
-        n = RLAI_ERR_INVALID_ARG;
-    if (n < 0)
-        return n;
-    rlai_model_info info;
-    rlai_engine_info(e, &info);
-    int limit = h->p.max_prompt_tokens > 0 ? h->p.max_prompt_tokens : info.n_ctx - 1;
-    if (n == 0 || n > limit) {
-        free(toks);
-        return n == 0 ? RLAI_ERR_INVALID_ARG : RLAI_ERR_TOO_LARGE;
+    rlai_route_request rq;
+    memset(&rq, 0, sizeof(rq));
+    rlai_chat_message *cm = NULL;
+    if (req.messages && req.n_messages > 0) {   /* content never parsed for special tokens */
+        if ((rc = chat_messages_of(req.messages, req.n_messages, &cm)) < 0)
+            return rc;
+        rq.text.messages = cm;
+        rq.text.n_messages = req.n_messages;
+    } else if (req.prompt) {
+        rq.text.prompt = req.prompt;
+    } else {
+        return RLAI_ERR_INVALID_ARG;
+    }
+    rq.text.max_prompt_tokens = h->p.max_prompt_tokens;
+    rq.response_format = req.response_format;
+    rq.model = req.model;                 /* zero for plugins that pass a smaller req_size */
+    if (req.model && req.model[0] && strcmp(req.model, "default") &&
+        !rlai_router_is_remote_model(h->p.router, req.model)) {
+        free(cm);
+        return RLAI_ERR_NOT_FOUND;        /* docs/REMOTE.md: NULL, "default" or a remote model */
     }
     gen_wait w;
     memset(&w, 0, sizeof(w));
@@ -823,23 +973,8 @@ static int api_generate(rlai_call *call, const rlai_gen_request *req_in, size_t 
     w.stream = req.stream;
     pthread_mutex_init(&w.mu, NULL);
     pthread_cond_init(&w.cv, NULL);
-    rlai_request_params rp;
-    memset(&rp, 0, sizeof(rp));
-    rp.prompt = toks;
-    rp.n_prompt = n;
-    rlai_gen_params_init(&rp.gen);
-    if (req.max_tokens > 0)
-        rp.gen.max_tokens = req.max_tokens;
-    rp.gen.sampling.temperature = req.temperature > 0 ? req.temperature : 0;
-    rp.gen.sampling.top_k = req.top_k > 0 ? req.top_k : 0;
-    if (req.top_p > 0 && req.top_p < 1)
-        rp.gen.sampling.top_p = req.top_p;
-    if (req.min_p > 0)
-        rp.gen.sampling.min_p = req.min_p;
-    if (req.repeat_penalty > 0)
-        rp.gen.sampling.repeat_penalty = req.repeat_penalty;
-    rp.gen.sampling.seed = req.seed;
-    rp.gen.stop = req.stop;
+    rlai_request_params *rp = &rq.text.rp;
+    rlai_gen_params_from_plugin(&req, &rp->gen);
     rlai_grammar *grammar = NULL;   /* structured output (host/tools.c) */
     if (req.response_format) {
         char gerr[300];
@@ -847,24 +982,24 @@ static int api_generate(rlai_call *call, const rlai_gen_request *req_in, size_t 
         rc = rf ? rlai_response_format_grammar(rf, &grammar, gerr, sizeof(gerr)) : RLAI_ERR_INVALID_ARG;
         cJSON_Delete(rf);
         if (rc < 0) {
-            free(toks);
+            free(cm);
             pthread_mutex_destroy(&w.mu);
             pthread_cond_destroy(&w.cv);
             return rc;
         }
-        rp.gen.grammar = grammar;
+        rp->gen.grammar = grammar;
     }
-    rp.on_token = gen_on_token;
-    rp.on_done = gen_on_done;
-    rp.user = &w;
+    rp->on_token = gen_on_token;
+    rp->on_done = gen_on_done;
+    rp->user = &w;
     uint64_t eid = 0;
     /* Publish the engine id before the job can run so a cancel finds it. */
     pthread_mutex_lock(&call->mu);
-    rc = rlai_engine_submit(e, &rp, &eid);
+    rc = rlai_router_submit(h->p.router, &rq, &eid, NULL, NULL, 0);
     if (rc == 0)
         call->engine_id = eid;
     pthread_mutex_unlock(&call->mu);
-    free(toks);
+    free(cm);
     rlai_grammar_unref(grammar);   /* the engine holds its own reference */
     if (rc < 0) {
         pthread_mutex_destroy(&w.mu);
@@ -873,11 +1008,13 @@ static int api_generate(rlai_call *call, const rlai_gen_request *req_in, size_t 
     }
     /* A cancel that raced the submit is re-applied here. */
     if (atomic_load(&call->cancel))
-        rlai_engine_cancel(e, eid);
+        rlai_router_cancel(h->p.router, eid);
+    engine_wait_begin(call);
     pthread_mutex_lock(&w.mu);
     while (!w.done)
         pthread_cond_wait(&w.cv, &w.mu);
     pthread_mutex_unlock(&w.mu);
+    engine_wait_end(call);
     pthread_mutex_lock(&call->mu);
     call->engine_id = 0;
     pthread_mutex_unlock(&call->mu);
@@ -898,6 +1035,8 @@ static int api_generate(rlai_call *call, const rlai_gen_request *req_in, size_t 
     out->prefill_tps = w.m.prefill_tps;
     out->decode_tps = w.m.decode_tps;
     out->stop = atomic_load(&call->cancel) ? "cancelled" : rlai_stop_reason_name(w.m.stop);
+    out->drafted_tokens = w.m.drafted_tokens;
+    out->accepted_tokens = w.m.accepted_tokens;
     call->metrics = (rlai_call_metrics){
         .valid = true, .prompt_tokens = out->prompt_tokens, .reused_tokens = out->reused_tokens,
         .gen_tokens = out->gen_tokens, .queue_ms = out->queue_ms, .ttft_ms = out->ttft_ms,
@@ -905,6 +1044,7 @@ static int api_generate(rlai_call *call, const rlai_gen_request *req_in, size_t 
         .drafted_tokens = w.m.drafted_tokens, .accepted_tokens = w.m.accepted_tokens,
     };
     call->stop = out->stop;
+    memcpy(out_p, out, out_size);
     return 0;
 }
 
@@ -1060,6 +1200,7 @@ static const rlai_host_api host_api = {
     .free = api_free,
     .log = api_log,
     .register_command = api_register_command,
+    .register_chat_model = api_register_chat_model,
     .set_state = api_set_state,
     .config = api_config,
     .plugin_dir = api_plugin_dir,
@@ -1078,13 +1219,6 @@ static const rlai_host_api host_api = {
 };
 
 /* ---------------------------------------------------------- workers */
-
-static double mono_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
-}
 
 static void call_unref(rlai_call *c)
 {
@@ -1158,6 +1292,10 @@ static void *worker_main(void *arg)
         c->running = false;
         h->n_running--;
         bool leave = false;
+        if (c->handed_off) {
+            h->n_handoff--;
+            leave = true;       /* a worker started while it waited took its place */
+        }
         if (c->timed_out) {
             h->n_stuck--;
             if (c->replaced) {
@@ -1231,7 +1369,7 @@ static void *watchdog_main(void *arg)
                 wp = &w->next;
             }
         }
-        double now = mono_now();
+        double now = rlai_clock_s();
         rlai_call *expired = NULL;     /* linked through ->next (queued) */
         rlai_call *stuck[64];
         int n_stuck = 0;
@@ -1258,7 +1396,7 @@ static void *watchdog_main(void *arg)
                 continue;
             c->timed_out = true;
             h->n_stuck++;
-            if (h->n_replaced < h->p.max_stuck && start_worker(h) == 0) {
+            if (!c->handed_off && h->n_replaced < h->p.max_stuck && start_worker(h) == 0) {
                 c->replaced = true;
                 h->n_replaced++;
             }
@@ -1283,7 +1421,7 @@ static void *watchdog_main(void *arg)
             atomic_store(&c->cancel, true);
             pthread_mutex_lock(&c->mu);
             if (c->engine_id && h->p.engine)
-                rlai_engine_cancel(h->p.engine, c->engine_id);
+                rlai_router_cancel(h->p.router, c->engine_id);
             pthread_mutex_unlock(&c->mu);
             char msg[400];
             snprintf(msg, sizeof(msg), "command '%s' (plugin %s) did not finish within its deadline of %d ms",
@@ -1312,6 +1450,14 @@ int rlai_plugin_host_new(const rlai_plugin_host_params *p, rlai_plugin_host **ou
         return RLAI_ERR_NOMEM;
     if (p)
         h->p = *p;
+    if (h->p.engine && !h->p.router) {
+        int rrc = rlai_router_new(h->p.engine, &h->own_router);
+        if (rrc < 0) {
+            free(h);
+            return rrc;
+        }
+        h->p.router = h->own_router;
+    }
     if (h->p.workers <= 0)
         h->p.workers = 4;
     if (h->p.workers > 64)
@@ -1401,7 +1547,7 @@ int rlai_plugin_host_stop(rlai_plugin_host *h, int timeout_ms)
         atomic_store(&c->cancel, true);
         pthread_mutex_lock(&c->mu);
         if (c->engine_id && h->p.engine)
-            rlai_engine_cancel(h->p.engine, c->engine_id);
+            rlai_router_cancel(h->p.router, c->engine_id);
         pthread_mutex_unlock(&c->mu);
     }
     pthread_cond_broadcast(&h->cv);
@@ -1489,6 +1635,7 @@ void rlai_plugin_host_free(rlai_plugin_host **self_p)
         free_cmd(h->cmds[i]);
     free(h->cmds);
     cJSON_Delete(h->plugin_config);
+    rlai_router_free(h->own_router);
     pthread_mutex_destroy(&h->mu);
     pthread_cond_destroy(&h->cv);
     pthread_cond_destroy(&h->wd_cv);
@@ -1547,7 +1694,7 @@ static int read_manifest(int dirfd, const char *dir, cJSON **root_out, char *err
     cJSON *root = cJSON_ParseWithOpts(text, &end, true);
     if (!root) {
         size_t off = end ? (size_t)(end - text) : 0;
-        set_err(err, errlen, "%s: not valid JSON (near byte %zu)", path, off);
+        rlai_errf(err, errlen, 0, "%s: not valid JSON (near byte %zu)", path, off);
         free(text);
         return RLAI_ERR_FORMAT;
     }
@@ -1606,14 +1753,14 @@ static int read_manifest(int dirfd, const char *dir, cJSON **root_out, char *err
             why = "must map \"*\" or \"<name>.<verb>\" command names to milliseconds (1 to 86400000)";
         } else if (isolation && strcmp(isolation->valuestring, "in-process") != 0) {
             bool process = strcmp(isolation->valuestring, "process") == 0;
-            set_err(err, errlen, process ? "%s: \"isolation\": \"process\" is not implemented in this build "
+            rlai_errf(err, errlen, 0, process ? "%s: \"isolation\": \"process\" is not implemented in this build "
                                            "(plugins run inside the engine process; see docs/PLUGINS.md)"
                                          : "%s: \"isolation\" must be \"in-process\" (\"process\" is not "
                                            "implemented in this build)", path);
             cJSON_Delete(root);
             return process ? RLAI_ERR_NOT_IMPLEMENTED : RLAI_ERR_FORMAT;
         } else if (abi && abi->valuedouble != RLAI_PLUGIN_ABI_MAJOR) {
-            set_err(err, errlen, "%s: \"abi\" is %g but this host speaks plugin ABI %d.%d", path,
+            rlai_errf(err, errlen, 0, "%s: \"abi\" is %g but this host speaks plugin ABI %d.%d", path,
                     abi->valuedouble, RLAI_PLUGIN_ABI_MAJOR, RLAI_PLUGIN_ABI_MINOR);
             cJSON_Delete(root);
             return RLAI_ERR_ABI;
@@ -1621,9 +1768,9 @@ static int read_manifest(int dirfd, const char *dir, cJSON **root_out, char *err
     }
     if (why) {
         if (key)
-            set_err(err, errlen, "%s: \"%s\" %s", path, key, why);
+            rlai_errf(err, errlen, 0, "%s: \"%s\" %s", path, key, why);
         else
-            set_err(err, errlen, "%s %s", path, why);
+            rlai_errf(err, errlen, 0, "%s %s", path, why);
         cJSON_Delete(root);
         return RLAI_ERR_FORMAT;
     }
@@ -1636,7 +1783,7 @@ static int check_dir_fd(int fd, const char *path, bool root_dir, char *err, size
 {
     struct stat st;
     if (fstat(fd, &st) != 0) {
-        set_err(err, errlen, "%s: %s", path, strerror(errno));
+        rlai_errf(err, errlen, 0, "%s: %s", path, strerror(errno));
         return RLAI_ERR_IO;
     }
     return check_mode(&st, path, root_dir, err, errlen);
@@ -1665,7 +1812,7 @@ int rlai_plugin_host_load(rlai_plugin_host *h, const char *dir, char *err, size_
         return RLAI_ERR_INVALID_ARG;
     char absdir[PATH_MAX];
     if (!realpath(dir, absdir)) {
-        set_err(err, errlen, "%s: %s", dir, strerror(errno));
+        rlai_errf(err, errlen, 0, "%s: %s", dir, strerror(errno));
         return RLAI_ERR_IO;
     }
     /* The folder and its parent (the plugin root) must be ours or root's
@@ -1673,7 +1820,7 @@ int rlai_plugin_host_load(rlai_plugin_host *h, const char *dir, char *err, size_
      * folder's fd, never through a symbolic link. */
     int dirfd = open(absdir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     if (dirfd < 0) {
-        set_err(err, errlen, "%s: %s", absdir, strerror(errno));
+        rlai_errf(err, errlen, 0, "%s: %s", absdir, strerror(errno));
         return RLAI_ERR_IO;
     }
     int rc = check_dir_fd(dirfd, absdir, false, err, errlen);
@@ -1685,7 +1832,7 @@ int rlai_plugin_host_load(rlai_plugin_host *h, const char *dir, char *err, size_
         if (slash)
             *(slash == parent ? slash + 1 : slash) = 0;
         if (pfd < 0) {
-            set_err(err, errlen, "%s: %s", parent, strerror(errno));
+            rlai_errf(err, errlen, 0, "%s: %s", parent, strerror(errno));
             rc = RLAI_ERR_IO;
         } else {
             rc = check_dir_fd(pfd, parent, true, err, errlen);
@@ -1704,7 +1851,7 @@ int rlai_plugin_host_load(rlai_plugin_host *h, const char *dir, char *err, size_
     snprintf(file, sizeof(file), "%s/%s", absdir, cJSON_GetObjectItemCaseSensitive(man, "entry")->valuestring);
     for (rlai_plugin *q = h->plugins; q; q = q->next)
         if (strcmp(q->name, name) == 0) {
-            set_err(err, errlen, "%s: a plugin named '%s' is already loaded from %s", file, name, q->dir);
+            rlai_errf(err, errlen, 0, "%s: a plugin named '%s' is already loaded from %s", file, name, q->dir);
             cJSON_Delete(man);
             close(dirfd);
             return RLAI_ERR_EXISTS;
@@ -1743,7 +1890,7 @@ int rlai_plugin_host_load(rlai_plugin_host *h, const char *dir, char *err, size_
     p->dl = dlopen(file, RTLD_NOW | RTLD_LOCAL);
     if (!p->dl) {
         const char *de = dlerror();
-        set_err(err, errlen, "%s: cannot load: %s", file, de ? de : "unknown dlopen error");
+        rlai_errf(err, errlen, 0, "%s: cannot load: %s", file, de ? de : "unknown dlopen error");
         plugin_unload(h, p, false);
         return RLAI_ERR_IO;
     }
@@ -1752,21 +1899,22 @@ int rlai_plugin_host_load(rlai_plugin_host *h, const char *dir, char *err, size_
     *(void **)&init = dlsym(p->dl, "rlai_plugin_init");
     *(void **)&p->fini = dlsym(p->dl, "rlai_plugin_fini");
     if (!abi || !init) {
-        set_err(err, errlen, "%s: not an RTX-LocalAI plugin: symbol %s is missing", file,
+        rlai_errf(err, errlen, 0, "%s: not an RTX-LocalAI plugin: symbol %s is missing", file,
                 !abi ? "rlai_plugin_abi_record (RLAI_PLUGIN_DECLARE())" : "rlai_plugin_init");
         plugin_unload(h, p, false);
         return RLAI_ERR_FORMAT;
     }
     if (abi->major != RLAI_PLUGIN_ABI_MAJOR || abi->minor > RLAI_PLUGIN_ABI_MINOR) {
-        set_err(err, errlen, "%s: refused: built for plugin ABI %u.%u, this host has %d.%d (%s)", file,
+        rlai_errf(err, errlen, 0, "%s: refused: built for plugin ABI %u.%u, this host has %d.%d (%s)", file,
                 abi->major, abi->minor, RLAI_PLUGIN_ABI_MAJOR, RLAI_PLUGIN_ABI_MINOR,
                 abi->major != RLAI_PLUGIN_ABI_MAJOR ? "another major version"
                                                     : "newer than the host: update RTX-LocalAI");
         plugin_unload(h, p, false);
         return RLAI_ERR_ABI;
     }
+    p->abi_minor = abi->minor;
     if (!abi->signature || strcmp(abi->signature, RLAI_PLUGIN_SIGNATURE) != 0) {
-        set_err(err, errlen, "%s: refused: build signature \"%s\" differs from the host's \"%s\"", file,
+        rlai_errf(err, errlen, 0, "%s: refused: build signature \"%s\" differs from the host's \"%s\"", file,
                 abi->signature ? abi->signature : "(none)", RLAI_PLUGIN_SIGNATURE);
         plugin_unload(h, p, false);
         return RLAI_ERR_ABI;
@@ -1781,11 +1929,11 @@ int rlai_plugin_host_load(rlai_plugin_host *h, const char *dir, char *err, size_
     pthread_mutex_unlock(&h->mu);
     if (irc != 0 || p->refused) {
         if (irc != 0)
-            set_err(err, errlen, "%s: plugin '%s' %s: init failed (%d%s%s)%s%s%s%s", file, p->name, p->version, irc,
+            rlai_errf(err, errlen, 0, "%s: plugin '%s' %s: init failed (%d%s%s)%s%s%s%s", file, p->name, p->version, irc,
                     irc < 0 ? ": " : "", irc < 0 ? rlai_strerror(irc) : "", msg ? ": " : "", msg ? msg : "",
                     p->refused_why[0] ? "; registration refused: " : "", p->refused_why);
         else
-            set_err(err, errlen, "%s: plugin '%s' %s: refused: a command registration was refused%s%s", file,
+            rlai_errf(err, errlen, 0, "%s: plugin '%s' %s: refused: a command registration was refused%s%s", file,
                     p->name, p->version, p->refused_why[0] ? ": " : " (see above)", p->refused_why);
         free(msg);
         /* Undo: registrations, pins; fini only runs for a plugin whose init
@@ -1883,7 +2031,7 @@ int rlai_plugin_host_call_timed(rlai_plugin_host *h, const char *command_name, c
     if (call_id)
         *call_id = 0;
     if (!h || !command_name || !sink || !sink->token || !sink->result || !sink->done || !sink->error) {
-        set_err(err, errlen, "invalid call");
+        rlai_errf(err, errlen, 0, "invalid call");
         return RLAI_ERR_INVALID_ARG;
     }
     cJSON *params = NULL;
@@ -1892,20 +2040,20 @@ int rlai_plugin_host_call_timed(rlai_plugin_host *h, const char *command_name, c
         params = cJSON_ParseWithOpts(params_json, &end, true);
         if (!cJSON_IsObject(params)) {
             cJSON_Delete(params);
-            set_err(err, errlen, "params of '%.200s' must be a JSON object", command_name);
+            rlai_errf(err, errlen, 0, "params of '%.200s' must be a JSON object", command_name);
             return RLAI_ERR_INVALID_ARG;
         }
     } else {
         params = cJSON_CreateObject();
     }
     if (!params) {
-        set_err(err, errlen, "out of memory");
+        rlai_errf(err, errlen, 0, "out of memory");
         return RLAI_ERR_NOMEM;
     }
     rlai_call *c = calloc(1, sizeof(*c));
     if (!c) {
         cJSON_Delete(params);
-        set_err(err, errlen, "out of memory");
+        rlai_errf(err, errlen, 0, "out of memory");
         return RLAI_ERR_NOMEM;
     }
     c->magic = CALL_MAGIC;
@@ -1926,25 +2074,25 @@ int rlai_plugin_host_call_timed(rlai_plugin_host *h, const char *command_name, c
         cmd = NULL;   /* its plugin's init has not succeeded yet */
     if (h->stopping) {
         rc = RLAI_ERR_CANCELLED;
-        set_err(err, errlen, "engine shutting down");
+        rlai_errf(err, errlen, 0, "engine shutting down");
     } else if (!cmd) {
         rc = RLAI_ERR_NOT_FOUND;
-        set_err(err, errlen, "unknown command '%.200s' (%d command%s registered; see `rlai plugins`)",
+        rlai_errf(err, errlen, 0, "unknown command '%.200s' (%d command%s registered; see `rlai plugins`)",
                 command_name, h->n_cmds, h->n_cmds == 1 ? "" : "s");
     } else if (rlai_params_schema_validate(cmd->schema, params, verr, sizeof(verr)) < 0) {
         rc = RLAI_ERR_INVALID_ARG;
-        set_err(err, errlen, "invalid params for %.200s: %s", command_name, verr);
+        rlai_errf(err, errlen, 0, "invalid params for %.200s: %s", command_name, verr);
     } else if ((cmd->flags & RLAI_CMD_USES_ENGINE) && !h->p.engine) {
         rc = RLAI_ERR_NOT_IMPLEMENTED;
-        set_err(err, errlen, "command '%.200s' needs a loaded model; none is loaded here", command_name);
+        rlai_errf(err, errlen, 0, "command '%.200s' needs a loaded model; none is loaded here", command_name);
     } else if (h->n_queued >= h->p.max_queue) {
         rc = RLAI_ERR_BUSY;
-        set_err(err, errlen, "too many plugin calls waiting (%d)", h->n_queued);
+        rlai_errf(err, errlen, 0, "too many plugin calls waiting (%d)", h->n_queued);
     } else {
         c->cmd = cmd;
         c->id = h->next_id++;
         c->timeout_ms = call_timeout(h, cmd, timeout_ms);
-        c->deadline = c->timeout_ms > 0 ? mono_now() + c->timeout_ms / 1000.0 : 0;
+        c->deadline = c->timeout_ms > 0 ? rlai_clock_s() + c->timeout_ms / 1000.0 : 0;
         if (h->queue_tail)
             h->queue_tail->next = c;
         else
@@ -1973,7 +2121,7 @@ int rlai_plugin_host_cancel(rlai_plugin_host *h, uint64_t call_id)
                 atomic_store(&c->cancel, true);
                 pthread_mutex_lock(&c->mu);
                 if (c->engine_id && h->p.engine)
-                    rlai_engine_cancel(h->p.engine, c->engine_id);
+                    rlai_router_cancel(h->p.router, c->engine_id);
                 pthread_mutex_unlock(&c->mu);
                 rc = 0;
                 break;
@@ -2053,4 +2201,66 @@ int rlai_plugin_host_n_commands(rlai_plugin_host *h)
     int n = h->n_cmds;
     pthread_mutex_unlock(&h->mu);
     return n;
+}
+
+cJSON *rlai_plugin_host_chat_models_json(rlai_plugin_host *h)
+{
+    cJSON *a = cJSON_CreateArray();
+    if (!h || !a)
+        return a;
+    pthread_mutex_lock(&h->mu);
+    for (const chat_model *m = h->chat_models; m; m = m->next) {
+        if (m->owner == h->loading)
+            continue;   /* its plugin's init has not succeeded yet */
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "id", m->name);
+        cJSON_AddStringToObject(o, "plugin", m->owner->name);
+        if (m->description)
+            cJSON_AddStringToObject(o, "description", m->description);
+        cJSON_AddItemToArray(a, o);
+    }
+    pthread_mutex_unlock(&h->mu);
+    return a;
+}
+
+int rlai_plugin_host_chat_model(rlai_plugin_host *h, const char *model, bool by_id, char **name_out, char **command,
+                                cJSON **params)
+{
+    if (!h || !model)
+        return RLAI_ERR_NOT_FOUND;
+    int rc = RLAI_ERR_NOT_FOUND;
+    pthread_mutex_lock(&h->mu);
+    for (const chat_model *m = h->chat_models; m; m = m->next) {
+        if (m->owner == h->loading)
+            continue;
+        const char *id = strchr(m->name, '/') + 1;
+        if (strcmp(m->name, model) != 0 && !(by_id && !strcmp(id, model)))
+            continue;
+        *name_out = strdup(m->name);
+        *command = strdup(m->command);
+        *params = cJSON_Parse(m->params_json);
+        rc = *name_out && *command && *params ? 0 : RLAI_ERR_NOMEM;
+        if (rc < 0) {
+            free(*name_out);
+            free(*command);
+            cJSON_Delete(*params);
+            *name_out = *command = NULL;
+            *params = NULL;
+        }
+        break;
+    }
+    pthread_mutex_unlock(&h->mu);
+    return rc;
+}
+
+void rlai_plugin_host_threads(rlai_plugin_host *h, int *alive, int *engine_waits, int *handoff)
+{
+    pthread_mutex_lock(&h->mu);
+    if (alive)
+        *alive = h->n_alive;
+    if (engine_waits)
+        *engine_waits = h->n_engine_waits;
+    if (handoff)
+        *handoff = h->n_handoff;
+    pthread_mutex_unlock(&h->mu);
 }

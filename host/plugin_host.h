@@ -20,6 +20,7 @@
 #include <cjson/cJSON.h>
 
 #include "rlai/engine.h"
+#include "router.h"
 
 struct rlai_metrics;
 
@@ -56,6 +57,8 @@ typedef struct rlai_call_sink {
 typedef struct rlai_plugin_host_params {
     rlai_engine *engine;            /* shared engine, borrowed; NULL = no model (engine
                                        jobs answer RLAI_ERR_NOT_IMPLEMENTED) */
+    rlai_router *router;            /* borrowed; engine jobs are submitted through it; NULL =
+                                       the host makes its own router in front of `engine` */
     int workers;                    /* worker threads; 0 = 4 */
     int max_queue;                  /* calls waiting for a worker; 0 = 64; past it calls
                                        are refused at once with RLAI_ERR_BUSY */
@@ -143,5 +146,22 @@ cJSON *rlai_plugin_host_plugins_json(rlai_plugin_host *h);
 
 /* Number of registered commands. */
 int rlai_plugin_host_n_commands(rlai_plugin_host *h);
+
+/* The chat models plugins offer (register_chat_model), in registration
+ * order: [{"id", "plugin", "description" (when given)}...]. Caller owns
+ * the result. */
+cJSON *rlai_plugin_host_chat_models_json(rlai_plugin_host *h);
+
+/* Looks up a chat model by its full name ("<plugin>/<id>") or, when
+ * by_id, by the id alone (the first registered with that id). On success
+ * returns 0 and malloc'd copies (caller frees): *name_out (full name),
+ * *command and *params (the fixed params object; caller cJSON_Delete);
+ * else RLAI_ERR_NOT_FOUND (or RLAI_ERR_NOMEM). */
+int rlai_plugin_host_chat_model(rlai_plugin_host *h, const char *model, bool by_id, char **name_out, char **command,
+                                cJSON **params);
+
+/* Worker figures: threads alive now, handlers waiting for an engine job,
+ * and extra threads started for those (any pointer may be NULL). */
+void rlai_plugin_host_threads(rlai_plugin_host *h, int *alive, int *engine_waits, int *handoff);
 
 #endif

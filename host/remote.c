@@ -79,17 +79,6 @@ static uint64_t now_ms(void)
     return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
-static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
-{
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return code;
-}
-
 static char *join(const char *a, const char *b)
 {
     size_t la = strlen(a), lb = strlen(b);
@@ -119,7 +108,7 @@ int rlai_remote_new(const rlai_upstream_config *ups, int n, rlai_remote **out, c
     *out = NULL;
     pthread_once(&curl_once, curl_init_once);
     if (curl_init_rc != CURLE_OK)
-        return fail(err, errlen, RLAI_ERR_IO, "libcurl could not be initialised");
+        return rlai_errf(err, errlen, RLAI_ERR_IO, "libcurl could not be initialised");
     rlai_remote *r = calloc(1, sizeof(*r));
     if (!r)
         return RLAI_ERR_NOMEM;
@@ -133,7 +122,7 @@ int rlai_remote_new(const rlai_upstream_config *ups, int n, rlai_remote **out, c
             break;
         for (int k = 0; k < i; k++)
             if (!strcmp(r->ups[k].cfg.name, ups[i].name))
-                rc = fail(err, errlen, RLAI_ERR_INVALID_ARG, "upstreams: the name '%s' is used twice", ups[i].name);
+                rc = rlai_errf(err, errlen, RLAI_ERR_INVALID_ARG, "upstreams: the name '%s' is used twice", ups[i].name);
         if (rc < 0)
             break;
         if ((rc = rlai_upstream_config_copy(&u->cfg, &ups[i])) < 0)
@@ -153,10 +142,10 @@ int rlai_remote_new(const rlai_upstream_config *ups, int n, rlai_remote **out, c
         rlai_breaker_init(&u->br, u->cfg.breaker_failures, u->cfg.breaker_cooldown_ms);
     }
     if (rc == 0 && !(r->multi = curl_multi_init()))
-        rc = fail(err, errlen, RLAI_ERR_IO, "libcurl: no multi handle");
+        rc = rlai_errf(err, errlen, RLAI_ERR_IO, "libcurl: no multi handle");
     if (rc == 0) {
         if (pthread_create(&r->thread, NULL, thread_main, r) != 0)
-            rc = fail(err, errlen, RLAI_ERR_IO, "cannot start the remote-upstream thread");
+            rc = rlai_errf(err, errlen, RLAI_ERR_IO, "cannot start the remote-upstream thread");
         else
             r->thread_started = true;
     }
@@ -210,7 +199,7 @@ int rlai_remote_submit(rlai_remote *r, int up, const char *remote_model, const r
                        rlai_remote_error_cb on_error, char *err, size_t errlen)
 {
     if (!r || !rq || up < 0 || up >= r->n || !remote_model)
-        return fail(err, errlen, RLAI_ERR_INVALID_ARG, "invalid remote request");
+        return rlai_errf(err, errlen, RLAI_ERR_INVALID_ARG, "invalid remote request");
     upstream *u = &r->ups[up];
     rreq *q = calloc(1, sizeof(*q));
     if (!q)
@@ -239,7 +228,7 @@ int rlai_remote_submit(rlai_remote *r, int up, const char *remote_model, const r
         pthread_mutex_unlock(&r->mu);
         free(q->body);
         free(q);
-        return fail(err, errlen, RLAI_ERR_DISCONNECTED,
+        return rlai_errf(err, errlen, RLAI_ERR_DISCONNECTED,
                     "upstream '%s' is unavailable: circuit breaker open after %d failed attempts (next trial in %llu ms)",
                     u->cfg.name, u->br.fails, (unsigned long long)left);
     }
@@ -247,7 +236,7 @@ int rlai_remote_submit(rlai_remote *r, int up, const char *remote_model, const r
         pthread_mutex_unlock(&r->mu);
         free(q->body);
         free(q);
-        return fail(err, errlen, RLAI_ERR_BUSY, "upstream '%s' is busy: %d requests waiting (max_queue)", u->cfg.name,
+        return rlai_errf(err, errlen, RLAI_ERR_BUSY, "upstream '%s' is busy: %d requests waiting (max_queue)", u->cfg.name,
                     u->cfg.max_queue);
     }
     u->queued++;

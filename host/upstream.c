@@ -16,17 +16,6 @@
 #include "router.h"
 #include "rlai/error.h"
 
-static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
-{
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return code;
-}
-
 void rlai_upstream_config_init(rlai_upstream_config *c)
 {
     memset(c, 0, sizeof(*c));
@@ -99,23 +88,23 @@ int rlai_upstream_config_copy(rlai_upstream_config *dst, const rlai_upstream_con
 int rlai_upstream_config_check(const rlai_upstream_config *c, char *err, size_t errlen)
 {
     if (!c->name || !*c->name || strlen(c->name) > 64)
-        return fail(err, errlen, RLAI_ERR_INVALID_ARG, "upstreams: every entry needs a \"name\" of 1..64 characters");
+        return rlai_errf(err, errlen, RLAI_ERR_INVALID_ARG, "upstreams: every entry needs a \"name\" of 1..64 characters");
     for (const char *p = c->name; *p; p++)
         if (!isalnum((unsigned char)*p) && *p != '_' && *p != '-' && *p != '.')
-            return fail(err, errlen, RLAI_ERR_INVALID_ARG,
+            return rlai_errf(err, errlen, RLAI_ERR_INVALID_ARG,
                         "upstreams: name '%s' may hold only letters, digits, '_', '-' and '.'", c->name);
     if (!strcmp(c->name, "loremaster") || !strcmp(c->name, "default") || !strcmp(c->name, "local") ||
         !strcmp(c->name, "remote") || !strcmp(c->name, "auto"))
-        return fail(err, errlen, RLAI_ERR_INVALID_ARG,
+        return rlai_errf(err, errlen, RLAI_ERR_INVALID_ARG,
                     "upstreams: the name '%s' is reserved (loremaster/..., default, local, remote, auto)", c->name);
     if (!c->base_url || (strncmp(c->base_url, "http://", 7) && strncmp(c->base_url, "https://", 8)))
-        return fail(err, errlen, RLAI_ERR_INVALID_ARG,
+        return rlai_errf(err, errlen, RLAI_ERR_INVALID_ARG,
                     "upstreams.%s.base_url must be an http:// or https:// URL (e.g. http://host:8000/v1)", c->name);
     if (c->api_key_env && c->api_key_file)
-        return fail(err, errlen, RLAI_ERR_INVALID_ARG,
+        return rlai_errf(err, errlen, RLAI_ERR_INVALID_ARG,
                     "upstreams.%s: give api_key_env or api_key_file, not both", c->name);
     if (c->n_models == 0 && !c->spill_model)
-        return fail(err, errlen, RLAI_ERR_INVALID_ARG,
+        return rlai_errf(err, errlen, RLAI_ERR_INVALID_ARG,
                     "upstreams.%s: needs \"models\" or \"spill_model\" (nothing would be routed to it)", c->name);
     struct { const char *k; int v; int min; } lim[] = {
         { "max_concurrency", c->max_concurrency, 1 }, { "max_queue", c->max_queue, 0 },
@@ -126,13 +115,13 @@ int rlai_upstream_config_check(const rlai_upstream_config *c, char *err, size_t 
     };
     for (size_t i = 0; i < sizeof(lim) / sizeof(lim[0]); i++)
         if (lim[i].v < lim[i].min)
-            return fail(err, errlen, RLAI_ERR_INVALID_ARG, "upstreams.%s.%s must be at least %d", c->name, lim[i].k,
+            return rlai_errf(err, errlen, RLAI_ERR_INVALID_ARG, "upstreams.%s.%s must be at least %d", c->name, lim[i].k,
                         lim[i].min);
     if (c->max_retries > 10)
-        return fail(err, errlen, RLAI_ERR_INVALID_ARG, "upstreams.%s.max_retries must be at most 10", c->name);
+        return rlai_errf(err, errlen, RLAI_ERR_INVALID_ARG, "upstreams.%s.max_retries must be at most 10", c->name);
     for (int i = 0; i < c->n_models; i++)
         if (!c->models[i].name || !*c->models[i].name || !c->models[i].remote || !*c->models[i].remote)
-            return fail(err, errlen, RLAI_ERR_INVALID_ARG, "upstreams.%s.models: names must not be empty", c->name);
+            return rlai_errf(err, errlen, RLAI_ERR_INVALID_ARG, "upstreams.%s.models: names must not be empty", c->name);
     return 0;
 }
 
@@ -158,7 +147,7 @@ int rlai_upstream_read_key(const rlai_upstream_config *c, char **key, char *err,
     if (c->api_key_env) {
         const char *v = getenv(c->api_key_env);
         if (!v || !*v)
-            return fail(err, errlen, RLAI_ERR_NOT_FOUND, "upstreams.%s: environment variable %s is not set",
+            return rlai_errf(err, errlen, RLAI_ERR_NOT_FOUND, "upstreams.%s: environment variable %s is not set",
                         c->name, c->api_key_env);
         *key = trimmed(v, strlen(v));
         return *key ? 0 : RLAI_ERR_NOMEM;
@@ -167,17 +156,17 @@ int rlai_upstream_read_key(const rlai_upstream_config *c, char **key, char *err,
         return 0;
     int fd = open(c->api_key_file, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
     if (fd < 0)
-        return fail(err, errlen, RLAI_ERR_IO, "upstreams.%s: cannot open api_key_file %s: %s", c->name,
+        return rlai_errf(err, errlen, RLAI_ERR_IO, "upstreams.%s: cannot open api_key_file %s: %s", c->name,
                     c->api_key_file, strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
         close(fd);
-        return fail(err, errlen, RLAI_ERR_INVALID_ARG, "upstreams.%s: api_key_file %s is not a regular file",
+        return rlai_errf(err, errlen, RLAI_ERR_INVALID_ARG, "upstreams.%s: api_key_file %s is not a regular file",
                     c->name, c->api_key_file);
     }
     if (st.st_mode & 077) {
         close(fd);
-        return fail(err, errlen, RLAI_ERR_INVALID_ARG,
+        return rlai_errf(err, errlen, RLAI_ERR_INVALID_ARG,
                     "upstreams.%s: api_key_file %s has mode %04o: group and others must have no access "
                     "(chmod 600 it)", c->name, c->api_key_file, (unsigned)(st.st_mode & 07777));
     }
@@ -185,10 +174,10 @@ int rlai_upstream_read_key(const rlai_upstream_config *c, char **key, char *err,
     ssize_t n = read(fd, buf, sizeof(buf) - 1);
     close(fd);
     if (n < 0)
-        return fail(err, errlen, RLAI_ERR_IO, "upstreams.%s: cannot read %s: %s", c->name, c->api_key_file,
+        return rlai_errf(err, errlen, RLAI_ERR_IO, "upstreams.%s: cannot read %s: %s", c->name, c->api_key_file,
                     strerror(errno));
     if (n == (ssize_t)sizeof(buf) - 1)
-        return fail(err, errlen, RLAI_ERR_TOO_LARGE, "upstreams.%s: %s is longer than 4 KiB", c->name,
+        return rlai_errf(err, errlen, RLAI_ERR_TOO_LARGE, "upstreams.%s: %s is longer than 4 KiB", c->name,
                     c->api_key_file);
     *key = trimmed(buf, (size_t)n);
     if (!*key)
@@ -196,7 +185,7 @@ int rlai_upstream_read_key(const rlai_upstream_config *c, char **key, char *err,
     if (!**key) {
         free(*key);
         *key = NULL;
-        return fail(err, errlen, RLAI_ERR_INVALID_ARG, "upstreams.%s: %s is empty", c->name, c->api_key_file);
+        return rlai_errf(err, errlen, RLAI_ERR_INVALID_ARG, "upstreams.%s: %s is empty", c->name, c->api_key_file);
     }
     return 0;
 }
@@ -271,21 +260,21 @@ int rlai_upstream_build_body(const rlai_route_request *rq, const char *remote_mo
     const rlai_text_request *t = &rq->text;
     const rlai_gen_params *g = &t->rp.gen;
     if (g->top_logprobs >= 0 && g->on_logprobs)
-        return fail(err, errlen, RLAI_ERR_UNSUPPORTED, "logprobs are not implemented for remote models");
+        return rlai_errf(err, errlen, RLAI_ERR_UNSUPPORTED, "logprobs are not implemented for remote models");
     if (g->grammar && !(rq->response_format && *rq->response_format))
-        return fail(err, errlen, RLAI_ERR_UNSUPPORTED,
+        return rlai_errf(err, errlen, RLAI_ERR_UNSUPPORTED,
                     "a grammar is not implemented for remote models (only a response_format is forwarded)");
     if (g->ignore_eos)
-        return fail(err, errlen, RLAI_ERR_UNSUPPORTED, "ignore_eos is not implemented for remote models");
+        return rlai_errf(err, errlen, RLAI_ERR_UNSUPPORTED, "ignore_eos is not implemented for remote models");
     bool has_msgs = t->messages && t->n_messages > 0;
     bool has_prompt = t->prompt != NULL;
     if (!has_msgs && !has_prompt && t->rp.prompt && t->rp.n_prompt > 0)
-        return fail(err, errlen, RLAI_ERR_UNSUPPORTED,
+        return rlai_errf(err, errlen, RLAI_ERR_UNSUPPORTED,
                     "token-id prompts are not implemented for remote models (the ids are the local model's)");
     if (has_msgs == has_prompt)
-        return fail(err, errlen, RLAI_ERR_INVALID_ARG, "exactly one of messages or prompt must be given");
+        return rlai_errf(err, errlen, RLAI_ERR_INVALID_ARG, "exactly one of messages or prompt must be given");
     if (has_prompt && !*t->prompt)
-        return fail(err, errlen, RLAI_ERR_INVALID_ARG, "the prompt is empty");
+        return rlai_errf(err, errlen, RLAI_ERR_INVALID_ARG, "the prompt is empty");
     cJSON *j = cJSON_CreateObject();
     cJSON *rf = NULL;
     if (rq->response_format && *rq->response_format) {
@@ -293,7 +282,7 @@ int rlai_upstream_build_body(const rlai_route_request *rq, const char *remote_mo
         if (!rf || !cJSON_IsObject(rf)) {
             cJSON_Delete(rf);
             cJSON_Delete(j);
-            return fail(err, errlen, RLAI_ERR_INVALID_ARG, "response_format is not a JSON object");
+            return rlai_errf(err, errlen, RLAI_ERR_INVALID_ARG, "response_format is not a JSON object");
         }
     }
     if (!j) {
@@ -364,12 +353,12 @@ int rlai_upstream_parse_chunk(const char *data, size_t len, rlai_upstream_delta 
     cJSON *j = cJSON_ParseWithLength(data, len);
     if (!j || !cJSON_IsObject(j)) {
         cJSON_Delete(j);
-        return fail(msg, msglen, RLAI_ERR_FORMAT, "upstream sent an event that is not a JSON object");
+        return rlai_errf(msg, msglen, RLAI_ERR_FORMAT, "upstream sent an event that is not a JSON object");
     }
     const cJSON *e = cJSON_GetObjectItemCaseSensitive(j, "error");
     if (e && !cJSON_IsNull(e)) {
         const cJSON *m = cJSON_IsObject(e) ? cJSON_GetObjectItemCaseSensitive(e, "message") : e;
-        int rc = fail(msg, msglen, RLAI_ERR_DISCONNECTED, "upstream error: %.200s",
+        int rc = rlai_errf(msg, msglen, RLAI_ERR_DISCONNECTED, "upstream error: %.200s",
                       cJSON_IsString(m) ? m->valuestring : "(no message)");
         cJSON_Delete(j);
         return rc;
@@ -378,13 +367,13 @@ int rlai_upstream_parse_chunk(const char *data, size_t len, rlai_upstream_delta 
     const cJSON *u = cJSON_GetObjectItemCaseSensitive(j, "usage");
     if (!cJSON_IsArray(ch) && !cJSON_IsObject(u)) {
         cJSON_Delete(j);
-        return fail(msg, msglen, RLAI_ERR_FORMAT, "upstream chunk has neither choices nor usage");
+        return rlai_errf(msg, msglen, RLAI_ERR_FORMAT, "upstream chunk has neither choices nor usage");
     }
     const cJSON *c0 = cJSON_IsArray(ch) ? cJSON_GetArrayItem(ch, 0) : NULL;
     if (c0) {
         if (!cJSON_IsObject(c0)) {
             cJSON_Delete(j);
-            return fail(msg, msglen, RLAI_ERR_FORMAT, "upstream chunk: choices[0] is not an object");
+            return rlai_errf(msg, msglen, RLAI_ERR_FORMAT, "upstream chunk: choices[0] is not an object");
         }
         const cJSON *txt = cJSON_GetObjectItemCaseSensitive(c0, "text");
         const cJSON *d = cJSON_GetObjectItemCaseSensitive(c0, "delta");
@@ -392,7 +381,7 @@ int rlai_upstream_parse_chunk(const char *data, size_t len, rlai_upstream_delta 
             txt = cJSON_GetObjectItemCaseSensitive(d, "content");
         if (txt && !cJSON_IsNull(txt) && !cJSON_IsString(txt)) {
             cJSON_Delete(j);
-            return fail(msg, msglen, RLAI_ERR_FORMAT, "upstream chunk: text is not a string");
+            return rlai_errf(msg, msglen, RLAI_ERR_FORMAT, "upstream chunk: text is not a string");
         }
         if (cJSON_IsString(txt) && txt->valuestring[0]) {
             out->len = strlen(txt->valuestring);

@@ -12,6 +12,8 @@
  * when handed to the caller.
  */
 #include "rlai/client.h"
+#include "rlai/error.h"
+#include "rlai/clock.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -68,31 +70,12 @@ struct rlai_client {
     unsigned char *rbuf;
 };
 
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (!err || errlen == 0)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
-
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /* Milliseconds left until deadline (-1 = forever). */
 static int remaining(int64_t deadline)
 {
     if (deadline < 0)
         return -1;
-    int64_t left = deadline - now_ms();
+    int64_t left = deadline - rlai_clock_ms_int();
     if (left <= 0)
         return 0;
     return left > 1000000000 ? 1000000000 : (int)left;
@@ -318,7 +301,7 @@ static int zmq_open(rlai_client *c, const char *ep, const char *api_key, char *e
         const char *path = ep + 6;
         struct stat st;
         if (path[0] != '@' && stat(path, &st) < 0) {
-            set_err(err, errlen, "no engine at %s (is `rlai serve` running?)", ep);
+            rlai_errf(err, errlen, 0, "no engine at %s (is `rlai serve` running?)", ep);
             return RLAI_ERR_DISCONNECTED;
         }
     }
@@ -355,7 +338,7 @@ static int zmq_open(rlai_client *c, const char *ep, const char *api_key, char *e
     if (zmq_connect(c->mon, MON_ADDR) < 0)
         goto zfail;
     if (zmq_connect(c->sock, ep) < 0) {
-        set_err(err, errlen, "invalid endpoint %s: %s", ep, zmq_strerror(zmq_errno()));
+        rlai_errf(err, errlen, 0, "invalid endpoint %s: %s", ep, zmq_strerror(zmq_errno()));
         return RLAI_ERR_INVALID_ARG;
     }
 
@@ -377,10 +360,10 @@ static int zmq_open(rlai_client *c, const char *ep, const char *api_key, char *e
     return 0;
 
 zfail:
-    set_err(err, errlen, "ZeroMQ: %s", zmq_strerror(zmq_errno()));
+    rlai_errf(err, errlen, 0, "ZeroMQ: %s", zmq_strerror(zmq_errno()));
     return RLAI_ERR_IO;
 sysfail:
-    set_err(err, errlen, "epoll: %s", strerror(errno));
+    rlai_errf(err, errlen, 0, "epoll: %s", strerror(errno));
     return RLAI_ERR_IO;
 }
 
@@ -503,7 +486,7 @@ static int unix_open(rlai_client *c, const char *ep, const char *path, char *err
     memset(&sa, 0, sizeof sa);
     sa.sun_family = AF_UNIX;
     if (strlen(path) >= sizeof sa.sun_path) {
-        set_err(err, errlen, "socket path too long: %s", path);
+        rlai_errf(err, errlen, 0, "socket path too long: %s", path);
         return RLAI_ERR_INVALID_ARG;
     }
     strcpy(sa.sun_path, path);
@@ -513,7 +496,7 @@ static int unix_open(rlai_client *c, const char *ep, const char *path, char *err
     rlai_frame_reader_init(&c->rd, RLAI_PROTO_MAX_FRAME);
     c->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (c->fd < 0) {
-        set_err(err, errlen, "socket: %s", strerror(errno));
+        rlai_errf(err, errlen, 0, "socket: %s", strerror(errno));
         return RLAI_ERR_IO;
     }
     int r;
@@ -523,14 +506,14 @@ static int unix_open(rlai_client *c, const char *ep, const char *path, char *err
     if (r < 0) {
         int e = errno;
         if (e == ENOENT || e == ECONNREFUSED || e == ENOTSOCK || e == ENOTDIR)
-            set_err(err, errlen, "no engine at %s (is `rlai serve` running?)", ep);
+            rlai_errf(err, errlen, 0, "no engine at %s (is `rlai serve` running?)", ep);
         else
-            set_err(err, errlen, "cannot connect to %s: %s", ep, strerror(e));
+            rlai_errf(err, errlen, 0, "cannot connect to %s: %s", ep, strerror(e));
         return e == EACCES || e == EPERM ? RLAI_ERR_IO : RLAI_ERR_DISCONNECTED;
     }
     int fl = fcntl(c->fd, F_GETFL);
     if (fl < 0 || fcntl(c->fd, F_SETFL, fl | O_NONBLOCK) < 0) {
-        set_err(err, errlen, "fcntl: %s", strerror(errno));
+        rlai_errf(err, errlen, 0, "fcntl: %s", strerror(errno));
         return RLAI_ERR_IO;
     }
     return 0;
@@ -610,7 +593,7 @@ int rlai_client_recv(rlai_client *c, int timeout_ms, rlai_msg *out)
 {
     if (!c || !out)
         return RLAI_ERR_INVALID_ARG;
-    int64_t deadline = timeout_ms < 0 ? -1 : now_ms() + timeout_ms;
+    int64_t deadline = timeout_ms < 0 ? -1 : rlai_clock_ms_int() + timeout_ms;
     if (!c->q_head) {
         int rc = fetch(c, deadline);
         if (rc < 0)
@@ -648,13 +631,13 @@ static bool zmq_auth_message(rlai_client *c, char *err, size_t errlen)
     if (c->connected && !c->auth_failed)
         return false;
     if (c->auth_failed)
-        set_err(err, errlen, "the engine at %s refused the API key (wrong key; see RLAI_API_KEY and the key file "
+        rlai_errf(err, errlen, 0, "the engine at %s refused the API key (wrong key; see RLAI_API_KEY and the key file "
                 "~/.config/rlai/api_key)", c->endpoint);
     else if (c->mech_failed && !c->connected && c->keyed)
-        set_err(err, errlen, "the engine at %s did not accept an authenticated connection (is it serving that "
+        rlai_errf(err, errlen, 0, "the engine at %s did not accept an authenticated connection (is it serving that "
                 "endpoint without a key, --no-auth? then unset RLAI_API_KEY)", c->endpoint);
     else if (c->mech_failed && !c->connected)
-        set_err(err, errlen, "the engine at %s requires an API key on this tcp:// endpoint (set RLAI_API_KEY or "
+        rlai_errf(err, errlen, 0, "the engine at %s requires an API key on this tcp:// endpoint (set RLAI_API_KEY or "
                 "pass one; the key file is ~/.config/rlai/api_key)", c->endpoint);
     else
         return false;
@@ -676,12 +659,12 @@ static int hello(rlai_client *c, int timeout_ms, char *err, size_t errlen)
         if (zmq_auth_message(c, err, errlen))
             rc = RLAI_ERR_IO;
         else if (rc == RLAI_ERR_DISCONNECTED)
-            set_err(err, errlen, "no engine at %s (is `rlai serve` running?)", c->endpoint);
+            rlai_errf(err, errlen, 0, "no engine at %s (is `rlai serve` running?)", c->endpoint);
         else
-            set_err(err, errlen, "cannot send hello to %s: %s", c->endpoint, rlai_strerror(rc));
+            rlai_errf(err, errlen, 0, "cannot send hello to %s: %s", c->endpoint, rlai_strerror(rc));
         return rc;
     }
-    int64_t deadline = now_ms() + timeout_ms;
+    int64_t deadline = rlai_clock_ms_int() + timeout_ms;
     rframe *held = NULL, **held_tail = &held;
     for (;;) {
         if (!c->q_head) {
@@ -691,12 +674,12 @@ static int hello(rlai_client *c, int timeout_ms, char *err, size_t errlen)
                     rc = RLAI_ERR_IO;
                 } else if (rc == RLAI_ERR_TIMEOUT) {
                     rc = RLAI_ERR_DISCONNECTED;
-                    set_err(err, errlen, "no answer from an engine at %s within %d ms (is `rlai serve` running?)",
+                    rlai_errf(err, errlen, 0, "no answer from an engine at %s within %d ms (is `rlai serve` running?)",
                             c->endpoint, timeout_ms);
                 } else if (rc == RLAI_ERR_DISCONNECTED) {
-                    set_err(err, errlen, "no engine at %s (is `rlai serve` running?)", c->endpoint);
+                    rlai_errf(err, errlen, 0, "no engine at %s (is `rlai serve` running?)", c->endpoint);
                 } else {
-                    set_err(err, errlen, "hello with the engine at %s failed: %s", c->endpoint,
+                    rlai_errf(err, errlen, 0, "hello with the engine at %s failed: %s", c->endpoint,
                             rlai_strerror(rc));
                 }
                 break;
@@ -715,7 +698,7 @@ static int hello(rlai_client *c, int timeout_ms, char *err, size_t errlen)
                 break;
             }
             if (m.type == RLAI_MSG_ERROR) {
-                set_err(err, errlen, "engine at %s refused hello: %s: %s", c->endpoint,
+                rlai_errf(err, errlen, 0, "engine at %s refused hello: %s: %s", c->endpoint,
                         m.u.error.name ? m.u.error.name : "?", m.u.error.msg ? m.u.error.msg : "");
                 rlai_msg_free(&m);
                 rc = RLAI_ERR_PROTOCOL;
@@ -761,10 +744,10 @@ static int check_dir(const char *ep, char *err, size_t errlen)
         return 0;
     }
     if (strstr(derr, "does not exist")) {
-        set_err(err, errlen, "no engine at %s (is `rlai serve` running?)", ep);
+        rlai_errf(err, errlen, 0, "no engine at %s (is `rlai serve` running?)", ep);
         return RLAI_ERR_DISCONNECTED;
     }
-    set_err(err, errlen, "not connecting to %s: %s", ep, derr);
+    rlai_errf(err, errlen, 0, "not connecting to %s: %s", ep, derr);
     return fd;
 }
 
@@ -789,7 +772,7 @@ int rlai_client_connect_opts(const char *endpoint, const rlai_client_options *op
     if (!endpoint) {
         int rc = rlai_default_zmq_endpoint(defbuf, sizeof defbuf);
         if (rc < 0) {
-            set_err(err, errlen, "default endpoint path too long");
+            rlai_errf(err, errlen, 0, "default endpoint path too long");
             return rc;
         }
         endpoint = defbuf;
@@ -820,7 +803,7 @@ int rlai_client_connect_opts(const char *endpoint, const rlai_client_options *op
         if (rc == 0)
             rc = unix_open(c, endpoint, endpoint + 7, err, errlen);
     } else {
-        set_err(err, errlen, "unsupported endpoint \"%s\" (expected ipc://PATH, tcp://HOST:PORT or unix://PATH)",
+        rlai_errf(err, errlen, 0, "unsupported endpoint \"%s\" (expected ipc://PATH, tcp://HOST:PORT or unix://PATH)",
                 endpoint);
         rc = RLAI_ERR_INVALID_ARG;
     }

@@ -25,6 +25,7 @@
  * the I/O thread polls with zmq_poll next to its sockets.
  */
 #include "server.h"
+#include "rlai/clock.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -144,25 +145,6 @@ struct rlai_server {
 static _Thread_local rlai_server *tl_io_server;
 
 /* ------------------------------------------------------------ helpers */
-
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (!err || errlen == 0)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
 
 static uint64_t hash_bytes(const void *p, size_t n)
 {
@@ -742,14 +724,14 @@ static void drain_queue(rlai_server *s)
             if (c->kind == CONN_UDS) {
                 if (!c->closing) {
                     c->closing = true;
-                    c->close_deadline = now_ms() + CLOSE_GRACE_MS;
+                    c->close_deadline = rlai_clock_ms_int() + CLOSE_GRACE_MS;
                     s->n_closing++;
                 }
                 c->dirty = true; /* uds_flush drops it once the output is written */
             } else if (c->zq_head) {
                 if (!c->closing) {
                     c->closing = true;
-                    c->close_deadline = now_ms() + CLOSE_GRACE_MS;
+                    c->close_deadline = rlai_clock_ms_int() + CLOSE_GRACE_MS;
                     s->n_closing++;
                 }
             } else {
@@ -838,7 +820,7 @@ static void *io_main(void *arg)
         drain_queue(s);
         if (s->pending)
             zmq_retry(s);
-        int64_t now = now_ms();
+        int64_t now = rlai_clock_ms_int();
         if (s->n_closing)
             expire_closing(s, now);
 
@@ -945,7 +927,7 @@ static void *io_main(void *arg)
     while (s->pending)
         conn_drop(s, s->pending, false);
     if (s->router) {
-        int64_t left = s->stop_deadline - now_ms();
+        int64_t left = s->stop_deadline - rlai_clock_ms_int();
         int linger = left > 0 ? (int)(left > INT_MAX ? INT_MAX : left) : 0;
         zmq_setsockopt(s->router, ZMQ_LINGER, &linger, sizeof linger);
         zmq_close(s->router);
@@ -962,7 +944,7 @@ static int fill_sun(struct sockaddr_un *sa, const char *path, char *err, size_t 
     memset(sa, 0, sizeof *sa);
     sa->sun_family = AF_UNIX;
     if (strlen(path) >= sizeof sa->sun_path) {
-        set_err(err, errlen, "socket path too long (max %zu bytes): %s", sizeof sa->sun_path - 1, path);
+        rlai_errf(err, errlen, 0, "socket path too long (max %zu bytes): %s", sizeof sa->sun_path - 1, path);
         return RLAI_ERR_INVALID_ARG;
     }
     strcpy(sa->sun_path, path);
@@ -976,11 +958,11 @@ static int check_stale(const char *path, char *err, size_t errlen)
     if (lstat(path, &st) < 0) {
         if (errno == ENOENT)
             return 0;
-        set_err(err, errlen, "cannot stat %s: %s", path, strerror(errno));
+        rlai_errf(err, errlen, 0, "cannot stat %s: %s", path, strerror(errno));
         return RLAI_ERR_IO;
     }
     if (!S_ISSOCK(st.st_mode)) {
-        set_err(err, errlen, "%s exists and is not a socket; not replacing it", path);
+        rlai_errf(err, errlen, 0, "%s exists and is not a socket; not replacing it", path);
         return RLAI_ERR_IO;
     }
     struct sockaddr_un sa;
@@ -989,7 +971,7 @@ static int check_stale(const char *path, char *err, size_t errlen)
         return rc;
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) {
-        set_err(err, errlen, "socket: %s", strerror(errno));
+        rlai_errf(err, errlen, 0, "socket: %s", strerror(errno));
         return RLAI_ERR_IO;
     }
     int r;
@@ -999,19 +981,19 @@ static int check_stale(const char *path, char *err, size_t errlen)
     int e = errno;
     close(fd);
     if (r == 0 || e == EAGAIN) {
-        set_err(err, errlen, "another engine is already serving at %s", path);
+        rlai_errf(err, errlen, 0, "another engine is already serving at %s", path);
         return RLAI_ERR_BUSY;
     }
     if (e == ECONNREFUSED) {
         if (unlink(path) < 0 && errno != ENOENT) {
-            set_err(err, errlen, "cannot remove stale socket %s: %s", path, strerror(errno));
+            rlai_errf(err, errlen, 0, "cannot remove stale socket %s: %s", path, strerror(errno));
             return RLAI_ERR_IO;
         }
         return 0;
     }
     if (e == ENOENT)
         return 0;
-    set_err(err, errlen, "cannot check existing socket %s: %s", path, strerror(e));
+    rlai_errf(err, errlen, 0, "cannot check existing socket %s: %s", path, strerror(e));
     return RLAI_ERR_IO;
 }
 
@@ -1021,7 +1003,7 @@ static int record_file(path_rec *pr, const char *path, char *err, size_t errlen)
     if (!pr->path)
         return RLAI_ERR_NOMEM;
     if (chmod(path, 0600) < 0) {
-        set_err(err, errlen, "cannot chmod 0600 %s: %s", path, strerror(errno));
+        rlai_errf(err, errlen, 0, "cannot chmod 0600 %s: %s", path, strerror(errno));
         return RLAI_ERR_IO;
     }
     struct stat st;
@@ -1063,7 +1045,7 @@ static int bind_zmq(rlai_server *s, const char *ep, bool is_primary, char *err, 
         if (strchr(ep, '['))
             zsetint(s->router, ZMQ_IPV6, 1);
     } else {
-        set_err(err, errlen, "unsupported ZeroMQ endpoint %s (expected ipc:// or tcp://)", ep);
+        rlai_errf(err, errlen, 0, "unsupported ZeroMQ endpoint %s (expected ipc:// or tcp://)", ep);
         return RLAI_ERR_INVALID_ARG;
     }
     if (ipc_path) {
@@ -1086,7 +1068,7 @@ static int bind_zmq(rlai_server *s, const char *ep, bool is_primary, char *err, 
     zmq_setsockopt(s->router, ZMQ_ZAP_DOMAIN, plain ? "rlai" : "", plain ? 4 : 0);
     if (zmq_bind(s->router, ep) < 0) {
         int e = zmq_errno();
-        set_err(err, errlen, "cannot bind %s: %s", ep, zmq_strerror(e));
+        rlai_errf(err, errlen, 0, "cannot bind %s: %s", ep, zmq_strerror(e));
         if (dfd >= 0)
             close(dfd);
         return e == EADDRINUSE ? RLAI_ERR_BUSY : RLAI_ERR_IO;
@@ -1095,7 +1077,7 @@ static int bind_zmq(rlai_server *s, const char *ep, bool is_primary, char *err, 
         bool same = rlai_sockdir_same(dfd, ipc_path);
         close(dfd);
         if (!same) {
-            set_err(err, errlen, "the socket directory of %s was replaced while binding; refusing it", ipc_path);
+            rlai_errf(err, errlen, 0, "the socket directory of %s was replaced while binding; refusing it", ipc_path);
             return RLAI_ERR_IO;
         }
     }
@@ -1125,7 +1107,7 @@ static int bind_uds(rlai_server *s, const char *path, char *err, size_t errlen)
     }
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0) {
-        set_err(err, errlen, "socket: %s", strerror(errno));
+        rlai_errf(err, errlen, 0, "socket: %s", strerror(errno));
         close(dfd);
         return RLAI_ERR_IO;
     }
@@ -1133,20 +1115,20 @@ static int bind_uds(rlai_server *s, const char *path, char *err, size_t errlen)
         int e = errno;
         close(fd);
         close(dfd);
-        set_err(err, errlen, "cannot bind %s: %s", path, strerror(e));
+        rlai_errf(err, errlen, 0, "cannot bind %s: %s", path, strerror(e));
         return e == EADDRINUSE ? RLAI_ERR_BUSY : RLAI_ERR_IO;
     }
     s->listen_fd = fd;
     bool same = rlai_sockdir_same(dfd, path);
     close(dfd);
     if (!same) {
-        set_err(err, errlen, "the socket directory of %s was replaced while binding; refusing it", path);
+        rlai_errf(err, errlen, 0, "the socket directory of %s was replaced while binding; refusing it", path);
         return RLAI_ERR_IO;
     }
     if ((rc = record_file(&s->uds_file, path, err, errlen)) < 0)
         return rc;
     if (listen(fd, 128) < 0) {
-        set_err(err, errlen, "listen %s: %s", path, strerror(errno));
+        rlai_errf(err, errlen, 0, "listen %s: %s", path, strerror(errno));
         return RLAI_ERR_IO;
     }
     return 0;
@@ -1201,7 +1183,7 @@ int rlai_server_start(const rlai_server_config *cfg, const rlai_server_callbacks
     if (err && errlen)
         err[0] = '\0';
     if (!out || !cfg || !cb) {
-        set_err(err, errlen, "rlai_server_start: NULL argument");
+        rlai_errf(err, errlen, 0, "rlai_server_start: NULL argument");
         return RLAI_ERR_INVALID_ARG;
     }
     *out = NULL;
@@ -1209,7 +1191,7 @@ int rlai_server_start(const rlai_server_config *cfg, const rlai_server_callbacks
                    (cfg->zmq_tcp_endpoint && *cfg->zmq_tcp_endpoint);
     bool has_uds = cfg->uds_path && *cfg->uds_path;
     if (!has_zmq && !has_uds) {
-        set_err(err, errlen, "no endpoint configured");
+        rlai_errf(err, errlen, 0, "no endpoint configured");
         return RLAI_ERR_INVALID_ARG;
     }
     rlai_server *s = calloc(1, sizeof *s);
@@ -1228,21 +1210,21 @@ int rlai_server_start(const rlai_server_config *cfg, const rlai_server_callbacks
     int rc = 0;
     s->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (s->wake_fd < 0) {
-        set_err(err, errlen, "eventfd: %s", strerror(errno));
+        rlai_errf(err, errlen, 0, "eventfd: %s", strerror(errno));
         rc = RLAI_ERR_IO;
         goto fail;
     }
     if (has_zmq) {
         s->zctx = zmq_ctx_new();
         if (!s->zctx) {
-            set_err(err, errlen, "zmq_ctx_new: %s", zmq_strerror(zmq_errno()));
+            rlai_errf(err, errlen, 0, "zmq_ctx_new: %s", zmq_strerror(zmq_errno()));
             rc = RLAI_ERR_IO;
             goto fail;
         }
         zmq_ctx_set(s->zctx, ZMQ_BLOCKY, 0);
         s->router = zmq_socket(s->zctx, ZMQ_ROUTER);
         if (!s->router) {
-            set_err(err, errlen, "zmq_socket: %s", zmq_strerror(zmq_errno()));
+            rlai_errf(err, errlen, 0, "zmq_socket: %s", zmq_strerror(zmq_errno()));
             rc = RLAI_ERR_IO;
             goto fail;
         }
@@ -1270,7 +1252,7 @@ int rlai_server_start(const rlai_server_config *cfg, const rlai_server_callbacks
         goto fail;
 
     if (pthread_create(&s->thread, NULL, io_main, s) != 0) {
-        set_err(err, errlen, "cannot start the I/O thread");
+        rlai_errf(err, errlen, 0, "cannot start the I/O thread");
         rc = RLAI_ERR_NOMEM;
         goto fail;
     }
@@ -1294,7 +1276,7 @@ void rlai_server_stop(rlai_server *s, int timeout_ms)
         timeout_ms = 0;
     pthread_mutex_lock(&s->lock);
     s->stopping = true;
-    s->stop_deadline = now_ms() + timeout_ms;
+    s->stop_deadline = rlai_clock_ms_int() + timeout_ms;
     pthread_mutex_unlock(&s->lock);
     if (s->thread_started) {
         wake(s);

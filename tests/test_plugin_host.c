@@ -172,10 +172,10 @@ START_TEST(good_plugin_registers_its_commands)
     rlai_plugin_host *h = new_host(NULL, NULL);
     char err[1024];
     ck_assert_int_eq(load(h, "good", err, sizeof(err)), 0);
-    ck_assert_int_eq(rlai_plugin_host_n_commands(h), 8);
+    ck_assert_int_eq(rlai_plugin_host_n_commands(h), 9);
     cJSON *reg = rlai_plugin_host_commands_json(h);
     cJSON *cmds = cJSON_GetObjectItem(reg, "commands");
-    ck_assert_int_eq(cJSON_GetArraySize(cmds), 8);
+    ck_assert_int_eq(cJSON_GetArraySize(cmds), 9);
     /* sorted by name, with schema, plugin and flags */
     ck_assert_str_eq(cJSON_GetArrayItem(cmds, 0)->child->valuestring, "good.echo");
     const cJSON *echo = cJSON_GetArrayItem(cmds, 0);
@@ -198,7 +198,7 @@ START_TEST(good_plugin_registers_its_commands)
     cJSON *pl = rlai_plugin_host_plugins_json(h);
     ck_assert_int_eq(cJSON_GetArraySize(pl), 1);
     ck_assert_str_eq(cJSON_GetObjectItem(cJSON_GetArrayItem(pl, 0), "version")->valuestring, "1.2.3");
-    ck_assert_int_eq(cJSON_GetArraySize(cJSON_GetObjectItem(cJSON_GetArrayItem(pl, 0), "commands")), 8);
+    ck_assert_int_eq(cJSON_GetArraySize(cJSON_GetObjectItem(cJSON_GetArrayItem(pl, 0), "commands")), 9);
     cJSON_Delete(pl);
     rlai_plugin_host_free(&h);
     ck_assert_ptr_null(h);
@@ -211,8 +211,8 @@ START_TEST(incompatible_abis_are_refused_naming_both_versions)
     char err[1024];
     ck_assert_int_eq(load(h, "newabi", err, sizeof(err)), RLAI_ERR_ABI);
     ck_assert_ptr_nonnull(strstr(err, "libnewabi.so"));
+    ck_assert_ptr_nonnull(strstr(err, "1.3"));
     ck_assert_ptr_nonnull(strstr(err, "1.2"));
-    ck_assert_ptr_nonnull(strstr(err, "1.1"));
     ck_assert_ptr_nonnull(strstr(err, "newer"));
     ck_assert_int_eq(load(h, "othermajor", err, sizeof(err)), RLAI_ERR_ABI);
     ck_assert_ptr_nonnull(strstr(err, "libothermajor.so"));
@@ -270,7 +270,7 @@ START_TEST(broken_plugins_and_manifests_are_refused)
     ck_assert_int_eq(load(h, "good", err, sizeof(err)), 0);
     ck_assert_int_eq(load(h, "samename", err, sizeof(err)), RLAI_ERR_EXISTS);
     ck_assert_ptr_nonnull(strstr(err, "already loaded"));
-    ck_assert_int_eq(rlai_plugin_host_n_commands(h), 8);
+    ck_assert_int_eq(rlai_plugin_host_n_commands(h), 9);
     rlai_plugin_host_free(&h);
 }
 END_TEST
@@ -448,9 +448,10 @@ END_TEST
 START_TEST(load_all_loads_only_the_good_ones)
 {
     rlai_plugin_host *h = new_host(NULL, NULL);
-    /* stderr gets one line per refused folder; the good ones (good, stuck, typed) load */
-    ck_assert_int_eq(rlai_plugin_host_load_all(h, RLAI_TEST_PLUGINS), 3);
-    ck_assert_int_eq(rlai_plugin_host_n_commands(h), 8 + 7 + 3);
+    /* stderr gets one line per refused folder; the good ones (good, stuck,
+     * typed, oldabi: an older minor is accepted) load */
+    ck_assert_int_eq(rlai_plugin_host_load_all(h, RLAI_TEST_PLUGINS), 4);
+    ck_assert_int_eq(rlai_plugin_host_n_commands(h), 9 + 7 + 3 + 1);
     ck_assert_int_eq(rlai_plugin_host_load_all(h, "/nonexistent/rlai"), RLAI_ERR_IO);
     rlai_plugin_host_free(&h);
 }
@@ -1122,6 +1123,155 @@ START_TEST(process_isolation_is_refused_as_not_implemented)
 }
 END_TEST
 
+/* ---------------------------------------------------------- ABI 1.2 */
+
+/* register_chat_model: the good plugin offers good/parrot; its refusals
+ * (duplicate, foreign name, unknown command, params not an object) come
+ * back as codes; the registry lists and finds the model. */
+START_TEST(chat_models_are_checked_listed_and_found)
+{
+    rlai_plugin_host *h = new_host(NULL, NULL);
+    char err[1024];
+    ck_assert_int_eq(load(h, "good", err, sizeof(err)), 0);
+    cJSON *list = rlai_plugin_host_chat_models_json(h);
+    ck_assert_int_eq(cJSON_GetArraySize(list), 1);
+    const cJSON *m = cJSON_GetArrayItem(list, 0);
+    ck_assert_str_eq(cJSON_GetObjectItem(m, "id")->valuestring, "good/parrot");
+    ck_assert_str_eq(cJSON_GetObjectItem(m, "plugin")->valuestring, "good");
+    ck_assert_str_eq(cJSON_GetObjectItem(m, "description")->valuestring, "A parrot (test chat model)");
+    cJSON_Delete(list);
+    char *name = NULL, *cmd = NULL;
+    cJSON *params = NULL;
+    for (int by_id = 0; by_id < 2; by_id++) {
+        ck_assert_int_eq(rlai_plugin_host_chat_model(h, by_id ? "parrot" : "good/parrot", by_id, &name, &cmd, &params),
+                         0);
+        ck_assert_str_eq(name, "good/parrot");
+        ck_assert_str_eq(cmd, "good.parrot");
+        ck_assert_str_eq(cJSON_GetObjectItem(params, "voice")->valuestring, "Squawk: ");
+        free(name);
+        free(cmd);
+        cJSON_Delete(params);
+    }
+    ck_assert_int_eq(rlai_plugin_host_chat_model(h, "parrot", false, &name, &cmd, &params), RLAI_ERR_NOT_FOUND);
+    ck_assert_int_eq(rlai_plugin_host_chat_model(h, "good/owl", true, &name, &cmd, &params), RLAI_ERR_NOT_FOUND);
+    capture c;
+    cap_init(&c);
+    ck_assert_int_eq(call_sync(h, "good.info", "{}", &c), 0);
+    const cJSON *rcs = cJSON_GetObjectItem(cJSON_GetArrayItem(c.results, 0), "chat_model_rcs");
+    int want[5] = { 0, RLAI_ERR_EXISTS, RLAI_ERR_INVALID_ARG, RLAI_ERR_INVALID_ARG, RLAI_ERR_INVALID_ARG };
+    for (int i = 0; i < 5; i++)
+        ck_assert_int_eq(cJSON_GetArrayItem(rcs, i)->valueint, want[i]);
+    cap_free(&c);
+    /* the parrot streams its voice and the message */
+    cap_init(&c);
+    ck_assert_int_eq(call_sync(h, "good.parrot", "{\"voice\":\"Squawk: \",\"message\":\"hello\"}", &c), 0);
+    ck_assert_str_eq(c.text, "Squawk: hello");
+    cap_free(&c);
+    rlai_plugin_host_free(&h);
+}
+END_TEST
+
+static rlai_engine *open_model(void)
+{
+    if (access(MODEL, R_OK) != 0) {
+        fprintf(stderr, "test_plugin_host: %s missing (scripts/setup.sh fetches it)\n", MODEL);
+        ck_abort_msg("default model missing");
+    }
+    rlai_engine_params ep;
+    rlai_engine_params_init(&ep);
+    ep.n_threads = 2;
+    ep.n_ctx = 512;
+    rlai_engine *e = NULL;
+    char err[1024];
+    ck_assert_int_eq(rlai_engine_open(MODEL, &ep, &e, err, sizeof(err)), 0);
+    return e;
+}
+
+static int wait_threads(rlai_plugin_host *h, int want_alive, int want_waits, int want_handoff)
+{
+    for (int i = 0; i < 1000; i++) {   /* up to 10 s */
+        int alive, waits, handoff;
+        rlai_plugin_host_threads(h, &alive, &waits, &handoff);
+        if ((want_alive < 0 || alive == want_alive) && (want_waits < 0 || waits == want_waits) &&
+            (want_handoff < 0 || handoff == want_handoff))
+            return 0;
+        usleep(10000);
+    }
+    return -1;
+}
+
+/* Handlers blocked in generate do not starve the pool: with 2 workers and
+ * an engine nobody steps yet, three generate calls wait on the engine and
+ * a fourth call (echo) is still served; once the engine runs they finish
+ * and the pool shrinks back to its 2 workers. */
+START_TEST(handlers_waiting_on_the_engine_do_not_starve_the_pool)
+{
+    rlai_engine *e = open_model();
+    rlai_plugin_host *h = new_host(e, NULL);   /* workers = 2 */
+    char err[1024];
+    ck_assert_int_eq(load(h, "good", err, sizeof(err)), 0);
+    capture g[3];
+    for (int i = 0; i < 3; i++) {
+        cap_init(&g[i]);
+        rlai_call_sink s = sink_of(&g[i]);
+        ck_assert_int_eq(rlai_plugin_host_call(h, "good.generate", "{\"prompt\":\"Hi\",\"max_tokens\":4}", &s, NULL,
+                                               err, sizeof(err)), 0);
+    }
+    ck_assert_int_eq(wait_threads(h, -1, 3, -1), 0);
+    int alive, waits, handoff;
+    rlai_plugin_host_threads(h, &alive, &waits, &handoff);
+    ck_assert_int_ge(handoff, 1);
+    ck_assert_int_eq(alive, 2 + handoff);
+    capture c;
+    cap_init(&c);
+    ck_assert_int_eq(call_sync(h, "good.echo", "{\"x\":1}", &c), 0);   /* served while 3 wait */
+    ck_assert_int_eq(c.ended, 1);
+    cap_free(&c);
+    for (int i = 0; i < 3; i++)
+        ck_assert_int_eq(g[i].ended, 0);   /* nobody stepped the engine yet */
+    stepper st = { .e = e };
+    atomic_init(&st.stop, false);
+    ck_assert_int_eq(pthread_create(&st.t, NULL, step_main, &st), 0);
+    for (int i = 0; i < 3; i++) {
+        cap_wait(&g[i]);
+        ck_assert_int_eq(g[i].ended, 1);
+        cap_free(&g[i]);
+    }
+    ck_assert_int_eq(wait_threads(h, 2, 0, 0), 0);   /* back to the configured pool */
+    rlai_plugin_host_free(&h);
+    atomic_store(&st.stop, true);
+    pthread_join(st.t, NULL);
+    rlai_engine_close(e);
+}
+END_TEST
+
+/* A plugin built for ABI 1.1 passes a shorter rlai_gen_result: the host
+ * fills it and writes nothing past it. */
+START_TEST(an_older_plugins_result_struct_is_not_overrun)
+{
+    rlai_engine *e = open_model();
+    stepper st = { .e = e };
+    atomic_init(&st.stop, false);
+    ck_assert_int_eq(pthread_create(&st.t, NULL, step_main, &st), 0);
+    rlai_plugin_host *h = new_host(e, NULL);
+    char err[1024];
+    ck_assert_int_eq(load(h, "oldabi", err, sizeof(err)), 0);
+    capture c;
+    cap_init(&c);
+    ck_assert_int_eq(call_sync(h, "oldabi.generate", "{}", &c), 0);
+    ck_assert_int_eq(c.ended, 1);
+    const cJSON *r = cJSON_GetArrayItem(c.results, 0);
+    ck_assert(cJSON_IsTrue(cJSON_GetObjectItem(r, "canary_intact")));
+    ck_assert(cJSON_IsTrue(cJSON_GetObjectItem(r, "has_text")));
+    ck_assert_int_gt(cJSON_GetObjectItem(r, "gen_tokens")->valueint, 0);
+    cap_free(&c);
+    rlai_plugin_host_free(&h);
+    atomic_store(&st.stop, true);
+    pthread_join(st.t, NULL);
+    rlai_engine_close(e);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("plugin_host");
@@ -1149,6 +1299,9 @@ int main(void)
     tcase_add_test(tc, stop_gives_up_on_stuck_handlers_at_its_deadline);
     tcase_add_test(tc, invalid_plugin_output_is_an_error_for_plugin_and_client);
     tcase_add_test(tc, process_isolation_is_refused_as_not_implemented);
+    tcase_add_test(tc, chat_models_are_checked_listed_and_found);
+    tcase_add_test(tc, handlers_waiting_on_the_engine_do_not_starve_the_pool);
+    tcase_add_test(tc, an_older_plugins_result_struct_is_not_overrun);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

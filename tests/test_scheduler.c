@@ -356,7 +356,7 @@ START_TEST(submit_text_equals_manual_path_and_refuses_clearly)
     rlai_token pt[64];
     int npt = tokenize(e, prompts[0], pt, 64);
 
-    result manual[2], viatext[2];
+    result manual[2], viatext[3];
     memset(manual, 0, sizeof manual);
     memset(viatext, 0, sizeof viatext);
     submit(e, ct, nct, NTOK, &manual[0]);
@@ -385,19 +385,39 @@ START_TEST(submit_text_equals_manual_path_and_refuses_clearly)
     rq.rp.user = &viatext[1];
     ck_assert_int_eq(rlai_engine_submit_text(e, &rq, &id, &np, err, sizeof err), 0);
     ck_assert_int_eq(np, npt);
+    rq.prompt = NULL;             /* the same prompt as token ids */
+    rq.rp.prompt = pt;
+    rq.rp.n_prompt = npt;
+    rq.rp.user = &viatext[2];
+    ck_assert_int_eq(rlai_engine_submit_text(e, &rq, &id, &np, err, sizeof err), 0);
+    ck_assert_int_eq(np, npt);
     run_until_idle(e);
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < 3; i++) {
+        const result *want = &manual[i == 2 ? 1 : i];
         ck_assert(viatext[i].done && viatext[i].status == 0);
-        ck_assert_int_eq(viatext[i].n, manual[i].n);
-        ck_assert_int_eq(viatext[i].m.prompt_tokens, manual[i].m.prompt_tokens);
-        ck_assert_mem_eq(viatext[i].toks, manual[i].toks, sizeof(rlai_token) * (size_t)manual[i].n);
+        ck_assert_int_eq(viatext[i].n, want->n);
+        ck_assert_int_eq(viatext[i].m.prompt_tokens, want->m.prompt_tokens);
+        ck_assert_mem_eq(viatext[i].toks, want->toks, sizeof(rlai_token) * (size_t)want->n);
     }
+    rlai_model_info info;
+    rlai_engine_info(e, &info);
+    rlai_token badtok[2] = { pt[0], (rlai_token)info.n_vocab };
+    rq.rp.prompt = badtok;
+    rq.rp.n_prompt = 2;
+    ck_assert_int_eq(rlai_engine_submit_text(e, &rq, &id, &np, err, sizeof err), RLAI_ERR_INVALID_ARG);
+    ck_assert_msg(strstr(err, "ids are in") != NULL, "%s", err);
+    rq.rp.prompt = NULL;          /* no prompt form at all */
+    rq.rp.n_prompt = 0;
+    ck_assert_int_eq(rlai_engine_submit_text(e, &rq, &id, &np, err, sizeof err), RLAI_ERR_INVALID_ARG);
+    ck_assert_int_eq(np, 0);
+    rq.prompt = prompts[0];
 
     result never;
     memset(&never, 0, sizeof never);
     rq.rp.user = &never;
     rq.max_prompt_tokens = 3;   /* prompts[0] has more */
-    ck_assert_int_eq(rlai_engine_submit_text(e, &rq, &id, NULL, err, sizeof err), RLAI_ERR_TOO_LARGE);
+    ck_assert_int_eq(rlai_engine_submit_text(e, &rq, &id, &np, err, sizeof err), RLAI_ERR_TOO_LARGE);
+    ck_assert_int_eq(np, npt);  /* the count is known even when refused */
     ck_assert_msg(strstr(err, "the limit is 3") != NULL, "%s", err);
     rq.max_prompt_tokens = 0;
     rq.prompt = "";

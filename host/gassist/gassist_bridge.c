@@ -1,6 +1,7 @@
 /* gassist_bridge.c - the G-Assist session: reader loop, worker, engine
  * calls, passthrough conversations. */
 #include "gassist_bridge.h"
+#include "rlai/clock.h"
 
 #include "gassist_frame.h"
 #include "gassist_manifest.h"
@@ -80,13 +81,6 @@ struct gassist_bridge {
 };
 
 /* ------------------------------------------------------------------ util */
-
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
 
 static const char *level_name(int level)
 {
@@ -308,7 +302,7 @@ static int ensure_client(gassist_bridge *b, int timeout_ms, char *msg, size_t ca
  * always with force). Returns 0 or a negative rlai_error with a message. */
 static int refresh_registry(gassist_bridge *b, bool force, int timeout_ms, char *msg, size_t cap)
 {
-    if (b->registry && !force && now_ms() - b->registry_ms < REGISTRY_TTL_MS)
+    if (b->registry && !force && rlai_clock_ms() - b->registry_ms < REGISTRY_TTL_MS)
         return 0;
     int rc = ensure_client(b, timeout_ms, msg, cap);
     if (rc < 0)
@@ -332,7 +326,7 @@ static int refresh_registry(gassist_bridge *b, bool force, int timeout_ms, char 
     }
     cJSON_Delete(b->registry);
     b->registry = reg;
-    b->registry_ms = now_ms();
+    b->registry_ms = rlai_clock_ms();
     return 0;
 }
 
@@ -507,7 +501,7 @@ static void render_results(const cJSON *results, text *t)
 static bool command_offered(gassist_bridge *b, const char *command, double deadline_ms)
 {
     char msg[512];
-    int left = (int)(deadline_ms - now_ms());
+    int left = (int)(deadline_ms - rlai_clock_ms());
     int timeout = b->cfg.connect_timeout_ms < left ? b->cfg.connect_timeout_ms : left;
     if (timeout < 200)
         timeout = 200;
@@ -540,7 +534,7 @@ static void run_call(gassist_bridge *b, const cJSON *id, const char *function, c
     memset(out, 0, sizeof(*out));
     out->results = cJSON_CreateArray();
     char msg[2048];
-    int left = (int)(deadline_ms - now_ms());
+    int left = (int)(deadline_ms - rlai_clock_ms());
     int ctimeout = b->cfg.connect_timeout_ms < left ? b->cfg.connect_timeout_ms : left;
     if (ctimeout <= 0 || ensure_client(b, ctimeout, msg, sizeof(msg)) < 0) {
         if (ctimeout <= 0)
@@ -577,7 +571,7 @@ static void run_call(gassist_bridge *b, const cJSON *id, const char *function, c
     double cancel_at = 0;
     bool stopped = false;
     for (;;) {
-        double now = now_ms();
+        double now = rlai_clock_ms();
         if (!cancel_at && (now >= deadline_ms || atomic_load(&b->stopping))) {
             stopped = atomic_load(&b->stopping);
             rlai_client_cancel(b->client, m.id);
@@ -816,13 +810,13 @@ static void do_initialize(gassist_bridge *b, job *j)
 static const cJSON *resolve(gassist_bridge *b, const cJSON *id, const char *function, double deadline_ms)
 {
     char msg[2048];
-    int left = (int)(deadline_ms - now_ms());
+    int left = (int)(deadline_ms - rlai_clock_ms());
     int timeout = b->cfg.connect_timeout_ms < left ? b->cfg.connect_timeout_ms : left;
     if (timeout <= 0) {
         notify_error(b, id, GASSIST_RPC_TIMEOUT, "No time was left to ask the local AI engine.");
         return NULL;
     }
-    bool fresh = !b->registry || now_ms() - b->registry_ms >= REGISTRY_TTL_MS;
+    bool fresh = !b->registry || rlai_clock_ms() - b->registry_ms >= REGISTRY_TTL_MS;
     if (refresh_registry(b, false, timeout, msg, sizeof(msg)) < 0) {
         notify_error(b, id, GASSIST_RPC_PLUGIN_ERROR, msg);
         return NULL;
@@ -951,7 +945,7 @@ static void do_input(gassist_bridge *b, job *j)
         notify_complete(b, j->id, "Conversation ended.", false);
         return;
     }
-    double now = now_ms();
+    double now = rlai_clock_ms();
     double session_end = c->started_ms + b->cfg.session_limit_ms;
     if (session_end - now < SESSION_MARGIN_MS) {
         blog(b, GASSIST_LOG_INFO, "conversation %s reached the session limit", c->session);
@@ -981,7 +975,7 @@ static void do_input(gassist_bridge *b, job *j)
             free(b->last_session);
             b->last_session = strdup(rs);
         }
-        bool keep = session_end - now_ms() >= SESSION_MARGIN_MS;
+        bool keep = session_end - rlai_clock_ms() >= SESSION_MARGIN_MS;
         finish_call(b, j->id, &co, keep,
                     keep ? NULL : "\n\n_(This conversation reached G-Assist's time limit for one session.)_");
         if (!keep)
@@ -1018,7 +1012,7 @@ static job *new_job(job_kind kind, const cJSON *id)
         return NULL;
     j->kind = kind;
     j->id = id ? cJSON_Duplicate(id, 1) : cJSON_CreateNull();
-    j->arrived_ms = now_ms();
+    j->arrived_ms = rlai_clock_ms();
     return j;
 }
 
@@ -1227,8 +1221,8 @@ int gassist_bridge_run(gassist_bridge *b)
     atomic_store(&b->stopping, true);
     pthread_cond_broadcast(&b->cv);
     pthread_mutex_unlock(&b->mu);
-    double until = now_ms() + STOP_WAIT_MS;
-    while (!atomic_load(&b->worker_done) && now_ms() < until)
+    double until = rlai_clock_ms() + STOP_WAIT_MS;
+    while (!atomic_load(&b->worker_done) && rlai_clock_ms() < until)
         usleep(10000);
     if (!atomic_load(&b->worker_done)) {
         /* The worker is blocked in the engine client: do not wait past

@@ -331,12 +331,14 @@ typedef struct rlai_request_params {
 int rlai_engine_submit(rlai_engine *e, const rlai_request_params *rp, uint64_t *id);
 
 /* The one request path of every front (wire, HTTP, plugins): chat
- * messages or raw text -> template -> tokens -> prompt limit -> submit.
- * Exactly one of `messages` (n_messages >= 1; the chat template is applied
- * with the generation prompt, message content is never parsed for special
- * tokens) or `prompt` (raw text: special-token text parsed, BOS as the
- * model wants) is set. `rp` is what rlai_engine_submit takes; its prompt
- * and n_prompt are ignored (filled here). */
+ * messages, raw text or token ids -> template -> tokens -> prompt limit ->
+ * submit. Exactly one prompt form is set: `messages` (n_messages >= 1; the
+ * chat template is applied with the generation prompt, message content is
+ * never parsed for special tokens), `prompt` (raw text: special-token text
+ * parsed, BOS as the model wants), or neither, and then rp.prompt /
+ * rp.n_prompt are the prompt's token ids (used as given). `rp` is what
+ * rlai_engine_submit takes; with messages or prompt its prompt and
+ * n_prompt are ignored (filled here). */
 typedef struct rlai_text_request {
     const rlai_chat_message *messages;  /* borrowed for the call */
     int n_messages;
@@ -347,12 +349,15 @@ typedef struct rlai_text_request {
 
 /* Builds the prompt of `rq` and submits it; *id as rlai_engine_submit.
  * Returns 0, or a negative code with a one-line reason in err (may be
- * NULL): RLAI_ERR_INVALID_ARG (neither or both of messages/prompt, a role
- * the template refuses, an empty prompt), RLAI_ERR_TOO_LARGE (more prompt
- * tokens than max_prompt_tokens), RLAI_ERR_TOKENIZER, or any error of
- * rlai_engine_submit. On success *n_prompt (may be NULL) receives the
- * number of prompt tokens. Nothing of rq is kept but what submit copies;
- * on_done is called only when 0 is returned. Thread-safe as submit. */
+ * NULL): RLAI_ERR_INVALID_ARG (more than one prompt form or none, a role
+ * the template refuses, an empty prompt, a token id out of range),
+ * RLAI_ERR_TOO_LARGE (more prompt tokens than max_prompt_tokens),
+ * RLAI_ERR_TOKENIZER, or any error of rlai_engine_submit. *n_prompt (may
+ * be NULL) receives the number of prompt tokens as soon as it is known,
+ * also when the request is then refused (empty: 0; too long: the count),
+ * and -1 when the prompt could not be built. Nothing of rq is kept but
+ * what submit copies; on_done is called only when 0 is returned.
+ * Thread-safe as submit. */
 int rlai_engine_submit_text(rlai_engine *e, const rlai_text_request *rq, uint64_t *id, int *n_prompt,
                             char *err, size_t errlen);
 

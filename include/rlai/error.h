@@ -16,6 +16,8 @@
 #ifndef RLAI_ERROR_H
 #define RLAI_ERROR_H
 
+#include <stddef.h>
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -97,6 +99,17 @@ int rlai_err_http_status(int code, const char **oai_code);
  * table; rlai_wire_code_meaning gives its PROTOCOL.md meaning ("" if not). */
 const char *rlai_wire_code_name(int wire_code);
 const char *rlai_wire_code_meaning(int wire_code);
+
+/* The one error-buffer helper: formats a one-line reason into err (when
+ * err is not NULL and errlen > 0; truncated to fit, always terminated) and
+ * returns code, so a failure path reads
+ *     return rlai_errf(err, errlen, RLAI_ERR_IO, "cannot read %s", path);
+ * The caller owns err. */
+int rlai_errf(char *err, size_t errlen, int code, const char *fmt, ...)
+#if defined(__GNUC__) || defined(__clang__)
+    __attribute__((format(printf, 4, 5)))
+#endif
+    ;
 
 #ifdef __cplusplus
 }

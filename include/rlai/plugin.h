@@ -49,13 +49,24 @@
  * against a newer minor tests RLAI_HOST_HAS(host, member) before using a
  * member its host may lack. Structs the plugin passes in (command
  * descriptors, generation requests) are passed with their size, so an
- * older plugin's shorter struct keeps working.
+ * older plugin's shorter struct keeps working. Structs the host fills
+ * (rlai_gen_result) are written only up to the size they had in the ABI
+ * minor the plugin was built for (its rlai_plugin_abi_record), so they can
+ * grow too: an older plugin's shorter struct is never overrun.
+ *
+ * cJSON is part of the ABI: handlers receive and reply cJSON values, so a
+ * plugin must be built against the same cJSON major version as the host
+ * (RLAI_PLUGIN_SIGNATURE carries it and the host refuses a mismatch), and
+ * values crossing the boundary are created and freed with the one cJSON
+ * library the process has loaded (the host's).
  *
  * Threads: rlai_plugin_init and rlai_plugin_fini run on the host's main
  * thread. Command handlers run on the host's worker threads, several at a
  * time (one call per worker): a handler touching shared plugin state must
  * lock it. A handler may block (an engine job blocks its worker until it
- * ends); it must not keep the call after it returns. Every call has a
+ * ends; the host then starts a replacement worker when no other is idle,
+ * so handlers waiting on the engine never starve the other calls); it
+ * must not keep the call after it returns. Every call has a
  * deadline (request, manifest "timeout_ms", host default): past it the
  * call ends with RLAI_ERR_TIMEOUT for the client, cancelled() turns true
  * and later replies are dropped; a handler should check cancelled() and
@@ -85,7 +96,7 @@ extern "C" {
 /* ABI version this header describes. A host accepts a plugin with the same
  * major and a minor not newer than its own. */
 #define RLAI_PLUGIN_ABI_MAJOR 1
-#define RLAI_PLUGIN_ABI_MINOR 1
+#define RLAI_PLUGIN_ABI_MINOR 2
 #define RLAI_PLUGIN_ABI_VERSION ((uint32_t)(RLAI_PLUGIN_ABI_MAJOR << 16 | RLAI_PLUGIN_ABI_MINOR))
 
 /* Build signature: what must agree between host and plugin beyond the
@@ -188,14 +199,15 @@ typedef struct rlai_gen_request {
                                        (docs/STRUCTURED.md). A bad or unsupported schema
                                        makes generate return RLAI_ERR_INVALID_ARG /
                                        RLAI_ERR_UNSUPPORTED. */
-    const char *model;              /* added later in 1.1, after response_format (older
-                                       plugins pass a smaller req_size): the model to run
-                                       on, as a client names it -- NULL or "" = the local
-                                       model, else a remote model of the host's upstreams
-                                       ("NAME" or "UPSTREAM/NAME", docs/REMOTE.md); an
-                                       unknown name runs locally as the fronts check
-                                       names. Remote models refuse what they cannot honour
-                                       (docs/REMOTE.md) */
+    const char *model;              /* appended in 1.2 after response_format (size-detected:
+                                       older plugins pass a smaller req_size; a host without
+                                       the field answers RLAI_ERR_UNSUPPORTED): the model to
+                                       run on -- NULL, "" or "default" = the local model,
+                                       else a remote model of the host's upstreams ("NAME"
+                                       or "UPSTREAM/NAME", docs/REMOTE.md); any other name
+                                       makes generate return RLAI_ERR_NOT_FOUND. A remote
+                                       model refuses what it cannot honour (logprobs,
+                                       ignore_eos: RLAI_ERR_UNSUPPORTED) */
 } rlai_gen_request;
 
 /* Outcome of a generation (filled by host->generate). */
@@ -207,7 +219,14 @@ typedef struct rlai_gen_result {
     double queue_ms, ttft_ms, prefill_tps, decode_tps;
     const char *stop;               /* "eog", "max_tokens", "stop_string", "context",
                                        "cancelled" (static) */
+    /* ---- since 1.2 (a plugin built for 1.0/1.1 has a shorter struct; the
+     * host writes only RLAI_GEN_RESULT_SIZE_1_0 bytes of it) ---- */
+    int drafted_tokens;             /* speculative draft tokens proposed */
+    int accepted_tokens;            /* ... and accepted by verification */
 } rlai_gen_result;
+
+/* Size of rlai_gen_result in ABI 1.0 and 1.1. */
+#define RLAI_GEN_RESULT_SIZE_1_0 (offsetof(rlai_gen_result, drafted_tokens))
 
 /* ------------------------------------------------------------------
  * The host API table
@@ -344,6 +363,24 @@ typedef struct rlai_host_api {
      * for a refused role, RLAI_ERR_NOT_IMPLEMENTED without a model). */
     int (*tokenize_chat)(rlai_plugin *self, const rlai_plugin_message *msgs, int n, bool add_generation_prompt,
                          int32_t *out, int cap);
+
+    /* ---- since 1.2: chat models ---- */
+
+    /* During rlai_plugin_init only: offers `model` to chat clients (the
+     * OpenAI front lists it in /v1/models and answers
+     * /v1/chat/completions for it) by calling `command` (one of this
+     * plugin's) with the JSON object `params_json` (may be NULL = {})
+     * plus, from the chat request: "message" (the last user message),
+     * "session" (the request's "session" or "user", when given),
+     * "max_tokens", "temperature" and "seed" (when given). The command's
+     * text pieces and result "text" become the assistant's reply. model
+     * must be "<plugin>/<id>" (id of [A-Za-z0-9._-], at most 200 bytes);
+     * `description` (may be NULL) is shown in /v1/models. Strings copied.
+     * Returns 0; RLAI_ERR_INVALID_ARG (bad name, unknown command, params
+     * not an object), RLAI_ERR_EXISTS (model already offered),
+     * RLAI_ERR_BUSY (after init). */
+    int (*register_chat_model)(rlai_plugin *self, const char *model, const char *command,
+                               const char *params_json, const char *description);
 } rlai_host_api;
 
 /* True when the host's table has `member` (it was built with an ABI at

@@ -621,6 +621,22 @@ RLAI_PLUGIN_EXPORT int rlai_plugin_init(const rlai_host_api *host, rlai_plugin *
             if ((rc = host->register_command(self, &cmds[i], sizeof cmds[i])) != 0)
                 snprintf(err, sizeof err, "cannot register %s: %s", cmds[i].name, host->strerror(rc));
     }
+    /* Every character is a chat model "loremaster/<id>" (ABI 1.2): OpenAI
+     * clients pick it as the model and the host calls loremaster.talk. */
+    for (int i = 0; rc == 0 && i < lm->lore.n && RLAI_HOST_HAS(host, register_chat_model); i++) {
+        const lore_character *c = &lm->lore.chars[i];
+        char model[300], params[300], desc[400];
+        cJSON *pj = cJSON_CreateObject();
+        char *printed = pj && cJSON_AddStringToObject(pj, "character", c->id) ? cJSON_PrintUnformatted(pj) : NULL;
+        cJSON_Delete(pj);
+        snprintf(model, sizeof model, "loremaster/%s", c->id);
+        snprintf(params, sizeof params, "%s", printed ? printed : "{}");
+        free(printed);
+        snprintf(desc, sizeof desc, "%s%s%s (LoreMaster character)", c->name, c->title[0] ? ", " : "", c->title);
+        int mrc = host->register_chat_model(self, model, "loremaster.talk", params, desc);
+        if (mrc != 0)   /* the character stays reachable through loremaster.talk */
+            host->log(self, RLAI_LOG_WARN, "%s: not offered as a chat model: %s", c->id, host->strerror(mrc));
+    }
     if (rc != 0) {
         if (errmsg)
             *errmsg = host_strdup(host, err[0] ? err : host->strerror(rc));

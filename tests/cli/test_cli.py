@@ -139,7 +139,7 @@ def test_version_in_one_place():
     want = re.search(r"version\s*:\s*'([^']+)'", (root / "meson.build").read_text()).group(1)
     r = run("--version")
     assert r.returncode == 0 and r.stdout.decode().startswith(f"rlai {want} "), r.stdout
-    sdk = root / "samples" / "python"
+    sdk = root / "sdk" / "python"
     assert re.search(r'^version = "([^"]+)"', (sdk / "pyproject.toml").read_text(), re.M).group(1) == want
     assert re.search(r'^__version__ = "([^"]+)"', (sdk / "rtx_localai" / "__init__.py").read_text(),
                      re.M).group(1) == want

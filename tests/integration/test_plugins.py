@@ -63,8 +63,8 @@ def test_refused_plugins_are_logged_and_the_engine_serves(tmp_path):
         assert e.stop() == 0
     log = e.stderr
     # every refusal names the file and why; versions where the ABI differs
-    assert "libnewabi.so: refused: built for plugin ABI 1.2, this host has 1.1" in log
-    assert "libothermajor.so: refused: built for plugin ABI 2.0, this host has 1.1" in log
+    assert "libnewabi.so: refused: built for plugin ABI 1.3, this host has 1.2" in log
+    assert "libothermajor.so: refused: built for plugin ABI 2.0, this host has 1.2" in log
     assert "libinitfail.so: plugin 'initfail' 1.0.0: init failed" in log and "the lore pack is missing" in log
     assert "libdup.so: registration refused: command 'dup.same' is already registered" in log
     assert "libnosym.so: not an RTX-LocalAI plugin" in log
@@ -75,7 +75,7 @@ def test_refused_plugins_are_logged_and_the_engine_serves(tmp_path):
     # a params_schema the host cannot enforce refuses its plugin, naming the command and the keyword
     assert ("libbadschema.so: registration refused: command 'badschema.bad': params_schema: name: "
             'keyword "pattern" is not supported') in log
-    assert "3 plugins loaded" in log and "(18 commands)" in log
+    assert "4 plugins loaded" in log and "(20 commands)" in log
 
 
 def test_commands_lists_the_registry_with_schemas(eng):
@@ -86,8 +86,8 @@ def test_commands_lists_the_registry_with_schemas(eng):
     data = result_data(frames)[0]
     names = [cmd["name"] for cmd in data["commands"]]
     assert names == sorted(names)
-    assert names == ["good.echo", "good.fail", "good.generate", "good.info", "good.late", "good.pin",
-                     "good.slow", "good.stream", "stuck.badjson", "stuck.badtext", "stuck.ping", "stuck.short",
+    assert names == ["good.echo", "good.fail", "good.generate", "good.info", "good.late", "good.parrot", "good.pin",
+                     "good.slow", "good.stream", "oldabi.generate", "stuck.badjson", "stuck.badtext", "stuck.ping", "stuck.short",
                      "stuck.sleep", "stuck.spin", "stuck.status", "typed.fail", "typed.open", "typed.set"]
     gen = next(cmd for cmd in data["commands"] if cmd["name"] == "good.generate")
     assert gen["parameters"]["required"] == ["prompt"]
@@ -267,7 +267,7 @@ def test_cli_plugins_and_call(eng):
     assert "good 1.2.3" in out.stdout and "good.generate  [streams]" in out.stdout
     assert "prompt:string (required)" in out.stdout
     out = subprocess.run([RLAI, "plugins", "--json"], env=env, capture_output=True, text=True, timeout=60)
-    assert len(json.loads(out.stdout)["commands"]) == 18
+    assert len(json.loads(out.stdout)["commands"]) == 20
     out = subprocess.run([RLAI, "call", "good.stream", '{"pieces": 2}'], env=env, capture_output=True,
                          text=True, timeout=60)
     assert out.returncode == 0, out.stderr
@@ -411,3 +411,53 @@ def test_plugin_engine_job_with_response_format(eng):
     frames = c.collect(2)
     assert frames[-1]["type"] == "error"
     c.close()
+
+
+def test_a_plugin_chat_model_is_served_over_http(tmp_path):
+    """register_chat_model (ABI 1.2): the good plugin offers good/parrot; the
+    HTTP front lists it in /v1/models and answers chat completions for it
+    (blocking, streamed, and by id through "character") by calling its
+    command; an unknown chat model is 404 model_not_found. No plugin is
+    named in the host's code."""
+    port = free_port()
+    e = Engine(tmp_path, extra=("--plugins", TEST_PLUGINS, "--http", f"127.0.0.1:{port}", "--no-auth"))
+
+    def req(path, body=None):
+        r = urllib.request.Request(f"http://127.0.0.1:{port}{path}",
+                                   data=json.dumps(body).encode() if body is not None else None,
+                                   method="POST" if body is not None else "GET",
+                                   headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(r, timeout=60) as resp:
+                return resp.status, resp.read().decode()
+        except urllib.error.HTTPError as err:
+            return err.code, err.read().decode()
+
+    try:
+        st, body = req("/v1/models")
+        assert st == 200, body
+        models = {m["id"]: m for m in json.loads(body)["data"]}
+        assert models["good/parrot"]["owned_by"] == "good"
+        assert models["good/parrot"]["description"] == "A parrot (test chat model)"
+        assert "good/bad" not in models and "other/parrot" not in models
+        msgs = [{"role": "system", "content": "ignored"}, {"role": "user", "content": "first"},
+                {"role": "assistant", "content": "x"}, {"role": "user", "content": "polly wants"}]
+        st, body = req("/v1/chat/completions", {"model": "good/parrot", "messages": msgs})
+        assert st == 200, body
+        j = json.loads(body)
+        assert j["model"] == "good/parrot"
+        assert j["choices"][0]["message"]["content"] == "Squawk: polly wants"
+        assert j["choices"][0]["finish_reason"] == "stop"
+        st, body = req("/v1/chat/completions", {"model": MODEL.stem, "messages": msgs, "stream": True,
+                                                "character": "parrot"})
+        assert st == 200, body
+        text = ""
+        for line in body.splitlines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                for ch in json.loads(line[6:]).get("choices", []):
+                    text += ch["delta"].get("content") or ""
+        assert text == "Squawk: polly wants"
+        st, body = req("/v1/chat/completions", {"model": "good/owl", "messages": msgs})
+        assert st == 404 and json.loads(body)["error"]["code"] == "model_not_found", body
+    finally:
+        assert e.stop() == 0

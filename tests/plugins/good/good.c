@@ -112,6 +112,9 @@ static int cmd_late(rlai_call *call, const cJSON *params, void *user)
     return H->reply_json(call, r);
 }
 
+/* register_chat_model results at init (good.info reports them). */
+static int chat_model_rcs[5];
+
 static int cmd_info(rlai_call *call, const cJSON *params, void *user)
 {
     (void)params;
@@ -128,6 +131,26 @@ static int cmd_info(rlai_call *call, const cJSON *params, void *user)
         cJSON_AddItemToObject(r, "model", mi);
     int nt = H->tokenize(SELF, "Hello world", false, false, NULL, 0);
     cJSON_AddNumberToObject(r, "tokens_hello_world", nt);
+    cJSON *cm = cJSON_AddArrayToObject(r, "chat_model_rcs");
+    for (size_t i = 0; i < sizeof(chat_model_rcs) / sizeof(chat_model_rcs[0]); i++)
+        cJSON_AddItemToArray(cm, cJSON_CreateNumber(chat_model_rcs[i]));
+    return H->reply_json(call, r);
+}
+
+/* The chat model good/parrot: streams "<voice><message>" in two pieces. */
+static int cmd_parrot(rlai_call *call, const cJSON *params, void *user)
+{
+    (void)user;
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(params, "voice");
+    const cJSON *m = cJSON_GetObjectItemCaseSensitive(params, "message");
+    if (!cJSON_IsString(m))
+        return H->reply_error(call, RLAI_ERR_INVALID_ARG, "message (string) is required");
+    const char *voice = cJSON_IsString(v) ? v->valuestring : "";
+    if (H->stream_text(call, voice, strlen(voice)) < 0 ||
+        H->stream_text(call, m->valuestring, strlen(m->valuestring)) < 0)
+        return RLAI_ERR_CANCELLED;
+    cJSON *r = cJSON_CreateObject();
+    cJSON_AddItemToObject(r, "params", cJSON_Duplicate(params, true));
     return H->reply_json(call, r);
 }
 
@@ -162,6 +185,8 @@ RLAI_PLUGIN_EXPORT int rlai_plugin_init(const rlai_host_api *host, rlai_plugin *
         { "good.late", "Registers a command too late.", NULL, cmd_late, 0 },
         { "good.info", "Reports config and host features.", NULL, cmd_info, 0 },
         { "good.pin", "Pins a prefix.", NULL, cmd_pin, RLAI_CMD_USES_ENGINE },
+        { "good.parrot", "Repeats the message in a voice (the chat model good/parrot).", NULL, cmd_parrot,
+          RLAI_CMD_STREAMS },
     };
     for (size_t i = 0; i < sizeof(cmds) / sizeof(cmds[0]); i++) {
         rlai_command_desc d = { .name = cmds[i].name, .description = cmds[i].desc,
@@ -170,6 +195,14 @@ RLAI_PLUGIN_EXPORT int rlai_plugin_init(const rlai_host_api *host, rlai_plugin *
         if (rc < 0)
             return rc;
     }
+    /* One good chat model, then refusals: a duplicate, a name outside the
+     * plugin, a command of nobody, params that are not an object. */
+    chat_model_rcs[0] = host->register_chat_model(self, "good/parrot", "good.parrot", "{\"voice\":\"Squawk: \"}",
+                                                  "A parrot (test chat model)");
+    chat_model_rcs[1] = host->register_chat_model(self, "good/parrot", "good.parrot", NULL, NULL);
+    chat_model_rcs[2] = host->register_chat_model(self, "other/parrot", "good.parrot", NULL, NULL);
+    chat_model_rcs[3] = host->register_chat_model(self, "good/ghost", "good.nothing", NULL, NULL);
+    chat_model_rcs[4] = host->register_chat_model(self, "good/bad", "good.parrot", "[1]", NULL);
     state *st = calloc(1, sizeof(*st));
     if (!st)
         return RLAI_ERR_NOMEM;

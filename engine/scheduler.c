@@ -1,0 +1,831 @@
+/* scheduler.c - the scheduler half of the engine object (engine.h):
+ * submit and cancel, admission control against the KV pool, continuous
+ * batching with chunked prefill interleaved with decode, sampling with
+ * grammar masks and logprobs, speculative draft verification and KV
+ * rollback, request deadlines, prefix pinning, and the one text request
+ * path (rlai_engine_submit_text). The engine's state is engine_impl.h;
+ * open/close and the synchronous helpers are in engine.c. */
+#include "engine_impl.h"
+#include "scheduler.h"
+#include "rlai/clock.h"
+#include "rlai/error.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void rlai_sched_req_free(rlai_engine *e, rlai_req *r)
+{
+    if (!r)
+        return;
+    rlai_kv_seq_release(e->kv, &r->seq);
+    rlai_sampler_free(r->smp);
+    rlai_grammar_matcher_free(r->gm);
+    free(r->gmask);
+    rlai_textstream_free(r->ts);
+    free(r->lp_raw);
+    if (r->stops)
+        for (char **s = r->stops; *s; s++)
+            free(*s);
+    free(r->stops);
+    free(r->toks);
+    free(r);
+}
+
+
+int rlai_engine_submit(rlai_engine *e, const rlai_request_params *rp, uint64_t *id)
+{
+    if (!e || !rp)
+        return RLAI_ERR_INVALID_ARG;
+    int rc0 = rlai_engine_check_tokens(e, rp->prompt, rp->n_prompt);
+    if (rc0 < 0)
+        return rc0;
+    const rlai_hparams *hp = rlai_model_hparams(e->model);
+    rlai_req *r = calloc(1, sizeof(*r));
+    if (!r)
+        return RLAI_ERR_NOMEM;
+    r->gp = rp->gen;
+    if ((int)r->gp.spec < RLAI_SPEC_AUTO || (int)r->gp.spec > RLAI_SPEC_NGRAM || r->gp.spec_max_draft < 0 ||
+        r->gp.spec_max_draft > RLAI_SPEC_MAX_DRAFT) {
+        free(r);
+        return RLAI_ERR_INVALID_ARG;
+    }
+    r->lp_on = r->gp.on_logprobs && r->gp.top_logprobs >= 0;
+    if (r->lp_on && r->gp.top_logprobs > RLAI_MAX_TOP_LOGPROBS) {
+        free(r);
+        return RLAI_ERR_INVALID_ARG;
+    }
+    {
+        rlai_spec_mode mode = r->gp.spec == RLAI_SPEC_AUTO ? e->params.spec : r->gp.spec;
+        int md = r->gp.spec_max_draft > 0 ? r->gp.spec_max_draft : e->params.spec_max_draft;
+        /* Logprobs are taken from the one row each step samples: no drafts. */
+        rlai_spec_state_init(&r->spec, mode == RLAI_SPEC_NGRAM && !r->lp_on ? md : 0);
+    }
+    int max_new = r->gp.max_tokens > 0 ? r->gp.max_tokens : e->n_ctx;
+    long total = (long)rp->n_prompt + max_new;
+    r->total = total > e->n_ctx ? e->n_ctx : (int)total;
+    if (rlai_blocks_for(r->total) > rlai_kv_cache_n_blocks(e->kv)) {
+        free(r);
+        return RLAI_ERR_KV_FULL;
+    }
+    r->cap_toks = r->total + 1;
+    r->toks = malloc(sizeof(rlai_token) * (size_t)r->cap_toks);
+    int rc = r->toks ? 0 : RLAI_ERR_NOMEM;
+    if (rc == 0 && r->lp_on && !(r->lp_raw = malloc(sizeof(float) * (size_t)hp->n_vocab)))
+        rc = RLAI_ERR_NOMEM;
+    if (rc == 0 && rp->gen.stop) {
+        size_t n = 0;
+        while (rp->gen.stop[n])
+            n++;
+        r->stops = calloc(n + 1, sizeof(char *));
+        if (!r->stops)
+            rc = RLAI_ERR_NOMEM;
+        for (size_t i = 0; rc == 0 && i < n; i++)
+            if (!(r->stops[i] = strdup(rp->gen.stop[i])))
+                rc = RLAI_ERR_NOMEM;
+        r->gp.stop = (const char *const *)r->stops;
+    }
+    if (rc == 0)
+        rc = rlai_sampler_new(&r->gp.sampling, hp->n_vocab, &r->smp);
+    if (rc == 0)
+        rc = rlai_textstream_new(r->gp.stop, &r->ts);
+    if (rc == 0 && rp->gen.grammar) {
+        pthread_mutex_lock(&e->gv_mu);
+        if (!e->gvocab)
+            rc = rlai_gvocab_new(e->tok, &e->gvocab);
+        pthread_mutex_unlock(&e->gv_mu);
+        if (rc == 0)
+            rc = rlai_grammar_matcher_new(rp->gen.grammar, &r->gm);
+        if (rc == 0 && !(r->gmask = malloc(sizeof(uint32_t) * (size_t)rlai_gvocab_mask_words(e->gvocab))))
+            rc = RLAI_ERR_NOMEM;
+        r->gp.grammar = NULL;   /* the matcher holds the reference */
+    }
+    if (rc < 0) {
+        rlai_sched_req_free(e, r);
+        return rc;
+    }
+    memcpy(r->toks, rp->prompt, sizeof(rlai_token) * (size_t)rp->n_prompt);
+    r->n_toks = r->n_prompt = rp->n_prompt;
+    for (int i = 0; i < rp->n_prompt; i++)
+        rlai_sampler_accept(r->smp, rp->prompt[i]);
+    r->on_token = rp->on_token;
+    r->on_done = rp->on_done;
+    r->user = rp->user;
+    atomic_init(&r->cancel, false);
+    r->t_submit = rlai_clock_ms();
+    if (r->gp.timeout_ms > 0)
+        r->t_deadline = r->t_submit + (double)r->gp.timeout_ms;
+    r->mt.prompt_tokens = rp->n_prompt;
+
+    pthread_mutex_lock(&e->qmu);
+    if (e->n_queued >= e->params.max_queue) {
+        pthread_mutex_unlock(&e->qmu);
+        rlai_sched_req_free(e, r);
+        return RLAI_ERR_BUSY;
+    }
+    r->id = e->next_id++;
+    rlai_req **pp = &e->queue;
+    while (*pp)
+        pp = &(*pp)->next;
+    *pp = r;
+    e->n_queued++;
+    e->stats.queued = e->n_queued;
+    e->wake = true;
+    pthread_cond_broadcast(&e->qcv);
+    pthread_mutex_unlock(&e->qmu);
+    if (id)
+        *id = r->id;
+    return 0;
+}
+
+int rlai_engine_cancel(rlai_engine *e, uint64_t id)
+{
+    int rc = RLAI_ERR_NOT_FOUND;
+    pthread_mutex_lock(&e->qmu);
+    for (int l = 0; l < 2 && rc; l++)
+        for (rlai_req *r = l ? e->running : e->queue; r; r = r->next)
+            if (r->id == id) {
+                atomic_store(&r->cancel, true);
+                rc = 0;
+                break;
+            }
+    e->wake = true;
+    pthread_cond_broadcast(&e->qcv);
+    pthread_mutex_unlock(&e->qmu);
+    return rc;
+}
+
+bool rlai_engine_wait_work(rlai_engine *e, int timeout_ms)
+{
+    pthread_mutex_lock(&e->qmu);
+    if (!e->queue && !e->running && !e->wake) {
+        if (timeout_ms < 0) {
+            pthread_cond_wait(&e->qcv, &e->qmu);
+        } else {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_sec += timeout_ms / 1000;
+            ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+            if (ts.tv_nsec >= 1000000000L) {
+                ts.tv_sec++;
+                ts.tv_nsec -= 1000000000L;
+            }
+            pthread_cond_timedwait(&e->qcv, &e->qmu, &ts);
+        }
+    }
+    e->wake = false;
+    bool work = e->queue || e->running;
+    pthread_mutex_unlock(&e->qmu);
+    return work;
+}
+
+void rlai_engine_wakeup(rlai_engine *e)
+{
+    pthread_mutex_lock(&e->qmu);
+    e->wake = true;
+    pthread_cond_broadcast(&e->qcv);
+    pthread_mutex_unlock(&e->qmu);
+}
+
+void rlai_engine_set_prefix_cache(rlai_engine *e, bool on)
+{
+    rlai_kv_cache_set_prefix_caching(e->kv, on);
+}
+
+void rlai_engine_get_stats(rlai_engine *e, rlai_engine_stats *out)
+{
+    pthread_mutex_lock(&e->qmu);
+    *out = e->stats;
+    pthread_mutex_unlock(&e->qmu);
+}
+
+/* Marks a request finished (stepping thread). Streams what the text
+ * stream still holds unless a stop string or cancel ended it. */
+static void req_finish(rlai_engine *e, rlai_req *r, rlai_stop_reason stop, int status)
+{
+    if (r->done)
+        return;
+    r->done = true;
+    r->stop = stop;
+    r->status = status;
+    if (status == 0 && stop != RLAI_STOP_STRING && stop != RLAI_STOP_CANCELLED && r->on_token) {
+        const char *txt;
+        size_t len;
+        rlai_textstream_flush(r->ts, &txt, &len);
+        if (len)
+            r->on_token(r->user, -1, txt, len);
+    }
+    double t_end = rlai_clock_ms();
+    rlai_gen_metrics *m = &r->mt;
+    m->stop = stop;
+    m->queue_ms = r->t_admit > 0 ? r->t_admit - r->t_submit : t_end - r->t_submit;
+    if (r->t_prefill_end > 0) {
+        m->prefill_ms = r->t_prefill_end - (r->t_admit > 0 ? r->t_admit : r->t_submit);
+        int computed = r->n_prompt - m->reused_tokens;
+        m->prefill_tps = m->prefill_ms > 0 ? computed / (m->prefill_ms / 1e3) : 0;
+    }
+    if (r->t_first > 0) {
+        m->ttft_ms = r->t_first - r->t_submit;
+        m->decode_ms = t_end - r->t_first;
+        m->decode_tps = r->n_decode > 0 && m->decode_ms > 0 ? r->n_decode / (m->decode_ms / 1e3) : 0;
+    }
+    rlai_kv_seq_release(e->kv, &r->seq);
+    (void)e;
+}
+
+static bool past_deadline(const rlai_req *r, double now)
+{
+    return r->t_deadline > 0 && now >= r->t_deadline;
+}
+
+/* Admits queued requests FIFO while the pool can hold them (stepping thread). */
+static void admit(rlai_engine *e, rlai_req **finished)
+{
+    int committed = 0;
+    for (rlai_req *r = e->running; r; r = r->next)
+        committed += r->reserve;
+    pthread_mutex_lock(&e->qmu);
+    /* Cancelled and timed-out requests leave the queue wherever they are. */
+    double now = rlai_clock_ms();
+    for (rlai_req **pp = &e->queue; *pp;) {
+        rlai_req *r = *pp;
+        bool late = past_deadline(r, now);
+        if (atomic_load(&r->cancel) || late) {
+            *pp = r->next;
+            e->n_queued--;
+            r->next = *finished;
+            *finished = r;
+            req_finish(e, r, late && !atomic_load(&r->cancel) ? RLAI_STOP_TIMEOUT : RLAI_STOP_CANCELLED, 0);
+        } else {
+            pp = &r->next;
+        }
+    }
+    while (e->queue && e->n_running < e->params.max_running) {
+        rlai_req *r = e->queue;
+        /* Reuse the longest cached prefix, keeping the last prompt token to
+         * compute (its logits start generation). */
+        int reused = rlai_kv_prefix_attach(e->kv, &r->seq, r->toks, r->n_prompt, r->n_prompt - 1);
+        if (reused < 0)
+            reused = 0;
+        int need = rlai_blocks_for(r->total) - r->seq.n_blocks;
+        if (need > rlai_kv_cache_n_free(e->kv) - committed) {
+            rlai_kv_seq_release(e->kv, &r->seq);
+            break;   /* FIFO: wait until running requests free blocks */
+        }
+        e->queue = r->next;
+        e->n_queued--;
+        r->reserve = need;
+        committed += need;
+        r->mt.reused_tokens = reused;
+        r->t_admit = rlai_clock_ms();
+        r->next = NULL;
+        rlai_req **pp = &e->running;
+        while (*pp)
+            pp = &(*pp)->next;
+        *pp = r;
+        e->n_running++;
+        e->stats.prompt_tokens_total += (uint64_t)r->n_prompt;
+        e->stats.prompt_tokens_reused_total += (uint64_t)reused;
+        e->stats.requests_total++;
+    }
+    pthread_mutex_unlock(&e->qmu);
+}
+
+/* Handles the logits of a request's newest position: sample, stream, stop. */
+/* Parallel phase of sampling: every row's sampler is independent (own
+ * RNG, candidates and history), so rows are sampled on the thread pool and
+ * the result is the same as sampling them one after the other. */
+typedef struct sample_job {
+    const rlai_gvocab *gv;
+    rlai_req **rows;
+    const float *logits;
+    size_t n_vocab;
+    int n_rows;
+    int32_t *out;
+} sample_job;
+
+/* Grammar: logits of tokens the grammar refuses become -inf before the
+ * sampling chain. Returns the allowed count or a negative error (in r->gerr). */
+static int grammar_mask(const rlai_gvocab *gv, rlai_req *r, float *lg, size_t n_vocab)
+{
+    int c = rlai_grammar_matcher_mask(r->gm, gv, r->gmask);
+    if (c <= 0) {
+        r->gerr = c < 0 ? c : RLAI_ERR_INVALID_ARG;
+        return r->gerr;
+    }
+    const uint32_t *mk = r->gmask;
+    for (size_t t = 0; t < n_vocab; t++)
+        if (!((mk[t >> 5] >> (t & 31)) & 1))
+            lg[t] = -INFINITY;
+    return c;
+}
+
+static bool grammar_allows(const rlai_req *r, int32_t tok)
+{
+    return tok >= 0 && ((r->gmask[tok >> 5] >> (tok & 31)) & 1);
+}
+
+static void sample_rows(void *arg, int ith, int nth)
+{
+    sample_job *j = arg;
+    for (int i = ith; i < j->n_rows; i += nth) {
+        rlai_req *r = j->rows[i];
+        float *lg = (float *)j->logits + (size_t)r->row0 * j->n_vocab;
+        if (r->lp_on)
+            memcpy(r->lp_raw, lg, sizeof(float) * j->n_vocab);   /* the sampler modifies lg */
+        if (r->gm && grammar_mask(j->gv, r, lg, j->n_vocab) < 0) {
+            j->out[i] = -1;
+            continue;
+        }
+        j->out[i] = r->n_draft > 0 ? rlai_sampler_sample_draft(r->smp, lg, r->draft[0])
+                                   : rlai_sampler_sample(r->smp, lg);
+        if (r->lp_on) {
+            rlai_logprobs_compute(r->lp_raw, (int)j->n_vocab, j->out[i], r->gp.top_logprobs, &r->lp);
+            r->lp_ready = true;
+        }
+    }
+}
+
+/* Serial phase: record the sampled token, stream it, stop. */
+static void req_sample(rlai_engine *e, rlai_req *r, int32_t tok)
+{
+    if (r->t_first == 0)
+        r->t_first = rlai_clock_ms();
+    if (r->gm) {
+        if (tok >= 0 && !grammar_allows(r, tok)) {
+            /* every allowed logit was -inf: take the first allowed token */
+            int32_t t = 0, nv = rlai_gvocab_n_vocab(e->gvocab);
+            while (t < nv && !grammar_allows(r, t))
+                t++;
+            tok = t < nv ? t : -1;
+        }
+        int grc = tok < 0 ? (r->gerr ? r->gerr : RLAI_ERR_INVALID_ARG)
+                          : rlai_grammar_matcher_accept_token(r->gm, e->gvocab, tok);
+        if (grc < 0) {
+            req_finish(e, r, RLAI_STOP_NONE, grc);
+            return;
+        }
+        if (rlai_tokenizer_is_eog(e->tok, tok)) {   /* allowed only when complete */
+            req_finish(e, r, RLAI_STOP_EOG, 0);
+            return;
+        }
+    }
+    if (!r->gp.ignore_eos && rlai_tokenizer_is_eog(e->tok, tok)) {
+        req_finish(e, r, RLAI_STOP_EOG, 0);
+        return;
+    }
+    if (r->lp_on && r->lp_ready && r->lp.token == tok) {
+        r->gp.on_logprobs(r->gp.logprobs_user, &r->lp);
+        r->lp_ready = false;
+    }
+    rlai_sampler_accept(r->smp, tok);
+    r->toks[r->n_toks++] = tok;
+    r->mt.gen_tokens++;
+    char piece[256];
+    int plen = rlai_tokenizer_token_to_piece(e->tok, tok, false, piece, sizeof(piece));
+    char *big = NULL;
+    const char *pp = piece;
+    if (plen > (int)sizeof(piece)) {
+        big = malloc((size_t)plen);
+        if (big) {
+            rlai_tokenizer_token_to_piece(e->tok, tok, false, big, (size_t)plen);
+            pp = big;
+        } else {
+            plen = 0;
+        }
+    }
+    if (plen < 0)
+        plen = 0;
+    const char *txt;
+    size_t tlen;
+    bool stopped = rlai_textstream_push(r->ts, pp, (size_t)plen, &txt, &tlen);
+    free(big);
+    if (r->on_token && r->on_token(r->user, tok, txt, tlen) != 0) {
+        req_finish(e, r, RLAI_STOP_CANCELLED, 0);
+        return;
+    }
+    if (stopped)
+        req_finish(e, r, RLAI_STOP_STRING, 0);
+    else if (r->gm && rlai_grammar_matcher_done(r->gm))
+        req_finish(e, r, RLAI_STOP_EOG, 0);
+    else if (r->gp.max_tokens > 0 && r->mt.gen_tokens >= r->gp.max_tokens)
+        req_finish(e, r, RLAI_STOP_MAX_TOKENS, 0);
+    else if (r->n_toks >= r->total || r->n_toks >= e->n_ctx)
+        req_finish(e, r, r->n_toks >= e->n_ctx ? RLAI_STOP_CONTEXT : RLAI_STOP_MAX_TOKENS, 0);
+}
+
+/* Speculative verification (serial phase): `tok` was sampled from the
+ * request's first logits row (with the draft rule when it drafted). Emits
+ * it, and while it equals the draft token of that row, samples the next
+ * row and emits that too: the accepted draft prefix plus one corrected or
+ * bonus token, each through req_sample (stop strings, EOG, max_tokens and
+ * cancel end the run at that token). Then the K/V of rejected draft
+ * positions is dropped by truncating the block table (no copy) and the
+ * accepted full blocks are committed to the prefix cache. Returns the
+ * number of tokens emitted. */
+static int req_verify(rlai_engine *e, rlai_req *r, int32_t tok, float *logits, size_t n_vocab)
+{
+    int nd = r->n_draft, acc = 0, emitted = 0;
+    int p0 = r->seq.n_tokens - 1;   /* position of the token fed this step */
+    for (int j = 0;; j++) {
+        bool hit = j < nd && tok == r->draft[j];
+        req_sample(e, r, tok);
+        emitted++;
+        if (r->done || !hit)
+            break;
+        acc++;
+        float *lg = logits + (size_t)(r->row0 + j + 1) * n_vocab;
+        tok = j + 1 < nd ? rlai_sampler_sample_draft(r->smp, lg, r->draft[j + 1])
+                         : rlai_sampler_sample(r->smp, lg);
+    }
+    if (nd > 0) {
+        rlai_spec_feedback(&r->spec, nd, acc);
+        r->mt.drafted_tokens += nd;
+        r->mt.accepted_tokens += acc;
+        if (!r->done) {
+            /* positions p0..p0+acc hold the fed token and the accepted
+             * drafts; everything after is rejected */
+            r->seq.n_tokens = p0 + 1 + acc;
+            int dropped = rlai_kv_seq_truncate(e->kv, &r->seq, r->seq.n_tokens);
+            if (dropped > 0)
+                r->reserve += dropped;
+            rlai_kv_prefix_commit(e->kv, &r->seq, r->toks, r->seq.n_tokens);
+        }
+        r->n_draft = 0;
+    }
+    return emitted;
+}
+
+/* Tokens a request feeds this step: its decode token, or a prompt chunk
+ * taken from the step's prefill budget. */
+static int step_take(const rlai_req *r, int *budget)
+{
+    int pending = r->n_toks - r->seq.n_tokens;
+    if (pending <= 1)
+        return pending;
+    int t = pending < *budget ? pending : *budget;
+    if (t < 0)
+        t = 0;
+    *budget -= t;
+    return t;
+}
+
+static int step_locked(rlai_engine *e)
+{
+    rlai_req *finished = NULL;
+    /* Cancelled and timed-out running requests end now: their KV is freed this step. */
+    double t_now = rlai_clock_ms();
+    for (rlai_req *r = e->running; r; r = r->next)
+        if (atomic_load(&r->cancel))
+            req_finish(e, r, RLAI_STOP_CANCELLED, 0);
+        else if (past_deadline(r, t_now))
+            req_finish(e, r, RLAI_STOP_TIMEOUT, 0);
+    admit(e, &finished);
+
+    /* Build one batch: one decode token per streaming request (plus its
+     * speculative draft, when it has one), prefill chunks for the others
+     * within the per-step prompt budget. */
+    const rlai_hparams *hp = rlai_model_hparams(e->model);
+    int budget = e->params.prefill_chunk, n = 0, n_want = 0, n_seqs = 0, n_dec = 0;
+    for (rlai_req *r = e->running; r; r = r->next)
+        if (!r->done && r->n_toks - r->seq.n_tokens == 1 && r->n_toks > r->n_prompt)
+            n_dec++;
+    /* Drafting pays only while decode is bandwidth-bound: with more than a
+     * few decoding sequences the extra tokens are no longer nearly free. */
+    bool spec_ok = e->params.spec_max_batch < 0 || n_dec <= e->params.spec_max_batch;
+    for (rlai_req *r = e->running; r; r = r->next) {
+        if (r->done)
+            continue;
+        r->n_draft = 0;
+        int t = step_take(r, &budget);
+        if (t == 1 && r->n_toks > r->n_prompt && spec_ok && !r->gm) {
+            int g = rlai_spec_next_gamma(&r->spec);
+            int room = r->total - r->n_toks; /* KV positions reserved beyond the pending token */
+            if (g > room)
+                g = room;
+            if (g > 0)
+                r->n_draft = rlai_spec_ngram_draft(r->toks, r->n_toks, g, r->draft, NULL);
+        }
+        n += t + r->n_draft;
+        n_want += t > 0 && r->seq.n_tokens + t == r->n_toks ? 1 + r->n_draft : 0;
+        n_seqs++;
+    }
+    int rc = 0;
+    if (n > 0) {
+        if (e->step_logits_rows < n_want) {
+            float *nl = realloc(e->step_logits, sizeof(float) * (size_t)n_want * (size_t)hp->n_vocab);
+            if (!nl)
+                return RLAI_ERR_NOMEM;
+            e->step_logits = nl;
+            e->step_logits_rows = n_want;
+        }
+        int32_t *tokens = malloc(sizeof(int32_t) * (size_t)n);
+        int32_t *pos = malloc(sizeof(int32_t) * (size_t)n);
+        int32_t *sidx = malloc(sizeof(int32_t) * (size_t)n);
+        bool *want = malloc(sizeof(bool) * (size_t)n);
+        rlai_kv_seq **seqs = malloc(sizeof(rlai_kv_seq *) * (size_t)n_seqs);
+        rlai_req **rows = malloc(sizeof(rlai_req *) * (size_t)n_seqs);
+        int *take = malloc(sizeof(int) * (size_t)n_seqs);
+        int n_rows = 0, wi = 0;
+        if (!tokens || !pos || !sidx || !want || !seqs || !rows || !take) {
+            rc = RLAI_ERR_NOMEM;
+        } else {
+            budget = e->params.prefill_chunk;
+            int k = 0, si = 0;
+            for (rlai_req *r = e->running; r; r = r->next) {
+                if (r->done)
+                    continue;
+                int t = step_take(r, &budget);
+                take[si] = 0;
+                if (t <= 0) {
+                    continue;
+                }
+                int nd = r->n_draft;
+                int p0 = r->seq.n_tokens, before = r->seq.n_blocks;
+                int wrc = rlai_kv_seq_prepare_write(e->kv, &r->seq, p0, p0 + t + nd);
+                if (wrc < 0) {
+                    req_finish(e, r, RLAI_STOP_NONE, wrc);
+                    continue;
+                }
+                r->reserve -= r->seq.n_blocks - before;
+                if (r->reserve < 0)
+                    r->reserve = 0;
+                seqs[si] = &r->seq;
+                take[si] = t;
+                for (int j = 0; j < t + nd; j++) {
+                    tokens[k] = j < t ? r->toks[p0 + j] : r->draft[j - t];
+                    pos[k] = p0 + j;
+                    sidx[k] = si;
+                    want[k] = p0 + j >= r->n_toks - 1;  /* the last real token and every draft token */
+                    if (want[k] && j == t - 1) {
+                        r->row0 = wi;
+                        rows[n_rows++] = r;
+                    }
+                    wi += want[k];
+                    k++;
+                }
+                si++;
+            }
+            if (k > 0) {
+                rlai_batch b = { k, tokens, pos, sidx, want, false };
+                rc = rlai_model_forward(e->mctx, e->kv, seqs, &b, e->step_logits);
+            }
+            if (rc == 0) {
+                si = 0;
+                for (rlai_req *r = e->running; r; r = r->next) {
+                    if (r->done || si >= n_seqs || seqs[si] != &r->seq)
+                        continue;
+                    r->seq.n_tokens += take[si];
+                    rlai_kv_prefix_commit(e->kv, &r->seq, r->toks, r->seq.n_tokens);
+                    if (r->seq.n_tokens == r->n_prompt && r->t_prefill_end == 0)
+                        r->t_prefill_end = rlai_clock_ms();
+                    si++;
+                }
+                int32_t sampled_stack[64];
+                int32_t *sampled = n_rows <= 64 ? sampled_stack : malloc(sizeof(int32_t) * (size_t)n_rows);
+                if (sampled) {
+                    sample_job sj = { e->gvocab, rows, e->step_logits, (size_t)hp->n_vocab, n_rows, sampled };
+                    rlai_threadpool_run(n_rows > 1 ? e->tp : NULL, sample_rows, &sj);
+                }
+                for (int i = 0; i < n_rows; i++) {
+                    rlai_req *r = rows[i];
+                    bool decode = r->seq.n_tokens > r->n_prompt;
+                    if (r->t_prefill_end == 0)
+                        r->t_prefill_end = rlai_clock_ms();
+                    if (!sampled) {
+                        req_finish(e, r, RLAI_STOP_NONE, RLAI_ERR_NOMEM);
+                        continue;
+                    }
+                    int emitted = req_verify(e, r, sampled[i], e->step_logits, (size_t)hp->n_vocab);
+                    if (decode)
+                        r->n_decode += emitted;
+                }
+                if (sampled != sampled_stack)
+                    free(sampled);
+            } else {
+                for (rlai_req *r = e->running; r; r = r->next)
+                    req_finish(e, r, RLAI_STOP_NONE, rc);
+            }
+        }
+        free(tokens);
+        free(pos);
+        free(sidx);
+        free(want);
+        free(seqs);
+        free(rows);
+        free(take);
+    }
+
+    /* Unlink finished requests, then call on_done outside the lock. */
+    pthread_mutex_lock(&e->qmu);
+    rlai_req **pp = &e->running;
+    while (*pp) {
+        rlai_req *r = *pp;
+        if (r->done) {
+            *pp = r->next;
+            e->n_running--;
+            r->next = finished;
+            finished = r;
+        } else {
+            pp = &r->next;
+        }
+    }
+    rlai_kv_stats ks;
+    rlai_kv_cache_stats(e->kv, &ks);
+    e->stats.running = e->n_running;
+    e->stats.queued = e->n_queued;
+    e->stats.kv_blocks_total = ks.blocks_total;
+    e->stats.kv_blocks_free = ks.blocks_free;
+    e->stats.kv_blocks_used = ks.blocks_used;
+    e->stats.kv_blocks_cached = ks.blocks_cached;
+    e->stats.kv_blocks_pinned = ks.blocks_pinned;
+    e->stats.steps++;
+    int left = e->n_running + e->n_queued;
+    pthread_mutex_unlock(&e->qmu);
+    while (finished) {
+        rlai_req *r = finished;
+        finished = r->next;
+        pthread_mutex_lock(&e->qmu);
+        e->stats.gen_tokens_total += (uint64_t)r->mt.gen_tokens;
+        e->stats.spec_drafted_total += (uint64_t)r->mt.drafted_tokens;
+        e->stats.spec_accepted_total += (uint64_t)r->mt.accepted_tokens;
+        pthread_mutex_unlock(&e->qmu);
+        if (r->on_done)
+            r->on_done(r->user, r->id, r->status, &r->mt);
+        rlai_sched_req_free(e, r);
+    }
+    return rc < 0 ? rc : left;
+}
+
+int rlai_engine_step(rlai_engine *e)
+{
+    pthread_mutex_lock(&e->step_mu);
+    int rc = step_locked(e);
+    pthread_mutex_unlock(&e->step_mu);
+    return rc;
+}
+
+/* Runs the forward pass over tokens[from..to) of seq without logits. */
+static int prefill_no_logits(rlai_engine *e, rlai_kv_seq *seq, const rlai_token *toks, int from, int to)
+{
+    int n = to - from;
+    if (n <= 0)
+        return 0;
+    int rc = rlai_kv_seq_prepare_write(e->kv, seq, from, to);
+    int32_t *pos = malloc(sizeof(int32_t) * (size_t)n);
+    bool *want = calloc((size_t)n, sizeof(bool));
+    if (rc == 0 && (!pos || !want))
+        rc = RLAI_ERR_NOMEM;
+    if (rc == 0) {
+        for (int i = 0; i < n; i++)
+            pos[i] = from + i;
+        rlai_kv_seq *seqs[1] = { seq };
+        rlai_batch b = { n, toks + from, pos, NULL, want, false };
+        rc = rlai_model_forward(e->mctx, e->kv, seqs, &b, NULL);
+        if (rc == 0) {
+            seq->n_tokens = to;
+            rlai_kv_prefix_commit(e->kv, seq, toks, to);
+        }
+    }
+    free(pos);
+    free(want);
+    return rc;
+}
+
+/* Copies the KV pool figures into the stats snapshot (under step_mu). */
+void rlai_sched_refresh_kv_stats(rlai_engine *e)
+{
+    rlai_kv_stats ks;
+    rlai_kv_cache_stats(e->kv, &ks);
+    pthread_mutex_lock(&e->qmu);
+    e->stats.kv_blocks_total = ks.blocks_total;
+    e->stats.kv_blocks_free = ks.blocks_free;
+    e->stats.kv_blocks_used = ks.blocks_used;
+    e->stats.kv_blocks_cached = ks.blocks_cached;
+    e->stats.kv_blocks_pinned = ks.blocks_pinned;
+    pthread_mutex_unlock(&e->qmu);
+}
+
+static int pin_locked(rlai_engine *e, const rlai_token *toks, int n)
+{
+    int full = n / RLAI_KV_BLOCK * RLAI_KV_BLOCK;
+    if (full == 0)
+        return 0;
+    rlai_kv_seq seq;
+    memset(&seq, 0, sizeof(seq));
+    int have = rlai_kv_prefix_attach(e->kv, &seq, toks, full, full);
+    int rc = have < 0 ? have : 0;
+    if (rc == 0 && have < full) {
+        /* Never take blocks that admitted requests may still need. */
+        int committed = 0;
+        for (rlai_req *r = e->running; r; r = r->next)
+            committed += r->reserve;
+        if (rlai_blocks_for(full) - seq.n_blocks > rlai_kv_cache_n_free(e->kv) - committed)
+            rc = RLAI_ERR_KV_FULL;
+        else
+            rc = prefill_no_logits(e, &seq, toks, have, full);
+    }
+    if (rc == 0)
+        rc = rlai_kv_prefix_pin(e->kv, toks, full);
+    rlai_kv_seq_release(e->kv, &seq);
+    return rc < 0 ? rc : full;
+}
+
+int rlai_engine_pin_prefix(rlai_engine *e, const rlai_token *toks, int n)
+{
+    if (!e)
+        return RLAI_ERR_INVALID_ARG;
+    int rc0 = rlai_engine_check_tokens(e, toks, n);
+    if (rc0 < 0)
+        return rc0;
+    pthread_mutex_lock(&e->step_mu);
+    int rc = pin_locked(e, toks, n);
+    rlai_sched_refresh_kv_stats(e);
+    pthread_mutex_unlock(&e->step_mu);
+    return rc;
+}
+
+int rlai_engine_unpin_prefix(rlai_engine *e, const rlai_token *toks, int n)
+{
+    if (!e || !toks || n <= 0)
+        return RLAI_ERR_INVALID_ARG;
+    pthread_mutex_lock(&e->step_mu);
+    int rc = rlai_kv_prefix_unpin(e->kv, toks, n);
+    rlai_sched_refresh_kv_stats(e);
+    pthread_mutex_unlock(&e->step_mu);
+    return rc;
+}
+
+/* ------------------------------------------------------------------
+ * The one request path: text or chat -> tokens -> limits -> submit. */
+
+int rlai_engine_submit_text(rlai_engine *e, const rlai_text_request *rq, uint64_t *id, int *n_prompt,
+                            char *err, size_t errlen)
+{
+    if (err && errlen)
+        err[0] = 0;
+    if (n_prompt)
+        *n_prompt = -1;
+    if (!e || !rq || !id)
+        return rlai_errf(err, errlen, RLAI_ERR_INVALID_ARG, "invalid argument");
+    bool chat = rq->messages && rq->n_messages > 0;
+    bool text = rq->prompt != NULL;
+    if (chat && text)
+        return rlai_errf(err, errlen, RLAI_ERR_INVALID_ARG, "give either chat messages or a prompt");
+    rlai_token *toks = NULL;           /* owned here (chat, text) */
+    const rlai_token *use;
+    int n = 0, rc;
+    if (chat) {
+        rc = rlai_engine_tokenize_chat(e, rq->messages, rq->n_messages, true, &toks, &n);
+        if (rc == RLAI_ERR_INVALID_ARG)
+            return rlai_errf(err, errlen, rc, "chat messages rejected by the template (roles: system, user, assistant)");
+        if (rc < 0)
+            return rlai_errf(err, errlen, rc, "%s", rlai_strerror(rc));
+        use = toks;
+    } else if (text) {
+        size_t len = strlen(rq->prompt);
+        n = rlai_engine_tokenize(e, rq->prompt, len, true, true, NULL, 0);
+        if (n < 0)
+            return rlai_errf(err, errlen, n, "%s", rlai_strerror(n));
+        toks = malloc(sizeof(rlai_token) * (size_t)(n > 0 ? n : 1));
+        if (!toks)
+            return rlai_errf(err, errlen, RLAI_ERR_NOMEM, "%s", rlai_strerror(RLAI_ERR_NOMEM));
+        n = rlai_engine_tokenize(e, rq->prompt, len, true, true, toks, n);
+        if (n < 0) {
+            free(toks);
+            return rlai_errf(err, errlen, n, "%s", rlai_strerror(n));
+        }
+        use = toks;
+    } else {
+        use = rq->rp.prompt;
+        n = use ? rq->rp.n_prompt : 0;
+        if (n < 0)
+            n = 0;
+        const rlai_hparams *hp = rlai_model_hparams(e->model);
+        for (int i = 0; i < n; i++)
+            if (use[i] < 0 || use[i] >= hp->n_vocab)
+                return rlai_errf(err, errlen, RLAI_ERR_INVALID_ARG, "prompt token %d is %d; ids are in [0, %d)", i,
+                                 (int)use[i], hp->n_vocab);
+    }
+    if (n_prompt)
+        *n_prompt = n;
+    int limit = rq->max_prompt_tokens > 0 ? rq->max_prompt_tokens : e->n_ctx - 1;
+    if (n == 0) {
+        free(toks);
+        return rlai_errf(err, errlen, RLAI_ERR_INVALID_ARG, "empty prompt");
+    }
+    if (n > limit) {
+        free(toks);
+        return rlai_errf(err, errlen, RLAI_ERR_TOO_LARGE, "prompt has %d tokens; the limit is %d", n, limit);
+    }
+    rlai_request_params rp = rq->rp;
+    rp.prompt = use;
+    rp.n_prompt = n;
+    rc = rlai_engine_submit(e, &rp, id);
+    free(toks);
+    if (rc < 0)
+        return rlai_errf(err, errlen, rc, "%s", rlai_strerror(rc));
+    return 0;
+}

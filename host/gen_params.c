@@ -1,0 +1,39 @@
+/* gen_params.c - conversions into rlai_gen_params (gen_params.h). */
+#include "gen_params.h"
+
+void rlai_gen_params_from_wire(const rlai_msg_gen *g, rlai_gen_params *gp)
+{
+    rlai_gen_params_init(gp);
+    rlai_sampler_params_product(&gp->sampling, rlai_fresh_seed());   /* docs/DEFAULTS.md */
+    if (g->has_max_tokens) gp->max_tokens = g->max_tokens;
+    if (g->has_temperature) gp->sampling.temperature = g->temperature;
+    if (g->has_top_k) gp->sampling.top_k = g->top_k;
+    if (g->has_top_p) gp->sampling.top_p = g->top_p;
+    if (g->has_min_p) gp->sampling.min_p = g->min_p;
+    if (g->has_repeat_penalty) gp->sampling.repeat_penalty = g->repeat_penalty;
+    if (g->has_presence_penalty) gp->sampling.presence_penalty = g->presence_penalty;
+    if (g->has_frequency_penalty) gp->sampling.frequency_penalty = g->frequency_penalty;
+    if (g->has_seed) gp->sampling.seed = g->seed;
+    gp->ignore_eos = g->ignore_eos;
+    if (g->has_timeout_ms) gp->timeout_ms = g->timeout_ms;
+    if (g->has_spec) gp->spec = (rlai_spec_mode)g->spec;
+    if (g->has_spec_max_draft) gp->spec_max_draft = (int)g->spec_max_draft;
+    if (g->has_top_logprobs) gp->top_logprobs = (int)g->top_logprobs;
+}
+
+void rlai_gen_params_from_plugin(const rlai_gen_request *req, rlai_gen_params *gp)
+{
+    rlai_gen_params_init(gp);
+    if (req->max_tokens > 0)
+        gp->max_tokens = req->max_tokens;
+    gp->sampling.temperature = req->temperature > 0 ? req->temperature : 0;
+    gp->sampling.top_k = req->top_k > 0 ? req->top_k : 0;
+    if (req->top_p > 0 && req->top_p < 1)
+        gp->sampling.top_p = req->top_p;
+    if (req->min_p > 0)
+        gp->sampling.min_p = req->min_p;
+    if (req->repeat_penalty > 0)
+        gp->sampling.repeat_penalty = req->repeat_penalty;
+    gp->sampling.seed = req->seed;
+    gp->stop = req->stop;
+}
