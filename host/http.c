@@ -1443,6 +1443,15 @@ static bool check_model(hreq *r, const cJSON *body, bool allow_chat_models, cons
 {
     const cJSON *m = cJSON_GetObjectItemCaseSensitive(body, "model");
     *chat_model = NULL;
+    /* Extension: where it runs (docs/REMOTE.md) */
+    const cJSON *rt = cJSON_GetObjectItemCaseSensitive(body, "route");
+    if (rt && !cJSON_IsNull(rt)) {
+        if (!cJSON_IsString(rt) || strlen(rt->valuestring) > 256)
+            return send_error(r, 400, "invalid_type", "route",
+                              "'route' must be \"auto\", \"local\", \"remote\" or an upstream's name"), false;
+        free(r->route);
+        r->route = strdup(rt->valuestring);
+    }
     if (!m || cJSON_IsNull(m)) {
         r->model = strdup(r->h->model_id);
         return true;
@@ -1450,7 +1459,8 @@ static bool check_model(hreq *r, const cJSON *body, bool allow_chat_models, cons
     if (!cJSON_IsString(m))
         return send_error(r, 400, "invalid_type", "model", "'model' must be a string"), false;
     const char *v = m->valuestring;
-    if (allow_chat_models && strchr(v, '/') && strcmp(v, r->h->model_id) != 0)
+    if (allow_chat_models && strchr(v, '/') && strcmp(v, r->h->model_id) != 0 &&
+        !rlai_router_is_remote_model(r->h->router, v))
         *chat_model = v;   /* looked up by plugin_chat */
     else if (strcmp(v, r->h->model_id) != 0 && strcmp(v, "default") != 0 &&
              !rlai_router_is_remote_model(r->h->router, v))
@@ -1460,14 +1470,6 @@ static bool check_model(hreq *r, const cJSON *body, bool allow_chat_models, cons
                           rlai_router_n_remote_models(r->h->router) ? " and the remote models of /v1/models" : ""),
                false;
     r->model = strdup(v);
-    /* Extension: where it runs (docs/REMOTE.md) */
-    const cJSON *rt = cJSON_GetObjectItemCaseSensitive(body, "route");
-    if (rt && !cJSON_IsNull(rt)) {
-        if (!cJSON_IsString(rt) || strlen(rt->valuestring) > 256)
-            return send_error(r, 400, "invalid_type", "route",
-                              "'route' must be \"auto\", \"local\", \"remote\" or an upstream's name"), false;
-        r->route = strdup(rt->valuestring);
-    }
     return true;
 }
 

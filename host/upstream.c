@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -311,8 +312,11 @@ int rlai_upstream_build_body(const rlai_route_request *rq, const char *remote_mo
     cJSON_AddNumberToObject(j, "top_p", s->top_p > 0.0f && s->top_p <= 1.0f ? s->top_p : 1.0f);
     if (g->max_tokens > 0)
         cJSON_AddNumberToObject(j, "max_tokens", g->max_tokens);
-    /* seeds beyond 2^53 do not survive a JSON double: send the low 53 bits */
-    cJSON_AddNumberToObject(j, "seed", (double)(s->seed & ((1ull << 53) - 1)));
+    /* an exact integer literal (a double would print 2^53+ with an exponent);
+     * 63 bits: upstreams take a signed 64-bit seed */
+    char seed[24];
+    snprintf(seed, sizeof(seed), "%llu", (unsigned long long)(s->seed & INT64_MAX));
+    cJSON_AddRawToObject(j, "seed", seed);
     if (s->presence_penalty != 0.0f)
         cJSON_AddNumberToObject(j, "presence_penalty", s->presence_penalty);
     if (s->frequency_penalty != 0.0f)

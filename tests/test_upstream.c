@@ -157,6 +157,13 @@ START_TEST(body_maps_the_request_and_refuses_what_it_cannot_honour)
     ck_assert_int_eq((int)cJSON_GetObjectItem(j, "temperature")->valuedouble, 0);
     ck_assert_int_eq((int)cJSON_GetObjectItem(j, "top_k")->valuedouble, 40);
     ck_assert_int_eq((int)cJSON_GetObjectItem(j, "seed")->valuedouble, 42);
+    cJSON_Delete(j);
+    free(body);
+    /* a large seed stays an exact integer literal (no exponent), 63 bits */
+    rq.text.rp.gen.sampling.seed = UINT64_C(0xFEDCBA9876543210);
+    ck_assert_int_eq(rlai_upstream_build_body(&rq, "org/M", true, &body, &chat, err, sizeof(err)), 0);
+    ck_assert_ptr_nonnull(strstr(body, "\"seed\":9141386507638288912"));
+    j = cJSON_Parse(body);
     ck_assert_str_eq(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "stop"), 0)->valuestring, "\n\n");
     cJSON_Delete(j);
     free(body);

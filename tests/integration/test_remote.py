@@ -149,7 +149,7 @@ def test_greedy_chat_equals_upstream_blocking_and_streamed(cluster):
     ev = stream_events(router, "/v1/chat/completions",
                        {"model": "remote-smol", "messages": HELLO, "max_tokens": 24, "temperature": 0})
     assert ev[-1] == "[DONE]"
-    assert streamed_text(ev) == want
+    assert streamed_text(ev) == want, ev
     # the same through the official client
     c = router.client()
     r = c.chat.completions.create(model="up/default", messages=HELLO, max_tokens=24, temperature=0)
