@@ -186,10 +186,12 @@ def test_metrics_say_where_it_ran(cluster):
 # ---------------------------------------------------------------- cancel
 
 def test_client_disconnect_cancels_upstream(cluster):
+    # (400 tokens: the upstream's KV pool also holds LoreMaster's pinned lore,
+    # a prompt plus 1500 would wait for admission there)
     up, router, _ = cluster
     before = router.metrics()
     body = json.dumps({"model": "remote-smol", "messages": [{"role": "user", "content": "Tell me a very long story."}],
-                       "max_tokens": 1500, "temperature": 0, "stream": True}).encode()
+                       "max_tokens": 400, "temperature": 0, "stream": True}).encode()
     s = socket.create_connection(("127.0.0.1", router.port))
     s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n" + router.auth_bytes() +
               b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
@@ -343,7 +345,7 @@ def test_wire_protocol_reaches_remote_model(cluster):
         local = c.chat(HELLO, max_tokens=4, temperature=0)
         assert local.metrics.where == "local"
         # streamed, with a cancel that reaches the upstream
-        s = c.chat([{"role": "user", "content": "Tell me a very long story."}], stream=True, max_tokens=1500,
+        s = c.chat([{"role": "user", "content": "Tell me a very long story."}], stream=True, max_tokens=400,
                    temperature=0, model="remote-smol")
         for i, _piece in enumerate(s):
             if i >= 4:
