@@ -1,6 +1,7 @@
 /* config.c - daemon configuration (see config.h). */
 #include "config.h"
 #include "http.h"
+#include "upstream.h"
 #include "rlai/client.h"
 #include "rlai/engine.h"
 #include "rlai/error.h"
@@ -101,6 +102,9 @@ void rlai_config_free(rlai_config *c)
     for (int i = 0; i < c->n_plugin_dirs_extra; i++)
         free(c->plugin_dirs_extra[i]);
     free(c->plugin_dirs_extra);
+    for (int i = 0; i < c->n_upstreams; i++)
+        rlai_upstream_config_clear(&c->upstreams[i]);
+    free(c->upstreams);
     memset(c, 0, sizeof(*c));
 }
 
@@ -120,6 +124,135 @@ static int get_str(const cJSON *item, const char *key, char **out, char *err, si
     if (!cJSON_IsString(item))
         return rlai_errf(err, errlen, RLAI_ERR_FORMAT, "config: '%s' must be a string", key);
     return rlai_config_set_str(out, item->valuestring);
+}
+
+/* One "upstreams" entry into u (initialised by the caller). */
+static int load_upstream(const cJSON *o, int idx, rlai_upstream_config *u, char *err, size_t errlen)
+{
+    if (!cJSON_IsObject(o))
+        return rlai_errf(err, errlen, RLAI_ERR_FORMAT, "config: 'upstreams[%d]' must be an object", idx);
+    const cJSON *f;
+    char key[96];
+    int rc = 0;
+    cJSON_ArrayForEach(f, o) {
+        const char *k = f->string;
+        snprintf(key, sizeof(key), "upstreams[%d].%s", idx, k);
+        struct { const char *k; int *v; int lo, hi; } ints[] = {
+            { "max_concurrency", &u->max_concurrency, 1, 4096 }, { "max_queue", &u->max_queue, 0, 65536 },
+            { "connect_timeout_ms", &u->connect_timeout_ms, 1, 600000 },
+            { "first_token_timeout_ms", &u->first_token_timeout_ms, 1, 3600000 },
+            { "stall_timeout_ms", &u->stall_timeout_ms, 1, 3600000 }, { "max_retries", &u->max_retries, 0, 10 },
+            { "retry_backoff_ms", &u->retry_backoff_ms, 0, 60000 },
+            { "breaker_failures", &u->breaker_failures, 1, 1000 },
+            { "breaker_cooldown_ms", &u->breaker_cooldown_ms, 1, 3600000 },
+        };
+        bool done = false;
+        for (size_t i = 0; i < sizeof(ints) / sizeof(ints[0]); i++)
+            if (!strcmp(k, ints[i].k)) {
+                rc = get_int(f, key, ints[i].lo, ints[i].hi, ints[i].v, err, errlen);
+                done = true;
+            }
+        if (done) {
+        } else if (!strcmp(k, "name")) {
+            rc = get_str(f, key, &u->name, err, errlen);
+        } else if (!strcmp(k, "base_url")) {
+            rc = get_str(f, key, &u->base_url, err, errlen);
+        } else if (!strcmp(k, "api_key_env")) {
+            rc = get_str(f, key, &u->api_key_env, err, errlen);
+        } else if (!strcmp(k, "api_key_file")) {
+            rc = get_str(f, key, &u->api_key_file, err, errlen);
+        } else if (!strcmp(k, "spill_model")) {
+            rc = get_str(f, key, &u->spill_model, err, errlen);
+        } else if (!strcmp(k, "proxy")) {
+            rc = get_str(f, key, &u->proxy, err, errlen);
+        } else if (!strcmp(k, "sampling_extras")) {
+            if (!cJSON_IsBool(f))
+                rc = rlai_errf(err, errlen, RLAI_ERR_FORMAT, "config: '%s' must be a boolean", key);
+            else
+                u->sampling_extras = cJSON_IsTrue(f);
+        } else if (!strcmp(k, "models")) {
+            if (!cJSON_IsObject(f))
+                return rlai_errf(err, errlen, RLAI_ERR_FORMAT,
+                            "config: '%s' must be an object {\"shown name\": \"upstream's name\"}", key);
+            int n = cJSON_GetArraySize(f);
+            u->models = calloc((size_t)(n > 0 ? n : 1), sizeof(*u->models));
+            if (!u->models)
+                return RLAI_ERR_NOMEM;
+            const cJSON *m;
+            cJSON_ArrayForEach(m, f) {
+                if (!cJSON_IsString(m) || !m->valuestring[0] || !m->string[0])
+                    return rlai_errf(err, errlen, RLAI_ERR_FORMAT, "config: '%s.%s' must be a non-empty string", key,
+                                m->string);
+                rlai_upstream_model *um = &u->models[u->n_models++];
+                if (!(um->name = strdup(m->string)) || !(um->remote = strdup(m->valuestring)))
+                    return RLAI_ERR_NOMEM;
+            }
+        } else {
+            rc = rlai_errf(err, errlen, RLAI_ERR_FORMAT, "config: unknown key '%s'", key);
+        }
+        if (rc < 0)
+            return rc;
+    }
+    rc = rlai_upstream_config_check(u, err, errlen);
+    return rc < 0 ? RLAI_ERR_FORMAT : 0;
+}
+
+static int load_upstreams(rlai_config *c, const cJSON *a, char *err, size_t errlen)
+{
+    if (!cJSON_IsArray(a))
+        return rlai_errf(err, errlen, RLAI_ERR_FORMAT, "config: 'upstreams' must be a list of objects");
+    for (int i = 0; i < c->n_upstreams; i++)
+        rlai_upstream_config_clear(&c->upstreams[i]);
+    free(c->upstreams);
+    c->upstreams = NULL;
+    c->n_upstreams = 0;
+    int n = cJSON_GetArraySize(a);
+    if (n > 64)
+        return rlai_errf(err, errlen, RLAI_ERR_FORMAT, "config: at most 64 upstreams");
+    if (n == 0)
+        return 0;
+    c->upstreams = calloc((size_t)n, sizeof(*c->upstreams));
+    if (!c->upstreams)
+        return RLAI_ERR_NOMEM;
+    const cJSON *o;
+    cJSON_ArrayForEach(o, a) {
+        rlai_upstream_config *u = &c->upstreams[c->n_upstreams];
+        rlai_upstream_config_init(u);
+        c->n_upstreams++;
+        int rc = load_upstream(o, c->n_upstreams - 1, u, err, errlen);
+        if (rc < 0)
+            return rc;
+        for (int k = 0; k < c->n_upstreams - 1; k++)
+            if (!strcmp(c->upstreams[k].name, u->name))
+                return rlai_errf(err, errlen, RLAI_ERR_FORMAT, "config: upstream name '%s' is used twice", u->name);
+    }
+    return 0;
+}
+
+static int load_routing(rlai_config *c, const cJSON *o, char *err, size_t errlen)
+{
+    if (!cJSON_IsObject(o))
+        return rlai_errf(err, errlen, RLAI_ERR_FORMAT, "config: 'routing' must be an object");
+    const cJSON *f;
+    cJSON_ArrayForEach(f, o) {
+        const char *k = f->string;
+        int rc = 0;
+        if (!strcmp(k, "spill_queued")) {
+            rc = get_int(f, "routing.spill_queued", 0, 65536, &c->route_spill_queued, err, errlen);
+        } else if (!strcmp(k, "spill_long_prompts") || !strcmp(k, "affinity")) {
+            if (!cJSON_IsBool(f))
+                return rlai_errf(err, errlen, RLAI_ERR_FORMAT, "config: 'routing.%s' must be a boolean", k);
+            if (!strcmp(k, "affinity"))
+                c->route_no_affinity = !cJSON_IsTrue(f);
+            else
+                c->route_no_spill_long = !cJSON_IsTrue(f);
+        } else {
+            rc = rlai_errf(err, errlen, RLAI_ERR_FORMAT, "config: unknown key 'routing.%s'", k);
+        }
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
 }
 
 int rlai_config_load_json(rlai_config *c, const char *json, char *err, size_t errlen)
@@ -298,6 +431,10 @@ int rlai_config_load_json(rlai_config *c, const char *json, char *err, size_t er
                 if (rc < 0)
                     goto out;
             }
+        } else if (!strcmp(k, "upstreams")) {
+            rc = load_upstreams(c, it, err, errlen);
+        } else if (!strcmp(k, "routing")) {
+            rc = load_routing(c, it, err, errlen);
         } else if (!strcmp(k, "endpoints") || !strcmp(k, "limits") || !strcmp(k, "plugins") || !strcmp(k, "auth") ||
                    !strcmp(k, "http")) {
             rc = rlai_errf(err, errlen, RLAI_ERR_FORMAT, "config: '%s' must be an object", k);

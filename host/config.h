@@ -16,7 +16,12 @@
  *               "max_connections_per_ip": 64 },
  *     "plugins": { "dir": "PATH", "enabled": true, "workers": 4, "max_queue": 64,
  *                  "call_timeout_s": 60,
- *                  "config": { "<plugin>": { overrides of its manifest config } } } }
+ *                  "config": { "<plugin>": { overrides of its manifest config } } },
+ *     "upstreams": [ { "name": "cluster", "base_url": "http://10.0.0.5:8000/v1",
+ *                      "api_key_env": "CLUSTER_KEY", "models": { "llama-70b": "meta-llama/..." },
+ *                      "spill_model": "...", "max_concurrency": 16, ... } ],
+ *     "routing": { "spill_queued": 0, "spill_long_prompts": true, "affinity": true } }
+ * (upstreams and routing: docs/REMOTE.md, host/upstream.h)
  * An endpoint set to "" (or null) is disabled.
  */
 #ifndef RLAI_HOST_CONFIG_H
@@ -73,6 +78,12 @@ typedef struct rlai_config {
     int http_header_timeout_s;       /* "header_timeout_s": seconds to deliver a whole request; default 10 */
     char *mmproj;            /* "mmproj" / --mmproj: a vision projector GGUF loaded with the
                                 model (engine/vision.h, docs/SCREEN.md "Vision"); NULL = none */
+    /* remote upstreams and routing (docs/REMOTE.md) */
+    struct rlai_upstream_config *upstreams;  /* "upstreams": [...] (malloc'd, host/upstream.h) */
+    int n_upstreams;
+    int route_spill_queued;          /* "routing": {"spill_queued"}: 0 = never spill on queue length */
+    bool route_no_spill_long;        /* "routing": {"spill_long_prompts": false} */
+    bool route_no_affinity;          /* "routing": {"affinity": false} */
 } rlai_config;
 
 /* Fills defaults: default model path, default private endpoints, limits.

@@ -7,6 +7,7 @@
 #include "metrics.h"
 #include "plugin_host.h"
 #include "router.h"
+#include "upstream.h"
 #include "gen_params.h"
 #include "tools.h"
 #include "server.h"
@@ -34,6 +35,8 @@ typedef struct job {
     rlai_buf buf;              /* frame encoding scratch (engine thread) */
     rlai_msg_logprob lp;       /* the next token's logprobs (engine thread) */
     bool has_lp;
+    char where[RLAI_PROTO_MAX_WHERE + 1];   /* where the router runs it (done metrics "where") */
+    char errmsg[320];          /* a remote failure's reason (router on_error) */
 } job;
 
 struct rlai_daemon {
@@ -188,6 +191,13 @@ static void answer_stats(rlai_daemon *d, rlai_conn conn, uint64_t id)
     cJSON_AddNumberToObject(r, "running", es.running);
     cJSON_AddNumberToObject(r, "queue_length", es.queued);
     cJSON_AddNumberToObject(r, "errors_total", (double)atomic_load(&d->n_errors));
+    if (d->cfg.n_upstreams > 0) {       /* upstream health (docs/REMOTE.md) */
+        char *ups = rlai_router_upstreams_json(d->router);
+        cJSON *upj = ups ? cJSON_Parse(ups) : NULL;
+        free(ups);
+        if (upj)
+            cJSON_AddItemToObject(r, "upstreams", upj);
+    }
     cJSON_AddNumberToObject(r, "tokens_generated", (double)es.gen_tokens_total);
     cJSON_AddNumberToObject(r, "prompt_tokens", (double)es.prompt_tokens_total);
     cJSON_AddNumberToObject(r, "prompt_tokens_reused", (double)es.prompt_tokens_reused_total);
@@ -263,6 +273,29 @@ static int map_engine_error(int rc)
     return rlai_err_wire_code(rc);
 }
 
+/* A remote request failed (router thread, just before on_done): its reason. */
+static void on_job_error(void *user, uint64_t id, int status, const char *msg)
+{
+    (void)id;
+    (void)status;
+    job *j = user;
+    snprintf(j->errmsg, sizeof(j->errmsg), "%s", msg);
+}
+
+/* Is `name` a model of this daemon: "", "default", the model file's name
+ * without .gguf (the HTTP model id), or a remote model (docs/REMOTE.md)? */
+static bool model_known(rlai_daemon *d, const char *name)
+{
+    if (!name || !*name || !strcmp(name, "default") || rlai_router_is_remote_model(d->router, name))
+        return true;
+    const char *base = d->cfg.model ? strrchr(d->cfg.model, '/') : NULL;
+    base = base ? base + 1 : d->cfg.model ? d->cfg.model : "";
+    size_t n = strlen(base);
+    if (n > 5 && !strcmp(base + n - 5, ".gguf"))
+        n -= 5;
+    return strlen(name) == n && !strncmp(name, base, n);
+}
+
 static void on_done(void *user, uint64_t engine_id, int status, const rlai_gen_metrics *gm)
 {
     (void)engine_id;
@@ -275,7 +308,7 @@ static void on_done(void *user, uint64_t engine_id, int status, const rlai_gen_m
     if (cancel == RLAI_PE_SHUTDOWN) {
         send_error(d, j->conn, j->id, RLAI_PE_SHUTDOWN, "engine shutting down: request ended");
     } else if (status < 0) {
-        send_error(d, j->conn, j->id, map_engine_error(status), rlai_strerror(status));
+        send_error(d, j->conn, j->id, map_engine_error(status), j->errmsg[0] ? j->errmsg : rlai_strerror(status));
     } else {
         rlai_msg_metrics mm = {
             .queue_ms = gm->queue_ms, .ttft_ms = gm->ttft_ms, .prefill_tps = gm->prefill_tps,
@@ -283,6 +316,7 @@ static void on_done(void *user, uint64_t engine_id, int status, const rlai_gen_m
             .gen_tokens = (uint32_t)gm->gen_tokens, .reused_tokens = (uint32_t)gm->reused_tokens,
             .drafted_tokens = (uint32_t)gm->drafted_tokens, .accepted_tokens = (uint32_t)gm->accepted_tokens,
         };
+        snprintf(mm.where, sizeof(mm.where), "%s", j->where);
         send_done(d, j->conn, j->id, cancel ? "cancelled" : rlai_stop_reason_name(gm->stop), &mm);
     }
     pthread_mutex_lock(&d->mu);
@@ -343,6 +377,13 @@ static void answer_tokenize(rlai_daemon *d, rlai_conn conn, const rlai_msg *m)
 static void submit_generation(rlai_daemon *d, rlai_conn conn, const rlai_msg *m)
 {
     const rlai_msg_gen *g = m->type == RLAI_MSG_CHAT ? &m->u.chat.gen : &m->u.generate.gen;
+    if (!model_known(d, g->model)) {
+        char msg[400];
+        snprintf(msg, sizeof(msg), "unknown model '%.200s': this daemon serves its local model ('default') "
+                 "and the remote models of its upstreams (docs/REMOTE.md)", g->model);
+        send_error(d, conn, m->id, RLAI_PE_BAD_REQUEST, msg);
+        return;
+    }
     rlai_route_request rq;
     memset(&rq, 0, sizeof(rq));
     rlai_chat_message *cm = NULL;
@@ -363,6 +404,9 @@ static void submit_generation(rlai_daemon *d, rlai_conn conn, const rlai_msg *m)
     }
     rq.text.max_prompt_tokens = d->cfg.max_prompt_tokens;
     rq.response_format = g->response_format;
+    rq.model = g->model;                  /* docs/REMOTE.md */
+    rq.route = g->route;
+    rq.on_error = on_job_error;
     job *j = calloc(1, sizeof(*j));
     const char **stops = NULL;
     rlai_grammar *grammar = NULL;
@@ -413,6 +457,8 @@ static void submit_generation(rlai_daemon *d, rlai_conn conn, const rlai_msg *m)
     j->next = d->jobs;
     d->jobs = j;
     d->n_jobs++;
+    rq.where = j->where;
+    rq.where_len = sizeof(j->where);
     int rc = rlai_router_submit(d->router, &rq, &j->engine_id, NULL, err, sizeof(err));
     if (rc < 0) {
         unlink_job(d, j);
@@ -737,6 +783,24 @@ int rlai_daemon_start(const rlai_config *cfg, rlai_daemon **out, char *err, size
         snprintf(err, errlen, "cannot create the request router: %s", rlai_strerror(rc));
         goto fail;
     }
+    {   /* remote upstreams (docs/REMOTE.md) */
+        rlai_route_policy pol;
+        rlai_route_policy_init(&pol);
+        pol.spill_queued = cfg->route_spill_queued;
+        pol.spill_long_prompts = !cfg->route_no_spill_long;
+        pol.affinity = !cfg->route_no_affinity;
+        char uerr[300] = "";
+        if ((rc = rlai_router_set_upstreams(d->router, cfg->upstreams, cfg->n_upstreams, &pol, uerr,
+                                            sizeof(uerr))) < 0) {
+            snprintf(err, errlen, "%s", uerr[0] ? uerr : rlai_strerror(rc));
+            goto fail;
+        }
+        for (int i = 0; i < cfg->n_upstreams; i++)
+            fprintf(stderr, "rlai serve: upstream %s at %s (%d model%s%s)\n", cfg->upstreams[i].name,
+                    cfg->upstreams[i].base_url, cfg->upstreams[i].n_models,
+                    cfg->upstreams[i].n_models == 1 ? "" : "s",
+                    cfg->upstreams[i].spill_model ? ", takes spills" : "");
+    }
     if (cfg->no_prefix_cache)
         rlai_engine_set_prefix_cache(d->engine, false);
     if (pthread_create(&d->engine_thread, NULL, engine_main, d) != 0) {
@@ -874,6 +938,9 @@ void rlai_daemon_shutdown(rlai_daemon *d)
         rlai_engine_wakeup(d->engine);
         pthread_join(d->engine_thread, NULL);
     }
+    /* remote requests end on the router's thread: their done/error frames
+     * go out before the transports stop */
+    rlai_router_wait_remote(d->router, 2000);
     rlai_server_stop(d->server, 1000);
     if (left > 0 && n_abandoned_engines < 8) {
         abandoned_engines[n_abandoned_engines++] = d->engine;   /* a stuck handler may still use it */

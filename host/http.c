@@ -249,6 +249,8 @@ struct hreq {
     bool stream, include_usage;
     char id[48];
     char *model;                 /* echoed "model" value */
+    char *route;                 /* "route" (docs/REMOTE.md), or NULL */
+    char *rf_json;               /* response_format as JSON text when it made a grammar (for upstreams) */
     char *command;               /* K_PLUGIN */
 
     pthread_mutex_t mu;
@@ -313,6 +315,8 @@ static void hreq_unref(hreq *r)
     bytes_free(&r->out);
     cJSON_Delete(r->results);
     free(r->model);
+    free(r->route);
+    free(r->rf_json);
     free(r->command);
     free(r->chat_reply);
     free(r->lps);
@@ -835,6 +839,17 @@ static int gen_on_token(void *user, rlai_token tok, const char *text, size_t len
     return stop;
 }
 
+/* A remote request failed: keep the router's reason for the error frame. */
+static void gen_on_error(void *user, uint64_t id, int status, const char *msg)
+{
+    (void)id;
+    (void)status;
+    hreq *r = user;
+    pthread_mutex_lock(&r->mu);
+    snprintf(r->errmsg, sizeof(r->errmsg), "%s", msg);
+    pthread_mutex_unlock(&r->mu);
+}
+
 static void gen_on_done(void *user, uint64_t id, int status, const rlai_gen_metrics *m)
 {
     (void)id;
@@ -847,7 +862,7 @@ static void gen_on_done(void *user, uint64_t id, int status, const rlai_gen_metr
     if (status == 0 && m) {
         r->gm = *m;
         r->have_gm = true;
-    } else if (status < 0) {
+    } else if (status < 0 && !r->errmsg[0]) {
         snprintf(r->errmsg, sizeof(r->errmsg), "generation failed: %s", rlai_strerror(status));
     }
     pthread_cond_broadcast(&r->cv);
@@ -1403,6 +1418,10 @@ static bool parse_sampling(hreq *r, const cJSON *body, gen_request *g)
                                      sizeof(ferr)) < 0)
         return send_error(r, 400, "invalid_value", "response_format", "%s", ferr), false;
     g->gp.grammar = g->grammar;
+    if (g->grammar) {                     /* an upstream is given the text, not the mask */
+        free(r->rf_json);
+        r->rf_json = cJSON_PrintUnformatted(cJSON_GetObjectItemCaseSensitive(body, "response_format"));
+    }
     it = cJSON_GetObjectItemCaseSensitive(body, "ignore_eos");   /* extension */
     if (it && !cJSON_IsNull(it) && !cJSON_IsBool(it))
         return send_error(r, 400, "invalid_type", "ignore_eos", "'ignore_eos' must be a boolean"), false;
@@ -1424,6 +1443,15 @@ static bool check_model(hreq *r, const cJSON *body, bool allow_chat_models, cons
 {
     const cJSON *m = cJSON_GetObjectItemCaseSensitive(body, "model");
     *chat_model = NULL;
+    /* Extension: where it runs (docs/REMOTE.md) */
+    const cJSON *rt = cJSON_GetObjectItemCaseSensitive(body, "route");
+    if (rt && !cJSON_IsNull(rt)) {
+        if (!cJSON_IsString(rt) || strlen(rt->valuestring) > 256)
+            return send_error(r, 400, "invalid_type", "route",
+                              "'route' must be \"auto\", \"local\", \"remote\" or an upstream's name"), false;
+        free(r->route);
+        r->route = strdup(rt->valuestring);
+    }
     if (!m || cJSON_IsNull(m)) {
         r->model = strdup(r->h->model_id);
         return true;
@@ -1431,12 +1459,16 @@ static bool check_model(hreq *r, const cJSON *body, bool allow_chat_models, cons
     if (!cJSON_IsString(m))
         return send_error(r, 400, "invalid_type", "model", "'model' must be a string"), false;
     const char *v = m->valuestring;
-    if (allow_chat_models && strchr(v, '/') && strcmp(v, r->h->model_id) != 0)
+    if (allow_chat_models && strchr(v, '/') && strcmp(v, r->h->model_id) != 0 &&
+        !rlai_router_is_remote_model(r->h->router, v))
         *chat_model = v;   /* looked up by plugin_chat */
-    else if (strcmp(v, r->h->model_id) != 0 && strcmp(v, "default") != 0)
+    else if (strcmp(v, r->h->model_id) != 0 && strcmp(v, "default") != 0 &&
+             !rlai_router_is_remote_model(r->h->router, v))
         return send_error(r, 404, "model_not_found", "model",
-                          "The model '%.200s' does not exist: this server serves '%s' (also reachable as 'default')",
-                          v, r->h->model_id), false;
+                          "The model '%.200s' does not exist: this server serves '%s' (also reachable as 'default')%s",
+                          v, r->h->model_id,
+                          rlai_router_n_remote_models(r->h->router) ? " and the remote models of /v1/models" : ""),
+               false;
     r->model = strdup(v);
     return true;
 }
@@ -1579,6 +1611,8 @@ static enum MHD_Result send_submit_error(hreq *r, int rc, int n_prompt, const ch
     rlai_http *h = r->h;
     const char *code;
     int st = status_of(rc, &code);
+    if (n_prompt == RLAI_ROUTER_REFUSED_REMOTE)      /* the routing decision or an upstream said why */
+        return send_error(r, st, code, rc == RLAI_ERR_INVALID_ARG ? "route" : NULL, "%s%s", sub, err);
     if (rc == RLAI_ERR_TOO_LARGE && n_prompt > 0)
         return send_error(r, 400, "context_length_exceeded", what,
                           "%sThis model's maximum prompt length is %d tokens; the prompt has %d tokens", sub,
@@ -1611,6 +1645,11 @@ static enum MHD_Result run_generation(hreq *r, rlai_route_request *rq, gen_reque
         return send_error(r, 503, "shutdown", NULL, "server shutting down");
     rlai_request_params *rp = &rq->text.rp;
     rq->text.max_prompt_tokens = h->max_prompt_tokens;
+    rq->model = r->model;
+    rq->route = r->route;
+    if (!rq->response_format)
+        rq->response_format = r->rf_json;
+    rq->on_error = gen_on_error;
     rp->gen = g->gp;
     if (r->lp_mode) {
         rp->gen.on_logprobs = gen_on_logprobs;
@@ -2028,6 +2067,8 @@ static int kid_submit(hreq *k, const char *text, const rlai_token *toks, int n, 
     memset(&rq, 0, sizeof(rq));
     rq.text.prompt = text;
     rq.text.max_prompt_tokens = h->max_prompt_tokens;
+    rq.model = k->model;
+    rq.on_error = gen_on_error;
     rlai_request_params *rp = &rq.text.rp;
     if (!text) {
         rp->prompt = toks;
@@ -2395,6 +2436,15 @@ static enum MHD_Result models(hreq *r, const char *which)
     cJSON *data = cJSON_AddArrayToObject(j, "data");
     cJSON_AddItemToArray(data, model_object(h, h->model_id));
     cJSON_AddItemToArray(data, model_object(h, "default"));
+    for (int i = 0; i < rlai_router_n_remote_models(h->router); i++) {   /* docs/REMOTE.md */
+        const char *up = NULL;
+        const char *name = rlai_router_remote_model(h->router, i, &up);
+        cJSON *o = model_object(h, name);
+        char owner[96];
+        snprintf(owner, sizeof(owner), "upstream:%s", up);
+        cJSON_ReplaceItemInObject(o, "owned_by", cJSON_CreateString(owner));
+        cJSON_AddItemToArray(data, o);
+    }
     add_chat_models(h, data);
     if (!which)
         return send_json(r, 200, j);
@@ -2432,6 +2482,16 @@ static enum MHD_Result metrics(hreq *r)
     rlai_engine_stats es;
     rlai_engine_get_stats(h->engine, &es);
     char *text = rlai_metrics_render(h->metrics, &es, rlai_clock_s() - h->t_start);
+    char *route = rlai_router_render_metrics(h->router);   /* upstreams (docs/REMOTE.md) */
+    if (text && route && route[0]) {
+        size_t a = strlen(text), b = strlen(route);
+        char *both = realloc(text, a + b + 1);
+        if (both) {
+            memcpy(both + a, route, b + 1);
+            text = both;
+        }
+    }
+    free(route);
     if (!text)
         return send_error(r, 500, NULL, NULL, "out of memory");
     return send_text(r, 200, "text/plain; version=0.0.4; charset=utf-8", text);

@@ -964,6 +964,12 @@ static int api_generate(rlai_call *call, const rlai_gen_request *req_in, size_t 
     rq.text.image_rgb = req.image_rgb;      /* the engine expands the prompt's <image> (engine.h) */
     rq.text.image_width = req.image_width;
     rq.text.image_height = req.image_height;
+    rq.model = req.model;                 /* zero for plugins that pass a smaller req_size */
+    if (req.model && req.model[0] && strcmp(req.model, "default") &&
+        !rlai_router_is_remote_model(h->p.router, req.model)) {
+        free(cm);
+        return RLAI_ERR_NOT_FOUND;        /* docs/REMOTE.md: NULL, "default" or a remote model */
+    }
     gen_wait w;
     memset(&w, 0, sizeof(w));
     w.call = call;

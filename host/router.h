@@ -15,6 +15,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdbool.h>
 #include "rlai/engine.h"
 
 typedef struct rlai_router rlai_router;
@@ -24,12 +25,81 @@ typedef struct rlai_route_request {
     const char *model;                /* model name asked for; NULL or "" = the local model */
     const char *response_format;      /* JSON text the grammar in text.rp.gen was built from, or
                                          NULL; a remote upstream is given this instead of the mask */
+    /* -- remote upstreams (issue 16, docs/REMOTE.md); all optional (zero = defaults) -- */
+    const char *route;                /* per-request override: NULL/""/"auto" = the policy, "local" = the
+                                         local engine only, "remote" = an upstream (the spill ones for the
+                                         local model), or an upstream's name */
+    const char *affinity_key;         /* prefix-affinity key (e.g. a pinned lore prefix); NULL = the
+                                         first message's content when its role is "system" */
+    char *where;                      /* out (may be NULL): on success, where it runs: "local" or
+                                         "upstream:NAME" (NUL-terminated, truncated to where_len) */
+    size_t where_len;
+    void (*on_error)(void *user, uint64_t id, int status, const char *msg);
+                                      /* may be NULL: for a remote request that fails, called once
+                                         just before on_done (status < 0) with a one-line reason */
 } rlai_route_request;
+
+/* *n_prompt of rlai_router_submit when the refusal came from the routing
+ * decision or a remote upstream (no local prompt count; err says why). */
+#define RLAI_ROUTER_REFUSED_REMOTE (-2)
+
+/* Routed ids of remote requests have this bit set (engine ids never do). */
+#define RLAI_ROUTER_REMOTE_BIT (UINT64_C(1) << 63)
+
+/* Token id given to on_token for text from a remote upstream (its ids are
+ * not the local model's): fronts send no token ids for it. */
+#define RLAI_ROUTER_REMOTE_TOKEN ((rlai_token)-1)
+
+/* Routing policy ("routing" in the config, docs/REMOTE.md). */
+typedef struct rlai_route_policy {
+    int spill_queued;                 /* spill a local-model request to an upstream with a spill_model
+                                         when the local engine has at least this many queued (0 = never) */
+    bool spill_long_prompts;          /* spill a prompt the local engine refuses as too long
+                                         (context, prompt limit) (default true) */
+    bool affinity;                    /* prefix affinity among upstreams (default true); false = least
+                                         loaded */
+} rlai_route_policy;
+
+void rlai_route_policy_init(rlai_route_policy *p);
+
+struct rlai_upstream_config;
 
 /* Creates a router in front of `engine` (borrowed; must outlive the
  * router). *out is owned by the caller (rlai_router_free). Returns 0 or
  * RLAI_ERR_INVALID_ARG / RLAI_ERR_NOMEM. */
 int rlai_router_new(rlai_engine *engine, rlai_router **out);
+
+/* Adds the remote upstreams (copied; their API keys are read now) and the
+ * policy (copied; NULL = defaults). Call once, before the first submit.
+ * Returns 0 or a negative error with a message naming the bad key. */
+int rlai_router_set_upstreams(rlai_router *r, const struct rlai_upstream_config *ups, int n,
+                              const rlai_route_policy *policy, char *err, size_t errlen);
+
+/* Number of remote model names (the "models" keys of every upstream) and
+ * the i-th (borrowed, valid until rlai_router_free); NULL past the end. */
+int rlai_router_n_remote_models(const rlai_router *r);
+const char *rlai_router_remote_model(const rlai_router *r, int i, const char **upstream);
+
+/* True when `model` names a remote model: a "models" key of an upstream
+ * or "UPSTREAM/NAME" for a configured upstream. */
+bool rlai_router_is_remote_model(const rlai_router *r, const char *model);
+
+/* Prometheus text of the routing counters and upstream health (appended
+ * to /metrics), malloc'd (caller frees); "" when there are no upstreams;
+ * NULL when out of memory. */
+char *rlai_router_render_metrics(rlai_router *r);
+
+/* Upstream health for `rlai stats`: a malloc'd JSON object text
+ * {"NAME": {"breaker", "active", "waiting", "requests", "ok", "failed",
+ * "cancelled", "timeouts", "retries", "attempts_failed", "breaker_opens"}}
+ * ({} without upstreams; caller frees), or NULL when out of memory. */
+char *rlai_router_upstreams_json(rlai_router *r);
+
+/* Waits until no remote request is running (their on_done returned), at
+ * most timeout_ms; call after cancelling them at shutdown, before the
+ * transports that their callbacks write to stop. Returns how many are
+ * left (0 without upstreams). */
+int rlai_router_wait_remote(rlai_router *r, int timeout_ms);
 
 /* Frees the router (NULL is fine). Every routed request must have ended
  * (on_done) before. */

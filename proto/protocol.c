@@ -383,7 +383,7 @@ enum fid {
     F_CODE, F_NAME, F_MSG,
     F_MAX_TOKENS, F_TEMPERATURE, F_TOP_K, F_TOP_P, F_MIN_P, F_REPEAT_PENALTY,
     F_PRESENCE_PENALTY, F_FREQUENCY_PENALTY, F_SEED, F_IGNORE_EOS, F_TIMEOUT_MS,
-    F_SPEC, F_SPEC_MAX_DRAFT, F_TOP_LOGPROBS, F_RESPONSE_FORMAT,
+    F_SPEC, F_SPEC_MAX_DRAFT, F_TOP_LOGPROBS, F_RESPONSE_FORMAT, F_MODEL, F_ROUTE,
     F_COUNT
 };
 
@@ -394,7 +394,7 @@ static const char *const field_names[F_COUNT] = {
     "code", "name", "msg",
     "max_tokens", "temperature", "top_k", "top_p", "min_p", "repeat_penalty",
     "presence_penalty", "frequency_penalty", "seed", "ignore_eos", "timeout_ms",
-    "spec", "spec_max_draft", "top_logprobs", "response_format",
+    "spec", "spec_max_draft", "top_logprobs", "response_format", "model", "route",
 };
 
 #define FB(f) (UINT64_C(1) << (f))
@@ -402,7 +402,7 @@ static const char *const field_names[F_COUNT] = {
                     FB(F_MIN_P) | FB(F_REPEAT_PENALTY) | FB(F_PRESENCE_PENALTY) |     \
                     FB(F_FREQUENCY_PENALTY) | FB(F_SEED) | FB(F_IGNORE_EOS) | FB(F_TIMEOUT_MS) | \
                     FB(F_SPEC) | FB(F_SPEC_MAX_DRAFT) | FB(F_TOP_LOGPROBS) | FB(F_STOP) | \
-                    FB(F_RESPONSE_FORMAT))
+                    FB(F_RESPONSE_FORMAT) | FB(F_MODEL) | FB(F_ROUTE))
 
 static uint64_t type_fields(rlai_msg_type t)
 {
@@ -628,6 +628,10 @@ static int decode_gen(dctx *c, const msgpack_object *const *f, rlai_msg_gen *g)
     if ((o = opt(f[F_RESPONSE_FORMAT])) &&
         (rc = get_str(c, o, "response_format", RLAI_PROTO_MAX_STR, false, &g->response_format)))
         return rc;
+    if ((o = opt(f[F_MODEL])) && (rc = get_str(c, o, "model", RLAI_PROTO_MAX_MODEL_NAME, false, &g->model)))
+        return rc;
+    if ((o = opt(f[F_ROUTE])) && (rc = get_str(c, o, "route", RLAI_PROTO_MAX_MODEL_NAME, false, &g->route)))
+        return rc;
     if ((o = opt(f[F_STOP]))) {
         if (o->type != MSGPACK_OBJECT_ARRAY)
             return fail(c, RLAI_PE_BAD_REQUEST, "field 'stop' must be an array of str, not %s",
@@ -702,6 +706,17 @@ static int decode_metrics(dctx *c, const msgpack_object *o, rlai_msg_metrics *mt
     unsigned seen = 0;
     for (uint32_t k = 0; k < o->via.map.size; k++) {
         const msgpack_object_kv *kv = &o->via.map.ptr[k];
+        if (obj_key_is(&kv->key, "where")) {          /* where it ran (docs/REMOTE.md) */
+            if (seen & (1u << N_METRICS))
+                return fail(c, RLAI_PE_BAD_REQUEST, "metrics repeats field 'where'");
+            seen |= 1u << N_METRICS;
+            char *w = NULL;
+            int rc = get_str(c, &kv->val, "where", RLAI_PROTO_MAX_WHERE, false, &w);
+            if (rc) return rc;
+            snprintf(mt->where, sizeof mt->where, "%s", w);
+            free(w);
+            continue;
+        }
         for (int j = 0; j < N_METRICS; j++) {
             if (!obj_key_is(&kv->key, names[j])) continue;
             if (seen & (1u << j))
@@ -919,6 +934,8 @@ static void gen_free(rlai_msg_gen *g)
         for (uint32_t i = 0; i < g->n_stop; i++) free(g->stop[i]);
     free(g->stop);
     free(g->response_format);
+    free(g->model);
+    free(g->route);
 }
 
 void rlai_msg_free(rlai_msg *m)
@@ -1001,6 +1018,14 @@ static int check_gen(const rlai_msg_gen *g)
     if (g->n_stop && !g->stop) return -RLAI_PE_BAD_REQUEST;
     if (g->response_format) {
         int rc = check_cstr(g->response_format, RLAI_PROTO_MAX_STR, false);
+        if (rc) return rc;
+    }
+    if (g->model) {
+        int rc = check_cstr(g->model, RLAI_PROTO_MAX_MODEL_NAME, false);
+        if (rc) return rc;
+    }
+    if (g->route) {
+        int rc = check_cstr(g->route, RLAI_PROTO_MAX_MODEL_NAME, false);
         if (rc) return rc;
     }
     for (uint32_t i = 0; i < g->n_stop; i++) {
@@ -1117,7 +1142,7 @@ static size_t gen_count(const rlai_msg_gen *g)
     return (size_t)g->has_max_tokens + g->has_temperature + g->has_top_k + g->has_top_p + g->has_min_p +
            g->has_repeat_penalty + g->has_presence_penalty + g->has_frequency_penalty + g->has_seed +
            g->ignore_eos + g->has_timeout_ms + g->has_spec + g->has_spec_max_draft + g->has_top_logprobs +
-           (g->n_stop > 0) + (g->response_format != NULL);
+           (g->n_stop > 0) + (g->response_format != NULL) + (g->model != NULL) + (g->route != NULL);
 }
 
 static void p_float(enc *e, const char *k, bool has, float v)
@@ -1158,6 +1183,8 @@ static void p_gen(enc *e, const rlai_msg_gen *g)
         msgpack_pack_array(&e->pk, g->n_stop);
         for (uint32_t i = 0; i < g->n_stop; i++) p_key(e, g->stop[i]);
     }
+    if (g->model) { p_key(e, "model"); p_key(e, g->model); }
+    if (g->route) { p_key(e, "route"); p_key(e, g->route); }
 }
 
 static double finite_or_zero(double v)
@@ -1204,7 +1231,8 @@ static void p_done(enc *e, uint32_t version, uint64_t id, const char *stop, cons
     if (!mt) return;
     p_key(e, "metrics");
     bool spec = mt->drafted_tokens || mt->accepted_tokens;   /* sent only when speculation ran */
-    msgpack_pack_map(&e->pk, spec ? 9 : 7);
+    size_t wl = strnlen(mt->where, sizeof mt->where);
+    msgpack_pack_map(&e->pk, (spec ? 9 : 7) + (wl > 0));
     p_key(e, "queue_ms");
     msgpack_pack_double(&e->pk, finite_or_zero(mt->queue_ms));
     p_key(e, "ttft_ms");
@@ -1219,6 +1247,11 @@ static void p_done(enc *e, uint32_t version, uint64_t id, const char *stop, cons
     msgpack_pack_uint32(&e->pk, mt->gen_tokens);
     p_key(e, "reused_tokens");
     msgpack_pack_uint32(&e->pk, mt->reused_tokens);
+    if (wl) {
+        p_key(e, "where");
+        msgpack_pack_str(&e->pk, wl);
+        msgpack_pack_str_body(&e->pk, mt->where, wl);
+    }
     if (!spec) return;
     p_key(e, "drafted_tokens");
     msgpack_pack_uint32(&e->pk, mt->drafted_tokens);

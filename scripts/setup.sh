@@ -24,7 +24,7 @@ VOCAB_NAMES=(ggml-vocab-starcoder.gguf ggml-vocab-gpt-2.gguf ggml-vocab-llama-sp
 
 DEBS=(build-essential meson ninja-build pkg-config python3 python3-venv
       libzmq3-dev libmsgpack-dev libcjson-dev check clang libclang-rt-14-dev
-      libmicrohttpd-dev curl libedit-dev tmux
+      libmicrohttpd-dev curl libcurl4-openssl-dev libedit-dev tmux
       # the screen plugin (plugins/screen): OCR, X11 capture, PNG/JPEG, and
       # Xvfb + a font for its tests
       libtesseract-dev tesseract-ocr-eng libxcb1-dev libxcb-shm0-dev libpng-dev libjpeg-dev

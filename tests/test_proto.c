@@ -340,6 +340,8 @@ static bool gen_eq(const rlai_msg_gen *a, const rlai_msg_gen *b)
     if (a->ignore_eos != b->ignore_eos || a->n_stop != b->n_stop) return false;
     for (uint32_t i = 0; i < a->n_stop; i++)
         if (!str_eq(a->stop[i], b->stop[i])) return false;
+    if ((a->model == NULL) != (b->model == NULL) || (a->model && !str_eq(a->model, b->model))) return false;
+    if ((a->route == NULL) != (b->route == NULL) || (a->route && !str_eq(a->route, b->route))) return false;
     return true;
 }
 
@@ -387,7 +389,8 @@ static bool msg_eq(const rlai_msg *a, const rlai_msg *b)
                  a->u.done.metrics.gen_tokens == b->u.done.metrics.gen_tokens &&
                  a->u.done.metrics.reused_tokens == b->u.done.metrics.reused_tokens &&
                  a->u.done.metrics.drafted_tokens == b->u.done.metrics.drafted_tokens &&
-                 a->u.done.metrics.accepted_tokens == b->u.done.metrics.accepted_tokens));
+                 a->u.done.metrics.accepted_tokens == b->u.done.metrics.accepted_tokens &&
+                 !strcmp(a->u.done.metrics.where, b->u.done.metrics.where)));
     case RLAI_MSG_ERROR:
         return a->u.error.code == b->u.error.code &&
                str_eq(a->u.error.name ? a->u.error.name : rlai_proto_code_name(a->u.error.code),
@@ -428,6 +431,49 @@ static rlai_msg mk(rlai_msg_type t, uint64_t id)
     m.id = id;
     return m;
 }
+
+/* "model" and "route" (docs/REMOTE.md): round trip, limits, types */
+START_TEST(test_model_and_route_options)
+{
+    rlai_msg m = mk(RLAI_MSG_CHAT, 3);
+    rlai_msg_chat_message cm[1] = { { "user", "Hi" } };
+    m.u.chat.messages = cm;
+    m.u.chat.n_messages = 1;
+    m.u.chat.gen.model = "cluster/llama-8b";
+    m.u.chat.gen.route = "remote";
+    roundtrip(&m);
+    rlai_buf b;
+    rlai_buf_init(&b);
+    ck_assert_int_eq(rlai_proto_encode(&m, &b), 0);
+    rlai_msg d;
+    char err[256];
+    ck_assert_int_eq(dec(b.data, b.len, &d, err, sizeof err), 0);
+    ck_assert_str_eq(d.u.chat.gen.model, "cluster/llama-8b");
+    ck_assert_str_eq(d.u.chat.gen.route, "remote");
+    rlai_msg_free(&d);
+    char longname[RLAI_PROTO_MAX_MODEL_NAME + 2];
+    memset(longname, 'm', sizeof longname - 1);
+    longname[sizeof longname - 1] = 0;
+    m.u.chat.gen.model = longname;
+    rlai_buf_reset(&b);
+    ck_assert_int_ne(rlai_proto_encode(&m, &b), 0);
+    /* a peer sending a number: refused, naming the field */
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    msgpack_pack_map(&pk, 5);
+    msgpack_pack_str_with_body(&pk, "v", 1); msgpack_pack_uint8(&pk, 1);
+    msgpack_pack_str_with_body(&pk, "id", 2); msgpack_pack_uint8(&pk, 9);
+    msgpack_pack_str_with_body(&pk, "type", 4); msgpack_pack_str_with_body(&pk, "generate", 8);
+    msgpack_pack_str_with_body(&pk, "prompt", 6); msgpack_pack_str_with_body(&pk, "x", 1);
+    msgpack_pack_str_with_body(&pk, "model", 5); msgpack_pack_uint8(&pk, 7);
+    ck_assert_int_ne(dec((const uint8_t *)sb.data, sb.size, &d, err, sizeof err), 0);
+    ck_assert_ptr_nonnull(strstr(err, "'model'"));
+    msgpack_sbuffer_destroy(&sb);
+    rlai_buf_free(&b);
+}
+END_TEST
 
 START_TEST(test_roundtrip_every_type)
 {
@@ -559,7 +605,9 @@ START_TEST(test_roundtrip_every_type)
     m.u.done.stop = "max_tokens";
     roundtrip(&m);
     m.u.done.has_metrics = true;
-    m.u.done.metrics = (rlai_msg_metrics){1.0 / 3.0, 1e9, 0, 123.456, UINT32_MAX, 0, 7, 12, 9};
+    m.u.done.metrics = (rlai_msg_metrics){1.0 / 3.0, 1e9, 0, 123.456, UINT32_MAX, 0, 7, 12, 9, ""};
+    roundtrip(&m);
+    snprintf(m.u.done.metrics.where, sizeof m.u.done.metrics.where, "upstream:cluster-1");
     roundtrip(&m);
 
     m = mk(RLAI_MSG_ERROR, 11);
@@ -652,7 +700,7 @@ START_TEST(test_convenience_encoders)
     m.u.token.n_tokens = 0;
     expect_same(&a, &m);
 
-    rlai_msg_metrics mt = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+    rlai_msg_metrics mt = {1, 2, 3, 4, 5, 6, 7, 8, 9, ""};
     ck_assert_int_eq(rlai_proto_encode_done(&a, 7, "eog", &mt), 0);
     m = mk(RLAI_MSG_DONE, 7);
     m.u.done.stop = "eog";
@@ -691,7 +739,7 @@ START_TEST(test_convenience_encoders)
 
     /* non-finite metrics are written as 0 */
     rlai_buf_reset(&a);
-    rlai_msg_metrics bad = {NAN, INFINITY, -INFINITY, 2.5, 1, 1, 1, 0, 0};
+    rlai_msg_metrics bad = {NAN, INFINITY, -INFINITY, 2.5, 1, 1, 1, 0, 0, ""};
     ck_assert_int_eq(rlai_proto_encode_done(&a, 3, "eog", &bad), 0);
     ck_assert_int_eq(dec(a.data, a.len, &d, err, sizeof err), 0);
     ck_assert(d.u.done.metrics.queue_ms == 0 && d.u.done.metrics.ttft_ms == 0 &&
@@ -1597,6 +1645,7 @@ static Suite *proto_suite(void)
     tc = tcase_create("codec");
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_roundtrip_every_type);
+    tcase_add_test(tc, test_model_and_route_options);
     tcase_add_test(tc, test_convenience_encoders);
     tcase_add_test(tc, test_token_logprobs_frame);
     tcase_add_test(tc, test_encoder_rejects);

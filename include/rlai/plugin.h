@@ -212,6 +212,15 @@ typedef struct rlai_gen_request {
      * / RLAI_ERR_NOT_IMPLEMENTED. */
     const uint8_t *image_rgb;
     int image_width, image_height;
+    const char *model;              /* appended in 1.2 after response_format (size-detected:
+                                       older plugins pass a smaller req_size; a host without
+                                       the field answers RLAI_ERR_UNSUPPORTED): the model to
+                                       run on -- NULL, "" or "default" = the local model,
+                                       else a remote model of the host's upstreams ("NAME"
+                                       or "UPSTREAM/NAME", docs/REMOTE.md); any other name
+                                       makes generate return RLAI_ERR_NOT_FOUND. A remote
+                                       model refuses what it cannot honour (logprobs,
+                                       ignore_eos: RLAI_ERR_UNSUPPORTED) */
 } rlai_gen_request;
 
 /* Outcome of a generation (filled by host->generate). */

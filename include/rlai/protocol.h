@@ -33,6 +33,8 @@
 #define RLAI_PROTO_MAX_TOKENS_ARRAY 65536      /* ids in one token/result frame */
 #define RLAI_PROTO_MAX_TOP_LOGPROBS 20         /* "top_logprobs" option, alternatives per token */
 #define RLAI_PROTO_MAX_CALL_TIMEOUT_MS 86400000u /* call "timeout_ms" (one day) */
+#define RLAI_PROTO_MAX_WHERE 80                /* done metrics "where" */
+#define RLAI_PROTO_MAX_MODEL_NAME 256          /* "model" / "route" options */
 #define RLAI_PROTO_MAX_DEPTH 16                /* array/map nesting in any field value (result "data") */
 
 typedef enum rlai_msg_type {
@@ -90,6 +92,8 @@ typedef struct rlai_msg_gen {
     uint32_t n_stop;
     char *response_format;         /* JSON text of an OpenAI response_format object
                                       (docs/STRUCTURED.md), or NULL; owned */
+    char *model;                   /* "model": where it runs (docs/REMOTE.md), or NULL = local; owned */
+    char *route;                   /* "route": auto|local|remote|UPSTREAM, or NULL = auto; owned */
 } rlai_msg_gen;
 
 typedef struct rlai_msg_chat_message {
@@ -111,6 +115,8 @@ typedef struct rlai_msg_metrics {
     double queue_ms, ttft_ms, prefill_tps, decode_tps;
     uint32_t prompt_tokens, gen_tokens, reused_tokens;
     uint32_t drafted_tokens, accepted_tokens;   /* speculative decoding; 0 when off */
+    char where[RLAI_PROTO_MAX_WHERE + 1];       /* "where": "local" or "upstream:NAME" (docs/REMOTE.md);
+                                                   "" = not said (not sent) */
 } rlai_msg_metrics;
 
 typedef struct rlai_msg {

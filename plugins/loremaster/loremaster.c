@@ -46,6 +46,8 @@ typedef struct loremaster {
     int max_tokens;             /* 0: the pack's, else DEFAULT_MAX_TOKENS */
     int context_tokens;         /* prompt + reply budget; 0 = unknown */
     int max_prompt_tokens;      /* the host's prompt limit; 0 = unknown */
+    char *model;                /* config "model": where talk runs (NULL = the local model;
+                                   a remote model of the host's upstreams, docs/REMOTE.md) */
 } loremaster;
 
 /* ---- helpers ------------------------------------------------------------- */
@@ -71,6 +73,7 @@ static void lm_free(loremaster *lm)
     session_store_free(lm->store);
     lorepack_set_free(&lm->lore);
     free(lm->cs);
+    free(lm->model);
     free(lm);
 }
 
@@ -185,7 +188,7 @@ static int load_packs(loremaster *lm, const cJSON *cfg, char *err, size_t errlen
 static int read_config(loremaster *lm, const cJSON *cfg, char *err, size_t errlen)
 {
     static const char *const keys[] = { "packs", "max_message_bytes", "max_sessions", "max_turns",
-                                        "temperature", "max_tokens", "context_tokens", NULL };
+                                        "temperature", "max_tokens", "context_tokens", "model", NULL };
     for (const cJSON *it = cfg->child; it; it = it->next) {
         bool known = false;
         for (int i = 0; keys[i] && !known; i++)
@@ -210,6 +213,15 @@ static int read_config(loremaster *lm, const cJSON *cfg, char *err, size_t errle
         (rc = opt_int(cfg, "context_tokens", 64, 1 << 24, &lm->context_tokens, why, sizeof why))) {
         snprintf(err, errlen, "config: %s", why);
         return rc;
+    }
+    const cJSON *m = cJSON_GetObjectItemCaseSensitive(cfg, "model");
+    if (m && !cJSON_IsNull(m)) {
+        if (!cJSON_IsString(m) || strlen(m->valuestring) > 256) {
+            snprintf(err, errlen, "config: \"model\" must be a model name (at most 256 bytes)");
+            return RLAI_ERR_INVALID_ARG;
+        }
+        if (m->valuestring[0] && !(lm->model = strdup(m->valuestring)))
+            return RLAI_ERR_NOMEM;
     }
     return 0;
 }
@@ -385,6 +397,7 @@ static int talk(rlai_call *call, const cJSON *params, void *user)
         opt_int(params, "max_tokens", 1, 4096, &req.max_tokens, err, sizeof err))
         return h->reply_error(call, RLAI_ERR_INVALID_ARG, "%s", err);
     req.stream = true;
+    req.model = lm->model;
 
     session_history hist;
     memset(&hist, 0, sizeof hist);

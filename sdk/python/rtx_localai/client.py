@@ -406,7 +406,9 @@ class RTXLocalAIClient:
         ``"ngram"`` or ``"auto"``: speculative decoding), ``spec_max_draft``
         (1..16), ``top_logprobs`` (0..20: per-token logprobs in
         ``Stream.logprobs`` / ``Generation.logprobs``), ``stop`` (a str or up
-        to 8 strs). An unknown option raises TypeError."""
+        to 8 strs), ``model`` (a remote model of the daemon's upstreams,
+        docs/REMOTE.md) and ``route`` (``"auto"``, ``"local"``, ``"remote"``
+        or an upstream's name). An unknown option raises TypeError."""
         return self._stream("generate", {"prompt": prompt, **opts}, timeout)
 
     def generate(self, prompt: str, *, timeout: Any = _UNSET, **opts: Any) -> Generation:

@@ -53,6 +53,8 @@ GEN_OPTIONS: Tuple[Tuple[str, str], ...] = (
     ("top_logprobs", "toplp"),
     ("response_format", "json"),
     ("stop", "strs"),
+    ("model", "name"),
+    ("route", "name"),
 )
 SPEC_MODES = ("off", "ngram", "auto")
 _GEN_NAMES = frozenset(n for n, _ in GEN_OPTIONS)
@@ -141,6 +143,11 @@ def gen_fields(opts: Mapping[str, Any]) -> List[Tuple[str, Any]]:
             if isinstance(v, Mapping):
                 v = json.dumps(v)
             v = _str(name, v)
+        elif kind == "name":
+            # where it runs (docs/REMOTE.md): a remote model / a route
+            v = _str(name, v)
+            if len(v.encode()) > MAX_NAME:
+                raise ValueError(f"{name} has more than {MAX_NAME} bytes")
         elif kind == "bool":
             if not isinstance(v, bool):
                 raise TypeError(f"{name} must be a bool, not {type(v).__name__}")

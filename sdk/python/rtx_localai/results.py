@@ -31,6 +31,7 @@ class Metrics:
     reused_tokens: int = 0      #: prompt tokens served from the KV (prefix) cache
     drafted_tokens: int = 0     #: speculative draft tokens verified
     accepted_tokens: int = 0    #: of those, accepted
+    where: str = ""             #: where it ran: "local" or "upstream:NAME" ("" = not said)
 
     @classmethod
     def from_wire(cls, m: Any) -> Optional["Metrics"]:
@@ -43,7 +44,8 @@ class Metrics:
                    prompt_tokens=_num(m, "prompt_tokens", int), gen_tokens=_num(m, "gen_tokens", int),
                    reused_tokens=_num(m, "reused_tokens", int),
                    drafted_tokens=_num(m, "drafted_tokens", int),
-                   accepted_tokens=_num(m, "accepted_tokens", int))
+                   accepted_tokens=_num(m, "accepted_tokens", int),
+                   where=m["where"] if isinstance(m.get("where"), str) else "")
 
 
 @dataclass

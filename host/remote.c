@@ -1,0 +1,725 @@
+/* remote.c - transfers to remote upstreams on one libcurl thread (see remote.h). */
+#include "remote.h"
+
+#include <cjson/cJSON.h>
+#include <curl/curl.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "router.h"
+#include "sse.h"
+#include "rlai/error.h"
+
+#define ERRBODY_MAX 1024
+
+typedef enum rstate { RS_WAIT = 0, RS_ACTIVE = 1 } rstate;
+
+typedef struct rreq {
+    struct rreq *next;
+    rlai_remote *rm;
+    uint64_t id;
+    int up;
+    char *body;
+    bool chat;
+    rlai_token_cb on_token;
+    rlai_done_cb on_done;
+    rlai_remote_error_cb on_error;
+    void *user;
+    rstate state;
+    bool cancel;                 /* asked (under rm->mu) */
+    bool cb_stop;                /* on_token asked to stop */
+    uint64_t t_submit, deadline, t_attempt, t_first, t_last_byte, next_try_at;
+    int attempts;
+    /* the current attempt (remote thread only) */
+    CURL *easy;
+    struct curl_slist *hdrs;
+    rlai_sse *sse;
+    long http;
+    char errbody[ERRBODY_MAX + 1];
+    size_t errlen;
+    int fail_code;               /* this attempt failed already (malformed, error event), else 0 */
+    char fail_msg[256];
+    bool saw_done;
+    rlai_stop_reason finish;
+    int prompt_tokens, completion_tokens, pieces;
+} rreq;
+
+typedef struct upstream {
+    rlai_upstream_config cfg;
+    char *key;
+    char *url_chat, *url_completions;
+    char *auth_header;
+    rlai_breaker br;
+    int active, queued;
+    rlai_upstream_stats st;
+} upstream;
+
+struct rlai_remote {
+    upstream *ups;
+    int n;
+    pthread_mutex_t mu;
+    pthread_cond_t idle_cv;      /* signalled when a request has ended (under mu) */
+    rreq *list;                  /* every running request (under mu) */
+    int n_delivering;            /* ended, on_done not yet returned (under mu) */
+    CURLM *multi;
+    pthread_t thread;
+    bool thread_started;
+    atomic_bool stop;
+};
+
+static uint64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+static char *join(const char *a, const char *b)
+{
+    size_t la = strlen(a), lb = strlen(b);
+    while (la && a[la - 1] == '/')
+        la--;
+    char *s = malloc(la + lb + 1);
+    if (s) {
+        memcpy(s, a, la);
+        memcpy(s + la, b, lb + 1);
+    }
+    return s;
+}
+
+static void *thread_main(void *arg);
+
+static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
+static CURLcode curl_init_rc;
+static void curl_init_once(void)
+{
+    curl_init_rc = curl_global_init(CURL_GLOBAL_DEFAULT);
+}
+
+int rlai_remote_new(const rlai_upstream_config *ups, int n, rlai_remote **out, char *err, size_t errlen)
+{
+    if (!out || n < 0 || (n > 0 && !ups))
+        return RLAI_ERR_INVALID_ARG;
+    *out = NULL;
+    pthread_once(&curl_once, curl_init_once);
+    if (curl_init_rc != CURLE_OK)
+        return rlai_errf(err, errlen, RLAI_ERR_IO, "libcurl could not be initialised");
+    rlai_remote *r = calloc(1, sizeof(*r));
+    if (!r)
+        return RLAI_ERR_NOMEM;
+    pthread_mutex_init(&r->mu, NULL);
+    pthread_cond_init(&r->idle_cv, NULL);
+    r->ups = calloc((size_t)(n > 0 ? n : 1), sizeof(*r->ups));
+    int rc = r->ups ? 0 : RLAI_ERR_NOMEM;
+    for (int i = 0; rc == 0 && i < n; i++) {
+        upstream *u = &r->ups[i];
+        if ((rc = rlai_upstream_config_check(&ups[i], err, errlen)) < 0)
+            break;
+        for (int k = 0; k < i; k++)
+            if (!strcmp(r->ups[k].cfg.name, ups[i].name))
+                rc = rlai_errf(err, errlen, RLAI_ERR_INVALID_ARG, "upstreams: the name '%s' is used twice", ups[i].name);
+        if (rc < 0)
+            break;
+        if ((rc = rlai_upstream_config_copy(&u->cfg, &ups[i])) < 0)
+            break;
+        r->n = i + 1;
+        if ((rc = rlai_upstream_read_key(&u->cfg, &u->key, err, errlen)) < 0)
+            break;
+        u->url_chat = join(u->cfg.base_url, "/chat/completions");
+        u->url_completions = join(u->cfg.base_url, "/completions");
+        if (u->key) {
+            size_t l = strlen(u->key) + 32;
+            if ((u->auth_header = malloc(l)))
+                snprintf(u->auth_header, l, "Authorization: Bearer %s", u->key);
+        }
+        if (!u->url_chat || !u->url_completions || (u->key && !u->auth_header))
+            rc = RLAI_ERR_NOMEM;
+        rlai_breaker_init(&u->br, u->cfg.breaker_failures, u->cfg.breaker_cooldown_ms);
+    }
+    if (rc == 0 && !(r->multi = curl_multi_init()))
+        rc = rlai_errf(err, errlen, RLAI_ERR_IO, "libcurl: no multi handle");
+    if (rc == 0) {
+        if (pthread_create(&r->thread, NULL, thread_main, r) != 0)
+            rc = rlai_errf(err, errlen, RLAI_ERR_IO, "cannot start the remote-upstream thread");
+        else
+            r->thread_started = true;
+    }
+    if (rc < 0) {
+        rlai_remote_free(r);
+        return rc;
+    }
+    *out = r;
+    return 0;
+}
+
+int rlai_remote_n_upstreams(const rlai_remote *r)
+{
+    return r ? r->n : 0;
+}
+
+const rlai_upstream_config *rlai_remote_upstream(const rlai_remote *r, int i)
+{
+    return r && i >= 0 && i < r->n ? &r->ups[i].cfg : NULL;
+}
+
+bool rlai_remote_available(rlai_remote *r, int i)
+{
+    if (!r || i < 0 || i >= r->n)
+        return false;
+    pthread_mutex_lock(&r->mu);
+    upstream *u = &r->ups[i];
+    bool ok = rlai_breaker_would_allow(&u->br, now_ms()) && u->queued < u->cfg.max_queue + u->cfg.max_concurrency;
+    pthread_mutex_unlock(&r->mu);
+    return ok;
+}
+
+void rlai_remote_get_stats(rlai_remote *r, int i, rlai_upstream_stats *out)
+{
+    memset(out, 0, sizeof(*out));
+    if (!r || i < 0 || i >= r->n)
+        return;
+    pthread_mutex_lock(&r->mu);
+    upstream *u = &r->ups[i];
+    /* an open breaker whose cooldown has passed shows as half_open (the next attempt is its trial) */
+    *out = u->st;
+    out->breaker = u->br.state == RLAI_BREAKER_OPEN && rlai_breaker_would_allow(&u->br, now_ms())
+                       ? RLAI_BREAKER_HALF_OPEN : u->br.state;
+    out->active = u->active;
+    out->queued = u->queued - u->active;
+    out->breaker_opens = u->br.opens_total;
+    pthread_mutex_unlock(&r->mu);
+}
+
+int rlai_remote_submit(rlai_remote *r, int up, const char *remote_model, const rlai_route_request *rq, uint64_t id,
+                       rlai_remote_error_cb on_error, char *err, size_t errlen)
+{
+    if (!r || !rq || up < 0 || up >= r->n || !remote_model)
+        return rlai_errf(err, errlen, RLAI_ERR_INVALID_ARG, "invalid remote request");
+    upstream *u = &r->ups[up];
+    rreq *q = calloc(1, sizeof(*q));
+    if (!q)
+        return RLAI_ERR_NOMEM;
+    int rc = rlai_upstream_build_body(rq, remote_model, u->cfg.sampling_extras, &q->body, &q->chat, err, errlen);
+    if (rc < 0) {
+        free(q);
+        return rc;
+    }
+    q->rm = r;
+    q->id = id;
+    q->up = up;
+    q->on_token = rq->text.rp.on_token;
+    q->on_done = rq->text.rp.on_done;
+    q->on_error = on_error;
+    q->user = rq->text.rp.user;
+    q->t_submit = now_ms();
+    if (rq->text.rp.gen.timeout_ms)
+        q->deadline = q->t_submit + rq->text.rp.gen.timeout_ms;
+    q->next_try_at = q->t_submit;
+    pthread_mutex_lock(&r->mu);
+    uint64_t now = q->t_submit;
+    if (!rlai_breaker_would_allow(&u->br, now)) {
+        uint64_t left = u->br.opened_at + (uint64_t)u->br.cooldown_ms > now
+                            ? u->br.opened_at + (uint64_t)u->br.cooldown_ms - now : 0;
+        pthread_mutex_unlock(&r->mu);
+        free(q->body);
+        free(q);
+        return rlai_errf(err, errlen, RLAI_ERR_DISCONNECTED,
+                    "upstream '%s' is unavailable: circuit breaker open after %d failed attempts (next trial in %llu ms)",
+                    u->cfg.name, u->br.fails, (unsigned long long)left);
+    }
+    if (u->queued >= u->cfg.max_queue + u->cfg.max_concurrency) {
+        pthread_mutex_unlock(&r->mu);
+        free(q->body);
+        free(q);
+        return rlai_errf(err, errlen, RLAI_ERR_BUSY, "upstream '%s' is busy: %d requests waiting (max_queue)", u->cfg.name,
+                    u->cfg.max_queue);
+    }
+    u->queued++;
+    u->st.requests++;
+    q->next = r->list;
+    r->list = q;
+    pthread_mutex_unlock(&r->mu);
+    curl_multi_wakeup(r->multi);
+    return 0;
+}
+
+int rlai_remote_cancel(rlai_remote *r, uint64_t id)
+{
+    if (!r)
+        return RLAI_ERR_NOT_FOUND;
+    int rc = RLAI_ERR_NOT_FOUND;
+    pthread_mutex_lock(&r->mu);
+    for (rreq *q = r->list; q; q = q->next)
+        if (q->id == id) {
+            q->cancel = true;
+            rc = 0;
+            break;
+        }
+    pthread_mutex_unlock(&r->mu);
+    if (rc == 0)
+        curl_multi_wakeup(r->multi);
+    return rc;
+}
+
+/* ---------------------------------------------------------- the remote thread */
+
+static int on_sse_event(void *user, const char *event, const char *data, size_t len)
+{
+    (void)event;
+    rreq *q = user;
+    rlai_upstream_delta d;
+    int rc = rlai_upstream_parse_chunk(data, len, &d, q->fail_msg, sizeof(q->fail_msg));
+    if (rc == 1) {
+        q->saw_done = true;
+        return 0;
+    }
+    if (rc < 0) {
+        q->fail_code = RLAI_ERR_DISCONNECTED;
+        if (rc == RLAI_ERR_FORMAT) {
+            char m[sizeof(q->fail_msg)];
+            snprintf(m, sizeof(m), "%s", q->fail_msg);
+            snprintf(q->fail_msg, sizeof(q->fail_msg), "malformed stream: %.200s", m);
+        }
+        return 1;
+    }
+    if (d.prompt_tokens >= 0)
+        q->prompt_tokens = d.prompt_tokens;
+    if (d.completion_tokens >= 0)
+        q->completion_tokens = d.completion_tokens;
+    if (d.finish != RLAI_STOP_NONE)
+        q->finish = d.finish;
+    int stop = 0;
+    if (d.text) {
+        if (!q->t_first) {
+            q->t_first = now_ms();
+            rlai_remote *r = q->rm;
+            pthread_mutex_lock(&r->mu);
+            rlai_breaker_success(&r->ups[q->up].br);
+            pthread_mutex_unlock(&r->mu);
+        }
+        q->pieces++;
+        if (q->on_token && q->on_token(q->user, RLAI_REMOTE_TOKEN, d.text, d.len) != 0) {
+            q->cb_stop = true;
+            stop = 1;
+        }
+        free(d.text);
+    }
+    return stop;
+}
+
+static size_t on_write(char *ptr, size_t size, size_t nmemb, void *user)
+{
+    rreq *q = user;
+    size_t n = size * nmemb;
+    q->t_last_byte = now_ms();
+    if (!q->http)
+        curl_easy_getinfo(q->easy, CURLINFO_RESPONSE_CODE, &q->http);
+    if (q->http != 200) {
+        size_t k = ERRBODY_MAX - q->errlen < n ? ERRBODY_MAX - q->errlen : n;
+        memcpy(q->errbody + q->errlen, ptr, k);
+        q->errlen += k;
+        q->errbody[q->errlen] = 0;
+        return n;
+    }
+    int rc = rlai_sse_feed(q->sse, ptr, n);
+    if (rc < 0 && !q->fail_code) {
+        q->fail_code = RLAI_ERR_DISCONNECTED;
+        snprintf(q->fail_msg, sizeof(q->fail_msg), "malformed stream: %s", rlai_strerror(rc));
+    }
+    return rc == 0 ? n : 0;          /* 0 aborts the transfer */
+}
+
+static void attempt_clear(rlai_remote *r, rreq *q)
+{
+    if (q->easy) {
+        curl_multi_remove_handle(r->multi, q->easy);
+        curl_easy_cleanup(q->easy);
+        q->easy = NULL;
+    }
+    curl_slist_free_all(q->hdrs);
+    q->hdrs = NULL;
+}
+
+/* Starts an attempt (r->mu held). Returns 0 or an error (then the request ends). */
+static int attempt_start(rlai_remote *r, rreq *q, uint64_t now)
+{
+    upstream *u = &r->ups[q->up];
+    q->attempts++;
+    q->t_attempt = now;
+    q->t_last_byte = now;
+    q->http = 0;
+    q->errlen = 0;
+    q->errbody[0] = 0;
+    q->fail_code = 0;
+    q->fail_msg[0] = 0;
+    q->saw_done = false;
+    q->finish = RLAI_STOP_NONE;
+    q->prompt_tokens = q->completion_tokens = -1;
+    if (!q->sse && rlai_sse_new(0, on_sse_event, q, &q->sse) < 0)
+        return RLAI_ERR_NOMEM;
+    rlai_sse_reset(q->sse);
+    q->easy = curl_easy_init();
+    if (!q->easy)
+        return RLAI_ERR_NOMEM;
+    q->hdrs = curl_slist_append(q->hdrs, "Content-Type: application/json");
+    q->hdrs = curl_slist_append(q->hdrs, "Accept: text/event-stream");
+    if (u->auth_header)
+        q->hdrs = curl_slist_append(q->hdrs, u->auth_header);
+    CURL *e = q->easy;
+    curl_easy_setopt(e, CURLOPT_URL, q->chat ? u->url_chat : u->url_completions);
+    curl_easy_setopt(e, CURLOPT_HTTPHEADER, q->hdrs);
+    curl_easy_setopt(e, CURLOPT_POSTFIELDS, q->body);
+    curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE, (long)strlen(q->body));
+    curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_write);
+    curl_easy_setopt(e, CURLOPT_WRITEDATA, q);
+    curl_easy_setopt(e, CURLOPT_PRIVATE, q);
+    curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, (long)u->cfg.connect_timeout_ms);
+    curl_easy_setopt(e, CURLOPT_TCP_NODELAY, 1L);
+    curl_easy_setopt(e, CURLOPT_TCP_KEEPALIVE, 1L);
+    curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
+    curl_easy_setopt(e, CURLOPT_PROXY, u->cfg.proxy ? u->cfg.proxy : "");   /* "" = no proxy, env ignored */
+    curl_easy_setopt(e, CURLOPT_USERAGENT, "rtx-localai/" RLAI_VERSION);
+    if (curl_multi_add_handle(r->multi, e) != CURLM_OK)
+        return RLAI_ERR_IO;
+    q->state = RS_ACTIVE;
+    u->active++;
+    return 0;
+}
+
+/* A finished request waiting for its on_done (outside the lock). */
+typedef struct ending {
+    rreq *q;
+    int status;
+    rlai_stop_reason stop;
+    char msg[320];
+} ending;
+
+/* Unlinks q (r->mu held), updates the counters and fills *e. */
+static void finish(rlai_remote *r, rreq *q, int status, rlai_stop_reason stop, const char *msg, ending *e)
+{
+    upstream *u = &r->ups[q->up];
+    if (q->state == RS_ACTIVE)
+        u->active--;
+    u->queued--;
+    attempt_clear(r, q);
+    for (rreq **pp = &r->list; *pp; pp = &(*pp)->next)
+        if (*pp == q) {
+            *pp = q->next;
+            break;
+        }
+    if (status < 0)
+        u->st.failed++;
+    else if (stop == RLAI_STOP_CANCELLED)
+        u->st.cancelled++;
+    else if (stop == RLAI_STOP_TIMEOUT)
+        u->st.timeouts++;
+    else
+        u->st.ok++;
+    u->st.gen_pieces += (uint64_t)q->pieces;
+    r->n_delivering++;
+    e->q = q;
+    e->status = status;
+    e->stop = stop;
+    snprintf(e->msg, sizeof(e->msg), "%s", msg ? msg : "");
+}
+
+static void deliver(ending *e)
+{
+    rreq *q = e->q;
+    rlai_remote *rm = q->rm;
+    if (e->status < 0) {
+        fprintf(stderr, "rlai: remote request %llx failed: %s\n", (unsigned long long)q->id, e->msg);
+        if (q->on_error)
+            q->on_error(q->user, q->id, e->status, e->msg);
+    }
+    if (q->on_done) {
+        rlai_gen_metrics m;
+        memset(&m, 0, sizeof(m));
+        double t_end = (double)now_ms();
+        m.prompt_tokens = q->prompt_tokens > 0 ? q->prompt_tokens : 0;
+        m.gen_tokens = q->completion_tokens >= 0 ? q->completion_tokens : q->pieces;
+        m.queue_ms = q->t_attempt ? (double)(q->t_attempt - q->t_submit) : 0;
+        if (q->t_first) {
+            m.ttft_ms = (double)(q->t_first - q->t_submit);
+            m.decode_ms = t_end - (double)q->t_first;
+            if (m.gen_tokens > 1 && m.decode_ms > 0)
+                m.decode_tps = (m.gen_tokens - 1) / (m.decode_ms / 1e3);
+        }
+        m.stop = e->stop;
+        q->on_done(q->user, q->id, e->status, &m);
+    }
+    rlai_sse_free(q->sse);
+    free(q->body);
+    free(q);
+    pthread_mutex_lock(&rm->mu);
+    rm->n_delivering--;
+    pthread_cond_broadcast(&rm->idle_cv);
+    pthread_mutex_unlock(&rm->mu);
+}
+
+int rlai_remote_wait_idle(rlai_remote *r, int timeout_ms)
+{
+    if (!r)
+        return 0;
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += timeout_ms / 1000;
+    until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&r->mu);
+    int rc = 0;
+    while ((r->list || r->n_delivering) && rc == 0)
+        rc = pthread_cond_timedwait(&r->idle_cv, &r->mu, &until);
+    int left = 0;
+    for (rreq *q = r->list; q; q = q->next)
+        left++;
+    left += r->n_delivering;
+    pthread_mutex_unlock(&r->mu);
+    return left;
+}
+
+/* Error of a failed attempt from its HTTP status. Retryable: 429, 5xx. */
+static int http_error(long st, bool *retry)
+{
+    *retry = st == 429 || st >= 500;
+    if (st == 429)
+        return RLAI_ERR_BUSY;
+    if (st == 400 || st == 422)
+        return RLAI_ERR_INVALID_ARG;
+    if (st == 404)
+        return RLAI_ERR_NOT_FOUND;
+    if (st == 413)
+        return RLAI_ERR_TOO_LARGE;
+    return RLAI_ERR_DISCONNECTED;
+}
+
+/* Short text of an upstream's error body: its error.message when JSON. */
+static void error_text(const rreq *q, char *out, size_t cap)
+{
+    out[0] = 0;
+    if (!q->errlen)
+        return;
+    cJSON *j = cJSON_ParseWithLength(q->errbody, q->errlen);
+    const cJSON *e = cJSON_IsObject(j) ? cJSON_GetObjectItemCaseSensitive(j, "error") : NULL;
+    const cJSON *m = cJSON_IsObject(e) ? cJSON_GetObjectItemCaseSensitive(e, "message") : e;
+    if (cJSON_IsString(m)) {
+        snprintf(out, cap, "%.200s", m->valuestring);
+        cJSON_Delete(j);
+        return;
+    }
+    cJSON_Delete(j);
+    size_t n = 0;
+    for (size_t i = 0; i < q->errlen && n + 1 < cap && n < 200; i++) {
+        char c = q->errbody[i];
+        out[n++] = (c == '\n' || c == '\r' || (unsigned char)c < 0x20) ? ' ' : c;
+    }
+    out[n] = 0;
+}
+
+/* An attempt failed (r->mu held): retry before the first token when the
+ * error allows it, else end. Returns true when q ended (e filled). */
+static bool attempt_failed(rlai_remote *r, rreq *q, int code, bool retryable, bool counts, const char *msg,
+                           uint64_t now, ending *e)
+{
+    upstream *u = &r->ups[q->up];
+    if (counts) {
+        u->st.attempts_failed++;
+        rlai_breaker_failure(&u->br, now);
+    } else if (u->br.state == RLAI_BREAKER_HALF_OPEN) {
+        u->br.trial_out = false;               /* a client error says nothing about health */
+    }
+    if (q->state == RS_ACTIVE) {
+        u->active--;
+        q->state = RS_WAIT;
+    }
+    attempt_clear(r, q);
+    char m[320];
+    snprintf(m, sizeof(m), "upstream '%s'%s: %s", u->cfg.name,
+             q->t_first ? " failed mid-stream" : "", msg);
+    if (retryable && !q->t_first && q->attempts <= u->cfg.max_retries) {
+        uint64_t backoff = (uint64_t)u->cfg.retry_backoff_ms << (q->attempts - 1);
+        q->next_try_at = now + backoff;
+        if (!q->deadline || q->next_try_at < q->deadline) {
+            u->st.retries++;
+            return false;
+        }
+    }
+    if (q->attempts > 1 && !q->t_first) {
+        size_t l = strlen(m);
+        snprintf(m + l, sizeof(m) - l, " (after %d attempts)", q->attempts);
+    }
+    finish(r, q, code, RLAI_STOP_NONE, m, e);
+    return true;
+}
+
+/* Looks at one finished transfer (r->mu held). */
+static bool transfer_done(rlai_remote *r, rreq *q, CURLcode res, uint64_t now, ending *e)
+{
+    char m[300];
+    if (q->cancel || q->cb_stop) {
+        finish(r, q, 0, RLAI_STOP_CANCELLED, NULL, e);
+        return true;
+    }
+    if (q->fail_code)                          /* malformed stream or an error event */
+        return attempt_failed(r, q, q->fail_code, true, true, q->fail_msg, now, e);
+    if (res != CURLE_OK) {
+        snprintf(m, sizeof(m), "%s", curl_easy_strerror(res));
+        bool conn = res == CURLE_COULDNT_CONNECT || res == CURLE_COULDNT_RESOLVE_HOST ||
+                    res == CURLE_OPERATION_TIMEDOUT;
+        return attempt_failed(r, q, conn ? RLAI_ERR_DISCONNECTED : RLAI_ERR_DISCONNECTED, true, true, m, now, e);
+    }
+    if (q->http != 200) {
+        bool retry;
+        int code = http_error(q->http, &retry);
+        char body[256];
+        error_text(q, body, sizeof(body));
+        snprintf(m, sizeof(m), "answered HTTP %ld%s%s", q->http, body[0] ? ": " : "", body);
+        return attempt_failed(r, q, code, retry, retry, m, now, e);
+    }
+    if (!q->saw_done && q->finish == RLAI_STOP_NONE)
+        return attempt_failed(r, q, RLAI_ERR_DISCONNECTED, true, true,
+                              "the stream ended before [DONE] or a finish_reason", now, e);
+    rlai_breaker_success(&r->ups[q->up].br);
+    finish(r, q, 0, q->finish != RLAI_STOP_NONE ? q->finish : RLAI_STOP_EOG, NULL, e);
+    return true;
+}
+
+#define MAX_ENDINGS 64
+
+static void *thread_main(void *arg)
+{
+    rlai_remote *r = arg;
+    ending *ends = calloc(MAX_ENDINGS, sizeof(*ends));
+    if (!ends)
+        return NULL;                           /* requests then end at free */
+    for (;;) {
+        bool stopping = atomic_load(&r->stop);
+        int n_end = 0;
+        bool any = false;
+        pthread_mutex_lock(&r->mu);
+        uint64_t now = now_ms();
+        for (rreq *q = r->list, *nx; q && n_end < MAX_ENDINGS; q = nx) {
+            nx = q->next;
+            upstream *u = &r->ups[q->up];
+            any = true;
+            if (q->cancel || stopping) {
+                finish(r, q, 0, RLAI_STOP_CANCELLED, NULL, &ends[n_end++]);
+                continue;
+            }
+            if (q->deadline && now >= q->deadline) {
+                finish(r, q, 0, RLAI_STOP_TIMEOUT, NULL, &ends[n_end++]);
+                continue;
+            }
+            if (q->state == RS_ACTIVE) {
+                if (!q->t_first && now - q->t_attempt >= (uint64_t)u->cfg.first_token_timeout_ms) {
+                    char m[96];
+                    snprintf(m, sizeof(m), "no first token within %d ms (first_token_timeout_ms)",
+                             u->cfg.first_token_timeout_ms);
+                    if (attempt_failed(r, q, RLAI_ERR_TIMEOUT, true, true, m, now, &ends[n_end]))
+                        n_end++;
+                } else if (q->t_first && now - q->t_last_byte >= (uint64_t)u->cfg.stall_timeout_ms) {
+                    char m[96];
+                    snprintf(m, sizeof(m), "no data for %d ms (stall_timeout_ms)", u->cfg.stall_timeout_ms);
+                    if (attempt_failed(r, q, RLAI_ERR_TIMEOUT, false, true, m, now, &ends[n_end]))
+                        n_end++;
+                }
+                continue;
+            }
+            /* waiting: for its backoff, a stream slot or the breaker */
+            if (now < q->next_try_at || u->active >= u->cfg.max_concurrency)
+                continue;
+            if (!rlai_breaker_allow(&u->br, now)) {
+                if (u->br.state == RLAI_BREAKER_OPEN) {
+                    char m[200];
+                    snprintf(m, sizeof(m), "upstream '%s' is unavailable: circuit breaker open", u->cfg.name);
+                    finish(r, q, RLAI_ERR_DISCONNECTED, RLAI_STOP_NONE, m, &ends[n_end++]);
+                }
+                continue;
+            }
+            int rc = attempt_start(r, q, now);
+            if (rc < 0) {
+                if (u->br.state == RLAI_BREAKER_HALF_OPEN)
+                    u->br.trial_out = false;
+                finish(r, q, rc, RLAI_STOP_NONE, "could not start the transfer", &ends[n_end++]);
+            }
+        }
+        pthread_mutex_unlock(&r->mu);
+        for (int i = 0; i < n_end; i++)
+            deliver(&ends[i]);
+        n_end = 0;
+        if (stopping && !any)
+            break;
+        int running = 0;
+        curl_multi_perform(r->multi, &running);
+        CURLMsg *msg;
+        int left;
+        while ((msg = curl_multi_info_read(r->multi, &left))) {
+            if (msg->msg != CURLMSG_DONE)
+                continue;
+            rreq *q = NULL;
+            curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, (char **)&q);
+            CURLcode res = msg->data.result;
+            if (!q)
+                continue;
+            if (!q->http)
+                curl_easy_getinfo(q->easy, CURLINFO_RESPONSE_CODE, &q->http);
+            pthread_mutex_lock(&r->mu);
+            bool ended = transfer_done(r, q, res, now_ms(), &ends[n_end]);
+            pthread_mutex_unlock(&r->mu);
+            if (ended)
+                deliver(&ends[n_end]);
+        }
+        if (n_end == 0 && !atomic_load(&r->stop))
+            curl_multi_poll(r->multi, NULL, 0, any ? 10 : 1000, NULL);
+    }
+    free(ends);
+    return NULL;
+}
+
+void rlai_remote_free(rlai_remote *r)
+{
+    if (!r)
+        return;
+    if (r->thread_started) {
+        atomic_store(&r->stop, true);
+        curl_multi_wakeup(r->multi);
+        pthread_join(r->thread, NULL);
+    }
+    /* only when the thread could not run: end what is left */
+    while (r->list) {
+        ending e;
+        pthread_mutex_lock(&r->mu);
+        finish(r, r->list, 0, RLAI_STOP_CANCELLED, NULL, &e);
+        pthread_mutex_unlock(&r->mu);
+        deliver(&e);
+    }
+    if (r->multi)
+        curl_multi_cleanup(r->multi);
+    for (int i = 0; i < r->n; i++) {
+        upstream *u = &r->ups[i];
+        rlai_upstream_config_clear(&u->cfg);
+        if (u->key) {
+            memset(u->key, 0, strlen(u->key));
+            free(u->key);
+        }
+        if (u->auth_header) {
+            memset(u->auth_header, 0, strlen(u->auth_header));
+            free(u->auth_header);
+        }
+        free(u->url_chat);
+        free(u->url_completions);
+    }
+    free(r->ups);
+    pthread_cond_destroy(&r->idle_cv);
+    pthread_mutex_destroy(&r->mu);
+    free(r);
+}

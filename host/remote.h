@@ -1,0 +1,80 @@
+/* remote.h - the transfers to remote upstreams (issue 16): one thread
+ * runs every remote request of the daemon through one libcurl multi
+ * handle (many streams on one thread), with per-upstream concurrency
+ * limits, bounded retries with backoff before the first token, the
+ * per-upstream circuit breaker, deadlines, and cancel by removing the
+ * transfer (the upstream sees the connection close).
+ *
+ * Callbacks (on_token with token id RLAI_REMOTE_TOKEN, on_done exactly
+ * once, never after a failed submit) run on that thread; never call
+ * rlai_remote_submit/cancel/free from them... except cancel, which is
+ * safe anywhere.
+ */
+#ifndef RLAI_HOST_REMOTE_H
+#define RLAI_HOST_REMOTE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "upstream.h"
+
+typedef struct rlai_remote rlai_remote;
+typedef struct rlai_route_request rlai_route_request;
+
+/* Token id passed to on_token for remote text: the upstream's ids are
+ * not the local model's, so none is given (fronts send no ids for it). */
+#define RLAI_REMOTE_TOKEN ((rlai_token)-1)
+
+/* Called once, on the remote thread, just before on_done of a request
+ * that failed (status < 0), with a one-line reason (valid during the call). */
+typedef void (*rlai_remote_error_cb)(void *user, uint64_t id, int status, const char *msg);
+
+/* Copies the n upstream configs (checked with rlai_upstream_config_check),
+ * reads their API keys and starts the transfer thread. *out owned by the
+ * caller (rlai_remote_free). Returns 0 or a negative error with a message. */
+int rlai_remote_new(const rlai_upstream_config *ups, int n, rlai_remote **out, char *err, size_t errlen);
+
+/* Stops the thread. Requests still running end first with stop reason
+ * CANCELLED (on_done called). NULL is fine. */
+void rlai_remote_free(rlai_remote *r);
+
+int rlai_remote_n_upstreams(const rlai_remote *r);
+/* The i-th upstream's config (owned by r). */
+const rlai_upstream_config *rlai_remote_upstream(const rlai_remote *r, int i);
+
+/* True when upstream i would take a request now: its breaker is closed or
+ * due for a trial, and its wait queue has room. */
+bool rlai_remote_available(rlai_remote *r, int i);
+
+/* Starts rq on upstream `up` as remote_model under the caller-chosen id
+ * (unique among running remote requests). Nothing of rq is kept but a
+ * copy of its body, callbacks and deadline; on_error (may be NULL) as
+ * above. Returns 0, or RLAI_ERR_UNSUPPORTED / RLAI_ERR_INVALID_ARG (what
+ * the remote cannot honour), RLAI_ERR_DISCONNECTED (breaker open),
+ * RLAI_ERR_BUSY (queue full), RLAI_ERR_NOMEM, with a message; then
+ * on_done is never called. Thread-safe. */
+int rlai_remote_submit(rlai_remote *r, int up, const char *remote_model, const rlai_route_request *rq, uint64_t id,
+                       rlai_remote_error_cb on_error, char *err, size_t errlen);
+
+/* Asks request id to stop: its transfer is removed (the upstream sees the
+ * connection close) and on_done follows with stop reason CANCELLED.
+ * Thread-safe, callable from the callbacks too. Returns 0 or RLAI_ERR_NOT_FOUND. */
+int rlai_remote_cancel(rlai_remote *r, uint64_t id);
+
+/* Waits until no remote request is running (every on_done has returned)
+ * or timeout_ms pass. Returns how many are still running. Thread-safe; not
+ * from the callbacks. */
+int rlai_remote_wait_idle(rlai_remote *r, int timeout_ms);
+
+typedef struct rlai_upstream_stats {
+    rlai_breaker_state breaker;
+    int active, queued;
+    uint64_t requests, ok, failed, cancelled, timeouts;  /* requests by how they ended */
+    uint64_t attempts_failed, retries, breaker_opens, gen_pieces;
+} rlai_upstream_stats;
+
+/* Snapshot of upstream i (thread-safe). */
+void rlai_remote_get_stats(rlai_remote *r, int i, rlai_upstream_stats *out);
+
+#endif

@@ -1,0 +1,402 @@
+"""Remote upstreams (issue 16, docs/REMOTE.md): a routing `rlai serve`
+whose config names upstreams -- a second, real `rlai serve` acting as the
+OpenAI-compatible upstream ("up"), and a small misbehaving Python upstream
+(bad_upstream.py) for the fault cases ("bad", "flaky") plus a closed port
+("down"). Greedy output through the route equals the upstream's direct
+answer; a client's cancel reaches the upstream; retries, breaker,
+deadlines and clear errors. Paths from meson (RLAI_BIN, RLAI_MODELS_DIR)."""
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+openai = pytest.importorskip("openai")
+HERE = Path(__file__).resolve().parent
+
+from test_http import RLAI, MODEL, MODEL_ID, SHIPPED_PLUGINS, Engine, free_port, sample  # noqa: E402
+
+SDK = Path(os.environ.get("RLAI_SOURCE_ROOT", HERE.parent.parent)) / "sdk" / "python"
+sys.path.insert(0, str(SDK))
+import rtx_localai  # noqa: E402
+
+pytestmark = [
+    pytest.mark.skipif(not RLAI, reason="RLAI_BIN not set (run through meson test)"),
+    pytest.mark.skipif(not MODEL.exists(), reason="default model not fetched (scripts/setup.sh)"),
+]
+
+HELLO = [{"role": "user", "content": "Name three planets."}]
+
+
+class BadUpstream:
+    def __init__(self):
+        self.port = free_port()
+        self.proc = subprocess.Popen([sys.executable, str(HERE / "bad_upstream.py"), str(self.port)],
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        assert self.proc.stdout.readline().strip() == b"ready"
+
+    def stats(self):
+        s = socket.create_connection(("127.0.0.1", self.port), timeout=5)
+        s.sendall(b"GET /stats HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        buf = b""
+        while True:
+            c = s.recv(65536)
+            if not c:
+                break
+            buf += c
+        s.close()
+        return json.loads(buf.split(b"\r\n\r\n", 1)[1])
+
+    def hits(self, model):
+        return self.stats()["hits"].get(model, 0)
+
+    def stop(self):
+        self.proc.kill()
+        self.proc.wait()
+
+
+LORE = bool(SHIPPED_PLUGINS) and (Path(SHIPPED_PLUGINS) / "loremaster" / "manifest.json").exists()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    plugins = Path(SHIPPED_PLUGINS) if LORE else None
+    up = Engine(tmp_path_factory.mktemp("upstream"), plugins=plugins)
+    bad = BadUpstream()
+    closed = free_port()
+    tmp = tmp_path_factory.mktemp("router")
+    fast = {"retry_backoff_ms": 50, "first_token_timeout_ms": 1500, "stall_timeout_ms": 1500}
+    conf = {
+        "upstreams": [
+            {"name": "up", "base_url": f"http://127.0.0.1:{up.port}/v1", "api_key_file": str(up.key_path),
+             "models": {"remote-smol": "default"}, "spill_model": "default"},
+            dict(fast, name="bad", base_url=f"http://127.0.0.1:{bad.port}/v1", max_retries=2,
+                 breaker_failures=1000,
+                 models={f"bad-{m}": m for m in ("ok", "500once", "500", "429", "400", "malformed", "slow",
+                                                 "stall", "short")}),
+            dict(fast, name="flaky", base_url=f"http://127.0.0.1:{bad.port}/v1", max_retries=0,
+                 breaker_failures=3, breaker_cooldown_ms=1500,
+                 models={"flaky-500": "500", "flaky-ok": "ok"}),
+            dict(fast, name="down", base_url=f"http://127.0.0.1:{closed}/v1", max_retries=1,
+                 breaker_failures=1000, models={"down-x": "x"}),
+        ],
+        "plugins": {"config": {"loremaster": {"model": "remote-smol"}}},
+    }
+    cp = tmp / "router.json"
+    cp.write_text(json.dumps(conf))
+    router = Engine(tmp, plugins=plugins, extra=("--config", str(cp)))
+    yield up, router, bad
+    rc = router.stop()
+    bad.stop()
+    rc_up = up.stop()
+    assert rc == 0, router.read_log()
+    assert rc_up == 0, up.read_log()
+
+
+def chat(engine, model, messages=HELLO, **kw):
+    body = dict({"model": model, "messages": messages, "max_tokens": 24, "temperature": 0}, **kw)
+    st, _, raw = engine.request("POST", "/v1/chat/completions", body, timeout=60)
+    return st, json.loads(raw) if raw else None
+
+
+def stream_events(engine, path, body, timeout=60):
+    """POSTs a streamed request; returns the decoded data events (until [DONE])."""
+    st, _, raw = engine.request("POST", path, dict(body, stream=True), timeout=timeout)
+    assert st == 200, raw
+    out = []
+    for line in raw.decode().splitlines():
+        if line.startswith("data: "):
+            d = line[6:]
+            out.append(d if d == "[DONE]" else json.loads(d))
+    return out
+
+
+def streamed_text(events, chat_kind=True):
+    t = ""
+    for e in events:
+        if isinstance(e, dict) and e.get("choices"):
+            c = e["choices"][0]
+            t += (c.get("delta", {}).get("content") or "") if chat_kind else (c.get("text") or "")
+    return t
+
+
+# ---------------------------------------------------------------- models, equality
+
+def test_models_list_local_and_remote(cluster):
+    _, router, _ = cluster
+    ids = [m["id"] for m in router.get_json("/v1/models")["data"]]
+    assert ids[:2] == [MODEL_ID, "default"]
+    assert "remote-smol" in ids and "bad-ok" in ids and "down-x" in ids
+    assert router.get_json("/v1/models/remote-smol")["id"] == "remote-smol"
+
+
+def test_greedy_chat_equals_upstream_blocking_and_streamed(cluster):
+    up, router, _ = cluster
+    st, direct = chat(up, "default")
+    assert st == 200
+    want = direct["choices"][0]["message"]["content"]
+    assert want
+    st, routed = chat(router, "remote-smol")
+    assert st == 200, routed
+    assert routed["choices"][0]["message"]["content"] == want
+    assert routed["model"] == "remote-smol"
+    assert routed["usage"]["completion_tokens"] == direct["usage"]["completion_tokens"]
+    assert routed["choices"][0]["finish_reason"] == direct["choices"][0]["finish_reason"]
+    ev = stream_events(router, "/v1/chat/completions",
+                       {"model": "remote-smol", "messages": HELLO, "max_tokens": 24, "temperature": 0})
+    assert ev[-1] == "[DONE]"
+    assert streamed_text(ev) == want, ev
+    # the same through the official client
+    c = router.client()
+    r = c.chat.completions.create(model="up/default", messages=HELLO, max_tokens=24, temperature=0)
+    assert r.choices[0].message.content == want
+
+
+def test_greedy_completion_equals_upstream(cluster):
+    up, router, _ = cluster
+    body = {"prompt": "The capital of France is", "max_tokens": 16, "temperature": 0}
+    st, _, raw = up.request("POST", "/v1/completions", dict(body, model="default"))
+    assert st == 200
+    want = json.loads(raw)["choices"][0]["text"]
+    st, _, raw = router.request("POST", "/v1/completions", dict(body, model="remote-smol"))
+    assert st == 200, raw
+    assert json.loads(raw)["choices"][0]["text"] == want
+    ev = stream_events(router, "/v1/completions", dict(body, model="remote-smol"))
+    assert streamed_text(ev, chat_kind=False) == want
+
+
+def test_metrics_say_where_it_ran(cluster):
+    _, router, _ = cluster
+    before = router.metrics()
+    assert chat(router, "remote-smol", max_tokens=2)[0] == 200
+    assert chat(router, "default", max_tokens=2)[0] == 200
+    m = router.metrics()
+    assert sample(m, "rlai_route_requests_total", place="upstream:up") == \
+        sample(before, "rlai_route_requests_total", place="upstream:up") + 1
+    assert sample(m, "rlai_route_requests_total", place="local") >= \
+        sample(before, "rlai_route_requests_total", place="local") + 1
+    assert sample(m, "rlai_upstream_up", upstream="up") == 1
+    assert m["types"]["rlai_upstream_requests_total"] == "counter"
+
+
+# ---------------------------------------------------------------- cancel
+
+def test_client_disconnect_cancels_upstream(cluster):
+    # (400 tokens: the upstream's KV pool also holds LoreMaster's pinned lore,
+    # a prompt plus 1500 would wait for admission there)
+    up, router, _ = cluster
+    before = router.metrics()
+    body = json.dumps({"model": "remote-smol", "messages": [{"role": "user", "content": "Tell me a very long story."}],
+                       "max_tokens": 400, "temperature": 0, "stream": True}).encode()
+    s = socket.create_connection(("127.0.0.1", router.port))
+    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n" + router.auth_bytes() +
+              b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+    buf = b""
+    s.settimeout(120)
+    while buf.count(b"data: ") < 5:
+        c = s.recv(4096)
+        assert c, buf
+        buf += c
+    assert up.get_json("/health")["running"] == 1          # it runs on the upstream
+    assert router.get_json("/health")["running"] == 0      # not locally
+    s.close()
+    t0 = time.time()
+    while up.get_json("/health")["running"] != 0:
+        assert time.time() - t0 < 10, "the cancel did not reach the upstream"
+        time.sleep(0.02)
+    t0 = time.time()
+    while sample(router.metrics(), "rlai_upstream_requests_total", upstream="up", result="cancelled") <= \
+            sample(before, "rlai_upstream_requests_total", upstream="up", result="cancelled"):
+        assert time.time() - t0 < 10
+        time.sleep(0.05)
+
+
+# ---------------------------------------------------------------- faults
+
+def test_connection_refused_is_a_clear_error(cluster):
+    _, router, _ = cluster
+    t0 = time.time()
+    st, j = chat(router, "down-x")
+    assert st == 503, j
+    assert "upstream 'down'" in j["error"]["message"] and "2 attempts" in j["error"]["message"]
+    assert time.time() - t0 < 5
+    ev = stream_events(router, "/v1/chat/completions", {"model": "down-x", "messages": HELLO})
+    assert ev[-1] == "[DONE]" and "error" in ev[-2], ev
+
+
+def test_500_then_success_is_retried(cluster):
+    _, router, bad = cluster
+    n = bad.hits("500once")
+    st, j = chat(router, "bad-500once", messages=[{"role": "user", "content": "retry me"}])
+    assert st == 200, j
+    assert j["choices"][0]["message"]["content"] == "Hello from bad upstream"
+    assert bad.hits("500once") == n + 2
+    assert sample(router.metrics(), "rlai_upstream_retries_total", upstream="bad") >= 1
+
+
+def test_persistent_500_and_429_give_up_after_bounded_retries(cluster):
+    _, router, bad = cluster
+    n = bad.hits("500")
+    st, j = chat(router, "bad-500")
+    assert st == 503, j
+    assert "HTTP 500" in j["error"]["message"] and "upstream is broken" in j["error"]["message"]
+    assert bad.hits("500") == n + 3                      # 1 + max_retries 2
+    st, j = chat(router, "bad-429")
+    assert st == 429, j
+    st, j = chat(router, "bad-400")                      # a client error is not retried
+    assert st == 400, j
+    assert "bad parameter" in j["error"]["message"]
+    assert bad.hits("400") == 1
+
+
+def test_malformed_sse_is_an_error_not_a_hang(cluster):
+    _, router, bad = cluster
+    st, j = chat(router, "bad-malformed")
+    assert st == 503, j
+    assert "malformed" in j["error"]["message"]
+    assert bad.hits("malformed") == 3
+
+
+def test_slow_first_token_ends_at_the_deadline(cluster):
+    _, router, bad = cluster
+    t0 = time.time()
+    st, j = chat(router, "bad-slow", timeout_ms=800)
+    took = time.time() - t0
+    assert st == 200, j
+    assert j["choices"][0]["finish_reason"] == "timeout"
+    assert took < 3, took
+    # without a request deadline: first_token_timeout_ms per attempt, bounded retries, then 504
+    t0 = time.time()
+    st, j = chat(router, "bad-slow")
+    assert st == 504, j
+    assert "first token" in j["error"]["message"]
+    assert time.time() - t0 < 3 * 1.5 + 2
+
+
+def test_stall_and_early_close_mid_stream(cluster):
+    _, router, bad = cluster
+    for model, words in (("bad-stall", "stall_timeout_ms"), ("bad-short", "before [DONE]")):
+        n = bad.hits(model[4:])
+        t0 = time.time()
+        ev = stream_events(router, "/v1/chat/completions", {"model": model, "messages": HELLO})
+        assert time.time() - t0 < 6
+        assert streamed_text(ev) == "Hello"
+        assert ev[-1] == "[DONE]"
+        err = ev[-2]
+        assert "error" in err and words in err["error"]["message"], ev
+        assert bad.hits(model[4:]) == n + 1            # no retry after the first token
+
+
+def test_breaker_opens_and_half_opens(cluster):
+    _, router, bad = cluster
+    for _ in range(3):
+        assert chat(router, "flaky-500")[0] == 503
+    m = router.metrics()
+    assert sample(m, "rlai_upstream_up", upstream="flaky") == 0
+    assert sample(m, "rlai_upstream_breaker_state", upstream="flaky", state="open") == 1
+    n = bad.hits("ok")
+    t0 = time.time()
+    st, j = chat(router, "flaky-ok")
+    assert st == 503 and "circuit breaker open" in j["error"]["message"], j
+    assert time.time() - t0 < 1
+    assert bad.hits("ok") == n                          # refused without a request upstream
+    time.sleep(1.6)
+    st, j = chat(router, "flaky-ok")                    # the half-open trial
+    assert st == 200, j
+    m = router.metrics()
+    assert sample(m, "rlai_upstream_up", upstream="flaky") == 1
+    assert sample(m, "rlai_upstream_breaker_opens_total", upstream="flaky") >= 1
+
+
+def test_unsupported_features_are_refused(cluster):
+    _, router, _ = cluster
+    st, j = chat(router, "remote-smol", logprobs=True, top_logprobs=2)
+    assert st in (400, 501), j
+    assert "not implemented" in j["error"]["message"]
+
+
+def test_router_keeps_serving_locally(cluster):
+    up, router, _ = cluster
+    st, a = chat(router, "default")
+    st2, b = chat(up, "default")
+    assert st == st2 == 200
+    assert a["choices"][0]["message"]["content"] == b["choices"][0]["message"]["content"]
+
+
+# ---------------------------------------------------------------- wire protocol, plugins
+
+def pipe_client(engine):
+    return rtx_localai.RTXLocalAIClient("unix://" + str(engine.sock_path), timeout=120)
+
+
+def test_wire_protocol_reaches_remote_model(cluster):
+    up, router, _ = cluster
+    with pipe_client(up) as c:
+        want = c.chat(HELLO, max_tokens=24, temperature=0)
+    with pipe_client(router) as c:
+        got = c.chat(HELLO, max_tokens=24, temperature=0, model="remote-smol")
+        assert got.text == want.text
+        assert got.metrics.where == "upstream:up"
+        assert got.metrics.gen_tokens == want.metrics.gen_tokens
+        local = c.chat(HELLO, max_tokens=4, temperature=0)
+        assert local.metrics.where == "local"
+        # streamed, with a cancel that reaches the upstream
+        s = c.chat([{"role": "user", "content": "Tell me a very long story."}], stream=True, max_tokens=400,
+                   temperature=0, model="remote-smol")
+        for i, _piece in enumerate(s):
+            if i >= 4:
+                break
+        assert up.get_json("/health")["running"] == 1
+        s.cancel()
+        g = s.finish()
+        assert g.stop == "cancelled"
+        t0 = time.time()
+        while up.get_json("/health")["running"] != 0:
+            assert time.time() - t0 < 10, "the cancel did not reach the upstream"
+            time.sleep(0.02)
+        # errors name the upstream; what a remote model cannot do is refused
+        with pytest.raises(rtx_localai.RTXLocalAIError) as ei:
+            c.chat(HELLO, max_tokens=4, model="down-x")
+        assert "upstream 'down'" in str(ei.value)
+        with pytest.raises(rtx_localai.RTXLocalAIError) as ei:
+            c.chat(HELLO, max_tokens=4, model="remote-smol", top_logprobs=2)
+        assert "not implemented" in str(ei.value)
+        with pytest.raises(rtx_localai.RTXLocalAIError):
+            c.chat(HELLO, max_tokens=4, model="no-such-model")
+
+
+def test_route_override_and_stats(cluster):
+    up, router, _ = cluster
+    before = sample(router.metrics(), "rlai_route_spills_total", reason="asked")
+    st, j = chat(router, "default", route="remote", max_tokens=8)
+    assert st == 200, j
+    st2, direct = chat(up, "default", max_tokens=8)
+    assert j["choices"][0]["message"]["content"] == direct["choices"][0]["message"]["content"]
+    assert sample(router.metrics(), "rlai_route_spills_total", reason="asked") == before + 1
+    st, j = chat(router, "remote-smol", route="local")
+    assert st == 400, j
+    st, j = chat(router, "default", route="elsewhere")
+    assert st == 400 and "elsewhere" in j["error"]["message"], j
+    out = subprocess.run([RLAI, "stats", "--endpoint", "unix://" + str(router.sock_path)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "upstreams.up.breaker" in out.stdout and "upstreams.down.requests" in out.stdout
+
+
+@pytest.mark.skipif(not LORE, reason="loremaster plugin not built")
+def test_loremaster_talk_reaches_remote_model(cluster):
+    up, router, _ = cluster
+    params = {"character": "pell", "message": "Good evening. Who are you?", "temperature": 0, "max_tokens": 24}
+    with pipe_client(up) as c:
+        want = c.call("loremaster.talk", params)         # the upstream's own LoreMaster, local model
+    before = sample(router.metrics(), "rlai_route_requests_total", place="upstream:up")
+    gens = sample(up.metrics(), "rlai_generations_total", transport="http")
+    with pipe_client(router) as c:
+        got = c.call("loremaster.talk", params)          # the router's LoreMaster, model remote-smol
+    assert got.data["reply"] == want.data["reply"]
+    assert sample(router.metrics(), "rlai_route_requests_total", place="upstream:up") == before + 1
+    assert sample(up.metrics(), "rlai_generations_total", transport="http") == gens + 1

@@ -1,0 +1,257 @@
+/* test_upstream.c - remote upstreams (host/upstream.c, host/config.c):
+ * the "upstreams"/"routing" config keys and their refusals, the API key
+ * file's permission check, the circuit breaker's states, the body sent
+ * upstream (and what a remote model refuses), stream chunk decoding. */
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <cjson/cJSON.h>
+
+#include "config.h"
+#include "router.h"
+#include "upstream.h"
+#include "rlai/error.h"
+
+START_TEST(config_reads_upstreams_and_routing)
+{
+    rlai_config c;
+    char err[256] = "";
+    ck_assert_int_eq(rlai_config_defaults(&c, "m.gguf"), 0);
+    const char *j = "{\"upstreams\":[{\"name\":\"c1\",\"base_url\":\"http://127.0.0.1:9/v1\","
+                    "\"api_key_env\":\"K\",\"models\":{\"big\":\"org/Big-70B\"},\"spill_model\":\"small\","
+                    "\"max_concurrency\":3,\"max_retries\":1,\"breaker_failures\":2,\"sampling_extras\":false}],"
+                    "\"routing\":{\"spill_queued\":4,\"spill_long_prompts\":false,\"affinity\":false}}";
+    ck_assert_msg(rlai_config_load_json(&c, j, err, sizeof(err)) == 0, "%s", err);
+    ck_assert_int_eq(c.n_upstreams, 1);
+    ck_assert_str_eq(c.upstreams[0].name, "c1");
+    ck_assert_str_eq(c.upstreams[0].models[0].name, "big");
+    ck_assert_str_eq(c.upstreams[0].models[0].remote, "org/Big-70B");
+    ck_assert_str_eq(c.upstreams[0].spill_model, "small");
+    ck_assert_int_eq(c.upstreams[0].max_concurrency, 3);
+    ck_assert_int_eq(c.upstreams[0].max_retries, 1);
+    ck_assert_int_eq(c.upstreams[0].first_token_timeout_ms, 60000);   /* default kept */
+    ck_assert(!c.upstreams[0].sampling_extras);
+    ck_assert_int_eq(c.route_spill_queued, 4);
+    ck_assert(c.route_no_spill_long);
+    ck_assert(c.route_no_affinity);
+    rlai_config_free(&c);
+
+    const char *bad[][2] = {
+        { "{\"upstreams\":{}}", "list" },
+        { "{\"upstreams\":[{\"name\":\"x\",\"base_url\":\"ftp://h/v1\",\"models\":{\"a\":\"b\"}}]}", "base_url" },
+        { "{\"upstreams\":[{\"name\":\"x y\",\"base_url\":\"http://h/v1\",\"models\":{\"a\":\"b\"}}]}", "name" },
+        { "{\"upstreams\":[{\"name\":\"x\",\"base_url\":\"http://h/v1\"}]}", "models" },
+        { "{\"upstreams\":[{\"name\":\"x\",\"base_url\":\"http://h/v1\",\"models\":{\"a\":\"b\"},\"colour\":1}]}",
+          "upstreams[0].colour" },
+        { "{\"upstreams\":[{\"name\":\"x\",\"base_url\":\"http://h/v1\",\"models\":{\"a\":\"b\"},"
+          "\"api_key_env\":\"A\",\"api_key_file\":\"/f\"}]}", "not both" },
+        { "{\"upstreams\":[{\"name\":\"x\",\"base_url\":\"http://h/v1\",\"models\":{\"a\":\"b\"}},"
+          "{\"name\":\"x\",\"base_url\":\"http://h/v1\",\"models\":{\"a\":\"b\"}}]}", "twice" },
+        { "{\"upstreams\":[{\"name\":\"x\",\"base_url\":\"http://h/v1\",\"models\":{\"a\":\"b\"},"
+          "\"max_concurrency\":0}]}", "max_concurrency" },
+        { "{\"routing\":{\"spill\":1}}", "routing.spill" },
+        { "{\"upstreams\":[{\"name\":\"remote\",\"base_url\":\"http://h/v1\",\"models\":{\"a\":\"b\"}}]}",
+          "reserved" },
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        ck_assert_int_eq(rlai_config_defaults(&c, "m.gguf"), 0);
+        err[0] = 0;
+        ck_assert_int_eq(rlai_config_load_json(&c, bad[i][0], err, sizeof(err)), RLAI_ERR_FORMAT);
+        ck_assert_msg(strstr(err, bad[i][1]) != NULL, "case %zu: '%s' lacks '%s'", i, err, bad[i][1]);
+        rlai_config_free(&c);
+    }
+}
+END_TEST
+
+START_TEST(key_file_must_be_private)
+{
+    char path[] = "/tmp/rlai-upkey-XXXXXX";
+    int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(write(fd, "  sk-secret\n", 12), 12);
+    close(fd);
+    rlai_upstream_config u;
+    rlai_upstream_config_init(&u);
+    u.name = strdup("c");
+    u.api_key_file = strdup(path);
+    char *key = NULL;
+    char err[256] = "";
+    ck_assert_int_eq(chmod(path, 0600), 0);
+    ck_assert_int_eq(rlai_upstream_read_key(&u, &key, err, sizeof(err)), 0);
+    ck_assert_str_eq(key, "sk-secret");
+    free(key);
+    ck_assert_int_eq(chmod(path, 0644), 0);
+    ck_assert_int_eq(rlai_upstream_read_key(&u, &key, err, sizeof(err)), RLAI_ERR_INVALID_ARG);
+    ck_assert_ptr_null(key);
+    ck_assert_ptr_nonnull(strstr(err, "0644"));
+    unlink(path);
+    free(u.api_key_file);
+    u.api_key_file = NULL;
+    u.api_key_env = strdup("RLAI_TEST_UPSTREAM_KEY_UNSET");
+    unsetenv("RLAI_TEST_UPSTREAM_KEY_UNSET");
+    ck_assert_int_eq(rlai_upstream_read_key(&u, &key, err, sizeof(err)), RLAI_ERR_NOT_FOUND);
+    setenv("RLAI_TEST_UPSTREAM_KEY_UNSET", "k2", 1);
+    ck_assert_int_eq(rlai_upstream_read_key(&u, &key, err, sizeof(err)), 0);
+    ck_assert_str_eq(key, "k2");
+    free(key);
+    rlai_upstream_config_clear(&u);
+}
+END_TEST
+
+START_TEST(breaker_opens_half_opens_and_closes)
+{
+    rlai_breaker b;
+    rlai_breaker_init(&b, 3, 1000);
+    ck_assert(rlai_breaker_allow(&b, 0));
+    rlai_breaker_failure(&b, 10);
+    rlai_breaker_failure(&b, 20);
+    ck_assert_int_eq(b.state, RLAI_BREAKER_CLOSED);
+    rlai_breaker_failure(&b, 30);
+    ck_assert_int_eq(b.state, RLAI_BREAKER_OPEN);
+    ck_assert(!rlai_breaker_allow(&b, 500));
+    ck_assert(!rlai_breaker_would_allow(&b, 1029));
+    ck_assert(rlai_breaker_would_allow(&b, 1030));
+    ck_assert(rlai_breaker_allow(&b, 1030));          /* the one trial */
+    ck_assert_int_eq(b.state, RLAI_BREAKER_HALF_OPEN);
+    ck_assert(!rlai_breaker_allow(&b, 1031));         /* not a second one */
+    rlai_breaker_failure(&b, 1100);                   /* trial failed: open again */
+    ck_assert_int_eq(b.state, RLAI_BREAKER_OPEN);
+    ck_assert(!rlai_breaker_allow(&b, 2000));
+    ck_assert(rlai_breaker_allow(&b, 2100));
+    rlai_breaker_success(&b);
+    ck_assert_int_eq(b.state, RLAI_BREAKER_CLOSED);
+    ck_assert_int_eq(b.fails, 0);
+    ck_assert_uint_eq(b.opens_total, 2);
+    ck_assert_str_eq(rlai_breaker_state_name(RLAI_BREAKER_HALF_OPEN), "half_open");
+}
+END_TEST
+
+START_TEST(body_maps_the_request_and_refuses_what_it_cannot_honour)
+{
+    rlai_chat_message msgs[2] = { { "system", "You are terse." }, { "user", "Hi" } };
+    const char *stops[] = { "\n\n", NULL };
+    rlai_route_request rq;
+    memset(&rq, 0, sizeof(rq));
+    rq.text.messages = msgs;
+    rq.text.n_messages = 2;
+    rlai_gen_params_init(&rq.text.rp.gen);
+    rq.text.rp.gen.max_tokens = 7;
+    rq.text.rp.gen.stop = stops;
+    rq.text.rp.gen.sampling.top_k = 40;
+    rq.text.rp.gen.sampling.seed = 42;
+    char *body = NULL;
+    bool chat = false;
+    char err[256] = "";
+    ck_assert_int_eq(rlai_upstream_build_body(&rq, "org/M", true, &body, &chat, err, sizeof(err)), 0);
+    ck_assert(chat);
+    cJSON *j = cJSON_Parse(body);
+    ck_assert_ptr_nonnull(j);
+    ck_assert_str_eq(cJSON_GetObjectItem(j, "model")->valuestring, "org/M");
+    ck_assert(cJSON_IsTrue(cJSON_GetObjectItem(j, "stream")));
+    ck_assert_int_eq(cJSON_GetArraySize(cJSON_GetObjectItem(j, "messages")), 2);
+    ck_assert_str_eq(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "messages"), 0)->child->valuestring, "system");
+    ck_assert_int_eq((int)cJSON_GetObjectItem(j, "max_tokens")->valuedouble, 7);
+    ck_assert_int_eq((int)cJSON_GetObjectItem(j, "temperature")->valuedouble, 0);
+    ck_assert_int_eq((int)cJSON_GetObjectItem(j, "top_k")->valuedouble, 40);
+    ck_assert_int_eq((int)cJSON_GetObjectItem(j, "seed")->valuedouble, 42);
+    cJSON_Delete(j);
+    free(body);
+    /* a large seed stays an exact integer literal (no exponent), 63 bits */
+    rq.text.rp.gen.sampling.seed = UINT64_C(0xFEDCBA9876543210);
+    ck_assert_int_eq(rlai_upstream_build_body(&rq, "org/M", true, &body, &chat, err, sizeof(err)), 0);
+    ck_assert_ptr_nonnull(strstr(body, "\"seed\":9141386507638288912"));
+    j = cJSON_Parse(body);
+    ck_assert_str_eq(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "stop"), 0)->valuestring, "\n\n");
+    cJSON_Delete(j);
+    free(body);
+    /* neutral knobs are sent too (an upstream's defaults must not apply) */
+    rq.text.rp.gen.sampling.top_k = 0;
+    ck_assert_int_eq(rlai_upstream_build_body(&rq, "org/M", true, &body, &chat, err, sizeof(err)), 0);
+    ck_assert_ptr_nonnull(strstr(body, "\"top_k\":0"));
+    ck_assert_ptr_nonnull(strstr(body, "\"min_p\":0"));
+    ck_assert_ptr_nonnull(strstr(body, "\"top_p\":1"));
+    ck_assert_ptr_null(strstr(body, "repetition_penalty"));
+    free(body);
+    /* without extras: no top_k */
+    ck_assert_int_eq(rlai_upstream_build_body(&rq, "org/M", false, &body, &chat, err, sizeof(err)), 0);
+    ck_assert_ptr_null(strstr(body, "top_k"));
+    free(body);
+    /* a prompt goes to completions */
+    rq.text.messages = NULL;
+    rq.text.n_messages = 0;
+    rq.text.prompt = "Once";
+    rq.response_format = "{\"type\":\"json_object\"}";
+    ck_assert_int_eq(rlai_upstream_build_body(&rq, "m", true, &body, &chat, err, sizeof(err)), 0);
+    ck_assert(!chat);
+    ck_assert_ptr_nonnull(strstr(body, "\"prompt\":\"Once\""));
+    ck_assert_ptr_nonnull(strstr(body, "\"response_format\":{\"type\":\"json_object\"}"));
+    free(body);
+    /* refusals */
+    rq.response_format = "[1]";
+    ck_assert_int_eq(rlai_upstream_build_body(&rq, "m", true, &body, &chat, err, sizeof(err)), RLAI_ERR_INVALID_ARG);
+    rq.response_format = NULL;
+    rq.text.rp.gen.grammar = (const rlai_grammar *)(uintptr_t)1;   /* never dereferenced */
+    ck_assert_int_eq(rlai_upstream_build_body(&rq, "m", true, &body, &chat, err, sizeof(err)), RLAI_ERR_UNSUPPORTED);
+    ck_assert_ptr_nonnull(strstr(err, "not implemented"));
+    rq.text.rp.gen.grammar = NULL;
+    rq.text.rp.gen.top_logprobs = 2;
+    rq.text.rp.gen.on_logprobs = (rlai_logprobs_cb)(uintptr_t)1;
+    ck_assert_int_eq(rlai_upstream_build_body(&rq, "m", true, &body, &chat, err, sizeof(err)), RLAI_ERR_UNSUPPORTED);
+    ck_assert_ptr_nonnull(strstr(err, "logprobs"));
+    ck_assert_ptr_null(body);
+}
+END_TEST
+
+START_TEST(chunks_decode)
+{
+    rlai_upstream_delta d;
+    char msg[256];
+    const char *c1 = "{\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hel\"},\"finish_reason\":null}]}";
+    ck_assert_int_eq(rlai_upstream_parse_chunk(c1, strlen(c1), &d, msg, sizeof(msg)), 0);
+    ck_assert_str_eq(d.text, "Hel");
+    ck_assert_uint_eq(d.len, 3);
+    ck_assert_int_eq(d.finish, RLAI_STOP_NONE);
+    free(d.text);
+    const char *c2 = "{\"choices\":[{\"index\":0,\"text\":\"lo\",\"finish_reason\":\"length\"}]}";
+    ck_assert_int_eq(rlai_upstream_parse_chunk(c2, strlen(c2), &d, msg, sizeof(msg)), 0);
+    ck_assert_str_eq(d.text, "lo");
+    ck_assert_int_eq(d.finish, RLAI_STOP_MAX_TOKENS);
+    free(d.text);
+    const char *c3 = "{\"choices\":[],\"usage\":{\"prompt_tokens\":12,\"completion_tokens\":5}}";
+    ck_assert_int_eq(rlai_upstream_parse_chunk(c3, strlen(c3), &d, msg, sizeof(msg)), 0);
+    ck_assert_ptr_null(d.text);
+    ck_assert_int_eq(d.prompt_tokens, 12);
+    ck_assert_int_eq(d.completion_tokens, 5);
+    const char *c4 = "{\"choices\":[{\"delta\":{},\"finish_reason\":\"stop\",\"stop_reason\":\"\\n\"}]}";
+    ck_assert_int_eq(rlai_upstream_parse_chunk(c4, strlen(c4), &d, msg, sizeof(msg)), 0);
+    ck_assert_int_eq(d.finish, RLAI_STOP_STRING);
+    ck_assert_int_eq(rlai_upstream_parse_chunk(" [DONE]", 7, &d, msg, sizeof(msg)), 1);
+    ck_assert_int_eq(rlai_upstream_parse_chunk("{\"choi", 6, &d, msg, sizeof(msg)), RLAI_ERR_FORMAT);
+    ck_assert_int_eq(rlai_upstream_parse_chunk("{\"x\":1}", 7, &d, msg, sizeof(msg)), RLAI_ERR_FORMAT);
+    const char *c5 = "{\"choices\":[{\"delta\":{\"content\":7}}]}";
+    ck_assert_int_eq(rlai_upstream_parse_chunk(c5, strlen(c5), &d, msg, sizeof(msg)), RLAI_ERR_FORMAT);
+    const char *c6 = "{\"error\":{\"message\":\"overloaded\"}}";
+    ck_assert_int_eq(rlai_upstream_parse_chunk(c6, strlen(c6), &d, msg, sizeof(msg)), RLAI_ERR_DISCONNECTED);
+    ck_assert_ptr_nonnull(strstr(msg, "overloaded"));
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("upstream");
+    TCase *tc = tcase_create("core");
+    tcase_add_test(tc, config_reads_upstreams_and_routing);
+    tcase_add_test(tc, key_file_must_be_private);
+    tcase_add_test(tc, breaker_opens_half_opens_and_closes);
+    tcase_add_test(tc, body_maps_the_request_and_refuses_what_it_cannot_honour);
+    tcase_add_test(tc, chunks_decode);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}
