@@ -29,27 +29,16 @@ struct rlai_vision {
 
 /* ------------------------------------------------------------------ load */
 
-static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
-{
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return code;
-}
-
 static int key_u32(const rlai_gguf *g, const char *key, uint32_t lo, uint32_t hi, uint32_t *out,
                    char *err, size_t errlen)
 {
     int rc = rlai_gguf_get_u32(g, key, out);
     if (rc == RLAI_ERR_NOT_FOUND)
-        return fail(err, errlen, RLAI_ERR_FORMAT, "vision: required key '%s' missing", key);
+        return rlai_errf(err, errlen, RLAI_ERR_FORMAT, "vision: required key '%s' missing", key);
     if (rc < 0)
-        return fail(err, errlen, RLAI_ERR_FORMAT, "vision: key '%s' has a wrong type or value", key);
+        return rlai_errf(err, errlen, RLAI_ERR_FORMAT, "vision: key '%s' has a wrong type or value", key);
     if (*out < lo || *out > hi)
-        return fail(err, errlen, RLAI_ERR_FORMAT, "vision: key '%s' = %u is outside [%u, %u]",
+        return rlai_errf(err, errlen, RLAI_ERR_FORMAT, "vision: key '%s' = %u is outside [%u, %u]",
                     key, *out, lo, hi);
     return 0;
 }
@@ -67,11 +56,11 @@ static int key_vec3(const rlai_gguf *g, const char *key, float dflt, bool positi
         return 0;
     }
     if (rc < 0 || et != RLAI_GGUF_F32 || n != 3)
-        return fail(err, errlen, RLAI_ERR_FORMAT, "vision: key '%s' is not an array of 3 f32", key);
+        return rlai_errf(err, errlen, RLAI_ERR_FORMAT, "vision: key '%s' is not an array of 3 f32", key);
     memcpy(out, data, 3 * sizeof(float));
     for (int i = 0; i < 3; i++)
         if (!isfinite(out[i]) || (positive && !(out[i] > 0)) || fabsf(out[i]) > 1e6f)
-            return fail(err, errlen, RLAI_ERR_FORMAT, "vision: key '%s' has a bad value %g",
+            return rlai_errf(err, errlen, RLAI_ERR_FORMAT, "vision: key '%s' has a bad value %g",
                         key, (double)out[i]);
     return 0;
 }
@@ -83,22 +72,22 @@ static int find4(const rlai_gguf *g, const char *name, const int64_t ne[4], bool
     const rlai_gguf_tensor *t = rlai_gguf_find_tensor(g, name);
     *out = t;
     if (!t)
-        return required ? fail(err, errlen, RLAI_ERR_FORMAT, "vision: tensor '%s' missing", name) : 0;
+        return required ? rlai_errf(err, errlen, RLAI_ERR_FORMAT, "vision: tensor '%s' missing", name) : 0;
     for (int i = 0; i < 4; i++)
         if ((int64_t)t->ne[i] != ne[i])
-            return fail(err, errlen, RLAI_ERR_FORMAT,
+            return rlai_errf(err, errlen, RLAI_ERR_FORMAT,
                         "vision: tensor '%s' has shape [%llu, %llu, %llu, %llu], expected "
                         "[%lld, %lld, %lld, %lld]", name,
                         (unsigned long long)t->ne[0], (unsigned long long)t->ne[1],
                         (unsigned long long)t->ne[2], (unsigned long long)t->ne[3],
                         (long long)ne[0], (long long)ne[1], (long long)ne[2], (long long)ne[3]);
     if (!rlai_dtype_supported(t->type) || t->type == RLAI_DT_Q8_1)
-        return fail(err, errlen, RLAI_ERR_UNSUPPORTED,
+        return rlai_errf(err, errlen, RLAI_ERR_UNSUPPORTED,
                     "vision: tensor '%s' has type %s (id %u), which this engine cannot compute "
                     "(supported: f32 f16 bf16 q4_0 q4_1 q5_0 q5_1 q8_0)",
                     name, rlai_dtype_name(t->type), t->type);
     if (ne[0] % (int64_t)rlai_dtype_block_elems(t->type) != 0)
-        return fail(err, errlen, RLAI_ERR_FORMAT, "vision: tensor '%s': %lld columns are not a "
+        return rlai_errf(err, errlen, RLAI_ERR_FORMAT, "vision: tensor '%s': %lld columns are not a "
                     "multiple of the %s block", name, (long long)ne[0], rlai_dtype_name(t->type));
     return 0;
 }
@@ -113,7 +102,7 @@ static int bind_matrix(rlai_vision *v, const rlai_gguf *g, const char *name, con
     if (rc < 0)
         return rc;
     if (cols % (int64_t)rlai_dtype_block_elems(t->type) != 0)
-        return fail(err, errlen, RLAI_ERR_FORMAT, "vision: tensor '%s': row length not a block multiple", name);
+        return rlai_errf(err, errlen, RLAI_ERR_FORMAT, "vision: tensor '%s': row length not a block multiple", name);
     w->type = t->type;
     w->rows = rows;
     w->cols = cols;
@@ -156,17 +145,17 @@ static int load_hparams(const rlai_gguf *g, rlai_vision_hparams *hp, char *err, 
     if (rc == RLAI_ERR_NOT_FOUND)
         rc = rlai_gguf_get_str(g, "clip.vision.projector_type", &pt);
     if (rc == RLAI_ERR_NOT_FOUND)
-        return fail(err, errlen, RLAI_ERR_FORMAT, "vision: key 'clip.projector_type' missing "
+        return rlai_errf(err, errlen, RLAI_ERR_FORMAT, "vision: key 'clip.projector_type' missing "
                     "(is this an mmproj file?)");
     if (rc < 0)
-        return fail(err, errlen, RLAI_ERR_FORMAT, "vision: key 'clip.projector_type' is not a string");
+        return rlai_errf(err, errlen, RLAI_ERR_FORMAT, "vision: key 'clip.projector_type' is not a string");
     if (!str_is(pt, "idefics3"))
-        return fail(err, errlen, RLAI_ERR_UNSUPPORTED, "vision: projector type '%.*s' is not "
+        return rlai_errf(err, errlen, RLAI_ERR_UNSUPPORTED, "vision: projector type '%.*s' is not "
                     "supported (supported: idefics3)", (int)(pt.len > 64 ? 64 : pt.len), pt.ptr);
     bool has_v = true;
     rc = rlai_gguf_get_bool(g, "clip.has_vision_encoder", &has_v);
     if ((rc < 0 && rc != RLAI_ERR_NOT_FOUND) || !has_v)
-        return fail(err, errlen, RLAI_ERR_FORMAT, "vision: 'clip.has_vision_encoder' is not true");
+        return rlai_errf(err, errlen, RLAI_ERR_FORMAT, "vision: 'clip.has_vision_encoder' is not true");
 
     uint32_t S, P, E, F, L, H, s;
     if ((rc = key_u32(g, "clip.vision.image_size", 1, 4096, &S, err, errlen)) < 0 ||
@@ -179,25 +168,25 @@ static int load_hparams(const rlai_gguf *g, rlai_vision_hparams *hp, char *err, 
         return rc;
     rc = rlai_gguf_get_f32(g, "clip.vision.attention.layer_norm_epsilon", &hp->eps);
     if (rc == RLAI_ERR_NOT_FOUND)
-        return fail(err, errlen, RLAI_ERR_FORMAT,
+        return rlai_errf(err, errlen, RLAI_ERR_FORMAT,
                     "vision: required key 'clip.vision.attention.layer_norm_epsilon' missing");
     if (rc < 0 || !isfinite(hp->eps) || !(hp->eps > 0) || hp->eps > 1.0f)
-        return fail(err, errlen, RLAI_ERR_FORMAT,
+        return rlai_errf(err, errlen, RLAI_ERR_FORMAT,
                     "vision: key 'clip.vision.attention.layer_norm_epsilon' has a wrong type or value");
     if (S % P != 0)
-        return fail(err, errlen, RLAI_ERR_FORMAT, "vision: image_size %u is not a multiple of "
+        return rlai_errf(err, errlen, RLAI_ERR_FORMAT, "vision: image_size %u is not a multiple of "
                     "patch_size %u", S, P);
     uint32_t G = S / P;
     if (G % s != 0)
-        return fail(err, errlen, RLAI_ERR_FORMAT, "vision: the %ux%u patch grid is not divisible "
+        return rlai_errf(err, errlen, RLAI_ERR_FORMAT, "vision: the %ux%u patch grid is not divisible "
                     "by the projector scale_factor %u", G, G, s);
     if (E % H != 0)
-        return fail(err, errlen, RLAI_ERR_FORMAT, "vision: embedding_length %u is not a multiple "
+        return rlai_errf(err, errlen, RLAI_ERR_FORMAT, "vision: embedding_length %u is not a multiple "
                     "of head_count %u", E, H);
     if ((uint64_t)G * G > 65536)
-        return fail(err, errlen, RLAI_ERR_FORMAT, "vision: %u patches (more than 65536)", G * G);
+        return rlai_errf(err, errlen, RLAI_ERR_FORMAT, "vision: %u patches (more than 65536)", G * G);
     if ((uint64_t)E * s * s > 1u << 20)
-        return fail(err, errlen, RLAI_ERR_FORMAT, "vision: projector input width %llu too large",
+        return rlai_errf(err, errlen, RLAI_ERR_FORMAT, "vision: projector input width %llu too large",
                     (unsigned long long)E * s * s);
     if ((rc = key_vec3(g, "clip.vision.image_mean", 0.5f, false, hp->mean, err, errlen)) < 0 ||
         (rc = key_vec3(g, "clip.vision.image_std", 0.5f, true, hp->std, err, errlen)) < 0)
@@ -234,11 +223,11 @@ int rlai_vision_load(const rlai_gguf *g, rlai_vision **out, char *err, size_t er
 
     const rlai_gguf_tensor *fct = rlai_gguf_find_tensor(g, "mm.model.fc.weight");
     if (!fct) {
-        rc = fail(err, errlen, RLAI_ERR_FORMAT, "vision: tensor 'mm.model.fc.weight' missing");
+        rc = rlai_errf(err, errlen, RLAI_ERR_FORMAT, "vision: tensor 'mm.model.fc.weight' missing");
         goto fail;
     }
     if (fct->ne[1] == 0 || fct->ne[1] > 65536) {
-        rc = fail(err, errlen, RLAI_ERR_FORMAT, "vision: tensor 'mm.model.fc.weight' has %llu "
+        rc = rlai_errf(err, errlen, RLAI_ERR_FORMAT, "vision: tensor 'mm.model.fc.weight' has %llu "
                   "output rows", (unsigned long long)fct->ne[1]);
         goto fail;
     }
@@ -259,7 +248,7 @@ int rlai_vision_load(const rlai_gguf *g, rlai_vision **out, char *err, size_t er
         (rc = load_f32(v, g, "v.post_ln.bias", E, 1, false, &v->post_b, err, errlen)) < 0)
         goto fail;
     if (!v->post_w != !v->post_b) {
-        rc = fail(err, errlen, RLAI_ERR_FORMAT, "vision: v.post_ln has a weight or a bias but not both");
+        rc = rlai_errf(err, errlen, RLAI_ERR_FORMAT, "vision: v.post_ln has a weight or a bias but not both");
         goto fail;
     }
     hp->has_post_ln = v->post_w != NULL;
@@ -303,7 +292,7 @@ int rlai_vision_load(const rlai_gguf *g, rlai_vision **out, char *err, size_t er
     return 0;
 fail:
     if (rc == RLAI_ERR_NOMEM)
-        fail(err, errlen, rc, "vision: out of memory loading the encoder");
+        rlai_errf(err, errlen, rc, "vision: out of memory loading the encoder");
     rlai_vision_free(v);
     return rc;
 }
