@@ -503,6 +503,29 @@ static void append_defused(char *dst, size_t cap, size_t *o, const char *s)
  * the image's rows go:
  *   <|im_start|>System: SYSTEM<end_of_utterance>\nUser:IMAGE QUESTION<end_of_utterance>\nAssistant:
  */
+/* The fields every analysis result starts with (both modes). NULL when
+ * out of memory. */
+static cJSON *analysis_result(const char *mode, bool dry, const char *answer, const char *question,
+                              const rlai_screen_profile *prof, const char *system, const char *prompt)
+{
+    cJSON *r = cJSON_CreateObject();
+    if (!r)
+        return NULL;
+    cJSON_AddStringToObject(r, "mode", mode);
+    if (dry)
+        cJSON_AddNullToObject(r, "answer");
+    else
+        cJSON_AddStringToObject(r, "answer", answer ? answer : "");
+    cJSON_AddStringToObject(r, "question", question);
+    if (prof)
+        cJSON_AddStringToObject(r, "profile", prof->name);
+    else
+        cJSON_AddNullToObject(r, "profile");
+    cJSON_AddStringToObject(r, "system_prompt", system);
+    cJSON_AddStringToObject(r, "prompt", prompt);
+    return r;
+}
+
 static int analyze_vision(screen_plugin *sp, rlai_call *call, const cJSON *params, rlai_gen_request *req,
                           const char *question, const rlai_screen_profile *prof, bool dry,
                           const char *image_token, int vision_tokens)
@@ -550,22 +573,10 @@ static int analyze_vision(screen_plugin *sp, rlai_call *call, const cJSON *param
             goto done;
         }
     }
-    if (!(r = cJSON_CreateObject())) {
+    if (!(r = analysis_result("vision", dry, res.text, question, prof, system, prompt))) {
         rc = h->reply_error(call, RLAI_ERR_NOMEM, "out of memory");
         goto done;
     }
-    cJSON_AddStringToObject(r, "mode", "vision");
-    if (dry)
-        cJSON_AddNullToObject(r, "answer");
-    else
-        cJSON_AddStringToObject(r, "answer", res.text ? res.text : "");
-    cJSON_AddStringToObject(r, "question", question);
-    if (prof)
-        cJSON_AddStringToObject(r, "profile", prof->name);
-    else
-        cJSON_AddNullToObject(r, "profile");
-    cJSON_AddStringToObject(r, "system_prompt", system);
-    cJSON_AddStringToObject(r, "prompt", prompt);
     cJSON_AddNumberToObject(r, "image_tokens", vision_tokens);
     cJSON_AddItemToObject(r, "source", f.source);
     f.source = NULL;
@@ -751,23 +762,11 @@ static int cmd_analyze(rlai_call *call, const cJSON *params, void *user)
         rc = 0;
         goto done;
     }
-    r = cJSON_CreateObject();
+    r = analysis_result("ocr", dry, res.text, jq->valuestring, prof, system, umsg);
     if (!r) {
         rc = h->reply_error(call, RLAI_ERR_NOMEM, "out of memory");
         goto done;
     }
-    cJSON_AddStringToObject(r, "mode", "ocr");
-    if (dry)
-        cJSON_AddNullToObject(r, "answer");
-    else
-        cJSON_AddStringToObject(r, "answer", res.text ? res.text : "");
-    cJSON_AddStringToObject(r, "question", jq->valuestring);
-    if (prof)
-        cJSON_AddStringToObject(r, "profile", prof->name);
-    else
-        cJSON_AddNullToObject(r, "profile");
-    cJSON_AddStringToObject(r, "system_prompt", system);
-    cJSON_AddStringToObject(r, "prompt", umsg);
     cJSON_AddStringToObject(r, "description", desc);
     cJSON_AddItemToObject(r, "ocr", ocr_json);
     ocr_json = NULL;
