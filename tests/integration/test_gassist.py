@@ -33,6 +33,8 @@ import msgpack
 import pytest
 import zmq
 
+from tiny_lore import plugins_with_tiny_lore
+
 RLAI = os.environ.get("RLAI_BIN")
 MODELS = Path(os.environ.get("RLAI_MODELS_DIR", "models"))
 MODEL = MODELS / "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -904,7 +906,8 @@ def test_real_engine_unknown_command(bridges, tmp_path):
 @pytest.mark.skipif(not _plugins_dir() or "--plugins" not in _help_text(),
                     reason="this build has no plugin host / loremaster plugin yet")
 def test_real_loremaster_conversation(bridges, tmp_path):
-    e = Serve(tmp_path, "--plugins", str(_plugins_dir()))
+    e = Serve(tmp_path, "--no-default-plugins", "--plugins",
+              str(plugins_with_tiny_lore(_plugins_dir(), tmp_path / "plugins")))
     try:
         ep = f"unix://{e.sock}"
         m = subprocess.run([str(BRIDGE), "--manifest", "--endpoint", ep], capture_output=True, timeout=30)

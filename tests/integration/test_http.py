@@ -21,6 +21,8 @@ from pathlib import Path
 import msgpack
 import pytest
 
+from tiny_lore import plugins_with_tiny_lore
+
 openai = pytest.importorskip("openai")
 
 RLAI = os.environ.get("RLAI_BIN")
@@ -594,8 +596,7 @@ def test_plugin_routes(engine, plugin_dir):
 def lore_engine(tmp_path_factory):
     if not SHIPPED_PLUGINS or not (Path(SHIPPED_PLUGINS) / "loremaster" / "manifest.json").exists():
         pytest.skip("loremaster plugin not built (RLAI_PLUGINS)")
-    d = tmp_path_factory.mktemp("lore_plugins")
-    shutil.copytree(Path(SHIPPED_PLUGINS) / "loremaster", d / "loremaster", symlinks=True)
+    d = plugins_with_tiny_lore(SHIPPED_PLUGINS, tmp_path_factory.mktemp("lore_plugins"), only={"loremaster"})
     e = Engine(tmp_path_factory.mktemp("lore"), plugins=d)
     yield e
     rc = e.stop()

@@ -23,6 +23,7 @@ from test_http import RLAI, MODEL, MODEL_ID, SHIPPED_PLUGINS, Engine, free_port,
 SDK = Path(os.environ.get("RLAI_SOURCE_ROOT", HERE.parent.parent)) / "sdk" / "python"
 sys.path.insert(0, str(SDK))
 import rtx_localai  # noqa: E402
+from tiny_lore import plugins_with_tiny_lore  # noqa: E402
 
 pytestmark = [
     pytest.mark.skipif(not RLAI, reason="RLAI_BIN not set (run through meson test)"),
@@ -64,7 +65,7 @@ LORE = bool(SHIPPED_PLUGINS) and (Path(SHIPPED_PLUGINS) / "loremaster" / "manife
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    plugins = Path(SHIPPED_PLUGINS) if LORE else None
+    plugins = plugins_with_tiny_lore(SHIPPED_PLUGINS, tmp_path_factory.mktemp("plugins")) if LORE else None
     up = Engine(tmp_path_factory.mktemp("upstream"), plugins=plugins)
     bad = BadUpstream()
     closed = free_port()

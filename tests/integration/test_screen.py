@@ -24,6 +24,8 @@ import msgpack
 import pytest
 import zmq
 
+from tiny_lore import plugins_with_tiny_lore
+
 PIL = pytest.importorskip("PIL", reason="Pillow not installed (scripts/setup.sh)")
 from PIL import Image, ImageDraw, ImageFont  # noqa: E402
 
@@ -132,7 +134,8 @@ class Server:
             env["DISPLAY"] = display
         self.log = open(Path(tmp) / "serve.log", "w+b")
         self.proc = subprocess.Popen([RLAI, "serve", "-m", str(model or MODEL), "-t", "2", "-c", "2048", "--http",
-                                      f"127.0.0.1:{self.port}", "--no-auth", "--plugins", str(PLUGINS), *extra],
+                                      f"127.0.0.1:{self.port}", "--no-auth", "--no-default-plugins", "--plugins",
+                                      str(plugins_with_tiny_lore(PLUGINS, Path(tmp) / "plugins")), *extra],
                                      env=env, stderr=self.log, stdout=subprocess.DEVNULL)
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.DEALER)

@@ -4,6 +4,7 @@ plugin host or the plugin is not built)."""
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,11 @@ import rtx_localai as rl
 from rtx_localai import RTXLocalAIClient
 
 from conftest import RLAI, Engine, serve_help
+
+# The repository's helper that swaps LoreMaster's sample pack for a tiny one
+# (tests/integration/tiny_lore.py): these tests need characters, not lore.
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tests" / "integration"))
+from tiny_lore import plugins_with_tiny_lore  # noqa: E402
 
 
 def plugins_dir() -> Path:
@@ -29,7 +35,7 @@ def lore_engine(tmp_path_factory):
     lm = d / "loremaster"
     if not (lm / "manifest.json").exists() or not (lm / "libloremaster.so").exists():
         pytest.skip(f"the LoreMaster plugin is not built in {d} (ninja plugins/loremaster/libloremaster.so)")
-    e = Engine(tmp_path_factory.mktemp("lore"), plugins=d)
+    e = Engine(tmp_path_factory.mktemp("lore"), plugins=plugins_with_tiny_lore(d, tmp_path_factory.mktemp("plugins")))
     yield e
     assert e.stop() == 0, e.log()
 
