@@ -14,6 +14,10 @@ code for both paths) records:
 Added latency = routed - direct (medians). Optionally (--real) the same
 TTFT comparison against a second, real `rlai serve` as the upstream.
 
+A third path, "relay floor", sends the same requests through
+bench/relay_floor (a byte-copying TCP relay, built with the tree): what any
+proxy adds on this machine (one more loopback hop and thread wake-up).
+
 usage: bench/bench_remote.py [--rlai build/host/rlai] [--model models/...gguf]
                              [--requests 30] [--tokens 64] [--gap-ms 2] [--real]"""
 import argparse
@@ -174,13 +178,22 @@ def main():
         conf.write_text(json.dumps({"upstreams": ups}))
         router, rport = serve(a.rlai, a.model, tmp, "router", ["--config", str(conf)])
         procs.append(router)
+        # the floor: the same upstream through a byte-copying TCP relay
+        relay_bin = Path(a.rlai).resolve().parents[1] / "bench" / "relay_floor"
+        fport = None
+        if relay_bin.exists():
+            fport = free_port()
+            rl = subprocess.Popen([str(relay_bin), str(fport), str(sp)], stdout=subprocess.PIPE)
+            procs.append(rl)
+            assert rl.stdout.readline().strip() == b"ready"
         # warm up both paths (connections, caches)
+        paths = [("direct", sp), ("routed", rport)] + ([("relay floor", fport)] if fport else [])
         for _ in range(3):
-            one_stream(sp, "stamp")
-            one_stream(rport, "stamp")
-        res = {"direct": ([], []), "routed": ([], [])}
+            for _, port in paths:
+                one_stream(port, "stamp")
+        res = {kind: ([], []) for kind, _ in paths}
         for _ in range(a.requests):
-            for kind, port in (("direct", sp), ("routed", rport)):
+            for kind, port in paths:
                 ttft, lat, _ = one_stream(port, "stamp")
                 res[kind][0].append(ttft)
                 res[kind][1].extend(lat)
@@ -188,12 +201,16 @@ def main():
               f"{a.gap_ms} ms apart (stamping upstream)")
         print("| path | TTFT median (ms) | TTFT p90 (ms) | token latency median (us) | token latency p90 (us) |")
         print("|---|---|---|---|---|")
-        for kind in ("direct", "routed"):
+        for kind, _ in paths:
             t, l = res[kind]
             print(f"| {kind} | {med(t) * 1e3:.3f} | {p90(t) * 1e3:.3f} | {med(l) * 1e6:.1f} | {p90(l) * 1e6:.1f} |")
         dt = (med(res["routed"][0]) - med(res["direct"][0])) * 1e3
         dl = (med(res["routed"][1]) - med(res["direct"][1])) * 1e6
         print(f"| **added by the route** | **{dt:.3f}** | | **{dl:.1f}** | |")
+        if fport:
+            ft = (med(res["relay floor"][0]) - med(res["direct"][0])) * 1e3
+            fl = (med(res["relay floor"][1]) - med(res["direct"][1])) * 1e6
+            print(f"| added by the relay floor | {ft:.3f} | | {fl:.1f} | |")
         print(f"targets: < 1 ms TTFT ({'met' if dt < 1 else 'NOT met'}), < 50 us per token "
               f"({'met' if dl < 50 else 'NOT met'})")
         if real_port:
