@@ -12,6 +12,7 @@
  * is the session store, which locks itself for short copies only.
  */
 #include <rlai/plugin.h>
+#include <rlai/plugin_json.h>
 
 #include <stdatomic.h>
 #include <stdio.h>
@@ -86,53 +87,6 @@ static char *host_strdup(const rlai_host_api *h, const char *s)
     return p;
 }
 
-/* An optional integer from a JSON object within [lo, hi]. */
-static int opt_int(const cJSON *obj, const char *key, int lo, int hi, int *out, char *err, size_t errlen)
-{
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
-    if (!v)
-        return 0;
-    if (!cJSON_IsNumber(v) || v->valuedouble != (double)(long long)v->valuedouble || v->valuedouble < lo ||
-        v->valuedouble > hi) {
-        snprintf(err, errlen, "\"%s\" must be an integer in %d..%d", key, lo, hi);
-        return RLAI_ERR_INVALID_ARG;
-    }
-    *out = (int)v->valuedouble;
-    return 0;
-}
-
-static int opt_float(const cJSON *obj, const char *key, double lo, double hi, float *out, char *err,
-                     size_t errlen)
-{
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
-    if (!v)
-        return 0;
-    if (!cJSON_IsNumber(v) || !(v->valuedouble >= lo && v->valuedouble <= hi)) {
-        snprintf(err, errlen, "\"%s\" must be a number in %g..%g", key, lo, hi);
-        return RLAI_ERR_INVALID_ARG;
-    }
-    *out = (float)v->valuedouble;
-    return 0;
-}
-
-static int check_keys(const cJSON *obj, const char *const *allowed, char *err, size_t errlen)
-{
-    for (const cJSON *it = obj->child; it; it = it->next) {
-        bool ok = false;
-        for (int i = 0; allowed[i] && !ok; i++)
-            ok = it->string && strcmp(it->string, allowed[i]) == 0;
-        if (!ok) {
-            int n = snprintf(err, errlen, "unknown parameter \"%.64s\" (expected:", it->string ? it->string : "");
-            for (int i = 0; allowed[i] && n > 0 && (size_t)n < errlen; i++)
-                n += snprintf(err + n, errlen - (size_t)n, " %s", allowed[i]);
-            if (n > 0 && (size_t)n < errlen)
-                snprintf(err + n, errlen - (size_t)n, ")");
-            return RLAI_ERR_INVALID_ARG;
-        }
-    }
-    return 0;
-}
-
 /* ---- configuration and loading ------------------------------------------- */
 
 static int load_packs(loremaster *lm, const cJSON *cfg, char *err, size_t errlen)
@@ -205,12 +159,12 @@ static int read_config(loremaster *lm, const cJSON *cfg, char *err, size_t errle
     lm->context_tokens = 0;
     int rc;
     char why[256];
-    if ((rc = opt_int(cfg, "max_message_bytes", 1, 1 << 20, &lm->max_message_bytes, why, sizeof why)) ||
-        (rc = opt_int(cfg, "max_sessions", 1, 1 << 20, &lm->max_sessions, why, sizeof why)) ||
-        (rc = opt_int(cfg, "max_turns", 1, 4096, &lm->max_turns, why, sizeof why)) ||
-        (rc = opt_float(cfg, "temperature", 0, 2, &lm->temperature, why, sizeof why)) ||
-        (rc = opt_int(cfg, "max_tokens", 1, 4096, &lm->max_tokens, why, sizeof why)) ||
-        (rc = opt_int(cfg, "context_tokens", 64, 1 << 24, &lm->context_tokens, why, sizeof why))) {
+    if ((rc = rlai_json_opt_int(cfg, "max_message_bytes", 1, 1 << 20, &lm->max_message_bytes, why, sizeof why)) ||
+        (rc = rlai_json_opt_int(cfg, "max_sessions", 1, 1 << 20, &lm->max_sessions, why, sizeof why)) ||
+        (rc = rlai_json_opt_int(cfg, "max_turns", 1, 4096, &lm->max_turns, why, sizeof why)) ||
+        (rc = rlai_json_opt_float(cfg, "temperature", 0, 2, &lm->temperature, why, sizeof why)) ||
+        (rc = rlai_json_opt_int(cfg, "max_tokens", 1, 4096, &lm->max_tokens, why, sizeof why)) ||
+        (rc = rlai_json_opt_int(cfg, "context_tokens", 64, 1 << 24, &lm->context_tokens, why, sizeof why))) {
         snprintf(err, errlen, "config: %s", why);
         return rc;
     }
@@ -339,7 +293,7 @@ static int talk(rlai_call *call, const cJSON *params, void *user)
     loremaster *lm = user;
     const rlai_host_api *h = lm->host;
     char err[512];
-    if (check_keys(params, keys, err, sizeof err))
+    if (rlai_json_check_keys(params, keys, err, sizeof err))
         return h->reply_error(call, RLAI_ERR_INVALID_ARG, "%s", err);
 
     const cJSON *jc = cJSON_GetObjectItemCaseSensitive(params, "character");
@@ -393,8 +347,8 @@ static int talk(rlai_call *call, const cJSON *params, void *user)
     } else {
         req.seed = fresh_seed();
     }
-    if (opt_float(params, "temperature", 0, 2, &req.temperature, err, sizeof err) ||
-        opt_int(params, "max_tokens", 1, 4096, &req.max_tokens, err, sizeof err))
+    if (rlai_json_opt_float(params, "temperature", 0, 2, &req.temperature, err, sizeof err) ||
+        rlai_json_opt_int(params, "max_tokens", 1, 4096, &req.max_tokens, err, sizeof err))
         return h->reply_error(call, RLAI_ERR_INVALID_ARG, "%s", err);
     req.stream = true;
     req.model = lm->model;
@@ -501,7 +455,7 @@ static int characters(rlai_call *call, const cJSON *params, void *user)
     static const char *const keys[] = { NULL };
     loremaster *lm = user;
     char err[256];
-    if (check_keys(params, keys, err, sizeof err))
+    if (rlai_json_check_keys(params, keys, err, sizeof err))
         return lm->host->reply_error(call, RLAI_ERR_INVALID_ARG, "%s", err);
     cJSON *r = cJSON_CreateObject();
     cJSON *arr = r ? cJSON_AddArrayToObject(r, "characters") : NULL;
@@ -532,7 +486,7 @@ static int reset(rlai_call *call, const cJSON *params, void *user)
     static const char *const keys[] = { "session", NULL };
     loremaster *lm = user;
     char err[256];
-    if (check_keys(params, keys, err, sizeof err))
+    if (rlai_json_check_keys(params, keys, err, sizeof err))
         return lm->host->reply_error(call, RLAI_ERR_INVALID_ARG, "%s", err);
     const cJSON *js = cJSON_GetObjectItemCaseSensitive(params, "session");
     if (!cJSON_IsString(js) || !session_id_ok(js->valuestring))

@@ -20,6 +20,7 @@
  * Handlers run on several workers at once: the state is read-only after
  * init except the OCR pool, which locks itself. */
 #include <rlai/plugin.h>
+#include <rlai/plugin_json.h>
 
 #include <dirent.h>
 #include <stdatomic.h>
@@ -92,51 +93,6 @@ static char *host_strdup(const rlai_host_api *h, const char *s)
     return p;
 }
 
-static int check_keys(const cJSON *obj, const char *const *allowed, char *err, size_t errlen)
-{
-    for (const cJSON *it = obj->child; it; it = it->next) {
-        bool ok = false;
-        for (int i = 0; allowed[i] && !ok; i++)
-            ok = it->string && strcmp(it->string, allowed[i]) == 0;
-        if (!ok) {
-            int n = snprintf(err, errlen, "unknown parameter \"%.64s\" (expected:", it->string ? it->string : "");
-            for (int i = 0; allowed[i] && n > 0 && (size_t)n < errlen; i++)
-                n += snprintf(err + n, errlen - (size_t)n, " %s", allowed[i]);
-            if (n > 0 && (size_t)n < errlen)
-                snprintf(err + n, errlen - (size_t)n, ")");
-            return RLAI_ERR_INVALID_ARG;
-        }
-    }
-    return 0;
-}
-
-/* An optional string param: NULL when absent; *bad set when not a string. */
-static const char *opt_str(const cJSON *params, const char *key, bool *bad)
-{
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(params, key);
-    if (!v || cJSON_IsNull(v))
-        return NULL;
-    if (!cJSON_IsString(v)) {
-        *bad = true;
-        return NULL;
-    }
-    return v->valuestring;
-}
-
-static int opt_int(const cJSON *obj, const char *key, int lo, int hi, int *out, char *err, size_t errlen)
-{
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
-    if (!v)
-        return 0;
-    if (!cJSON_IsNumber(v) || v->valuedouble != (double)(long long)v->valuedouble || v->valuedouble < lo ||
-        v->valuedouble > hi) {
-        snprintf(err, errlen, "\"%s\" must be an integer in %d..%d", key, lo, hi);
-        return RLAI_ERR_INVALID_ARG;
-    }
-    *out = (int)v->valuedouble;
-    return 0;
-}
-
 /* A display a caller may name: local only (":N" or ":N.S"), so a call
  * cannot make the engine open connections to other hosts. The engine's own
  * $DISPLAY (the operator's) is not restricted. */
@@ -185,10 +141,10 @@ static int get_frame(screen_plugin *sp, rlai_call *call, const cJSON *params, fr
     const rlai_host_api *h = sp->host;
     memset(f, 0, sizeof *f);
     bool bad = false;
-    const char *file = opt_str(params, "file", &bad);
-    const char *image = opt_str(params, "image", &bad);
-    const char *window = opt_str(params, "window", &bad);
-    const char *display = opt_str(params, "display", &bad);
+    const char *file = rlai_json_opt_str(params, "file", &bad);
+    const char *image = rlai_json_opt_str(params, "image", &bad);
+    const char *window = rlai_json_opt_str(params, "window", &bad);
+    const char *display = rlai_json_opt_str(params, "display", &bad);
     if (bad)
         return h->reply_error(call, RLAI_ERR_INVALID_ARG, "\"file\", \"image\", \"window\" and \"display\" must be strings");
     if ((file != NULL) + (image != NULL) + (window != NULL) > 1)
@@ -264,10 +220,10 @@ static int cmd_sources(rlai_call *call, const cJSON *params, void *user)
     screen_plugin *sp = user;
     const rlai_host_api *h = sp->host;
     char err[1024];
-    if (check_keys(params, keys, err, sizeof err))
+    if (rlai_json_check_keys(params, keys, err, sizeof err))
         return h->reply_error(call, RLAI_ERR_INVALID_ARG, "%s", err);
     bool bad = false;
-    const char *display = opt_str(params, "display", &bad);
+    const char *display = rlai_json_opt_str(params, "display", &bad);
     if (bad || (display && !local_display(display)))
         return h->reply_error(call, RLAI_ERR_INVALID_ARG,
                               "\"display\" must be a local X display such as \":0\" or \":1.0\"");
@@ -339,10 +295,10 @@ static int cmd_capture(rlai_call *call, const cJSON *params, void *user)
     screen_plugin *sp = user;
     const rlai_host_api *h = sp->host;
     char err[1024];
-    if (check_keys(params, keys, err, sizeof err))
+    if (rlai_json_check_keys(params, keys, err, sizeof err))
         return h->reply_error(call, RLAI_ERR_INVALID_ARG, "%s", err);
     bool bad = false;
-    const char *save_to = opt_str(params, "save_to", &bad);
+    const char *save_to = rlai_json_opt_str(params, "save_to", &bad);
     if (bad || (save_to && save_to[0] != '/'))
         return h->reply_error(call, RLAI_ERR_INVALID_ARG, "\"save_to\" must be an absolute path of a new file");
     frame f;
@@ -608,7 +564,7 @@ static int cmd_analyze(rlai_call *call, const cJSON *params, void *user)
     screen_plugin *sp = user;
     const rlai_host_api *h = sp->host;
     char err[1024];
-    if (check_keys(params, keys, err, sizeof err))
+    if (rlai_json_check_keys(params, keys, err, sizeof err))
         return h->reply_error(call, RLAI_ERR_INVALID_ARG, "%s", err);
     const cJSON *jq = cJSON_GetObjectItemCaseSensitive(params, "question");
     if (!cJSON_IsString(jq) || !jq->valuestring[0])
@@ -617,7 +573,7 @@ static int cmd_analyze(rlai_call *call, const cJSON *params, void *user)
         return h->reply_error(call, RLAI_ERR_TOO_LARGE, "\"question\" is %zu bytes; at most %d are accepted",
                               strlen(jq->valuestring), MAX_QUESTION);
     bool bad = false;
-    const char *mode = opt_str(params, "mode", &bad);
+    const char *mode = rlai_json_opt_str(params, "mode", &bad);
     if (bad || (mode && strcmp(mode, "auto") && strcmp(mode, "ocr") && strcmp(mode, "vision")))
         return h->reply_error(call, RLAI_ERR_INVALID_ARG, "\"mode\" must be \"auto\", \"ocr\" or \"vision\"");
     char image_token[64] = "";
@@ -637,7 +593,7 @@ static int cmd_analyze(rlai_call *call, const cJSON *params, void *user)
     memset(&req, 0, sizeof req);
     req.max_tokens = sp->max_tokens;
     req.temperature = sp->temperature;
-    if (opt_int(params, "max_tokens", 1, 4096, &req.max_tokens, err, sizeof err))
+    if (rlai_json_opt_int(params, "max_tokens", 1, 4096, &req.max_tokens, err, sizeof err))
         return h->reply_error(call, RLAI_ERR_INVALID_ARG, "%s", err);
     const cJSON *jt = cJSON_GetObjectItemCaseSensitive(params, "temperature");
     if (jt) {
@@ -891,11 +847,11 @@ static int read_config(screen_plugin *sp, const cJSON *cfg, char *err, size_t er
     sp->max_tokens = DEFAULT_MAX_TOKENS;
     char why[256];
     int rc;
-    if ((rc = opt_int(cfg, "max_image_bytes", 1024, 1 << 30, &mb, why, sizeof why)) != 0 ||
-        (rc = opt_int(cfg, "max_width", 16, 16384, &mw, why, sizeof why)) != 0 ||
-        (rc = opt_int(cfg, "max_height", 16, 16384, &mh, why, sizeof why)) != 0 ||
-        (rc = opt_int(cfg, "max_prompt_chars", 200, 1 << 20, &sp->max_prompt_chars, why, sizeof why)) != 0 ||
-        (rc = opt_int(cfg, "max_tokens", 1, 4096, &sp->max_tokens, why, sizeof why)) != 0) {
+    if ((rc = rlai_json_opt_int(cfg, "max_image_bytes", 1024, 1 << 30, &mb, why, sizeof why)) != 0 ||
+        (rc = rlai_json_opt_int(cfg, "max_width", 16, 16384, &mw, why, sizeof why)) != 0 ||
+        (rc = rlai_json_opt_int(cfg, "max_height", 16, 16384, &mh, why, sizeof why)) != 0 ||
+        (rc = rlai_json_opt_int(cfg, "max_prompt_chars", 200, 1 << 20, &sp->max_prompt_chars, why, sizeof why)) != 0 ||
+        (rc = rlai_json_opt_int(cfg, "max_tokens", 1, 4096, &sp->max_tokens, why, sizeof why)) != 0) {
         snprintf(err, errlen, "config: %s", why);
         return rc;
     }
@@ -1039,7 +995,7 @@ RLAI_PLUGIN_EXPORT int rlai_plugin_init(const rlai_host_api *host, rlai_plugin *
         const cJSON *data = cJSON_GetObjectItemCaseSensitive(cfg, "tessdata");
         int inst = 2;
         char why[256];
-        if (opt_int(cfg, "ocr_instances", 1, 64, &inst, why, sizeof why) ||
+        if (rlai_json_opt_int(cfg, "ocr_instances", 1, 64, &inst, why, sizeof why) ||
             (lang && !cJSON_IsString(lang)) || (data && !cJSON_IsString(data))) {
             snprintf(err, sizeof err, "config: \"ocr_lang\" and \"tessdata\" must be strings, \"ocr_instances\" "
                                       "an integer in 1..64");
