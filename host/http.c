@@ -612,6 +612,16 @@ static cJSON *envelope(const hreq *r, bool chunk)
     return j;
 }
 
+/* The last chunk of a stream with stream_options.include_usage: no
+ * choices, the request's usage. */
+static void usage_event(hreq *r)
+{
+    cJSON *u = envelope(r, true);
+    cJSON_AddArrayToObject(u, "choices");
+    cJSON_AddItemToObject(u, "usage", usage_json(r));
+    sse_event(&r->out, NULL, u);
+}
+
 /* One streaming chunk: text (may be NULL) and finish (NULL while running). */
 static cJSON *chunk_json(const hreq *r, const char *text, size_t len, bool role, const char *finish)
 {
@@ -738,6 +748,20 @@ static int take_logprobs(hreq *r, rlai_token_logprobs **out)
     }
     pthread_mutex_unlock(&r->mu);
     return n;
+}
+
+/* Adds the logprobs not yet sent to CHOICE when the request asked for
+ * them: a streamed chunk only when there are some (ALWAYS false), a final
+ * body also when none are left (ALWAYS true). */
+static void attach_logprobs(hreq *r, cJSON *choice, bool always)
+{
+    if (!r->lp_mode)
+        return;
+    rlai_token_logprobs *lp;
+    int nl = take_logprobs(r, &lp);
+    if (nl || always)
+        put_logprobs(r, choice, lp, nl);
+    free(lp);
 }
 
 /* ---------------------------------------------------------- tool calls in streams */
@@ -1019,13 +1043,7 @@ static bool produce(hreq *r)
             bytes_add(&r->out, events.p, events.len);
     } else if (text.len && !tool_hold(r, &text)) {
         cJSON *ch = chunk_json(r, text.p, text.len, false, NULL);
-        if (r->lp_mode) {
-            rlai_token_logprobs *lp;
-            int nl = take_logprobs(r, &lp);
-            if (nl)
-                put_logprobs(r, first_choice(ch), lp, nl);
-            free(lp);
-        }
+        attach_logprobs(r, first_choice(ch), false);
         sse_event(&r->out, NULL, ch);
         r->streamed = true;
     }
@@ -1055,21 +1073,11 @@ static bool produce(hreq *r)
             if (r->held.len)
                 tool_flush(r);
             cJSON *fin = chunk_json(r, NULL, 0, false, finish_reason(r));
-            if (r->lp_mode) {
-                rlai_token_logprobs *lp;
-                int nl = take_logprobs(r, &lp);
-                if (nl)
-                    put_logprobs(r, first_choice(fin), lp, nl);
-                free(lp);
-            }
+            attach_logprobs(r, first_choice(fin), false);
             cJSON_AddItemToObject(fin, "timings", timings_json(r));
             sse_event(&r->out, NULL, fin);
-            if (r->include_usage) {
-                cJSON *u = envelope(r, true);
-                cJSON_AddArrayToObject(u, "choices");
-                cJSON_AddItemToObject(u, "usage", usage_json(r));
-                sse_event(&r->out, NULL, u);
-            }
+            if (r->include_usage)
+                usage_event(r);
         }
         bytes_str(&r->out, "data: [DONE]\n\n");
         r->phase = 2;
@@ -1198,12 +1206,7 @@ static enum MHD_Result finish_blocking(hreq *r)
         return send_json(r, 200, j);
     }
     cJSON *body = final_body(r, text);
-    if (r->lp_mode) {
-        rlai_token_logprobs *lp;
-        int nl = take_logprobs(r, &lp);
-        put_logprobs(r, first_choice(body), lp, nl);
-        free(lp);
-    }
+    attach_logprobs(r, first_choice(body), true);
     return send_json(r, 200, body);
 }
 
@@ -2172,12 +2175,7 @@ static cJSON *kid_choice(hreq *k, int i)
     if (!c)
         return NULL;
     cJSON_ReplaceItemInObjectCaseSensitive(c, "index", cJSON_CreateNumber(i));
-    if (k->lp_mode) {
-        rlai_token_logprobs *lp;
-        int nl = take_logprobs(k, &lp);
-        put_logprobs(k, c, lp, nl);
-        free(lp);
-    }
+    attach_logprobs(k, c, true);
     return c;
 }
 
@@ -2248,13 +2246,7 @@ static bool produce_multi(hreq *r)
                 cJSON *ch = chunk_json(k, text.len ? text.p : NULL, text.len, false,
                                        fin_due ? finish_reason(k) : NULL);
                 cJSON_ReplaceItemInObjectCaseSensitive(first_choice(ch), "index", cJSON_CreateNumber(i));
-                if (k->lp_mode) {
-                    rlai_token_logprobs *lp;
-                    int nl = take_logprobs(k, &lp);
-                    if (nl)
-                        put_logprobs(k, first_choice(ch), lp, nl);
-                    free(lp);
-                }
+                attach_logprobs(k, first_choice(ch), false);
                 sse_event(&r->out, NULL, ch);
             }
             bytes_free(&text);
@@ -2265,10 +2257,7 @@ static bool produce_multi(hreq *r)
                 end_request(r, END_SHUTDOWN);
             } else if (r->include_usage) {
                 kids_usage(r);
-                cJSON *u = envelope(r, true);
-                cJSON_AddArrayToObject(u, "choices");
-                cJSON_AddItemToObject(u, "usage", usage_json(r));
-                sse_event(&r->out, NULL, u);
+                usage_event(r);
             }
             bytes_str(&r->out, "data: [DONE]\n\n");
             r->phase = 2;
