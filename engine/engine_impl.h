@@ -109,6 +109,7 @@ struct rlai_engine {
     bool wake;
     float *step_logits;          /* max_running rows of n_vocab */
     int step_logits_rows;
+    rlai_spec_cost spec_cost;    /* what draft rows cost here, from step times (spec.h) */
     rlai_engine_stats stats;     /* snapshot, under qmu */
     pthread_mutex_t gv_mu;       /* guards building gvocab */
     rlai_gvocab *gvocab;         /* token bytes and tries for grammars (built on first use) */

@@ -517,7 +517,7 @@ static int req_verify(rlai_engine *e, rlai_req *r, int32_t tok, float *logits, s
                          : rlai_sampler_sample(r->smp, lg);
     }
     if (nd > 0) {
-        rlai_spec_feedback(&r->spec, nd, acc);
+        rlai_spec_feedback(&r->spec, nd, acc, rlai_spec_cost_of(&e->spec_cost, 1 + nd));
         r->mt.drafted_tokens += nd;
         r->mt.accepted_tokens += acc;
         if (!r->done) {
@@ -654,7 +654,11 @@ static int step_locked(rlai_engine *e)
             }
             if (k > 0) {
                 rlai_batch b = { k, tokens, pos, sidx, want, false, embd };
+                double t0 = rlai_clock_ms();
                 rc = rlai_model_forward(e->mctx, e->kv, seqs, &b, e->step_logits);
+                /* one decoding sequence: its step time teaches the cost of draft rows */
+                if (rc == 0 && si == 1 && take[0] == 1 && n_rows == 1 && rows[0]->seq.n_tokens >= rows[0]->n_prompt)
+                    rlai_spec_cost_observe(&e->spec_cost, k, rlai_clock_ms() - t0);
             }
             if (rc == 0) {
                 si = 0;

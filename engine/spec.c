@@ -6,12 +6,15 @@
  * more often; falling back to 2 and 1 tokens still finds continuations of
  * rare tokens (the first piece of a name). Weak (1-token) matches are
  * tried because the adaptive state pauses drafting when drafts keep being
- * rejected; note that a verification is not free: on a 2-core AVX2 CPU
- * each extra token costs about half a decode step (bench_spec,
- * docs/SPECULATIVE.md), so gamma does not yet weigh that cost. The most recent occurrence is preferred: it
- * is the likeliest to be continued the same way. */
+ * rejected. A verification is not free: on a 2-core AVX2 CPU each extra
+ * row costs a third to half of a decode step (bench_spec,
+ * docs/SPECULATIVE.md), so the state also pauses when the tokens recent
+ * verifications gave do not pay for what they cost (rlai_spec_cost). The
+ * most recent occurrence is preferred: it is the likeliest to be continued
+ * the same way. */
 #include "spec.h"
 
+#include <stdbool.h>
 #include <string.h>
 
 int rlai_spec_ngram_draft(const int32_t *toks, int n, int max_draft, int32_t *out, int *ngram_out)
@@ -47,6 +50,15 @@ int rlai_spec_ngram_draft(const int32_t *toks, int n, int max_draft, int32_t *ou
 #define SPEC_MISS_LIMIT 3      /* verifications with nothing accepted before pausing */
 #define SPEC_PAUSE_MIN 4
 #define SPEC_PAUSE_MAX 64
+/* Gain = tokens a verification emitted (accepted + 1) over its cost in
+ * plain steps, averaged with weight SPEC_GAIN_W. Below 1 speculation is
+ * slower than plain decoding: pause. A fresh sequence starts optimistic;
+ * after a pause the probe starts just above 1, so one bad verification
+ * pauses again (for longer) and a good one continues. */
+#define SPEC_GAIN_W 0.25f
+#define SPEC_GAIN_START 1.25f
+#define SPEC_GAIN_PROBE 1.05f
+#define SPEC_GAIN_OK 1.15f     /* at or above: the pause length resets */
 
 void rlai_spec_state_init(rlai_spec_state *s, int max_draft)
 {
@@ -58,6 +70,7 @@ void rlai_spec_state_init(rlai_spec_state *s, int max_draft)
     s->max_draft = max_draft;
     s->gamma = max_draft < 4 ? max_draft : 4;
     s->backoff = SPEC_PAUSE_MIN;
+    s->gain = SPEC_GAIN_START;
 }
 
 int rlai_spec_next_gamma(rlai_spec_state *s)
@@ -71,7 +84,13 @@ int rlai_spec_next_gamma(rlai_spec_state *s)
     return s->gamma;
 }
 
-void rlai_spec_feedback(rlai_spec_state *s, int drafted, int accepted)
+static void spec_pause(rlai_spec_state *s)
+{
+    s->pause = s->backoff;
+    s->backoff = s->backoff * 2 < SPEC_PAUSE_MAX ? s->backoff * 2 : SPEC_PAUSE_MAX;
+}
+
+void rlai_spec_feedback(rlai_spec_state *s, int drafted, int accepted, double step_cost)
 {
     if (drafted <= 0)
         return;
@@ -89,13 +108,53 @@ void rlai_spec_feedback(rlai_spec_state *s, int drafted, int accepted)
             g = s->gamma;
         s->gamma = g < 1 ? 1 : g;
     }
-    if (accepted > 0) {
+    bool costly = false;
+    if (step_cost > 0) {
+        float g = (float)((1.0 + accepted) / step_cost);
+        s->gain = (1 - SPEC_GAIN_W) * s->gain + SPEC_GAIN_W * g;
+        costly = s->gain < 1.0f;
+    }
+    if (costly) {
+        /* accepted tokens, but fewer than the verifications cost */
+        spec_pause(s);
+        s->gain = SPEC_GAIN_PROBE;
         s->misses = 0;
-        s->backoff = SPEC_PAUSE_MIN;
+    } else if (accepted > 0) {
+        s->misses = 0;
+        if (step_cost <= 0 || s->gain >= SPEC_GAIN_OK)
+            s->backoff = SPEC_PAUSE_MIN;
     } else if (++s->misses >= SPEC_MISS_LIMIT) {
         /* keeps failing: stop drafting for a while, longer each time */
-        s->pause = s->backoff;
-        s->backoff = s->backoff * 2 < SPEC_PAUSE_MAX ? s->backoff * 2 : SPEC_PAUSE_MAX;
+        spec_pause(s);
         s->misses = SPEC_MISS_LIMIT - 1; /* one more failure after the pause pauses again */
     }
+}
+
+/* Weight of a new sample in the step-time averages. */
+#define COST_W 0.1
+
+void rlai_spec_cost_observe(rlai_spec_cost *c, int rows, double ms)
+{
+    if (rows < 1 || !(ms > 0))
+        return;
+    if (rows == 1) {
+        c->t1_ms = c->n_t1 ? (1 - COST_W) * c->t1_ms + COST_W * ms : ms;
+        c->n_t1++;
+        return;
+    }
+    if (!c->n_t1)
+        return;                                  /* no plain step to compare with yet */
+    double per = (ms / c->t1_ms - 1.0) / (rows - 1);
+    if (per < 0)
+        per = 0;
+    if (per > 2)
+        per = 2;                                 /* one slow step (preemption) weighs little */
+    c->per_row = c->n_rows ? (1 - COST_W) * c->per_row + COST_W * per : per;
+    c->n_rows++;
+}
+
+double rlai_spec_cost_of(const rlai_spec_cost *c, int rows)
+{
+    double per = c->n_rows >= 4 ? c->per_row : RLAI_SPEC_COST_PRIOR;
+    return 1.0 + per * (rows > 1 ? rows - 1 : 0);
 }

@@ -11,7 +11,13 @@
  * sequence's recent acceptance: it grows while whole drafts are accepted,
  * shrinks on rejections, and after repeated drafts with nothing accepted
  * it pauses drafting for a number of steps that doubles on each failed
- * probe. The engine verifies drafts (engine.c) and reports the counts.
+ * probe. It also weighs what a verification costs: rlai_spec_cost learns,
+ * from the engine's own step times, how many plain decode steps a step
+ * with extra draft rows costs on this machine, and a sequence whose recent
+ * verifications gave fewer tokens than they cost pauses the same way (on a
+ * GPU extra rows are nearly free and this never triggers; on a small CPU
+ * they are not). The engine verifies drafts (scheduler.c) and reports the
+ * counts.
  */
 #ifndef RLAI_SPEC_H
 #define RLAI_SPEC_H
@@ -38,6 +44,7 @@ typedef struct rlai_spec_state {
     int misses;         /* consecutive verifications with nothing accepted */
     int pause;          /* steps left without drafting */
     int backoff;        /* next pause length */
+    float gain;         /* recent tokens per verification over its cost (EWMA) */
     uint64_t drafted, accepted, verifications, gamma_sum;
 } rlai_spec_state;
 
@@ -49,7 +56,27 @@ void rlai_spec_state_init(rlai_spec_state *s, int max_draft);
 int rlai_spec_next_gamma(rlai_spec_state *s);
 
 /* Records one verification: `drafted` tokens proposed, `accepted` of them
- * matched the target. Adapts gamma. */
-void rlai_spec_feedback(rlai_spec_state *s, int drafted, int accepted);
+ * matched the target, and what the step cost in plain decode steps
+ * (rlai_spec_cost_of; <= 0 = unknown, then only acceptance counts). Adapts
+ * gamma; pauses when recent verifications emitted fewer tokens than they
+ * cost (1 + accepted tokens per step against `step_cost`). */
+void rlai_spec_feedback(rlai_spec_state *s, int drafted, int accepted, double step_cost);
+
+/* What a decode step with extra rows costs, learned from step times of one
+ * decoding sequence (plain value, zero-initialise). Until it has samples
+ * it assumes RLAI_SPEC_COST_PRIOR per extra row. */
+#define RLAI_SPEC_COST_PRIOR 0.25
+typedef struct rlai_spec_cost {
+    double t1_ms;       /* a plain one-row decode step (EWMA) */
+    double per_row;     /* extra cost of one more row, in plain steps (EWMA) */
+    int n_t1, n_rows;   /* samples seen */
+} rlai_spec_cost;
+
+/* One step of a single decoding sequence: `rows` rows (1 = no draft) took
+ * `ms`. */
+void rlai_spec_cost_observe(rlai_spec_cost *c, int rows, double ms);
+
+/* Cost of a step of `rows` rows in plain decode steps (>= 1). */
+double rlai_spec_cost_of(const rlai_spec_cost *c, int rows);
 
 #endif

@@ -66,23 +66,23 @@ START_TEST(adaptive_gamma_grows_shrinks_and_pauses)
     rlai_spec_state s;
     rlai_spec_state_init(&s, 8);
     ck_assert_int_eq(rlai_spec_next_gamma(&s), 4);
-    rlai_spec_feedback(&s, 4, 4);
+    rlai_spec_feedback(&s, 4, 4, 0);
     ck_assert_int_eq(rlai_spec_next_gamma(&s), 6);
-    rlai_spec_feedback(&s, 6, 6);
-    rlai_spec_feedback(&s, 8, 8);
+    rlai_spec_feedback(&s, 6, 6, 0);
+    rlai_spec_feedback(&s, 8, 8, 0);
     ck_assert_int_eq(rlai_spec_next_gamma(&s), 8);   /* capped at max_draft */
-    rlai_spec_feedback(&s, 8, 2);
+    rlai_spec_feedback(&s, 8, 2, 0);
     int g = rlai_spec_next_gamma(&s);
     ck_assert(g >= 3 && g < 8);                       /* shrinks towards accepted + 1 */
     /* three verifications with nothing accepted: a pause, then a probe */
     for (int i = 0; i < 3; i++)
-        rlai_spec_feedback(&s, 1, 0);
+        rlai_spec_feedback(&s, 1, 0, 0);
     int paused = 0;
     while (rlai_spec_next_gamma(&s) == 0)
         ck_assert_int_lt(++paused, 1000);
     ck_assert_int_ge(paused, 4);
     /* a further failure pauses again, for longer */
-    rlai_spec_feedback(&s, 1, 0);
+    rlai_spec_feedback(&s, 1, 0, 0);
     int paused2 = 0;
     while (rlai_spec_next_gamma(&s) == 0)
         ck_assert_int_lt(++paused2, 1000);
@@ -90,6 +90,67 @@ START_TEST(adaptive_gamma_grows_shrinks_and_pauses)
     /* off */
     rlai_spec_state_init(&s, 0);
     ck_assert_int_eq(rlai_spec_next_gamma(&s), 0);
+}
+END_TEST
+
+/* Verifications that accept tokens but cost more than they give pause
+ * drafting; the same acceptance at a low cost (a GPU) does not. */
+START_TEST(adaptive_gamma_weighs_the_step_cost)
+{
+    rlai_spec_state s;
+    rlai_spec_state_init(&s, 8);
+    int steps = 0;
+    while (rlai_spec_next_gamma(&s) > 0) {
+        rlai_spec_feedback(&s, 4, 1, 3.0);      /* 2 tokens for 3 steps' cost */
+        ck_assert_int_lt(++steps, 10);
+    }
+    int paused = 1;
+    while (rlai_spec_next_gamma(&s) == 0)
+        ck_assert_int_lt(++paused, 1000);
+    ck_assert_int_ge(paused, 4);
+    /* the probe after the pause fails the same way: a longer pause */
+    rlai_spec_feedback(&s, 4, 1, 3.0);
+    int paused2 = 0;
+    while (rlai_spec_next_gamma(&s) == 0)
+        ck_assert_int_lt(++paused2, 1000);
+    ck_assert_int_gt(paused2, paused - 1);
+    /* cheap rows: the same acceptance keeps drafting */
+    rlai_spec_state_init(&s, 8);
+    for (int i = 0; i < 200; i++) {
+        int g = rlai_spec_next_gamma(&s);
+        ck_assert_int_gt(g, 0);
+        rlai_spec_feedback(&s, g, 1, 1.0 + 0.05 * g);
+    }
+    /* unknown cost (<= 0): acceptance alone decides, as before */
+    rlai_spec_state_init(&s, 8);
+    for (int i = 0; i < 50; i++) {
+        ck_assert_int_gt(rlai_spec_next_gamma(&s), 0);
+        rlai_spec_feedback(&s, 4, 1, 0);
+    }
+}
+END_TEST
+
+START_TEST(step_cost_is_learned_from_step_times)
+{
+    rlai_spec_cost c;
+    memset(&c, 0, sizeof c);
+    ck_assert(fabs(rlai_spec_cost_of(&c, 1) - 1.0) < 1e-12);
+    ck_assert(fabs(rlai_spec_cost_of(&c, 5) - (1.0 + 4 * RLAI_SPEC_COST_PRIOR)) < 1e-12);  /* the prior */
+    rlai_spec_cost_observe(&c, 5, 30.0);            /* no plain step yet: ignored */
+    ck_assert_int_eq(c.n_rows, 0);
+    for (int i = 0; i < 10; i++)
+        rlai_spec_cost_observe(&c, 1, 10.0);
+    for (int i = 0; i < 10; i++)
+        rlai_spec_cost_observe(&c, 5, 30.0);        /* 3 plain steps for 4 extra rows */
+    ck_assert(fabs(c.per_row - 0.5) < 1e-9);
+    ck_assert(fabs(rlai_spec_cost_of(&c, 5) - 3.0) < 1e-9);
+    ck_assert(fabs(rlai_spec_cost_of(&c, 2) - 1.5) < 1e-9);
+    /* nonsense samples are dropped; an outlier is clamped and averaged in */
+    rlai_spec_cost_observe(&c, 0, 5.0);
+    rlai_spec_cost_observe(&c, 3, -1.0);
+    ck_assert_int_eq(c.n_rows, 10);
+    rlai_spec_cost_observe(&c, 2, 1000.0);
+    ck_assert(c.per_row > 0.5 && c.per_row <= 0.9 * 0.5 + 0.1 * 2 + 1e-9);
 }
 END_TEST
 
@@ -382,6 +443,8 @@ int main(void)
     tcase_set_timeout(tc, 1200);
     tcase_add_test(tc, ngram_prefers_longest_suffix_and_most_recent_match);
     tcase_add_test(tc, adaptive_gamma_grows_shrinks_and_pauses);
+    tcase_add_test(tc, adaptive_gamma_weighs_the_step_cost);
+    tcase_add_test(tc, step_cost_is_learned_from_step_times);
     tcase_add_test(tc, rejection_rule_keeps_the_distribution);
     tcase_add_test(tc, spec_modes_parse_and_bad_values_are_refused);
     tcase_add_test(tc, greedy_output_is_identical_with_and_without_speculation);
