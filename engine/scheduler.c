@@ -9,6 +9,7 @@
 #include "scheduler.h"
 #include "vision.h"
 #include "rlai/clock.h"
+#include "rlai/deadline.h"
 #include "rlai/error.h"
 
 #include <math.h>
@@ -241,13 +242,7 @@ bool rlai_engine_wait_work(rlai_engine *e, int timeout_ms)
             pthread_cond_wait(&e->qcv, &e->qmu);
         } else {
             struct timespec ts;
-            clock_gettime(CLOCK_REALTIME, &ts);
-            ts.tv_sec += timeout_ms / 1000;
-            ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-            if (ts.tv_nsec >= 1000000000L) {
-                ts.tv_sec++;
-                ts.tv_nsec -= 1000000000L;
-            }
+            rlai_deadline_in(&ts, CLOCK_REALTIME, timeout_ms);
             pthread_cond_timedwait(&e->qcv, &e->qmu, &ts);
         }
     }

@@ -1,6 +1,7 @@
 /* conn_guard.c - slow-client guard of the HTTP front (see conn_guard.h). */
 #include "conn_guard.h"
 #include "rlai/clock.h"
+#include "rlai/deadline.h"
 #include "rlai/error.h"
 
 #include <pthread.h>
@@ -50,12 +51,7 @@ static void *reaper_main(void *arg)
     pthread_mutex_lock(&g->mu);
     while (!g->stop) {
         struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        ts.tv_nsec += 200 * 1000000L;
-        if (ts.tv_nsec >= 1000000000L) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000L;
-        }
+        rlai_deadline_in(&ts, CLOCK_MONOTONIC, 200);
         pthread_cond_timedwait(&g->cv, &g->mu, &ts);
         double t = rlai_clock_s();
         for (rlai_conn_slot *s = g->head; s; s = s->next) {

@@ -1,6 +1,7 @@
 /* http.c - OpenAI-compatible HTTP front (see http.h). */
 #include "http.h"
 #include "rlai/clock.h"
+#include "rlai/deadline.h"
 #include "sampling_limits.h"
 #include "config.h"
 #include "api_key.h"
@@ -41,13 +42,7 @@
 
 static void deadline_in(struct timespec *ts, int ms)
 {
-    clock_gettime(CLOCK_MONOTONIC, ts);
-    ts->tv_sec += ms / 1000;
-    ts->tv_nsec += (long)(ms % 1000) * 1000000L;
-    if (ts->tv_nsec >= 1000000000L) {
-        ts->tv_sec++;
-        ts->tv_nsec -= 1000000000L;
-    }
+    rlai_deadline_in(ts, CLOCK_MONOTONIC, ms);   /* the condition variables use the monotonic clock */
 }
 
 static void cond_init_monotonic(pthread_cond_t *cv)

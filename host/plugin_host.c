@@ -4,6 +4,7 @@
 #include "gen_params.h"
 #include "rlai/error.h"
 #include "rlai/clock.h"
+#include "rlai/deadline.h"
 #include "rlai/plugin.h"
 #include "gguf_describe.h"
 #include "metrics.h"
@@ -1361,12 +1362,7 @@ static void *watchdog_main(void *arg)
     pthread_mutex_lock(&h->mu);
     while (!h->stopping) {
         struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 50 * 1000 * 1000;
-        if (ts.tv_nsec >= 1000000000) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000;
-        }
+        rlai_deadline_in(&ts, CLOCK_REALTIME, 50);
         pthread_cond_timedwait(&h->wd_cv, &h->mu, &ts);
         if (h->stopping)
             break;
@@ -1572,15 +1568,7 @@ int rlai_plugin_host_stop(rlai_plugin_host *h, int timeout_ms)
         h->watchdog_started = false;
     }
     struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    if (timeout_ms >= 0) {
-        ts.tv_sec += timeout_ms / 1000;
-        ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-        if (ts.tv_nsec >= 1000000000) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000;
-        }
-    }
+    rlai_deadline_in(&ts, CLOCK_REALTIME, timeout_ms);   /* unused when timeout_ms < 0 */
     pthread_mutex_lock(&h->mu);
     while (h->n_alive > 0) {
         if (timeout_ms < 0)

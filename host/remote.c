@@ -14,6 +14,7 @@
 #include "router.h"
 #include "sse.h"
 #include "rlai/error.h"
+#include "rlai/deadline.h"
 
 #define ERRBODY_MAX 1024
 
@@ -468,13 +469,7 @@ int rlai_remote_wait_idle(rlai_remote *r, int timeout_ms)
     if (!r)
         return 0;
     struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_sec += timeout_ms / 1000;
-    until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-    if (until.tv_nsec >= 1000000000L) {
-        until.tv_sec++;
-        until.tv_nsec -= 1000000000L;
-    }
+    rlai_deadline_in(&until, CLOCK_REALTIME, timeout_ms);
     pthread_mutex_lock(&r->mu);
     int rc = 0;
     while ((r->list || r->n_delivering) && rc == 0)
