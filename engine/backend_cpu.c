@@ -17,7 +17,9 @@ typedef struct cpu_backend {
     rlai_threadpool *tp;
     int n_threads;
     int max_ctx;
-    float *scores;          /* n_threads * max_ctx, attention scratch */
+    float *scores;          /* n_threads * ATTN_QMAX * max_ctx, attention scratch */
+    struct attn_unit *units; /* attention work plan, grown as needed */
+    size_t units_cap;
     char desc[64];
 } cpu_backend;
 
@@ -29,6 +31,7 @@ static void cpu_free(rlai_backend *be)
     if (!c)
         return;
     free(c->scores);
+    free(c->units);
     free(c);
 }
 
@@ -170,6 +173,18 @@ static void cpu_kv_store(rlai_backend *be, const rlai_kv_layer_view *kv, const r
     }
 }
 
+/* Work units of the f16 attention: queries of one sequence that read the
+ * same KV head. Rows row0.. of the batch share one block table (the rows
+ * of a speculative verification, or one row); query q of the run is row
+ * row0 + q / G at head kvh * G + q % G (G = n_head / n_head_kv). A unit's
+ * queries share every conversion of a K/V block; each query's arithmetic
+ * is the one-query kernel's, so results do not depend on the plan. */
+#define ATTN_QMAX 24   /* queries per unit: scores scratch per thread */
+
+typedef struct attn_unit {
+    int row0, kvh, q0, nq;
+} attn_unit;
+
 typedef struct attn_task {
     cpu_backend *c;
     const rlai_kv_layer_view *kv;
@@ -177,104 +192,248 @@ typedef struct attn_task {
     int H, HKV, D;
     const float *q;
     float *out;
+    const attn_unit *units;   /* NULL: one job per (row, head) */
+    int n_units;
+    int next;                 /* next unit to take (atomic) */
 } attn_task;
 
-static void attn_worker(void *arg, int ith, int nth)
+/* One query (row i, head h) over its sequence, any cache type: sc is
+ * max_ctx floats of scratch. */
+static void attn_one(const attn_task *t, int i, int h, float *sc)
 {
-    attn_task *t = arg;
     cpu_backend *c = t->c;
     const rlai_kv_layer_view *kv = t->kv;
     int H = t->H, D = t->D, group = t->H / t->HKV;
     float scale = 1.0f / sqrtf((float)D);
-    float *sc = c->scores + (size_t)ith * c->max_ctx;
-    int total = t->rows->n * H;
-    for (int job = ith; job < total; job += nth) {
-        int i = job / H, h = job % H;
-        const int32_t *table = t->rows->tables[i];
-        int pos = t->rows->pos[i];
-        const float *q = t->q + ((size_t)i * H + h) * D;
-        float *out = t->out + ((size_t)i * H + h) * D;
-        int kvh = h / group;
-        int n = pos + 1;
-        if (kv->dtype == RLAI_DT_F16) {
-            /* Block by block: rows of one block are contiguous (stride kv_dim). */
-            size_t stride = (size_t)kv->kv_dim;
-            float mx = -INFINITY;
-            for (int j0 = 0; j0 < n; j0 += RLAI_KV_BLOCK) {
-                int m = n - j0 < RLAI_KV_BLOCK ? n - j0 : RLAI_KV_BLOCK;
-                const uint16_t *kr = (const uint16_t *)page_row(kv->k, kv, table, j0) + (size_t)kvh * D;
-                rlai_attn_dot_f16(c->k, m, D, kr, stride, q, scale, sc + j0);
-                for (int j = 0; j < m; j++)
-                    mx = sc[j0 + j] > mx ? sc[j0 + j] : mx;
-            }
-            float inv = 1.0f / rlai_vec_exp_sum(c->k, n, sc, mx);
-            for (int j = 0; j < n; j++)
-                sc[j] *= inv;
-            memset(out, 0, sizeof(float) * (size_t)D);
-            for (int j0 = 0; j0 < n; j0 += RLAI_KV_BLOCK) {
-                int m = n - j0 < RLAI_KV_BLOCK ? n - j0 : RLAI_KV_BLOCK;
-                const uint16_t *vr = (const uint16_t *)page_row(kv->v, kv, table, j0) + (size_t)kvh * D;
-                rlai_attn_mad_f16(c->k, m, D, vr, stride, sc + j0, out);
-            }
-            continue;
+    const int32_t *table = t->rows->tables[i];
+    int pos = t->rows->pos[i];
+    const float *q = t->q + ((size_t)i * H + h) * D;
+    float *out = t->out + ((size_t)i * H + h) * D;
+    int kvh = h / group;
+    int n = pos + 1;
+    if (kv->dtype == RLAI_DT_F16) {
+        /* Block by block: rows of one block are contiguous (stride kv_dim). */
+        size_t stride = (size_t)kv->kv_dim;
+        float mx = -INFINITY;
+        for (int j0 = 0; j0 < n; j0 += RLAI_KV_BLOCK) {
+            int m = n - j0 < RLAI_KV_BLOCK ? n - j0 : RLAI_KV_BLOCK;
+            const uint16_t *kr = (const uint16_t *)page_row(kv->k, kv, table, j0) + (size_t)kvh * D;
+            rlai_attn_dot_f16(c->k, m, D, kr, stride, q, scale, sc + j0);
+            for (int j = 0; j < m; j++)
+                mx = sc[j0 + j] > mx ? sc[j0 + j] : mx;
         }
-        if (kv->dtype == RLAI_DT_Q8_0) {
-            /* q8_0 cache: each head's slice is D/32 blocks of the row;
-             * dequantize a row slice, then the same math as f32. */
-            size_t hoff = (size_t)kvh * (size_t)(D / RLAI_QK) * sizeof(rlai_block_q8_0);
-            float row[256];
-            float mx = -INFINITY;
-            for (int j = 0; j < n; j++) {
-                rlai_dequantize_row(RLAI_DT_Q8_0, page_row(kv->k, kv, table, j) + hoff, row, D);
-                float s = 0;
-                for (int d = 0; d < D; d++)
-                    s += row[d] * q[d];
-                sc[j] = s * scale;
-                mx = sc[j] > mx ? sc[j] : mx;
-            }
-            float inv = 1.0f / rlai_vec_exp_sum(c->k, n, sc, mx);
-            memset(out, 0, sizeof(float) * (size_t)D);
-            for (int j = 0; j < n; j++) {
-                rlai_dequantize_row(RLAI_DT_Q8_0, page_row(kv->v, kv, table, j) + hoff, row, D);
-                float p = sc[j] * inv;
-                for (int d = 0; d < D; d++)
-                    out[d] += p * row[d];
-            }
-            continue;
+        float inv = 1.0f / rlai_vec_exp_sum(c->k, n, sc, mx);
+        for (int j = 0; j < n; j++)
+            sc[j] *= inv;
+        memset(out, 0, sizeof(float) * (size_t)D);
+        for (int j0 = 0; j0 < n; j0 += RLAI_KV_BLOCK) {
+            int m = n - j0 < RLAI_KV_BLOCK ? n - j0 : RLAI_KV_BLOCK;
+            const uint16_t *vr = (const uint16_t *)page_row(kv->v, kv, table, j0) + (size_t)kvh * D;
+            rlai_attn_mad_f16(c->k, m, D, vr, stride, sc + j0, out);
         }
-        /* f32 cache (precise mode): plain loops, the reference path. */
+        return;
+    }
+    if (kv->dtype == RLAI_DT_Q8_0) {
+        /* q8_0 cache: each head's slice is D/32 blocks of the row;
+         * dequantize a row slice, then the same math as f32. */
+        size_t hoff = (size_t)kvh * (size_t)(D / RLAI_QK) * sizeof(rlai_block_q8_0);
+        float row[256];
         float mx = -INFINITY;
         for (int j = 0; j < n; j++) {
-            const float *kf = (const float *)page_row(kv->k, kv, table, j) + (size_t)kvh * D;
+            rlai_dequantize_row(RLAI_DT_Q8_0, page_row(kv->k, kv, table, j) + hoff, row, D);
             float s = 0;
             for (int d = 0; d < D; d++)
-                s += kf[d] * q[d];
-            s *= scale;
-            sc[j] = s;
-            if (s > mx)
-                mx = s;
+                s += row[d] * q[d];
+            sc[j] = s * scale;
+            mx = sc[j] > mx ? sc[j] : mx;
         }
-        float sum = 0;
-        for (int j = 0; j < n; j++) {
-            sc[j] = expf(sc[j] - mx);
-            sum += sc[j];
-        }
-        float inv = 1.0f / sum;
+        float inv = 1.0f / rlai_vec_exp_sum(c->k, n, sc, mx);
         memset(out, 0, sizeof(float) * (size_t)D);
         for (int j = 0; j < n; j++) {
-            const float *vf = (const float *)page_row(kv->v, kv, table, j) + (size_t)kvh * D;
+            rlai_dequantize_row(RLAI_DT_Q8_0, page_row(kv->v, kv, table, j) + hoff, row, D);
             float p = sc[j] * inv;
             for (int d = 0; d < D; d++)
-                out[d] += p * vf[d];
+                out[d] += p * row[d];
+        }
+        return;
+    }
+    /* f32 cache (precise mode): plain loops, the reference path. */
+    float mx = -INFINITY;
+    for (int j = 0; j < n; j++) {
+        const float *kf = (const float *)page_row(kv->k, kv, table, j) + (size_t)kvh * D;
+        float s = 0;
+        for (int d = 0; d < D; d++)
+            s += kf[d] * q[d];
+        s *= scale;
+        sc[j] = s;
+        if (s > mx)
+            mx = s;
+    }
+    float sum = 0;
+    for (int j = 0; j < n; j++) {
+        sc[j] = expf(sc[j] - mx);
+        sum += sc[j];
+    }
+    float inv = 1.0f / sum;
+    memset(out, 0, sizeof(float) * (size_t)D);
+    for (int j = 0; j < n; j++) {
+        const float *vf = (const float *)page_row(kv->v, kv, table, j) + (size_t)kvh * D;
+        float p = sc[j] * inv;
+        for (int d = 0; d < D; d++)
+            out[d] += p * vf[d];
+    }
+}
+
+/* One unit of the f16 cache: every K block is read and converted once for
+ * all the unit's queries, then every V block. Per query the operations are
+ * attn_one's: the same dot products, maximum, softmax and accumulation. */
+static void attn_unit_f16(const attn_task *t, const attn_unit *u, int ith)
+{
+    cpu_backend *c = t->c;
+    const rlai_kv_layer_view *kv = t->kv;
+    int H = t->H, D = t->D, G = t->H / t->HKV, nq = u->nq;
+    size_t ctx = (size_t)c->max_ctx;
+    float *scratch = c->scores + (size_t)ith * ATTN_QMAX * ctx;
+    if (nq == 1) {
+        int q = u->q0;
+        attn_one(t, u->row0 + q / G, u->kvh * G + q % G, scratch);
+        return;
+    }
+    float scale = 1.0f / sqrtf((float)D);
+    const int32_t *table = t->rows->tables[u->row0];
+    size_t stride = (size_t)kv->kv_dim;
+    const float *qs[ATTN_QMAX], *ps[ATTN_QMAX];
+    float *outs[ATTN_QMAX], *sc[ATTN_QMAX], *dst[ATTN_QMAX];
+    int lim[ATTN_QMAX], mq[ATTN_QMAX];
+    int nmax = 0;
+    for (int qi = 0; qi < nq; qi++) {
+        int q = u->q0 + qi, i = u->row0 + q / G, h = u->kvh * G + q % G;
+        qs[qi] = t->q + ((size_t)i * H + h) * D;
+        outs[qi] = t->out + ((size_t)i * H + h) * D;
+        sc[qi] = scratch + (size_t)qi * ctx;
+        lim[qi] = t->rows->pos[i] + 1;
+        nmax = lim[qi] > nmax ? lim[qi] : nmax;
+    }
+    /* Scores: queries whose positions end inside a block get scores for
+     * the block's later rows too (within max_ctx); they are not used. */
+    for (int j0 = 0; j0 < nmax; j0 += RLAI_KV_BLOCK) {
+        int m = nmax - j0 < RLAI_KV_BLOCK ? nmax - j0 : RLAI_KV_BLOCK, na = 0;
+        for (int qi = 0; qi < nq; qi++)
+            if (lim[qi] > j0) {
+                ps[na] = qs[qi];
+                dst[na++] = sc[qi] + j0;
+            }
+        const uint16_t *kr = (const uint16_t *)page_row(kv->k, kv, table, j0) + (size_t)u->kvh * D;
+        rlai_attn_dot_f16_multi(c->k, m, D, kr, stride, na, ps, scale, dst);
+    }
+    for (int qi = 0; qi < nq; qi++) {
+        float *s = sc[qi], mx = -INFINITY;
+        int n = lim[qi];
+        for (int j = 0; j < n; j++)
+            mx = s[j] > mx ? s[j] : mx;
+        float inv = 1.0f / rlai_vec_exp_sum(c->k, n, s, mx);
+        for (int j = 0; j < n; j++)
+            s[j] *= inv;
+        memset(outs[qi], 0, sizeof(float) * (size_t)D);
+    }
+    for (int j0 = 0; j0 < nmax; j0 += RLAI_KV_BLOCK) {
+        int m = nmax - j0 < RLAI_KV_BLOCK ? nmax - j0 : RLAI_KV_BLOCK, na = 0;
+        for (int qi = 0; qi < nq; qi++)
+            if (lim[qi] > j0) {
+                ps[na] = sc[qi] + j0;
+                mq[na] = lim[qi] - j0;
+                dst[na++] = outs[qi];
+            }
+        const uint16_t *vr = (const uint16_t *)page_row(kv->v, kv, table, j0) + (size_t)u->kvh * D;
+        rlai_attn_mad_f16_multi(c->k, m, D, vr, stride, na, mq, ps, dst);
+    }
+}
+
+static void attn_worker(void *arg, int ith, int nth)
+{
+    attn_task *t = arg;
+    if (!t->units) {
+        float *sc = t->c->scores + (size_t)ith * ATTN_QMAX * (size_t)t->c->max_ctx;
+        int total = t->rows->n * t->H;
+        for (int job = ith; job < total; job += nth)
+            attn_one(t, job / t->H, job % t->H, sc);
+        return;
+    }
+    for (;;) {
+        int u = __atomic_fetch_add(&t->next, 1, __ATOMIC_RELAXED);
+        if (u >= t->n_units)
+            break;
+        attn_unit_f16(t, &t->units[u], ith);
+    }
+}
+
+/* Relative cost per key of a unit of nq queries, estimated from the
+ * instructions per key of the AVX2 kernels (bench/bench_attn measures the
+ * outcome): a lone query runs the f16 kernels directly; a group pays one
+ * f32 conversion of each block, then a cheaper pass per query. */
+static double unit_cost(int nq) { return nq == 1 ? 55.0 : 48.0 + 23.0 * nq; }
+
+/* Splits the batch into units: runs of rows with the same block table,
+ * each run's queries of one KV head in nc chunks, nc chosen so the
+ * threads' estimated longest share is smallest (ties: fewer chunks, so
+ * fewer conversions). Returns the unit count, or -1 (out of memory: the
+ * caller falls back to one job per row and head). */
+static int attn_plan(cpu_backend *c, const rlai_paged_rows *rows, int H, int HKV)
+{
+    int G = H / HKV, n_runs = 0, qmax = 0;
+    for (int i = 0; i < rows->n;) {
+        int j = i + 1;
+        while (j < rows->n && rows->tables[j] == rows->tables[i])
+            j++;
+        n_runs++;
+        qmax = (j - i) * G > qmax ? (j - i) * G : qmax;
+        i = j;
+    }
+    int nth = c->n_threads, best_nc = (qmax + ATTN_QMAX - 1) / ATTN_QMAX;
+    double best = -1;
+    for (int nc = best_nc; nc <= qmax; nc++) {
+        double units = (double)n_runs * HKV * nc;
+        double est = ceil(units / nth) * unit_cost((qmax + nc - 1) / nc);
+        if (best < 0 || est < best) {
+            best = est;
+            best_nc = nc;
         }
     }
+    size_t need = (size_t)n_runs * (size_t)HKV * (size_t)best_nc;
+    if (need > c->units_cap) {
+        attn_unit *nu = realloc(c->units, need * sizeof *nu);
+        if (!nu)
+            return -1;
+        c->units = nu;
+        c->units_cap = need;
+    }
+    int n = 0;
+    for (int i = 0; i < rows->n;) {
+        int j = i + 1;
+        while (j < rows->n && rows->tables[j] == rows->tables[i])
+            j++;
+        int Q = (j - i) * G, qc = (Q + best_nc - 1) / best_nc;
+        for (int kvh = 0; kvh < HKV; kvh++)
+            for (int q0 = 0; q0 < Q; q0 += qc)
+                c->units[n++] = (attn_unit){ i, kvh, q0, Q - q0 < qc ? Q - q0 : qc };
+        i = j;
+    }
+    return n;
 }
 
 static void cpu_attention(rlai_backend *be, const rlai_kv_layer_view *kv, const rlai_paged_rows *rows,
                           int n_head, int n_head_kv, int head_dim, const float *q, float *out)
 {
-    attn_task at = { cpu(be), kv, rows, n_head, n_head_kv, head_dim, q, out };
-    rlai_threadpool_run(cpu(be)->tp, attn_worker, &at);
+    cpu_backend *c = cpu(be);
+    attn_task at = { c, kv, rows, n_head, n_head_kv, head_dim, q, out, NULL, 0, 0 };
+    if (kv->dtype == RLAI_DT_F16 && rows->n > 0 && n_head_kv > 0 && n_head % n_head_kv == 0) {
+        int n = attn_plan(c, rows, n_head, n_head_kv);
+        if (n > 0) {
+            at.units = c->units;
+            at.n_units = n;
+        }
+    }
+    rlai_threadpool_run(c->tp, attn_worker, &at);
 }
 
 static int cpu_argmax(rlai_backend *be, const float *logits, int n, int n_vocab, int32_t *out)
@@ -329,7 +488,7 @@ int rlai_backend_cpu_new(rlai_kernels *k, rlai_threadpool *tp, int max_ctx, rlai
     c->tp = tp;
     c->n_threads = tp ? rlai_threadpool_size(tp) : 1;
     c->max_ctx = max_ctx;
-    c->scores = malloc(sizeof(float) * (size_t)c->n_threads * (size_t)max_ctx);
+    c->scores = malloc(sizeof(float) * (size_t)c->n_threads * ATTN_QMAX * (size_t)max_ctx);
     if (!c->scores) {
         free(c);
         return RLAI_ERR_NOMEM;

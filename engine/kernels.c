@@ -132,6 +132,9 @@ struct rlai_kernels {
     void (*to_f16)(const float *, uint16_t *, int);
     void (*attn_dot)(int, int, const uint16_t *, size_t, const float *, float, float *);
     void (*attn_mad)(int, int, const uint16_t *, size_t, const float *, float *);
+    void (*attn_dot_multi)(int, int, const uint16_t *, size_t, int, const float *const *, float, float *const *);
+    void (*attn_mad_multi)(int, int, const uint16_t *, size_t, int, const int *, const float *const *,
+                           float *const *);
     float (*exp_sum)(int, float *, float);
 
     unsigned char *scratch;   /* n threads * scratch_per, 64-aligned */
@@ -139,6 +142,22 @@ struct rlai_kernels {
     unsigned char *actbuf;    /* quantized activations, 64-aligned */
     size_t act_cap;
 };
+
+/* The scalar level shares nothing between queries: each is the one-query
+ * reference. */
+static void attn_dot_multi_scalar(int m, int d, const uint16_t *k, size_t stride, int nq, const float *const *q,
+                                  float scale, float *const *out)
+{
+    for (int qi = 0; qi < nq; qi++)
+        rlai__attn_dot_f16_scalar(m, d, k, stride, q[qi], scale, out[qi]);
+}
+
+static void attn_mad_multi_scalar(int m, int d, const uint16_t *v, size_t stride, int nq, const int *mq,
+                                  const float *const *p, float *const *y)
+{
+    for (int qi = 0; qi < nq; qi++)
+        rlai__attn_mad_f16_scalar(mq[qi] < m ? mq[qi] : m, d, v, stride, p[qi], y[qi]);
+}
 
 static void set_ops(rlai_kernels *k, rlai_isa isa)
 {
@@ -152,6 +171,8 @@ static void set_ops(rlai_kernels *k, rlai_isa isa)
         k->to_f16 = rlai__f32_to_f16_avx2;
         k->attn_dot = rlai__attn_dot_f16_avx512;
         k->attn_mad = rlai__attn_mad_f16_avx512;
+        k->attn_dot_multi = rlai__attn_dot_f16_multi_avx2;   /* same results as AVX-512's (canonical order) */
+        k->attn_mad_multi = rlai__attn_mad_f16_multi_avx2;
         k->exp_sum = rlai__exp_sum_avx2;
         break;
     case RLAI_ISA_AVX2:
@@ -162,6 +183,8 @@ static void set_ops(rlai_kernels *k, rlai_isa isa)
         k->to_f16 = rlai__f32_to_f16_avx2;
         k->attn_dot = rlai__attn_dot_f16_avx2;
         k->attn_mad = rlai__attn_mad_f16_avx2;
+        k->attn_dot_multi = rlai__attn_dot_f16_multi_avx2;
+        k->attn_mad_multi = rlai__attn_mad_f16_multi_avx2;
         k->exp_sum = rlai__exp_sum_avx2;
         break;
     default:
@@ -173,6 +196,8 @@ static void set_ops(rlai_kernels *k, rlai_isa isa)
         k->to_f16 = rlai__f32_to_f16_scalar;
         k->attn_dot = rlai__attn_dot_f16_scalar;
         k->attn_mad = rlai__attn_mad_f16_scalar;
+        k->attn_dot_multi = attn_dot_multi_scalar;
+        k->attn_mad_multi = attn_mad_multi_scalar;
         k->exp_sum = rlai__exp_sum_scalar;
         break;
     }
@@ -503,6 +528,20 @@ void rlai_attn_mad_f16(rlai_kernels *k, int n, int d, const uint16_t *rows, size
 {
     if (n > 0 && d > 0)
         ops_of(k)->attn_mad(n, d, rows, stride, p, y);
+}
+
+void rlai_attn_dot_f16_multi(rlai_kernels *k, int m, int d, const uint16_t *rows, size_t stride, int nq,
+                             const float *const *q, float scale, float *const *out)
+{
+    if (m > 0 && d > 0 && nq > 0)
+        ops_of(k)->attn_dot_multi(m, d, rows, stride, nq, q, scale, out);
+}
+
+void rlai_attn_mad_f16_multi(rlai_kernels *k, int m, int d, const uint16_t *rows, size_t stride, int nq,
+                             const int *mq, const float *const *p, float *const *y)
+{
+    if (m > 0 && d > 0 && nq > 0)
+        ops_of(k)->attn_mad_multi(m, d, rows, stride, nq, mq, p, y);
 }
 
 float rlai_vec_exp_sum(rlai_kernels *k, int n, float *x, float max)

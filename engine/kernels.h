@@ -69,6 +69,18 @@ void rlai_attn_dot_f16(rlai_kernels *k, int n, int d, const uint16_t *rows, size
 /* y[0..d) += sum_j p[j] * row_j. */
 void rlai_attn_mad_f16(rlai_kernels *k, int n, int d, const uint16_t *rows, size_t stride,
                        const float *p, float *y);
+/* The same two helpers for nq queries over one block of m rows (row j at
+ * rows + j*stride), as speculative verification rows and the heads of a
+ * grouped-query group read the same K/V: the rows are converted once and
+ * shared. Each query's results are bit-identical to the one-query helper's
+ * on that query alone, whatever nq and the grouping:
+ *   dot: out[qi][j] = scale * dot(q[qi], row_j) for j < m;
+ *   mad: y[qi][0..d) += sum over j < min(mq[qi], m) of p[qi][j] * row_j.
+ * Arrays of nq pointers, caller-owned; out and y must not overlap. */
+void rlai_attn_dot_f16_multi(rlai_kernels *k, int m, int d, const uint16_t *rows, size_t stride, int nq,
+                             const float *const *q, float scale, float *const *out);
+void rlai_attn_mad_f16_multi(rlai_kernels *k, int m, int d, const uint16_t *rows, size_t stride, int nq,
+                             const int *mq, const float *const *p, float *const *y);
 /* x[i] = exp(x[i] - max) for i < n; returns the sum (relative error of
  * each exp below 2e-7 on the SIMD path). */
 float rlai_vec_exp_sum(rlai_kernels *k, int n, float *x, float max);

@@ -1103,3 +1103,131 @@ float rlai__exp_sum_avx2(int n, float *x, float max)
     }
     return s;
 }
+
+/* ---- several queries over one f16 KV block (speculative verification,
+ * grouped-query heads). The block is converted to f32 once; each query's
+ * arithmetic is then exactly rlai__attn_dot_f16_avx2's / _mad_'s (the
+ * conversion is exact, the FMAs and the horizontal sum pair the same
+ * operands in the same order), so results do not depend on how queries
+ * are grouped. */
+
+#define MULTI_ROWS 16
+
+/* hsum8 of four vectors at once: {hsum8(a), hsum8(b), hsum8(c), hsum8(d)}
+ * with each sum's additions exactly those of hsum8 (lo+hi halves, then
+ * lanes 0+2 and 1+3, then those two). */
+AI __m128 hsum8x4(__m256 a, __m256 b, __m256 c, __m256 d)
+{
+    __m256 tab = _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+    __m256 tcd = _mm256_add_ps(_mm256_permute2f128_ps(c, d, 0x20), _mm256_permute2f128_ps(c, d, 0x31));
+    __m256 u = _mm256_add_ps(_mm256_shuffle_ps(tab, tcd, _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm256_shuffle_ps(tab, tcd, _MM_SHUFFLE(3, 2, 3, 2)));
+    __m256 r = _mm256_add_ps(_mm256_shuffle_ps(u, u, _MM_SHUFFLE(2, 0, 2, 0)),
+                             _mm256_shuffle_ps(u, u, _MM_SHUFFLE(3, 1, 3, 1)));
+    /* r = [ra, rc, ra, rc | rb, rd, rb, rd] */
+    return _mm_unpacklo_ps(_mm256_castps256_ps128(r), _mm256_extractf128_ps(r, 1));
+}
+
+static void block_to_f32(int m, int d, const uint16_t *src, size_t stride, float *dst)
+{
+    for (int j = 0; j < m; j++)
+        for (int i = 0; i < d; i += 8)
+            _mm256_store_ps(dst + (size_t)j * d + i,
+                            _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(src + (size_t)j * stride + i))));
+}
+
+/* out[j] = scale * dot(q, kf row j) for j < m, kf: m rows of d f32. */
+static void dot_rows_f32(int m, int d, const float *kf, const float *q, float scale, float *out)
+{
+    const __m128 sc = _mm_set1_ps(scale);
+    int j = 0;
+    for (; j + 4 <= m; j += 4) {
+        const float *r0 = kf + (size_t)j * d, *r1 = r0 + d, *r2 = r1 + d, *r3 = r2 + d;
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, b0 = a0, b1 = a0, c0 = a0, c1 = a0, e0 = a0, e1 = a0;
+        int i = 0;
+        for (; i + 16 <= d; i += 16) {
+            __m256 qa = _mm256_loadu_ps(q + i), qb = _mm256_loadu_ps(q + i + 8);
+            a0 = _mm256_fmadd_ps(_mm256_load_ps(r0 + i), qa, a0);
+            b0 = _mm256_fmadd_ps(_mm256_load_ps(r1 + i), qa, b0);
+            c0 = _mm256_fmadd_ps(_mm256_load_ps(r2 + i), qa, c0);
+            e0 = _mm256_fmadd_ps(_mm256_load_ps(r3 + i), qa, e0);
+            a1 = _mm256_fmadd_ps(_mm256_load_ps(r0 + i + 8), qb, a1);
+            b1 = _mm256_fmadd_ps(_mm256_load_ps(r1 + i + 8), qb, b1);
+            c1 = _mm256_fmadd_ps(_mm256_load_ps(r2 + i + 8), qb, c1);
+            e1 = _mm256_fmadd_ps(_mm256_load_ps(r3 + i + 8), qb, e1);
+        }
+        if (i < d) {
+            __m256 qa = _mm256_loadu_ps(q + i);
+            a0 = _mm256_fmadd_ps(_mm256_load_ps(r0 + i), qa, a0);
+            b0 = _mm256_fmadd_ps(_mm256_load_ps(r1 + i), qa, b0);
+            c0 = _mm256_fmadd_ps(_mm256_load_ps(r2 + i), qa, c0);
+            e0 = _mm256_fmadd_ps(_mm256_load_ps(r3 + i), qa, e0);
+        }
+        __m128 s = hsum8x4(_mm256_add_ps(a0, a1), _mm256_add_ps(b0, b1), _mm256_add_ps(c0, c1),
+                           _mm256_add_ps(e0, e1));
+        _mm_storeu_ps(out + j, _mm_mul_ps(sc, s));
+    }
+    for (; j < m; j++) {
+        const float *r = kf + (size_t)j * d;
+        __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+        int i = 0;
+        for (; i + 16 <= d; i += 16) {
+            s0 = _mm256_fmadd_ps(_mm256_load_ps(r + i), _mm256_loadu_ps(q + i), s0);
+            s1 = _mm256_fmadd_ps(_mm256_load_ps(r + i + 8), _mm256_loadu_ps(q + i + 8), s1);
+        }
+        if (i < d)
+            s0 = _mm256_fmadd_ps(_mm256_load_ps(r + i), _mm256_loadu_ps(q + i), s0);
+        out[j] = scale * hsum8(_mm256_add_ps(s0, s1));
+    }
+}
+
+void rlai__attn_dot_f16_multi_avx2(int m, int d, const uint16_t *k, size_t stride, int nq, const float *const *q,
+                                   float scale, float *const *out)
+{
+    if (d % 8 != 0 || d > 256 || nq < 2) {
+        for (int qi = 0; qi < nq; qi++)
+            rlai__attn_dot_f16_avx2(m, d, k, stride, q[qi], scale, out[qi]);
+        return;
+    }
+    _Alignas(32) float kf[MULTI_ROWS * 256];
+    for (int j0 = 0; j0 < m; j0 += MULTI_ROWS) {
+        int mb = m - j0 < MULTI_ROWS ? m - j0 : MULTI_ROWS;
+        block_to_f32(mb, d, k + (size_t)j0 * stride, stride, kf);
+        for (int qi = 0; qi < nq; qi++)
+            dot_rows_f32(mb, d, kf, q[qi], scale, out[qi] + j0);
+    }
+}
+
+void rlai__attn_mad_f16_multi_avx2(int m, int d, const uint16_t *v, size_t stride, int nq, const int *mq,
+                                   const float *const *p, float *const *y)
+{
+    if (d % 8 != 0 || d > 128 || nq < 2) {
+        for (int qi = 0; qi < nq; qi++)
+            rlai__attn_mad_f16_avx2(mq[qi] < m ? mq[qi] : m, d, v, stride, p[qi], y[qi]);
+        return;
+    }
+    _Alignas(32) float vf[MULTI_ROWS * 128];
+    const int nv = d / 8;
+    for (int j0 = 0; j0 < m; j0 += MULTI_ROWS) {
+        int mb = m - j0 < MULTI_ROWS ? m - j0 : MULTI_ROWS;
+        block_to_f32(mb, d, v + (size_t)j0 * stride, stride, vf);
+        for (int qi = 0; qi < nq; qi++) {
+            int n = (mq[qi] < m ? mq[qi] : m) - j0;
+            n = n < mb ? n : mb;
+            if (n <= 0)
+                continue;
+            __m256 acc[16];
+            for (int c = 0; c < nv; c++)
+                acc[c] = _mm256_loadu_ps(y[qi] + 8 * c);
+            const float *pq = p[qi] + j0;
+            for (int j = 0; j < n; j++) {
+                __m256 pj = _mm256_set1_ps(pq[j]);
+                const float *r = vf + (size_t)j * d;
+                for (int c = 0; c < nv; c++)
+                    acc[c] = _mm256_fmadd_ps(pj, _mm256_load_ps(r + 8 * c), acc[c]);
+            }
+            for (int c = 0; c < nv; c++)
+                _mm256_storeu_ps(y[qi] + 8 * c, acc[c]);
+        }
+    }
+}

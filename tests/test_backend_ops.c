@@ -498,6 +498,77 @@ START_TEST(test_kv_store_attention_paged)
 }
 END_TEST
 
+/* Batch invariance of the CPU attention on the f16 cache (what makes
+ * speculative decoding exact): a batch shaped like verification steps --
+ * several consecutive rows of one sequence (pending token + draft), single
+ * rows of other sequences -- gives bit-identical outputs to attending each
+ * row alone, whatever grouping of rows and grouped-query heads the backend
+ * plans for the batch. */
+START_TEST(test_attention_batch_invariant)
+{
+    open_all();
+    for (int iter = 0; iter < 6; iter++) {
+        int HKV = irand(1, 3), group = irand(1, 4), H = HKV * group, D = 32 * irand(1, 2);
+        int KVD = HKV * D, n_blocks = 30;
+        enum { NS = 3 };
+        int len[NS] = { irand(20, 150), irand(1, 40), irand(8, 100) };   /* tokens stored */
+        int tail[NS] = { irand(2, 8), 1, irand(1, 5) };                  /* rows attended */
+        int32_t perm[30], tables[NS][10];
+        for (int i = 0; i < n_blocks; i++) perm[i] = i;
+        for (int i = n_blocks - 1; i > 0; i--) { int j = irand(0, i); int32_t t = perm[i]; perm[i] = perm[j]; perm[j] = t; }
+        int used = 0, total = 0, n = 0;
+        for (int s = 0; s < NS; s++) {
+            for (int b = 0; b < (len[s] + 15) / 16; b++) tables[s][b] = perm[used++];
+            total += len[s];
+            n += tail[s];
+        }
+        float *k = malloc(sizeof(float) * (size_t)total * KVD), *v = malloc(sizeof(float) * (size_t)total * KVD);
+        float *q = malloc(sizeof(float) * (size_t)n * H * D);
+        float *batch = malloc(sizeof(float) * (size_t)n * H * D), *alone = malloc(sizeof(float) * (size_t)n * H * D);
+        int32_t *spos = malloc(sizeof(int32_t) * total), *pos = malloc(sizeof(int32_t) * n);
+        const int32_t **stab = malloc(sizeof(*stab) * total), **tab = malloc(sizeof(*tab) * n);
+        for (int s = 0, i = 0, r = 0; s < NS; s++)
+            for (int p = 0; p < len[s]; p++, i++) {
+                spos[i] = p;
+                stab[i] = tables[s];
+                if (p >= len[s] - tail[s]) {
+                    pos[r] = p;
+                    tab[r++] = tables[s];
+                }
+            }
+        for (size_t i = 0; i < (size_t)total * KVD; i++) { k[i] = frand(); v[i] = frand() * 3; }
+        for (size_t i = 0; i < (size_t)n * H * D; i++) q[i] = frand() * 2;
+        for (int bi = 0; bi < n_bk; bi++) {
+            if (bks[bi].gpu || bks[bi].precise)
+                continue;   /* the f16 cache of fast mode (the engine's default) */
+            rlai_backend *be = bks[bi].be;
+            rlai_kv_cache *kv;
+            ck_assert_int_eq(rlai_kv_cache_new_on(be, 1, KVD, n_blocks, RLAI_DT_F16, &kv), 0);
+            rlai_kv_layer_view view;
+            rlai_kv_cache_layer_view(kv, 0, &view.k, &view.v, &view.row_bytes);
+            view.dtype = RLAI_DT_F16;
+            view.kv_dim = KVD;
+            rlai_paged_rows all = { total, spos, stab };
+            be->iface->kv_store(be, &view, &all, k, v);
+            rlai_paged_rows rows = { n, pos, tab };
+            be->iface->attention(be, &view, &rows, H, HKV, D, q, batch);
+            for (int r = 0; r < n; r++) {
+                rlai_paged_rows one = { 1, pos + r, tab + r };
+                be->iface->attention(be, &view, &one, H, HKV, D, q + (size_t)r * H * D, alone + (size_t)r * H * D);
+            }
+            for (int r = 0; r < n; r++)
+                ck_assert_msg(memcmp(batch + (size_t)r * H * D, alone + (size_t)r * H * D,
+                                     sizeof(float) * (size_t)H * D) == 0,
+                              "%s: H=%d HKV=%d D=%d row %d (pos %d) differs in a batch of %d", bks[bi].name, H, HKV, D,
+                              r, pos[r], n);
+            rlai_kv_cache_free(kv);
+        }
+        free(k); free(v); free(q); free(batch); free(alone); free(spos); free(pos); free(stab); free(tab);
+    }
+    close_all();
+}
+END_TEST
+
 START_TEST(test_argmax)
 {
     open_all();
@@ -602,6 +673,7 @@ static Suite *suite(void)
     tcase_add_test(tc, test_rope_both_modes);
     tcase_add_test(tc, test_matmul_all_types);
     tcase_add_test(tc, test_kv_store_attention_paged);
+    tcase_add_test(tc, test_attention_batch_invariant);
     tcase_add_test(tc, test_argmax);
     tcase_add_test(tc, test_device_parse);
     tcase_add_test(tc, test_backend_open);

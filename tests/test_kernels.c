@@ -646,6 +646,70 @@ START_TEST(test_attn_helpers)
 }
 END_TEST
 
+/* The several-query attention helpers share a block's conversion between
+ * queries, but each query's results are bit-identical to the one-query
+ * helper's (and so to the scalar reference), for every ISA, head size,
+ * block length (above 16 too), query count and per-query row limit. */
+START_TEST(test_attn_multi_identical)
+{
+    enum { MAXD = 272, NR = 21, NQ = 5 };
+    static uint16_t rows[NR * MAXD];
+    static float q[NQ][MAXD], o1[NR], om[NQ][NR], y1[MAXD], ym[NQ][MAXD], p[NQ][NR];
+    rng_state = 23;
+    for (int i = 0; i < NR * MAXD; i++)
+        rows[i] = rlai_f32_to_fp16(rndf(-2, 2));
+    for (int a = 0; a < NQ; a++) {
+        for (int i = 0; i < MAXD; i++)
+            q[a][i] = rndf(-3, 3);
+        for (int j = 0; j < NR; j++)
+            p[a][j] = rndf(0, 1);
+    }
+    rlai_kernels *ref = NULL;
+    ck_assert_int_eq(rlai_kernels_new(RLAI_ISA_SCALAR, false, &ref), RLAI_OK);
+    const rlai_isa isas[3] = { RLAI_ISA_SCALAR, RLAI_ISA_AVX2, RLAI_ISA_AVX512 };
+    const int ds[] = { 8, 16, 24, 40, 64, 100, 128, 136, 256 };
+    const int ms[] = { 1, 3, 4, 5, 16, 21 };
+    for (int ii = 0; ii < 3; ii++) {
+        if (!(rlai_kernels_available() & (1u << isas[ii])))
+            continue;
+        rlai_kernels *k = NULL;
+        ck_assert_int_eq(rlai_kernels_new(isas[ii], false, &k), RLAI_OK);
+        for (size_t di = 0; di < sizeof ds / sizeof *ds; di++)
+            for (size_t mi = 0; mi < sizeof ms / sizeof *ms; mi++)
+                for (int nq = 1; nq <= NQ; nq++) {
+                    int d = ds[di], m = ms[mi];
+                    const float *qs[NQ], *ps[NQ];
+                    float *outs[NQ], *ys[NQ];
+                    int mq[NQ];
+                    for (int a = 0; a < nq; a++) {
+                        qs[a] = q[a];
+                        ps[a] = p[a];
+                        outs[a] = om[a];
+                        ys[a] = ym[a];
+                        mq[a] = a == 0 ? m : (a * 7 + m) % (m + 1);   /* 0..m rows per query */
+                        for (int i = 0; i < d; i++)
+                            ym[a][i] = q[a][i];
+                    }
+                    rlai_attn_dot_f16_multi(k, m, d, rows, MAXD, nq, qs, 0.125f, outs);
+                    rlai_attn_mad_f16_multi(k, m, d, rows, MAXD, nq, mq, ps, ys);
+                    for (int a = 0; a < nq; a++) {
+                        rlai_attn_dot_f16(ref, m, d, rows, MAXD, q[a], 0.125f, o1);
+                        ck_assert_msg(memcmp(o1, om[a], sizeof(float) * (size_t)m) == 0,
+                                      "dot_multi %s d=%d m=%d nq=%d query %d", rlai_isa_name(isas[ii]), d, m, nq, a);
+                        for (int i = 0; i < d; i++)
+                            y1[i] = q[a][i];
+                        rlai_attn_mad_f16(ref, mq[a], d, rows, MAXD, p[a], y1);
+                        ck_assert_msg(memcmp(y1, ym[a], sizeof(float) * (size_t)d) == 0,
+                                      "mad_multi %s d=%d m=%d nq=%d query %d (%d rows)", rlai_isa_name(isas[ii]), d,
+                                      m, nq, a, mq[a]);
+                    }
+                }
+        rlai_kernels_free(k);
+    }
+    rlai_kernels_free(ref);
+}
+END_TEST
+
 /* The scalar attention helpers compute exactly what the SIMD ones do
  * (same lane order, same exp polynomial), so fast-mode logits do not
  * depend on the ISA. */
@@ -809,6 +873,7 @@ static Suite *kernels_suite(void)
     tcase_add_test(tc, test_quant_act_bitexact);
     tcase_add_test(tc, test_f16_helpers);
     tcase_add_test(tc, test_attn_helpers);
+    tcase_add_test(tc, test_attn_multi_identical);
     tcase_add_test(tc, test_helpers_isa_identical);
     suite_add_tcase(s, tc);
     TCase *mm = tcase_create("matmul");
