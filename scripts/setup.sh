@@ -124,7 +124,12 @@ build_release() {
     if [ ! -d build ]; then
         meson setup build --buildtype=release >/dev/null
     fi
-    ninja -C build >/dev/null
+    local out
+    if ! out=$(ninja -C build 2>&1); then
+        printf '%s\n' "$out" | grep -v '^\[' >&2
+        log "build failed (see above)"
+        return 1
+    fi
     log "built build/host/rlai"
 }
 
