@@ -2,10 +2,11 @@
  * the per-sequence adaptive draft length.
  *
  * The drafter looks for the longest suffix of a sequence's tokens (prompt
- * followed by generated) of RLAI_SPEC_NGRAM_MAX down to RLAI_SPEC_NGRAM_MIN
- * tokens that occurred earlier in the same sequence, most recent occurrence
- * first, and proposes the tokens that followed it. No second model: names,
- * lore text, quoted passages and code repeat within a prompt and answer.
+ * followed by generated), up to RLAI_SPEC_NGRAM_MAX tokens, that occurred
+ * earlier in the same sequence, most recent occurrence first, and proposes
+ * the tokens that followed it. No second model: names, lore text, quoted
+ * passages and code repeat within a prompt and answer. Weak matches are
+ * not drafted (why: spec.c).
  *
  * rlai_spec_state decides how many tokens to draft (gamma) from the
  * sequence's recent acceptance: it grows while whole drafts are accepted,
@@ -24,16 +25,20 @@
 
 #include <stdint.h>
 
-#define RLAI_SPEC_NGRAM_MAX 3
-#define RLAI_SPEC_NGRAM_MIN 1
+#define RLAI_SPEC_NGRAM_MAX 8      /* longest suffix compared */
+#define RLAI_SPEC_NGRAM_MIN 2      /* shorter matches draft nothing */
 #define RLAI_SPEC_MAX_DRAFT 16     /* hard cap on one draft */
 #define RLAI_SPEC_SEARCH_WINDOW 8192 /* tokens searched back from the end */
 
 /* Writes up to max_draft (<= RLAI_SPEC_MAX_DRAFT) tokens into out that
  * followed the most recent earlier occurrence of the longest suffix of
- * toks[0..n) of NGRAM_MAX..NGRAM_MIN tokens. Returns the count (0 = no
- * match). toks and out are caller-owned; *ngram_out (may be NULL)
- * receives the length of the matched suffix. Pure function. */
+ * toks[0..n) (at most NGRAM_MAX tokens compared). Returns the count: 0
+ * when the longest match is shorter than NGRAM_MIN tokens; at most 1 when
+ * it is exactly NGRAM_MIN tokens and its occurrences are followed by
+ * different tokens. toks and out are caller-owned; *ngram_out (may be
+ * NULL) receives the length of the matched suffix (0 when nothing is
+ * drafted). Searches the last RLAI_SPEC_SEARCH_WINDOW tokens, one pass.
+ * Pure function. */
 int rlai_spec_ngram_draft(const int32_t *toks, int n, int max_draft, int32_t *out, int *ngram_out);
 
 /* Per-sequence adaptive state (plain value, zero-initialise then

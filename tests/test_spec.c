@@ -34,18 +34,38 @@ START_TEST(ngram_prefers_longest_suffix_and_most_recent_match)
     ck_assert_int_eq(g, 3);
     ck_assert_int_eq(n, 2);
     ck_assert(out[0] == 50 && out[1] == 9);
-    /* of two 2-token matches the most recent one wins */
+    /* of two 2-token matches the most recent one wins; they are followed
+     * by different tokens (10, 20), so only one token is drafted */
     const int32_t c[] = { 4, 5, 10, 1, 4, 5, 20, 2, 4, 5 };
-    n = rlai_spec_ngram_draft(c, 10, 1, out, &g);
+    n = rlai_spec_ngram_draft(c, 10, 4, out, &g);
     ck_assert_int_eq(g, 2);
     ck_assert_int_eq(n, 1);
     ck_assert_int_eq(out[0], 20);
+    /* two 2-token matches that agree on what follows: drafted in full */
+    const int32_t c2[] = { 4, 5, 10, 11, 4, 5, 10, 12, 4, 5 };
+    n = rlai_spec_ngram_draft(c2, 10, 2, out, &g);
+    ck_assert_int_eq(g, 2);
+    ck_assert_int_eq(n, 2);
+    ck_assert(out[0] == 10 && out[1] == 12);
+    /* a 1-token match drafts nothing */
+    const int32_t d[] = { 3, 7, 9, 3 };
+    ck_assert_int_eq(rlai_spec_ngram_draft(d, 4, 8, out, &g), 0);
+    ck_assert_int_eq(g, 0);
+    const int32_t d2[] = { 3, 3 };
+    ck_assert_int_eq(rlai_spec_ngram_draft(d2, 2, 8, out, &g), 0);
+    /* the longest suffix is compared up to RLAI_SPEC_NGRAM_MAX tokens: a
+     * 6-token match beats a more recent 3-token one */
+    const int32_t l[] = { 1, 2, 3, 4, 5, 6, 70, 71, 9, 4, 5, 6, 80, 81, 1, 2, 3, 4, 5, 6 };
+    n = rlai_spec_ngram_draft(l, 20, 2, out, &g);
+    ck_assert_int_eq(g, 6);
+    ck_assert_int_eq(n, 2);
+    ck_assert(out[0] == 70 && out[1] == 71);
     /* the draft stops at the end of the sequence */
-    const int32_t d[] = { 3, 3 };
-    n = rlai_spec_ngram_draft(d, 2, 8, out, &g);
-    ck_assert_int_eq(n, 1);
-    ck_assert_int_eq(g, 1);
-    ck_assert_int_eq(out[0], 3);
+    const int32_t f[] = { 5, 6, 5, 6 };
+    n = rlai_spec_ngram_draft(f, 4, 8, out, &g);
+    ck_assert_int_eq(g, 2);
+    ck_assert_int_eq(n, 2);
+    ck_assert(out[0] == 5 && out[1] == 6);
     /* no earlier occurrence: nothing */
     const int32_t e[] = { 1, 2, 3, 4 };
     ck_assert_int_eq(rlai_spec_ngram_draft(e, 4, 8, out, &g), 0);
