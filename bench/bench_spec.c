@@ -29,6 +29,7 @@
  * is 1. --show prints each case's greedy output after the tables. */
 #include "rlai/engine.h"
 
+#include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -295,6 +296,8 @@ static void usage(void)
     fprintf(stderr,
             "usage: bench_spec [--model FILE] [--threads N] [--tokens N] [--reps R]\n"
             "                  [--max-draft N] [--spec-max-batch N] [--ignore-eos] [--show]\n"
+            "                  [--dump FILE]   (each case's prompt and greedy output ids, for\n"
+            "                                   bench/spec_replay.py)\n"
             "defaults: models/SmolLM2-135M-Instruct.Q4_1.gguf (or $RLAI_MODEL), 2 threads, 128 tokens,\n"
             "3 reps, the engine's max draft (8) and spec max batch (2)\n");
 }
@@ -326,15 +329,17 @@ int main(int argc, char **argv)
         model = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
     int threads = 2, tokens = 128, reps = 3, max_draft = 0, spec_max_batch = 0;
     bool ignore_eos = false, show = false;
+    const char *dump = NULL;
     static const struct option opts[] = {
         { "model", required_argument, 0, 'm' },     { "threads", required_argument, 0, 't' },
         { "tokens", required_argument, 0, 'n' },    { "reps", required_argument, 0, 'r' },
         { "max-draft", required_argument, 0, 'd' }, { "spec-max-batch", required_argument, 0, 'b' },
         { "ignore-eos", no_argument, 0, 'e' },      { "show", no_argument, 0, 's' },
-        { "help", no_argument, 0, 'h' },            { 0, 0, 0, 0 },
+        { "dump", required_argument, 0, 'D' },      { "help", no_argument, 0, 'h' },
+        { 0, 0, 0, 0 },
     };
     int o;
-    while ((o = getopt_long(argc, argv, "m:t:n:r:d:b:esh", opts, NULL)) != -1) {
+    while ((o = getopt_long(argc, argv, "m:t:n:r:d:b:eshD:", opts, NULL)) != -1) {
         switch (o) {
         case 'm': model = optarg; break;
         case 't': threads = atoi(optarg); break;
@@ -344,6 +349,7 @@ int main(int argc, char **argv)
         case 'b': spec_max_batch = atoi(optarg); break;
         case 'e': ignore_eos = true; break;
         case 's': show = true; break;
+        case 'D': dump = optarg; break;
         default: usage(); return o == 'h' ? 0 : 2;
         }
     }
@@ -406,6 +412,11 @@ int main(int argc, char **argv)
         return 1;
     }
     int status = 0;
+    FILE *df = NULL;
+    if (dump && !(df = fopen(dump, "w"))) {
+        fprintf(stderr, "bench_spec: %s: %s\n", dump, strerror(errno));
+        return 1;
+    }
     for (int c = 0; c < N_CASES && status == 0; c++) {
         rlai_chat_message msgs[2];
         int nm = 0;
@@ -464,6 +475,16 @@ int main(int argc, char **argv)
                 }
             }
         }
+        if (df && status == 0) {
+            /* one line per case: its letter, the prompt ids, '|', the output ids */
+            fprintf(df, "%c", CASES[c].name[0]);
+            for (int i = 0; i < n_prompt; i++)
+                fprintf(df, " %d", (int)prompt[i]);
+            fprintf(df, " |");
+            for (int i = 0; i < ref.n; i++)
+                fprintf(df, " %d", (int)ref.toks[i]);
+            fprintf(df, "\n");
+        }
         free(prompt);
         if (show && status == 0) {
             int len = rlai_engine_detokenize(e, ref.toks, ref.n, false, NULL, 0);
@@ -475,6 +496,10 @@ int main(int argc, char **argv)
     free(ref.toks);
     free(cur.toks);
     rlai_engine_close(e);
+    if (df && fclose(df) != 0 && status == 0) {
+        fprintf(stderr, "bench_spec: %s: write failed\n", dump);
+        status = 1;
+    }
     if (status) {
         for (int c = 0; c < N_CASES; c++)
             free(cs[c].text);

@@ -3,17 +3,20 @@
  * Which matches are drafted, and how far, was chosen by replaying the
  * greedy outputs of bench_spec's four cases through candidate drafters
  * with a step cost of 1 + 0.33 per extra row (what verification rows cost
- * on a 2-core AVX2 CPU, docs/SPECULATIVE.md); the replay reproduced the
- * measured tokens per step of the engine's drafter to within 3 %:
+ * on a 2-core AVX2 CPU, docs/SPECULATIVE.md; bench/spec_replay.py); the
+ * replay gave the measured tokens per step of the previous drafter to
+ * within 2 % on three cases and 12 % high on code editing, where the
+ * engine's pausing (on measured step times) drafted less:
  *   - The longest suffix match, up to 8 tokens, most recent occurrence on
  *     ties. Longer contexts separate the repeats of a common phrase
- *     (quoting a passage: +5 % over a 3-token cap).
+ *     (replayed: quoting +3 %, code editing +7 % over a 3-token cap).
  *   - A 1-token match is not drafted: 64-94 % of such drafts had nothing
  *     accepted (mean 0.1-0.5 tokens) and their misses also shrank the
  *     draft length and paused the sequence for the good matches that
- *     followed. Dropping them raised the replayed speedup of quoting from
- *     1.51x to 1.98x and of code editing from 1.10x to 1.20x, at every
- *     row cost tried (0.05 to 0.5), and cost the lore case 1 %.
+ *     followed. Dropping them helped quoting and code editing at every
+ *     row cost tried (0.05 to 0.5) and cost the lore case 1 %. With both
+ *     rules the replayed speedup of quoting rose from 1.51x to 1.98x and
+ *     of code editing from 1.10x to 1.20x.
  *   - A 2-token match whose occurrences disagree on the next token drafts
  *     one token (79 % had nothing accepted when drafted in full); one
  *     with a single continuation drafts in full (mean 3.4 accepted).
