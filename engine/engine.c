@@ -220,7 +220,7 @@ int rlai_engine_open(const char *path, const rlai_engine_params *params,
     if (e->params.max_queue <= 0)
         e->params.max_queue = 256;
     if (e->params.spec != RLAI_SPEC_OFF && e->params.spec != RLAI_SPEC_NGRAM)
-        e->params.spec = RLAI_SPEC_OFF; /* AUTO: off until bench_spec shows it pays */
+        e->params.spec = RLAI_SPEC_AUTO; /* per request: ngram when greedy (scheduler.c) */
     if (e->params.spec_max_draft <= 0)
         e->params.spec_max_draft = 8;
     if (e->params.spec_max_draft > RLAI_SPEC_MAX_DRAFT)

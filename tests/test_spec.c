@@ -428,6 +428,46 @@ START_TEST(speculation_under_continuous_batching)
 }
 END_TEST
 
+/* The built-in default (engine AUTO): greedy requests draft and give the
+ * plain output; sampled ones do not draft, so a seed keeps its draws. */
+START_TEST(auto_drafts_for_greedy_requests_only)
+{
+    rlai_engine *e = open_engine(RLAI_SPEC_AUTO, 0);
+    rlai_token p[256];
+    int n = rlai_engine_tokenize(e, prompts[0], strlen(prompts[0]), true, true, p, 256);
+    ck_assert_int_gt(n, 0);
+    static result off, on, hot;
+    submit(e, p, n, NTOK, RLAI_SPEC_OFF, &off);
+    run_until_idle(e);
+    submit(e, p, n, NTOK, RLAI_SPEC_AUTO, &on);
+    run_until_idle(e);
+    ck_assert(on.done && on.status == 0 && on.n == NTOK);
+    ck_assert(memcmp(on.toks, off.toks, sizeof(rlai_token) * NTOK) == 0);
+    ck_assert_int_eq(off.m.drafted_tokens, 0);
+    ck_assert_int_gt(on.m.drafted_tokens, 0);
+    ck_assert_int_gt(on.m.accepted_tokens, 0);
+
+    rlai_request_params rp;
+    memset(&rp, 0, sizeof(rp));
+    memset(&hot, 0, sizeof(hot));
+    rp.prompt = p;
+    rp.n_prompt = n;
+    rlai_gen_params_init(&rp.gen);
+    rp.gen.max_tokens = NTOK;
+    rp.gen.ignore_eos = true;
+    rp.gen.sampling.temperature = 0.8f;
+    rp.on_token = collect;
+    rp.on_done = done_cb;
+    rp.user = &hot;
+    uint64_t id;
+    ck_assert_int_eq(rlai_engine_submit(e, &rp, &id), 0);
+    run_until_idle(e);
+    ck_assert(hot.done && hot.status == 0 && hot.n == NTOK);
+    ck_assert_int_eq(hot.m.drafted_tokens, 0);
+    rlai_engine_close(e);
+}
+END_TEST
+
 START_TEST(spec_modes_parse_and_bad_values_are_refused)
 {
     ck_assert_int_eq(rlai_spec_mode_parse("off"), RLAI_SPEC_OFF);
@@ -467,6 +507,7 @@ int main(void)
     tcase_add_test(tc, step_cost_is_learned_from_step_times);
     tcase_add_test(tc, rejection_rule_keeps_the_distribution);
     tcase_add_test(tc, spec_modes_parse_and_bad_values_are_refused);
+    tcase_add_test(tc, auto_drafts_for_greedy_requests_only);
     tcase_add_test(tc, greedy_output_is_identical_with_and_without_speculation);
     tcase_add_test(tc, speculation_under_continuous_batching);
     suite_add_tcase(s, tc);

@@ -44,8 +44,10 @@ typedef enum rlai_kv_type {
 } rlai_kv_type;
 
 /* Speculative decoding (docs/SPECULATIVE.md). In engine params AUTO means
- * the built-in default (currently OFF: not yet benchmarked); in gen params
- * AUTO means "as the engine". */
+ * the built-in default: NGRAM for greedy requests (temperature 0; their
+ * output is the same token for token), OFF for sampled ones (with drafts
+ * a seeded sample would depend on the step timings that pause drafting).
+ * In gen params AUTO means "as the engine". */
 typedef enum rlai_spec_mode {
     RLAI_SPEC_AUTO = 0,
     RLAI_SPEC_OFF = 1,
@@ -80,7 +82,7 @@ typedef struct rlai_engine_params {
                              "cuda" or "cuda:N" (fails with RLAI_ERR_UNSUPPORTED
                              and a message when CUDA cannot be used). Copied.
                              `isa` applies to the CPU backend. */
-    rlai_spec_mode spec;  /* speculative decoding (AUTO = off for now) */
+    rlai_spec_mode spec;  /* speculative decoding (AUTO = ngram when greedy) */
     int spec_max_draft;   /* longest draft per step; 0 = 8, at most 16 */
     int spec_max_batch;   /* drafting only while at most this many sequences
                              decode in a step; 0 = 2, < 0 = no limit */
