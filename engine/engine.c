@@ -40,7 +40,9 @@ int rlai_spec_mode_parse(const char *s)
         return RLAI_SPEC_OFF;
     if (!strcmp(s, "ngram"))
         return RLAI_SPEC_NGRAM;
-    if (!strcmp(s, "draft") || !strcmp(s, "self"))
+    if (!strcmp(s, "draft"))
+        return RLAI_SPEC_DRAFT;
+    if (!strcmp(s, "self"))
         return RLAI_ERR_UNSUPPORTED;
     return RLAI_ERR_INVALID_ARG;
 }
@@ -48,8 +50,8 @@ int rlai_spec_mode_parse(const char *s)
 const char *rlai_spec_mode_error(int rc)
 {
     return rc == RLAI_ERR_UNSUPPORTED
-               ? "must be off, ngram or auto: draft-model and self-speculative drafting are not implemented"
-               : "must be off, ngram or auto";
+               ? "must be off, ngram, draft or auto: self-speculative drafting is not implemented"
+               : "must be off, ngram, draft or auto";
 }
 
 const char *rlai_stop_reason_name(rlai_stop_reason r)
@@ -197,14 +199,28 @@ int rlai_engine_open(const char *path, const rlai_engine_params *params,
         goto fail;
     if ((rc = rlai_model_ctx_new(e->model, e->be, RLAI_MAX_BATCH, n_ctx, &e->mctx)) < 0)
         goto fail;
+    if (e->params.draft_model) {
+        if ((rc = rlai_draft_open(e->params.draft_model, e->tok, e->be, RLAI_MAX_BATCH, n_ctx, blocks, kv_type,
+                                  &e->draft, err, sizeof(err))) < 0)
+            goto fail;
+        e->params.draft_model = rlai_draft_path(e->draft);
+    }
     {
-        /* Kernel scratch for the widest input (n_ff or n_head*head_dim) at a
-         * full prefill chunk, so matmuls never allocate while generating. */
-        int64_t cols = hp->n_embd;
-        if (hp->n_ff > cols)
-            cols = hp->n_ff;
-        if ((int64_t)hp->n_head * hp->head_dim > cols)
-            cols = (int64_t)hp->n_head * hp->head_dim;
+        /* Kernel scratch for the widest input (n_ff or n_head*head_dim, of
+         * the model and the draft) at a full prefill chunk, so matmuls never
+         * allocate while generating. */
+        int64_t cols = 0;
+        for (int m = 0; m < 2; m++) {
+            const rlai_hparams *h = m == 0 ? hp : e->draft ? rlai_draft_hparams(e->draft) : NULL;
+            if (!h)
+                continue;
+            if (h->n_embd > cols)
+                cols = h->n_embd;
+            if (h->n_ff > cols)
+                cols = h->n_ff;
+            if ((int64_t)h->n_head * h->head_dim > cols)
+                cols = (int64_t)h->n_head * h->head_dim;
+        }
         if ((rc = rlai_kernels_reserve(e->kern, nt, cols, RLAI_MAX_BATCH)) < 0)
             goto fail;
     }
@@ -219,8 +235,13 @@ int rlai_engine_open(const char *path, const rlai_engine_params *params,
         e->params.max_running = 64;
     if (e->params.max_queue <= 0)
         e->params.max_queue = 256;
-    if (e->params.spec != RLAI_SPEC_OFF && e->params.spec != RLAI_SPEC_NGRAM)
-        e->params.spec = RLAI_SPEC_AUTO; /* per request: ngram when greedy (scheduler.c) */
+    if (e->params.spec == RLAI_SPEC_DRAFT && !e->draft) {
+        snprintf(err, sizeof(err), "speculative mode 'draft' needs a draft model (draft_model)");
+        rc = RLAI_ERR_INVALID_ARG;
+        goto fail;
+    }
+    if (e->params.spec != RLAI_SPEC_OFF && e->params.spec != RLAI_SPEC_NGRAM && e->params.spec != RLAI_SPEC_DRAFT)
+        e->params.spec = RLAI_SPEC_AUTO; /* per request: draft or ngram when greedy (scheduler.c) */
     if (e->params.spec_max_draft <= 0)
         e->params.spec_max_draft = 8;
     if (e->params.spec_max_draft > RLAI_SPEC_MAX_DRAFT)
@@ -272,6 +293,7 @@ void rlai_engine_close(rlai_engine *e)
     free(e->mmproj_path);
     rlai_gvocab_free(e->gvocab);
     pthread_cond_destroy(&e->qcv);
+    rlai_draft_free(e->draft);
     rlai_model_ctx_free(e->mctx);
     rlai_kv_cache_free(e->kv);
     rlai_backend_free(e->be);
@@ -303,6 +325,7 @@ void rlai_engine_info(const rlai_engine *e, rlai_model_info *info)
     info->weight_bytes = rlai_model_weight_bytes(e->model);
     info->isa = rlai_isa_name(e->isa);
     info->device = e->device;
+    info->draft_model = e->draft ? rlai_draft_path(e->draft) : NULL;
     info->n_threads = e->params.n_threads;
     info->n_ctx = e->n_ctx;
 }

@@ -11,6 +11,7 @@
 #include "rlai/engine.h"
 #include "backend.h"
 #include "chat.h"
+#include "draft.h"
 #include "grammar.h"
 #include "kernels.h"
 #include "kv_cache.h"
@@ -57,6 +58,9 @@ typedef struct rlai_req {
     rlai_spec_state spec;        /* adaptive draft length (spec.h) */
     int32_t draft[RLAI_SPEC_MAX_DRAFT];
     int n_draft;                 /* draft tokens fed this step */
+    bool use_draft;              /* drafts come from the draft model (RLAI_SPEC_DRAFT) */
+    double draft_ms;             /* what proposing this step's draft took */
+    rlai_draft_seq dseq;         /* its state in the draft model */
     int row0;                    /* logits row of the last real token this step */
     bool lp_on;                  /* gen.top_logprobs >= 0 with on_logprobs */
     bool lp_ready;               /* lp holds the token sampled this step */
@@ -88,6 +92,7 @@ struct rlai_engine {
     rlai_backend *be;
     rlai_kv_cache *kv;
     rlai_model_ctx *mctx;
+    rlai_draft *draft;           /* speculative draft model, or NULL */
     rlai_isa isa;
     char device[32];        /* params.device points here */
     int n_ctx;

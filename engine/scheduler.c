@@ -23,6 +23,7 @@ void rlai_sched_req_free(rlai_engine *e, rlai_req *r)
     if (!r)
         return;
     rlai_kv_seq_release(e->kv, &r->seq);
+    rlai_draft_seq_release(e->draft, &r->dseq);
     rlai_sampler_free(r->smp);
     rlai_grammar_matcher_free(r->gm);
     free(r->gmask);
@@ -120,10 +121,14 @@ int rlai_engine_submit(rlai_engine *e, const rlai_request_params *rp, uint64_t *
     if (!r)
         return RLAI_ERR_NOMEM;
     r->gp = rp->gen;
-    if ((int)r->gp.spec < RLAI_SPEC_AUTO || (int)r->gp.spec > RLAI_SPEC_NGRAM || r->gp.spec_max_draft < 0 ||
+    if ((int)r->gp.spec < RLAI_SPEC_AUTO || (int)r->gp.spec > RLAI_SPEC_DRAFT || r->gp.spec_max_draft < 0 ||
         r->gp.spec_max_draft > RLAI_SPEC_MAX_DRAFT) {
         free(r);
         return RLAI_ERR_INVALID_ARG;
+    }
+    if (r->gp.spec == RLAI_SPEC_DRAFT && !e->draft) {
+        free(r);
+        return RLAI_ERR_UNSUPPORTED;   /* no draft model loaded */
     }
     r->lp_on = r->gp.on_logprobs && r->gp.top_logprobs >= 0;
     if (r->lp_on && r->gp.top_logprobs > RLAI_MAX_TOP_LOGPROBS) {
@@ -137,10 +142,14 @@ int rlai_engine_submit(rlai_engine *e, const rlai_request_params *rp, uint64_t *
          * and bench_spec measured 1.1-2.2x on 2 CPU cores (free chat
          * included); a sampled request keeps the exact draws a seed gives. */
         if (mode == RLAI_SPEC_AUTO)
-            mode = r->gp.sampling.temperature <= 0.0f ? RLAI_SPEC_NGRAM : RLAI_SPEC_OFF;
+            mode = r->gp.sampling.temperature > 0.0f ? RLAI_SPEC_OFF : e->draft ? RLAI_SPEC_DRAFT : RLAI_SPEC_NGRAM;
         int md = r->gp.spec_max_draft > 0 ? r->gp.spec_max_draft : e->params.spec_max_draft;
-        /* Logprobs are taken from the one row each step samples: no drafts. */
-        rlai_spec_state_init(&r->spec, mode == RLAI_SPEC_NGRAM && !r->lp_on ? md : 0);
+        /* Logprobs are taken from the one row each step samples: no drafts.
+         * The draft model sees text only: no drafts for image prompts. */
+        r->use_draft = mode == RLAI_SPEC_DRAFT;
+        bool on = (mode == RLAI_SPEC_NGRAM || mode == RLAI_SPEC_DRAFT) && !r->lp_on &&
+                  !(r->use_draft && rp->n_images > 0);
+        rlai_spec_state_init(&r->spec, on ? md : 0);
     }
     int max_new = r->gp.max_tokens > 0 ? r->gp.max_tokens : e->n_ctx;
     long total = (long)rp->n_prompt + max_new;
@@ -309,6 +318,7 @@ static void req_finish(rlai_engine *e, rlai_req *r, rlai_stop_reason stop, int s
         m->decode_tps = r->n_decode > 0 && m->decode_ms > 0 ? r->n_decode / (m->decode_ms / 1e3) : 0;
     }
     rlai_kv_seq_release(e->kv, &r->seq);
+    rlai_draft_seq_release(e->draft, &r->dseq);
     (void)e;
 }
 
@@ -502,7 +512,8 @@ static void req_sample(rlai_engine *e, rlai_req *r, int32_t tok)
  * positions is dropped by truncating the block table (no copy) and the
  * accepted full blocks are committed to the prefix cache. Returns the
  * number of tokens emitted. */
-static int req_verify(rlai_engine *e, rlai_req *r, int32_t tok, float *logits, size_t n_vocab)
+static int req_verify(rlai_engine *e, rlai_req *r, int32_t tok, float *logits, size_t n_vocab,
+                      double fwd_ms)
 {
     int nd = r->n_draft, acc = 0, emitted = 0;
     int p0 = r->seq.n_tokens - 1;   /* position of the token fed this step */
@@ -510,15 +521,25 @@ static int req_verify(rlai_engine *e, rlai_req *r, int32_t tok, float *logits, s
         bool hit = j < nd && tok == r->draft[j];
         req_sample(e, r, tok);
         emitted++;
+        acc += hit;   /* a right draft counts even when its token ends the request */
         if (r->done || !hit)
             break;
-        acc++;
         float *lg = logits + (size_t)(r->row0 + j + 1) * n_vocab;
         tok = j + 1 < nd ? rlai_sampler_sample_draft(r->smp, lg, r->draft[j + 1])
                          : rlai_sampler_sample(r->smp, lg);
     }
     if (nd > 0) {
-        rlai_spec_feedback(&r->spec, nd, acc, rlai_spec_cost_of(&e->spec_cost, 1 + nd));
+        double cost = rlai_spec_cost_of(&e->spec_cost, 1 + nd);
+        /* A draft model's forwards come on top, in the same units: the
+         * verification's time stands for `cost` plain steps. */
+        if (r->use_draft && fwd_ms > 0)
+            cost *= 1.0 + r->draft_ms / fwd_ms;
+        rlai_spec_feedback(&r->spec, nd, acc, cost);
+        if (r->use_draft && rlai_spec_gave_up(&r->spec)) {
+            /* the draft model does not pay for this request: stop it */
+            rlai_draft_seq_release(e->draft, &r->dseq);
+            rlai_spec_state_init(&r->spec, 0);
+        }
         r->mt.drafted_tokens += nd;
         r->mt.accepted_tokens += acc;
         if (!r->done) {
@@ -579,11 +600,26 @@ static int step_locked(rlai_engine *e)
         int t = step_take(r, &budget);
         if (t == 1 && r->n_toks > r->n_prompt && spec_ok && !r->gm) {
             int g = rlai_spec_next_gamma(&r->spec);
-            int room = r->total - r->n_toks; /* KV positions reserved beyond the pending token */
+            /* tokens it may still emit, the pending one included: a draft
+             * longer than one less could not all be used */
+            int room = r->total - r->n_toks - 1;
             if (g > room)
                 g = room;
-            if (g > 0)
+            if (g > 0 && r->use_draft) {
+                double t0 = rlai_clock_ms();
+                int nd = rlai_draft_propose(e->draft, &r->dseq, r->toks, r->n_toks, g, r->draft);
+                r->draft_ms = rlai_clock_ms() - t0;
+                if (nd < 0) {
+                    /* the draft's pool or context is exhausted: this request
+                     * goes on without drafts, its draft K/V freed */
+                    rlai_draft_seq_release(e->draft, &r->dseq);
+                    rlai_spec_state_init(&r->spec, 0);
+                    nd = 0;
+                }
+                r->n_draft = nd;
+            } else if (g > 0) {
                 r->n_draft = rlai_spec_ngram_draft(r->toks, r->n_toks, g, r->draft, NULL);
+            }
         }
         n += t + r->n_draft;
         n_want += t > 0 && r->seq.n_tokens + t == r->n_toks ? 1 + r->n_draft : 0;
@@ -612,6 +648,7 @@ static int step_locked(rlai_engine *e)
         rlai_req **rows = malloc(sizeof(rlai_req *) * (size_t)n_seqs);
         int *take = malloc(sizeof(int) * (size_t)n_seqs);
         int n_rows = 0, wi = 0;
+        double fwd_ms = 0;
         if (!tokens || !pos || !sidx || !want || !seqs || !rows || !take || (need_embd && !embd)) {
             rc = RLAI_ERR_NOMEM;
         } else {
@@ -657,6 +694,7 @@ static int step_locked(rlai_engine *e)
                 rlai_batch b = { k, tokens, pos, sidx, want, false, embd };
                 double t0 = rlai_clock_ms();
                 rc = rlai_model_forward(e->mctx, e->kv, seqs, &b, e->step_logits);
+                fwd_ms = rlai_clock_ms() - t0;
                 /* one decoding sequence: its step time teaches the cost of draft rows */
                 if (rc == 0 && si == 1 && take[0] == 1 && n_rows == 1 && rows[0]->seq.n_tokens >= rows[0]->n_prompt)
                     rlai_spec_cost_observe(&e->spec_cost, k, rlai_clock_ms() - t0);
@@ -668,8 +706,15 @@ static int step_locked(rlai_engine *e)
                         continue;
                     r->seq.n_tokens += take[si];
                     rlai_kv_prefix_commit(e->kv, &r->seq, rlai_sched_keys(r), r->seq.n_tokens);
-                    if (r->seq.n_tokens == r->n_prompt && r->t_prefill_end == 0)
+                    if (r->seq.n_tokens == r->n_prompt && r->t_prefill_end == 0) {
+                        /* the draft model's prefill belongs to the prompt's */
+                        if (r->use_draft && r->spec.max_draft > 0 &&
+                            rlai_draft_sync(e->draft, &r->dseq, r->toks, r->n_prompt) < 0) {
+                            rlai_draft_seq_release(e->draft, &r->dseq);
+                            rlai_spec_state_init(&r->spec, 0);
+                        }
                         r->t_prefill_end = rlai_clock_ms();
+                    }
                     si++;
                 }
                 int32_t sampled_stack[64];
@@ -687,7 +732,7 @@ static int step_locked(rlai_engine *e)
                         req_finish(e, r, RLAI_STOP_NONE, RLAI_ERR_NOMEM);
                         continue;
                     }
-                    int emitted = req_verify(e, r, sampled[i], e->step_logits, (size_t)hp->n_vocab);
+                    int emitted = req_verify(e, r, sampled[i], e->step_logits, (size_t)hp->n_vocab, fwd_ms);
                     if (decode)
                         r->n_decode += emitted;
                 }
@@ -979,6 +1024,12 @@ int rlai_engine_submit_text(rlai_engine *e, const rlai_text_request *rq, uint64_
         free(toks);
         free(img_rows);
         return rlai_errf(err, errlen, RLAI_ERR_TOO_LARGE, "prompt has %d tokens; the limit is %d", n, limit);
+    }
+    if (rq->rp.gen.spec == RLAI_SPEC_DRAFT && !e->draft) {
+        free(toks);
+        free(img_rows);
+        return rlai_errf(err, errlen, RLAI_ERR_UNSUPPORTED,
+                         "spec 'draft' needs a draft model, and none is loaded (rlai serve --draft-model FILE)");
     }
     rlai_request_params rp = rq->rp;
     rp.prompt = use;

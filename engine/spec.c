@@ -152,6 +152,11 @@ void rlai_spec_feedback(rlai_spec_state *s, int drafted, int accepted, double st
     }
 }
 
+bool rlai_spec_gave_up(const rlai_spec_state *s)
+{
+    return s->max_draft > 0 && s->backoff >= SPEC_PAUSE_MAX;
+}
+
 /* Weight of a new sample in the step-time averages. */
 #define COST_W 0.1
 

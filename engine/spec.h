@@ -23,6 +23,7 @@
 #ifndef RLAI_SPEC_H
 #define RLAI_SPEC_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #define RLAI_SPEC_NGRAM_MAX 8      /* longest suffix compared */
@@ -66,6 +67,11 @@ int rlai_spec_next_gamma(rlai_spec_state *s);
  * gamma; pauses when recent verifications emitted fewer tokens than they
  * cost (1 + accepted tokens per step against `step_cost`). */
 void rlai_spec_feedback(rlai_spec_state *s, int drafted, int accepted, double step_cost);
+
+/* True once the pauses have grown to their longest: drafting kept failing
+ * or kept costing more than it gave. A draft model's sequence then stops
+ * (its catch-up after every pause is a cost of its own). */
+bool rlai_spec_gave_up(const rlai_spec_state *s);
 
 /* What a decode step with extra rows costs, learned from step times of one
  * decoding sequence (plain value, zero-initialise). Until it has samples

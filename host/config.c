@@ -92,6 +92,7 @@ void rlai_config_free(rlai_config *c)
     free(c->zmq_tcp);
     free(c->device);
     free(c->mmproj);
+    free(c->draft_model);
     free(c->pipe);
     free(c->http);
     free(c->plugins_dir);
@@ -282,6 +283,8 @@ int rlai_config_load_json(rlai_config *c, const char *json, char *err, size_t er
             rc = get_str(it, k, &c->device, err, errlen);
         } else if (!strcmp(k, "mmproj")) {
             rc = get_str(it, k, &c->mmproj, err, errlen);
+        } else if (!strcmp(k, "draft_model")) {
+            rc = get_str(it, k, &c->draft_model, err, errlen);
         } else if (!strcmp(k, "spec")) {
             int mode = cJSON_IsString(it) ? rlai_spec_mode_parse(it->valuestring) : RLAI_ERR_INVALID_ARG;
             if (mode < 0)

@@ -78,6 +78,8 @@ typedef struct rlai_config {
     int http_header_timeout_s;       /* "header_timeout_s": seconds to deliver a whole request; default 10 */
     char *mmproj;            /* "mmproj" / --mmproj: a vision projector GGUF loaded with the
                                 model (engine/vision.h, docs/SCREEN.md "Vision"); NULL = none */
+    char *draft_model;       /* "draft_model" / --draft-model: a GGUF with the model's tokenizer
+                                that drafts for speculative decoding; NULL = none */
     /* remote upstreams and routing (docs/REMOTE.md) */
     struct rlai_upstream_config *upstreams;  /* "upstreams": [...] (malloc'd, host/upstream.h) */
     int n_upstreams;

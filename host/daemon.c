@@ -771,9 +771,12 @@ int rlai_daemon_start(const rlai_config *cfg, rlai_daemon **out, char *err, size
     ep.max_queue = cfg->max_inflight_total;
     ep.spec = (rlai_spec_mode)cfg->spec;
     ep.spec_max_draft = cfg->spec_max_draft;
+    ep.draft_model = cfg->draft_model;
     rc = rlai_engine_open(cfg->model, &ep, &d->engine, err, errlen);
     if (rc < 0)
         goto fail;
+    if (cfg->draft_model)
+        fprintf(stderr, "rlai serve: draft    %s (speculative decoding: docs/SPECULATIVE.md)\n", cfg->draft_model);
     if (cfg->mmproj && (rc = rlai_engine_load_mmproj(d->engine, cfg->mmproj, err, errlen)) < 0)
         goto fail;
     if (cfg->mmproj)

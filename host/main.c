@@ -91,8 +91,9 @@ static const char *run_options(void)
         "      --raw             send the prompt as is, without the chat template\n"
         "      --ignore-eos      keep generating past end-of-generation tokens\n"
         "      --device D        compute device: auto|cpu|cuda|cuda:N (in-process; default auto)\n"
-        "      --spec MODE       speculative decoding: off|ngram|auto (auto = the engine's setting)\n"
+        "      --spec MODE       speculative decoding: off|ngram|draft|auto (auto = the engine's setting)\n"
         "      --spec-max-draft N  longest draft per step, 1..16\n"
+        "      --draft-model FILE  a small GGUF with the model's tokenizer that drafts (in-process)\n"
         "      --isa auto|scalar|avx2|avx512  CPU kernels (in-process)\n"
         "      --precise         f32 activations (reference mode, slower)\n"
         "      --kv-type f16|q8_0  KV cache element type (in-process; default f16)\n"
@@ -324,7 +325,7 @@ static int parse_kv_type(const char *s, rlai_kv_type *t)
     return 0;
 }
 
-/* --spec MODE: off|ngram|auto; a clear word for draft/self (not built). */
+/* --spec MODE: off|ngram|draft|auto; a clear word for self (not built). */
 static int parse_spec(const char *s, rlai_spec_mode *out)
 {
     int m = rlai_spec_mode_parse(s);
@@ -338,7 +339,7 @@ static int parse_spec(const char *s, rlai_spec_mode *out)
 
 enum { OPT_TEMP = 256, OPT_TOPK, OPT_TOPP, OPT_MINP, OPT_REP, OPT_SEED, OPT_SYSTEM, OPT_RAW,
        OPT_ISA, OPT_PRECISE, OPT_LOCAL, OPT_ENDPOINT, OPT_IGNORE_EOS, OPT_KV, OPT_DEVICE, OPT_SPEC,
-       OPT_SPEC_DRAFT };
+       OPT_SPEC_DRAFT, OPT_DRAFT_MODEL };
 
 typedef enum { MODE_RUN, MODE_CHAT, MODE_INFO } run_mode;
 
@@ -535,6 +536,7 @@ static int cmd_run(int argc, char **argv, run_mode mode)
         { "ignore-eos", no_argument, 0, OPT_IGNORE_EOS }, { "kv-type", required_argument, 0, OPT_KV },
         { "device", required_argument, 0, OPT_DEVICE }, { "spec", required_argument, 0, OPT_SPEC },
         { "spec-max-draft", required_argument, 0, OPT_SPEC_DRAFT },
+        { "draft-model", required_argument, 0, OPT_DRAFT_MODEL },
         { "help", no_argument, 0, 'h' }, { 0, 0, 0, 0 }
     };
     char pathbuf[PATH_MAX];
@@ -583,6 +585,7 @@ static int cmd_run(int argc, char **argv, run_mode mode)
             w->spec_max_draft = (uint32_t)ss.gp.spec_max_draft;
             w->has_spec_max_draft = true;
             break;
+        case OPT_DRAFT_MODEL: ep.draft_model = optarg; engine_only = "--draft-model"; break;
         case 'h': run_usage(stdout, argv[0]); return 0;
         default: run_usage(stderr, argv[0]); return 2;
         }
@@ -592,7 +595,9 @@ static int cmd_run(int argc, char **argv, run_mode mode)
     if (engine_only && !local) {
         fprintf(stderr, "rlai: %s applies to an in-process model: add --local (the running engine "
                         "chose it at start%s)\n", engine_only,
-                !strcmp(engine_only, "--kv-type") ? ": rlai serve --kv-type" : "");
+                !strcmp(engine_only, "--kv-type")       ? ": rlai serve --kv-type"
+                : !strcmp(engine_only, "--draft-model") ? ": rlai serve --draft-model"
+                                                        : "");
         return 2;
     }
     if (device_set && !local) {
@@ -651,8 +656,16 @@ static int cmd_run(int argc, char **argv, run_mode mode)
                    mi.n_ctx, mi.n_ctx_train);
             printf("device     %s\n", mi.device);
             printf("kernels    %s, %d threads\n", mi.isa, mi.n_threads);
+            if (mi.draft_model)
+                printf("draft      %s\n", mi.draft_model);
             rlai_engine_close(ss.engine);
             return 0;
+        }
+        if (ss.gp.spec == RLAI_SPEC_DRAFT && !mi.draft_model) {
+            fprintf(stderr, "rlai: --spec draft needs a draft model: add --draft-model FILE\n");
+            rlai_engine_close(ss.engine);
+            free(stdin_prompt);
+            return 2;
         }
     } else {
         if (model)
@@ -840,9 +853,11 @@ static void serve_usage(FILE *f)
         "      --mmproj FILE          vision projector GGUF of the model (llama.cpp mmproj: SigLIP +\n"
         "                             Idefics3, as SmolVLM ships); images then go to the model\n"
         "                             (docs/SCREEN.md \"Vision\")\n"
-        "      --spec MODE            speculative decoding: off|ngram|auto (default auto = off for now;\n"
-        "                             see docs/SPECULATIVE.md); requests may ask for their own\n"
+        "      --spec MODE            speculative decoding: off|ngram|draft|auto (default auto: greedy\n"
+        "                             requests draft, with the draft model when one is loaded, else\n"
+        "                             ngram; docs/SPECULATIVE.md); requests may ask for their own\n"
         "      --spec-max-draft N     longest draft per step, 1..16 (default 8)\n"
+        "      --draft-model FILE     a smaller GGUF with the model's tokenizer that proposes drafts\n"
         "      --zmq ENDPOINT         ZeroMQ endpoint (default ipc://$XDG_RUNTIME_DIR/rlai/engine.zmq; \"\" = off)\n"
         "      --zmq-tcp ENDPOINT     extra ZeroMQ TCP endpoint, e.g. tcp://127.0.0.1:5677 (default off)\n"
         "      --pipe PATH            named pipe / Unix socket (default $XDG_RUNTIME_DIR/rlai/engine.sock; \"\" = off)\n"
@@ -872,7 +887,7 @@ static int cmd_serve(int argc, char **argv)
     enum { S_CONFIG = 300, S_KV, S_ZMQ, S_ZMQ_TCP, S_PIPE, S_REMOTE, S_FRAME, S_PROMPT, S_CLIENT, S_TOTAL,
            S_KVTYPE, S_DEVICE, S_HTTP, S_PLUGINS, S_NO_PLUGINS, S_PLUGIN_WORKERS, S_NO_PREFIX,
            S_KEY_FILE, S_NO_AUTH, S_CORS, S_MAXCONN, S_MAXCONN_IP, S_SPEC, S_SPEC_DRAFT, S_NO_DEF_PLUGINS,
-           S_MMPROJ };
+           S_MMPROJ, S_DRAFT_MODEL };
     static const struct option opts[] = {
         { "config", required_argument, 0, S_CONFIG }, { "model", required_argument, 0, 'm' },
         { "threads", required_argument, 0, 't' }, { "ctx", required_argument, 0, 'c' },
@@ -884,6 +899,7 @@ static int cmd_serve(int argc, char **argv)
         { "max-inflight-total", required_argument, 0, S_TOTAL }, { "kv-type", required_argument, 0, S_KVTYPE },
         { "device", required_argument, 0, S_DEVICE }, { "mmproj", required_argument, 0, S_MMPROJ },
         { "spec", required_argument, 0, S_SPEC }, { "spec-max-draft", required_argument, 0, S_SPEC_DRAFT },
+        { "draft-model", required_argument, 0, S_DRAFT_MODEL },
         { "http", required_argument, 0, S_HTTP },
         { "cors-origin", required_argument, 0, S_CORS },
         { "max-connections", required_argument, 0, S_MAXCONN },
@@ -952,6 +968,7 @@ static int cmd_serve(int argc, char **argv)
         case S_NO_PREFIX: cfg.no_prefix_cache = true; break;
         case S_DEVICE: bad |= rlai_config_set_str(&cfg.device, optarg); break;
         case S_MMPROJ: bad |= rlai_config_set_str(&cfg.mmproj, optarg); break;
+        case S_DRAFT_MODEL: bad |= rlai_config_set_str(&cfg.draft_model, optarg); break;
         case S_SPEC: {
             rlai_spec_mode sm = RLAI_SPEC_AUTO;
             bad |= parse_spec(optarg, &sm);

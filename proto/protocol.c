@@ -596,7 +596,7 @@ static int decode_gen(dctx *c, const msgpack_object *const *f, rlai_msg_gen *g)
     }
     if ((o = opt(f[F_SPEC]))) {
         if (o->type != MSGPACK_OBJECT_STR)
-            return fail(c, RLAI_PE_BAD_REQUEST, "field 'spec' must be a str (off|ngram|auto), not %s",
+            return fail(c, RLAI_PE_BAD_REQUEST, "field 'spec' must be a str (off|ngram|draft|auto), not %s",
                         obj_type_name(o));
         if (obj_key_is(o, "auto"))
             g->spec = RLAI_MSG_SPEC_AUTO;
@@ -604,12 +604,14 @@ static int decode_gen(dctx *c, const msgpack_object *const *f, rlai_msg_gen *g)
             g->spec = RLAI_MSG_SPEC_OFF;
         else if (obj_key_is(o, "ngram"))
             g->spec = RLAI_MSG_SPEC_NGRAM;
-        else if (obj_key_is(o, "draft") || obj_key_is(o, "self"))
+        else if (obj_key_is(o, "draft"))
+            g->spec = RLAI_MSG_SPEC_DRAFT;
+        else if (obj_key_is(o, "self"))
             return fail(c, RLAI_PE_BAD_REQUEST,
-                        "field 'spec': draft-model and self-speculative drafting are not implemented "
-                        "(use off, ngram or auto)");
+                        "field 'spec': self-speculative drafting is not implemented "
+                        "(use off, ngram, draft or auto)");
         else
-            return fail(c, RLAI_PE_BAD_REQUEST, "field 'spec' must be one of off, ngram, auto");
+            return fail(c, RLAI_PE_BAD_REQUEST, "field 'spec' must be one of off, ngram, draft, auto");
         g->has_spec = true;
     }
     if ((o = opt(f[F_SPEC_MAX_DRAFT]))) {
@@ -1167,7 +1169,10 @@ static void p_gen(enc *e, const rlai_msg_gen *g)
     if (g->has_timeout_ms) { p_key(e, "timeout_ms"); msgpack_pack_uint32(&e->pk, g->timeout_ms); }
     if (g->has_spec) {
         p_key(e, "spec");
-        p_key(e, g->spec == RLAI_MSG_SPEC_OFF ? "off" : g->spec == RLAI_MSG_SPEC_NGRAM ? "ngram" : "auto");
+        p_key(e, g->spec == RLAI_MSG_SPEC_OFF     ? "off"
+                 : g->spec == RLAI_MSG_SPEC_NGRAM ? "ngram"
+                 : g->spec == RLAI_MSG_SPEC_DRAFT ? "draft"
+                                                  : "auto");
     }
     if (g->has_spec_max_draft) {
         p_key(e, "spec_max_draft");

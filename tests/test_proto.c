@@ -507,7 +507,7 @@ START_TEST(test_roundtrip_every_type)
     m.u.generate.gen = g;
     roundtrip(&m);
     /* every option alone */
-    for (int k = 0; k < 16; k++) {
+    for (int k = 0; k < 17; k++) {
         rlai_msg_gen one = {0};
         switch (k) {
         case 0: one.has_max_tokens = true; one.max_tokens = 0; break;
@@ -525,6 +525,7 @@ START_TEST(test_roundtrip_every_type)
         case 12: one.has_spec = true; one.spec = RLAI_MSG_SPEC_AUTO; break;
         case 13: one.has_spec_max_draft = true; one.spec_max_draft = 1; break;
         case 14: one.has_top_logprobs = true; one.top_logprobs = 0; break;
+        case 15: one.has_spec = true; one.spec = RLAI_MSG_SPEC_DRAFT; break;
         default: one.stop = stops + 2; one.n_stop = 1; break;
         }
         m.u.generate.gen = one;
@@ -1338,7 +1339,7 @@ GEN1(timeout_ms_str, 161, "timeout_ms", s(p, "100"))
 GEN1(timeout_ms_2p32, 162, "timeout_ms", u(p, UINT64_C(1) << 32))
 GEN1(timeout_ms_float, 163, "timeout_ms", f64(p, 100.0))
 GEN1(spec_unknown, 164, "spec", s(p, "fast"))
-GEN1(spec_draft, 165, "spec", s(p, "draft"))
+GEN1(spec_self, 165, "spec", s(p, "self"))
 GEN1(spec_int, 166, "spec", u(p, 2))
 GEN1(spec_max_draft_0, 167, "spec_max_draft", u(p, 0))
 GEN1(spec_max_draft_17, 168, "spec_max_draft", u(p, 17))
@@ -1523,7 +1524,7 @@ static const bad_case bad_cases[] = {
     C(timeout_ms_2p32, R, 162, GENERATE),
     C(timeout_ms_float, R, 163, GENERATE),
     C(spec_unknown, R, 164, GENERATE),
-    C(spec_draft, R, 165, GENERATE),
+    C(spec_self, R, 165, GENERATE),
     C(spec_int, R, 166, GENERATE),
     C(spec_max_draft_0, R, 167, GENERATE),
     C(spec_max_draft_17, R, 168, GENERATE),

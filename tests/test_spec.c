@@ -473,7 +473,7 @@ START_TEST(spec_modes_parse_and_bad_values_are_refused)
     ck_assert_int_eq(rlai_spec_mode_parse("off"), RLAI_SPEC_OFF);
     ck_assert_int_eq(rlai_spec_mode_parse("ngram"), RLAI_SPEC_NGRAM);
     ck_assert_int_eq(rlai_spec_mode_parse("auto"), RLAI_SPEC_AUTO);
-    ck_assert_int_eq(rlai_spec_mode_parse("draft"), RLAI_ERR_UNSUPPORTED);
+    ck_assert_int_eq(rlai_spec_mode_parse("draft"), RLAI_SPEC_DRAFT);
     ck_assert_int_eq(rlai_spec_mode_parse("self"), RLAI_ERR_UNSUPPORTED);
     ck_assert_int_eq(rlai_spec_mode_parse("fast"), RLAI_ERR_INVALID_ARG);
     ck_assert_int_eq(rlai_spec_mode_parse(NULL), RLAI_ERR_INVALID_ARG);
@@ -492,7 +492,18 @@ START_TEST(spec_modes_parse_and_bad_values_are_refused)
     rp.gen.spec = RLAI_SPEC_NGRAM;
     rp.gen.spec_max_draft = 17;
     ck_assert_int_eq(rlai_engine_submit(e, &rp, &id), RLAI_ERR_INVALID_ARG);
+    /* a draft-model request on an engine without a draft model */
+    rp.gen.spec = RLAI_SPEC_DRAFT;
+    rp.gen.spec_max_draft = 0;
+    ck_assert_int_eq(rlai_engine_submit(e, &rp, &id), RLAI_ERR_UNSUPPORTED);
     rlai_engine_close(e);
+    /* and an engine told to draft with a model it was not given */
+    rlai_engine_params ep;
+    rlai_engine_params_init(&ep);
+    ep.spec = RLAI_SPEC_DRAFT;
+    char err[512] = "";
+    ck_assert_int_eq(rlai_engine_open(MODEL, &ep, &e, err, sizeof(err)), RLAI_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(err, "needs a draft model"));
 }
 END_TEST
 

@@ -44,23 +44,25 @@ typedef enum rlai_kv_type {
 } rlai_kv_type;
 
 /* Speculative decoding (docs/SPECULATIVE.md). In engine params AUTO means
- * the built-in default: NGRAM for greedy requests (temperature 0; their
- * output is the same token for token), OFF for sampled ones (with drafts
- * a seeded sample would depend on the step timings that pause drafting).
- * In gen params AUTO means "as the engine". */
+ * the built-in default: for greedy requests (temperature 0; their output is
+ * the same token for token) DRAFT when a draft model is loaded, else NGRAM;
+ * OFF for sampled ones (with drafts a seeded sample would depend on the
+ * step timings that pause drafting). In gen params AUTO means "as the
+ * engine". */
 typedef enum rlai_spec_mode {
     RLAI_SPEC_AUTO = 0,
     RLAI_SPEC_OFF = 1,
     RLAI_SPEC_NGRAM = 2,   /* prompt-lookup drafting, verified in one forward */
+    RLAI_SPEC_DRAFT = 3,   /* a draft model proposes (engine params draft_model) */
 } rlai_spec_mode;
 
-/* Parses "off" / "ngram" (and "auto"); returns the mode or
- * RLAI_ERR_UNSUPPORTED for "draft" (a draft model is not implemented) and
- * RLAI_ERR_INVALID_ARG for anything else. */
+/* Parses "off" / "ngram" / "draft" (and "auto"); returns the mode or
+ * RLAI_ERR_UNSUPPORTED for "self" (self-speculative drafting is not
+ * implemented) and RLAI_ERR_INVALID_ARG for anything else. */
 int rlai_spec_mode_parse(const char *s);
 /* Why rlai_spec_mode_parse refused a value, for a message that follows the
- * option's name: "must be off, ngram or auto" (plus that draft-model and
- * self-speculative drafting are not implemented, for RLAI_ERR_UNSUPPORTED).
+ * option's name: "must be off, ngram, draft or auto" (plus that
+ * self-speculative drafting is not implemented, for RLAI_ERR_UNSUPPORTED).
  * Static string. */
 const char *rlai_spec_mode_error(int rc);
 
@@ -86,6 +88,9 @@ typedef struct rlai_engine_params {
     int spec_max_draft;   /* longest draft per step; 0 = 8, at most 16 */
     int spec_max_batch;   /* drafting only while at most this many sequences
                              decode in a step; 0 = 2, < 0 = no limit */
+    const char *draft_model; /* NULL, or a GGUF path: a smaller model with the
+                             same tokenizer (checked at open) that proposes
+                             drafts for RLAI_SPEC_DRAFT. Copied. */
 } rlai_engine_params;
 
 /* Fills defaults (all zero/auto, precise=false). */
@@ -111,6 +116,7 @@ typedef struct rlai_model_info {
     int n_threads;
     int n_ctx;
     const char *device;    /* backend in use: "cpu", "cuda" (owned by the engine) */
+    const char *draft_model; /* the draft model's path, or NULL (owned by the engine) */
 } rlai_model_info;
 
 /* Fills *info; string pointers stay valid until rlai_engine_close(). */
@@ -214,7 +220,9 @@ typedef struct rlai_gen_params {
                                        (queue time included), 0 = none; past it the
                                        request ends within one scheduler step with
                                        RLAI_STOP_TIMEOUT (status 0, text so far kept) */
-    rlai_spec_mode spec;            /* AUTO = engine's setting; OFF / NGRAM override it */
+    rlai_spec_mode spec;            /* AUTO = engine's setting; OFF / NGRAM / DRAFT override
+                                       it (DRAFT without a loaded draft model: submit
+                                       fails with RLAI_ERR_UNSUPPORTED) */
     int spec_max_draft;             /* 0 = engine's; else 1..16 (lowers or raises the cap) */
     int top_logprobs;               /* -1 = off (default); 0..RLAI_MAX_TOP_LOGPROBS: report
                                        each emitted token's logprob and this many top

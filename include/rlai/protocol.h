@@ -70,6 +70,7 @@ void rlai_buf_reset(rlai_buf *b);          /* len = 0, keeps memory */
 #define RLAI_MSG_SPEC_AUTO 0   /* "auto": the daemon's setting */
 #define RLAI_MSG_SPEC_OFF 1    /* "off" */
 #define RLAI_MSG_SPEC_NGRAM 2  /* "ngram": prompt-lookup drafting */
+#define RLAI_MSG_SPEC_DRAFT 3  /* "draft": the daemon's draft model proposes */
 #define RLAI_PROTO_MAX_DRAFT 16u
 
 typedef struct rlai_msg_gen {

@@ -115,17 +115,27 @@ def test_device_selection():
 
 
 def test_spec_flag():
-    """--spec ngram gives the same greedy answer as --spec off; draft/self
-    and unknown modes are refused with the reason, for run and serve."""
+    """--spec ngram and --spec draft (with --draft-model) give the same greedy
+    answer as --spec off; draft without a draft model, self and unknown
+    modes are refused with the reason, for run and serve."""
     prompt = "Repeat exactly: the silver key opens the north gate of Oakvale."
     off = run("run", "--local", "-m", str(MODEL), "--temp", "0", "--spec", "off", "-n", "24", prompt)
     on = run("run", "--local", "-m", str(MODEL), "--temp", "0", "--spec", "ngram", "--spec-max-draft", "4", "-n", "24", prompt)
     assert off.returncode == 0 and on.returncode == 0, (off.stderr, on.stderr)
     assert on.stdout == off.stdout
     r = run("run", "--local", "-m", str(MODEL), "--spec", "draft", "-n", "4", "Hi")
+    assert r.returncode == 2 and b"--spec draft needs a draft model" in r.stderr, r.stderr
+    r = run("run", "--local", "-m", str(MODEL), "--spec", "self", "-n", "4", "Hi")
     assert r.returncode == 2 and b"not implemented" in r.stderr, r.stderr
     r = run("run", "--local", "-m", str(MODEL), "--spec", "fast", "-n", "4", "Hi")
-    assert r.returncode == 2 and b"--spec must be off, ngram or auto" in r.stderr, r.stderr
+    assert r.returncode == 2 and b"--spec must be off, ngram, draft or auto" in r.stderr, r.stderr
+    # the default model drafting for itself: the same greedy answer, the draft named by `info`
+    dr = run("run", "--local", "-m", str(MODEL), "--draft-model", str(MODEL), "--temp", "0", "--spec", "draft", "-n", "24", prompt)
+    assert dr.returncode == 0 and dr.stdout == off.stdout, dr.stderr
+    r = run("info", "-m", str(MODEL), "--draft-model", str(MODEL))
+    assert r.returncode == 0 and b"draft      " in r.stdout, r.stdout
+    r = run("run", "--draft-model", str(MODEL), "-n", "4", "Hi")
+    assert r.returncode == 2 and b"--draft-model applies to an in-process model" in r.stderr, r.stderr
     r = run("serve", "-m", str(MODEL), "--spec", "self")
     assert r.returncode == 2 and b"not implemented" in r.stderr, r.stderr
     r = run("serve", "-m", str(MODEL), "--spec-max-draft", "17")

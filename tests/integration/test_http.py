@@ -734,10 +734,16 @@ def test_speculative_decoding_per_request(engine):
     assert text_on == text_off == out["off"]["choices"][0]["message"]["content"]
     assert "drafted_tokens" not in done_off["metrics"]
     assert 0 < done_on["metrics"]["accepted_tokens"] <= done_on["metrics"]["drafted_tokens"]
-    # refused values: not implemented modes say so
+    # refused values: not implemented modes say so, and so does a draft
+    # request to a daemon started without --draft-model
+    st, _, raw = engine.request("POST", "/v1/chat/completions",
+                                {"model": MODEL_ID, "messages": COPY_TASK, "spec": "self"})
+    assert st == 400 and b"not implemented" in raw, raw
     st, _, raw = engine.request("POST", "/v1/chat/completions",
                                 {"model": MODEL_ID, "messages": COPY_TASK, "spec": "draft"})
-    assert st == 400 and b"not implemented" in raw, raw
+    assert st == 501 and b"needs a draft model" in raw, raw
+    _, err = pipe_chat_done(engine.sock_path, COPY_TASK, 8, spec="draft")
+    assert err["type"] == "error" and "needs a draft model" in err["msg"], err
     st, _, raw = engine.request("POST", "/v1/chat/completions",
                                 {"model": MODEL_ID, "messages": COPY_TASK, "spec_max_draft": 99})
     assert st == 400 and b"spec_max_draft" in raw, raw

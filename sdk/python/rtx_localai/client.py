@@ -403,7 +403,8 @@ class RTXLocalAIClient:
         ``presence_penalty``, ``frequency_penalty``, ``seed`` (uint),
         ``ignore_eos`` (bool), ``timeout_ms`` (wall-clock limit, stop
         ``"timeout"`` when it ends the generation), ``spec`` (``"off"``,
-        ``"ngram"`` or ``"auto"``: speculative decoding), ``spec_max_draft``
+        ``"ngram"``, ``"draft"`` (the daemon's ``--draft-model``) or
+        ``"auto"``: speculative decoding), ``spec_max_draft``
         (1..16), ``top_logprobs`` (0..20: per-token logprobs in
         ``Stream.logprobs`` / ``Generation.logprobs``), ``stop`` (a str or up
         to 8 strs), ``model`` (a remote model of the daemon's upstreams,

@@ -56,7 +56,7 @@ GEN_OPTIONS: Tuple[Tuple[str, str], ...] = (
     ("model", "name"),
     ("route", "name"),
 )
-SPEC_MODES = ("off", "ngram", "auto")
+SPEC_MODES = ("off", "ngram", "draft", "auto")
 _GEN_NAMES = frozenset(n for n, _ in GEN_OPTIONS)
 
 REQUEST_TYPES = ("hello", "generate", "chat", "call", "cancel", "commands", "stats", "tokenize")
@@ -132,8 +132,8 @@ def gen_fields(opts: Mapping[str, Any]) -> List[Tuple[str, Any]]:
             v = _str(name, v)
             if v not in SPEC_MODES:
                 raise ValueError(f"spec={v!r}: must be one of " + ", ".join(SPEC_MODES)
-                                 + ("; draft-model and self-speculative drafting are not implemented"
-                                    if v in ("draft", "self") else ""))
+                                 + ("; self-speculative drafting is not implemented"
+                                    if v == "self" else ""))
         elif kind == "draft":
             v = _int(name, v, 1, 16)
         elif kind == "toplp":

@@ -351,7 +351,7 @@ def test_speculative_decoding_option(client):
     assert off.metrics.drafted_tokens == 0
     assert 0 < on.metrics.accepted_tokens <= on.metrics.drafted_tokens
     with pytest.raises(ValueError, match="not implemented"):
-        client.chat(task, spec="draft")
+        client.chat(task, spec="self")
     with pytest.raises(ValueError):
         client.chat(task, spec_max_draft=0)
 
