@@ -600,8 +600,8 @@ static int step_locked(rlai_engine *e)
         int t = step_take(r, &budget);
         if (t == 1 && r->n_toks > r->n_prompt && spec_ok && !r->gm) {
             int g = rlai_spec_next_gamma(&r->spec);
-            /* tokens it may still emit, the pending one included: a draft
-             * longer than one less could not all be used */
+            /* it may still emit total - n_toks tokens (the pending one was
+             * emitted already) and a step emits at most the draft plus one */
             int room = r->total - r->n_toks - 1;
             if (g > room)
                 g = room;
