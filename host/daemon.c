@@ -217,6 +217,8 @@ static void answer_stats(rlai_daemon *d, rlai_conn conn, uint64_t id)
     cJSON_AddNumberToObject(m, "threads", d->info.n_threads);
     cJSON_AddStringToObject(m, "kernels", d->info.isa);
     cJSON_AddStringToObject(m, "device", d->info.device);
+    if (d->info.draft_model)
+        cJSON_AddStringToObject(m, "draft_model", d->info.draft_model);
     send_json_result(d, conn, id, r, "stats");
 }
 
