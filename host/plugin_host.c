@@ -88,6 +88,7 @@ struct rlai_call {
     rlai_call_sink sink;
     atomic_bool cancel;
     atomic_bool ended;              /* terminal sent (set under sink_mu) */
+    atomic_bool returned;           /* its handler has returned (or never ran) */
     atomic_int refs;                /* queue/worker 1, watchdog or stop while ending it */
     pthread_mutex_t sink_mu;        /* every sink callback runs under it */
     int timeout_ms;                 /* this call's deadline, from acceptance; 0 = none */
@@ -1254,6 +1255,8 @@ static void run_call(rlai_call *c)
     } else {
         rc = c->cmd->handler(c, c->params, c->cmd->user);
     }
+    /* before the terminal: a caller that saw it must find the call gone */
+    atomic_store(&c->returned, true);
     if (atomic_load(&c->cancel))
         end_with_done(c, "cancelled", true);
     else if (rc < 0)
@@ -2065,6 +2068,7 @@ int rlai_plugin_host_call_timed(rlai_plugin_host *h, const char *command_name, c
     c->stop = "";
     atomic_init(&c->cancel, false);
     atomic_init(&c->ended, false);
+    atomic_init(&c->returned, false);
     atomic_init(&c->refs, 1);
     pthread_mutex_init(&c->mu, NULL);
     pthread_mutex_init(&c->sink_mu, NULL);
@@ -2125,7 +2129,12 @@ int rlai_plugin_host_cancel(rlai_plugin_host *h, uint64_t call_id)
                 if (c->engine_id && h->p.engine)
                     rlai_router_cancel(h->p.router, c->engine_id);
                 pthread_mutex_unlock(&c->mu);
-                rc = 0;
+                /* once its handler returned the call is over for its
+                 * caller, even while its worker is still leaving the
+                 * active list (a timed-out call whose handler still runs
+                 * stays present) */
+                rc = atomic_load(&c->returned) ? RLAI_ERR_NOT_FOUND : 0;
+                l = 2;
                 break;
             }
     pthread_mutex_unlock(&h->mu);
