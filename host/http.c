@@ -7,6 +7,7 @@
 #include "api_key.h"
 #include "conn_guard.h"
 #include "embeddings.h"
+#include "json_escape.h"
 #include "json_int.h"
 #include "logprobs.h"
 #include "tools.h"
@@ -60,7 +61,8 @@ typedef struct bytes {
     size_t len, cap;
 } bytes;
 
-static int bytes_add(bytes *b, const void *data, size_t n)
+/* Room for n more bytes and a NUL. */
+static int bytes_grow(bytes *b, size_t n)
 {
     if (b->len + n + 1 > b->cap) {
         size_t ncap = b->cap ? b->cap : 256;
@@ -72,6 +74,13 @@ static int bytes_add(bytes *b, const void *data, size_t n)
         b->p = np;
         b->cap = ncap;
     }
+    return 0;
+}
+
+static int bytes_add(bytes *b, const void *data, size_t n)
+{
+    if (bytes_grow(b, n) < 0)
+        return RLAI_ERR_NOMEM;
     memcpy(b->p + b->len, data, n);
     b->len += n;
     b->p[b->len] = 0;
@@ -291,6 +300,8 @@ struct hreq {
     char path[96];
 
     /* connection thread only */
+    bytes tpl;                   /* text chunk template: tpl.p[0..tpl_head) text tpl.p[tpl_head..) */
+    size_t tpl_head;
     bytes out;
     size_t opos;
     int phase;                   /* 0 = first chunk not sent, 1 = streaming, 2 = ended */
@@ -308,6 +319,7 @@ static void hreq_unref(hreq *r)
     bytes_free(&r->pending);
     bytes_free(&r->sse);
     bytes_free(&r->out);
+    bytes_free(&r->tpl);
     cJSON_Delete(r->results);
     free(r->model);
     free(r->route);
@@ -411,17 +423,25 @@ static peer_state peer_check(int fd)
     return (p.revents & POLLRDHUP) ? PEER_HALF : PEER_OK;
 }
 
+/* Something for the stream to send (r->mu held). */
+static bool has_progress(const hreq *r)
+{
+    return r->pending.len || r->sse.len || r->done || r->why != END_NONE;
+}
+
 /* Waits (r->mu held) until there is output, the request is done or the
  * server is stopping. Returns false when the client went away. Sets
  * r->probe when the client half-closed and a probe write is due (the
  * caller sends an SSE comment; a closed peer answers it with a reset). */
 static bool wait_progress(hreq *r)
 {
-    while (!r->pending.len && !r->sse.len && !r->done && r->why == END_NONE) {
+    while (!has_progress(r)) {
         struct timespec ts;
         deadline_in(&ts, WAIT_SLICE_MS);
         pthread_cond_timedwait(&r->cv, &r->mu, &ts);
-        if (r->why != END_NONE)
+        /* Output to send: a client that left shows in its write (MHD ends
+         * the request), so the hang-up check is for idle waits only. */
+        if (has_progress(r))
             break;
         peer_state ps = peer_check(r->fd);
         if (ps == PEER_GONE)
@@ -649,6 +669,51 @@ static cJSON *chunk_json(const hreq *r, const char *text, size_t len, bool role,
         cJSON_AddNullToObject(c, "finish_reason");
     free(t);
     return j;
+}
+
+/* Appends the SSE event of a running text chunk to r->out, the bytes
+ * sse_event(chunk_json(r, text, len, false, NULL)) gives, without a cJSON
+ * tree per token: cJSON prints that chunk once per request with a marker
+ * as its text (the last occurrence: only constants follow the text), and
+ * each token's text is escaped as cJSON escapes (host/json_escape.h). */
+#define TPL_MARK "\x01rlai-text\x01"
+#define TPL_MARK_PRINTED "\\u0001rlai-text\\u0001"
+static int text_chunk(hreq *r, const char *text, size_t len)
+{
+    if (!r->tpl.len) {
+        cJSON *j = chunk_json(r, TPL_MARK, strlen(TPL_MARK), false, NULL);
+        char *s = j ? cJSON_PrintUnformatted(j) : NULL;
+        cJSON_Delete(j);
+        if (!s)
+            return RLAI_ERR_NOMEM;
+        char *m = NULL;
+        for (char *p = strstr(s, TPL_MARK_PRINTED); p; p = strstr(p + 1, TPL_MARK_PRINTED))
+            m = p;
+        int rc = m ? 0 : RLAI_ERR_FORMAT;     /* cannot happen: then the cJSON path */
+        if (rc == 0) {
+            r->tpl_head = 6 + (size_t)(m - s);
+            if (bytes_str(&r->tpl, "data: ") < 0 || bytes_add(&r->tpl, s, (size_t)(m - s)) < 0 ||
+                bytes_str(&r->tpl, m + strlen(TPL_MARK_PRINTED)) < 0 || bytes_str(&r->tpl, "\n\n") < 0)
+                rc = RLAI_ERR_NOMEM;
+        }
+        free(s);
+        if (rc < 0) {
+            bytes_free(&r->tpl);
+            return rc;
+        }
+    }
+    size_t tail = r->tpl.len - r->tpl_head;
+    if (bytes_grow(&r->out, r->tpl.len + RLAI_JSON_ESCAPE_MAX(len)) < 0)
+        return RLAI_ERR_NOMEM;
+    char *o = r->out.p + r->out.len;
+    memcpy(o, r->tpl.p, r->tpl_head);
+    o += r->tpl_head;
+    o += rlai_json_escape(text, len, o);
+    memcpy(o, r->tpl.p + r->tpl_head, tail);
+    o += tail;
+    r->out.len = (size_t)(o - r->out.p);
+    r->out.p[r->out.len] = 0;
+    return 0;
 }
 
 static cJSON *final_body(const hreq *r, const char *text)
@@ -1037,9 +1102,11 @@ static bool produce(hreq *r)
         if (events.len)
             bytes_add(&r->out, events.p, events.len);
     } else if (text.len && !tool_hold(r, &text)) {
-        cJSON *ch = chunk_json(r, text.p, text.len, false, NULL);
-        attach_logprobs(r, first_choice(ch), false);
-        sse_event(&r->out, NULL, ch);
+        if (r->lp_mode || text_chunk(r, text.p, text.len) < 0) {
+            cJSON *ch = chunk_json(r, text.p, text.len, false, NULL);
+            attach_logprobs(r, first_choice(ch), false);
+            sse_event(&r->out, NULL, ch);
+        }
         r->streamed = true;
     }
     bytes_free(&text);
