@@ -423,22 +423,43 @@ static peer_state peer_check(int fd)
     return (p.revents & POLLRDHUP) ? PEER_HALF : PEER_OK;
 }
 
+/* Waits (r->mu held) until there is output, the request is done or the
+ * server is stopping. Returns false when the client went away. Sets
+ * r->probe when the client half-closed and a probe write is due (the
+ * caller sends an SSE comment; a closed peer answers it with a reset). */
 /* Something for the stream to send (r->mu held). */
 static bool has_progress(const hreq *r)
 {
     return r->pending.len || r->sse.len || r->done || r->why != END_NONE;
 }
 
-/* Waits (r->mu held) until there is output, the request is done or the
- * server is stopping. Returns false when the client went away. Sets
- * r->probe when the client half-closed and a probe write is due (the
- * caller sends an SSE comment; a closed peer answers it with a reset). */
+/* rlai_router_pump's test (takes r->mu itself: the pump holds no lock). */
+static bool pump_ready(void *arg)
+{
+    hreq *r = arg;
+    pthread_mutex_lock(&r->mu);
+    bool ready = has_progress(r);
+    pthread_mutex_unlock(&r->mu);
+    return ready;
+}
+
 static bool wait_progress(hreq *r)
 {
     while (!has_progress(r)) {
-        struct timespec ts;
-        deadline_in(&ts, WAIT_SLICE_MS);
-        pthread_cond_timedwait(&r->cv, &r->mu, &ts);
+        /* A remote stream: read the upstream on this thread, which writes
+         * to the client next (one wake-up per token, docs/REMOTE.md). */
+        uint64_t eid = r->engine_id;
+        bool pumped = false;
+        if (eid & RLAI_ROUTER_REMOTE_BIT) {
+            pthread_mutex_unlock(&r->mu);
+            pumped = rlai_router_pump(r->h->router, eid, WAIT_SLICE_MS, pump_ready, r) == 1;
+            pthread_mutex_lock(&r->mu);
+        }
+        if (!pumped) {
+            struct timespec ts;
+            deadline_in(&ts, WAIT_SLICE_MS);
+            pthread_cond_timedwait(&r->cv, &r->mu, &ts);
+        }
         /* Output to send: a client that left shows in its write (MHD ends
          * the request), so the hang-up check is for idle waits only. */
         if (has_progress(r))

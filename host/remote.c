@@ -20,6 +20,8 @@
 
 typedef enum rstate { RS_WAIT = 0, RS_ACTIVE = 1 } rstate;
 
+enum { DRIVER_NONE = 0, DRIVER_THREAD, DRIVER_PUMP };
+
 typedef struct rreq {
     struct rreq *next;
     rlai_remote *rm;
@@ -36,7 +38,7 @@ typedef struct rreq {
     bool cb_stop;                /* on_token asked to stop */
     uint64_t t_submit, deadline, t_attempt, t_first, t_last_byte, next_try_at;
     int attempts;
-    /* the current attempt (remote thread only) */
+    /* the current attempt (the driver only) */
     CURL *easy;
     struct curl_slist *hdrs;
     rlai_sse *sse;
@@ -67,7 +69,10 @@ struct rlai_remote {
     pthread_cond_t idle_cv;      /* signalled when a request has ended (under mu) */
     rreq *list;                  /* every running request (under mu) */
     int n_delivering;            /* ended, on_done not yet returned (under mu) */
-    CURLM *multi;
+    CURLM *multi;                /* driven by one thread at a time: r->driver */
+    int driver;                  /* who drives the transfers now (under mu) */
+    bool pump_in;                /* a connection thread is in rlai_remote_pump (under mu) */
+    pthread_cond_t drive_cv;     /* the thread let go of the transfers (under mu) */
     pthread_t thread;
     bool thread_started;
     atomic_bool stop;
@@ -115,6 +120,7 @@ int rlai_remote_new(const rlai_upstream_config *ups, int n, rlai_remote **out, c
         return RLAI_ERR_NOMEM;
     pthread_mutex_init(&r->mu, NULL);
     pthread_cond_init(&r->idle_cv, NULL);
+    pthread_cond_init(&r->drive_cv, NULL);
     r->ups = calloc((size_t)(n > 0 ? n : 1), sizeof(*r->ups));
     int rc = r->ups ? 0 : RLAI_ERR_NOMEM;
     for (int i = 0; rc == 0 && i < n; i++) {
@@ -267,7 +273,7 @@ int rlai_remote_cancel(rlai_remote *r, uint64_t id)
     return rc;
 }
 
-/* ---------------------------------------------------------- the remote thread */
+/* ---------------------------------------------------------- the driver (the remote thread or a pump) */
 
 static int on_sse_event(void *user, const char *event, const char *data, size_t len)
 {
@@ -589,6 +595,98 @@ static bool transfer_done(rlai_remote *r, rreq *q, CURLcode res, uint64_t now, e
 }
 
 #define MAX_ENDINGS 64
+#define PUMP_ENDINGS 8
+/* How often the remote thread looks whether a pumping connection thread
+ * has let go of the transfers (it lets go without waking anyone, so that a
+ * stream's next pump, microseconds later, finds them free). */
+#define HANDBACK_MS 2
+
+/* One pass of the driver (the thread holding the transfers, r->driver):
+ * starts, times out and ends requests, then reads what the sockets have
+ * (curl_multi_perform: callbacks run here) and ends finished transfers.
+ * ends holds max_ends. Returns false when stopping and nothing is left;
+ * *any says whether requests are running (then the driver polls briefly,
+ * for their timers). */
+static bool drive_once(rlai_remote *r, ending *ends, int max_ends, bool *any_out)
+{
+    bool stopping = atomic_load(&r->stop);
+    int n_end = 0;
+    bool any = false;
+    pthread_mutex_lock(&r->mu);
+    uint64_t now = now_ms();
+    for (rreq *q = r->list, *nx; q && n_end < max_ends; q = nx) {
+        nx = q->next;
+        upstream *u = &r->ups[q->up];
+        any = true;
+        if (q->cancel || stopping) {
+            finish(r, q, 0, RLAI_STOP_CANCELLED, NULL, &ends[n_end++]);
+            continue;
+        }
+        if (q->deadline && now >= q->deadline) {
+            finish(r, q, 0, RLAI_STOP_TIMEOUT, NULL, &ends[n_end++]);
+            continue;
+        }
+        if (q->state == RS_ACTIVE) {
+            if (!q->t_first && now - q->t_attempt >= (uint64_t)u->cfg.first_token_timeout_ms) {
+                char m[96];
+                snprintf(m, sizeof(m), "no first token within %d ms (first_token_timeout_ms)",
+                         u->cfg.first_token_timeout_ms);
+                if (attempt_failed(r, q, RLAI_ERR_TIMEOUT, true, true, m, now, &ends[n_end]))
+                    n_end++;
+            } else if (q->t_first && now - q->t_last_byte >= (uint64_t)u->cfg.stall_timeout_ms) {
+                char m[96];
+                snprintf(m, sizeof(m), "no data for %d ms (stall_timeout_ms)", u->cfg.stall_timeout_ms);
+                if (attempt_failed(r, q, RLAI_ERR_TIMEOUT, false, true, m, now, &ends[n_end]))
+                    n_end++;
+            }
+            continue;
+        }
+        /* waiting: for its backoff, a stream slot or the breaker */
+        if (now < q->next_try_at || u->active >= u->cfg.max_concurrency)
+            continue;
+        if (!rlai_breaker_allow(&u->br, now)) {
+            if (u->br.state == RLAI_BREAKER_OPEN) {
+                char m[200];
+                snprintf(m, sizeof(m), "upstream '%s' is unavailable: circuit breaker open", u->cfg.name);
+                finish(r, q, RLAI_ERR_DISCONNECTED, RLAI_STOP_NONE, m, &ends[n_end++]);
+            }
+            continue;
+        }
+        int rc = attempt_start(r, q, now);
+        if (rc < 0) {
+            if (u->br.state == RLAI_BREAKER_HALF_OPEN)
+                u->br.trial_out = false;
+            finish(r, q, rc, RLAI_STOP_NONE, "could not start the transfer", &ends[n_end++]);
+        }
+    }
+    pthread_mutex_unlock(&r->mu);
+    for (int i = 0; i < n_end; i++)
+        deliver(&ends[i]);
+    *any_out = any;
+    if (stopping && !any)
+        return false;
+    int running = 0;
+    curl_multi_perform(r->multi, &running);
+    CURLMsg *msg;
+    int left;
+    while ((msg = curl_multi_info_read(r->multi, &left))) {
+        if (msg->msg != CURLMSG_DONE)
+            continue;
+        rreq *q = NULL;
+        curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, (char **)&q);
+        CURLcode res = msg->data.result;
+        if (!q)
+            continue;
+        if (!q->http)
+            curl_easy_getinfo(q->easy, CURLINFO_RESPONSE_CODE, &q->http);
+        pthread_mutex_lock(&r->mu);
+        bool ended = transfer_done(r, q, res, now_ms(), &ends[0]);
+        pthread_mutex_unlock(&r->mu);
+        if (ended)
+            deliver(&ends[0]);
+    }
+    return true;
+}
 
 static void *thread_main(void *arg)
 {
@@ -597,87 +695,76 @@ static void *thread_main(void *arg)
     if (!ends)
         return NULL;                           /* requests then end at free */
     for (;;) {
-        bool stopping = atomic_load(&r->stop);
-        int n_end = 0;
-        bool any = false;
         pthread_mutex_lock(&r->mu);
-        uint64_t now = now_ms();
-        for (rreq *q = r->list, *nx; q && n_end < MAX_ENDINGS; q = nx) {
-            nx = q->next;
-            upstream *u = &r->ups[q->up];
-            any = true;
-            if (q->cancel || stopping) {
-                finish(r, q, 0, RLAI_STOP_CANCELLED, NULL, &ends[n_end++]);
-                continue;
-            }
-            if (q->deadline && now >= q->deadline) {
-                finish(r, q, 0, RLAI_STOP_TIMEOUT, NULL, &ends[n_end++]);
-                continue;
-            }
-            if (q->state == RS_ACTIVE) {
-                if (!q->t_first && now - q->t_attempt >= (uint64_t)u->cfg.first_token_timeout_ms) {
-                    char m[96];
-                    snprintf(m, sizeof(m), "no first token within %d ms (first_token_timeout_ms)",
-                             u->cfg.first_token_timeout_ms);
-                    if (attempt_failed(r, q, RLAI_ERR_TIMEOUT, true, true, m, now, &ends[n_end]))
-                        n_end++;
-                } else if (q->t_first && now - q->t_last_byte >= (uint64_t)u->cfg.stall_timeout_ms) {
-                    char m[96];
-                    snprintf(m, sizeof(m), "no data for %d ms (stall_timeout_ms)", u->cfg.stall_timeout_ms);
-                    if (attempt_failed(r, q, RLAI_ERR_TIMEOUT, false, true, m, now, &ends[n_end]))
-                        n_end++;
-                }
-                continue;
-            }
-            /* waiting: for its backoff, a stream slot or the breaker */
-            if (now < q->next_try_at || u->active >= u->cfg.max_concurrency)
-                continue;
-            if (!rlai_breaker_allow(&u->br, now)) {
-                if (u->br.state == RLAI_BREAKER_OPEN) {
-                    char m[200];
-                    snprintf(m, sizeof(m), "upstream '%s' is unavailable: circuit breaker open", u->cfg.name);
-                    finish(r, q, RLAI_ERR_DISCONNECTED, RLAI_STOP_NONE, m, &ends[n_end++]);
-                }
-                continue;
-            }
-            int rc = attempt_start(r, q, now);
-            if (rc < 0) {
-                if (u->br.state == RLAI_BREAKER_HALF_OPEN)
-                    u->br.trial_out = false;
-                finish(r, q, rc, RLAI_STOP_NONE, "could not start the transfer", &ends[n_end++]);
-            }
+        /* A connection thread pumping (rlai_remote_pump) holds the
+         * transfers; when it lets go it wakes nobody, so look again every
+         * HANDBACK_MS. When stopping, only wait for the holder to let go. */
+        while (r->driver == DRIVER_PUMP || (r->pump_in && !atomic_load(&r->stop))) {
+            struct timespec until;
+            rlai_deadline_in(&until, CLOCK_REALTIME, HANDBACK_MS);
+            pthread_cond_timedwait(&r->drive_cv, &r->mu, &until);
         }
+        r->driver = DRIVER_THREAD;
         pthread_mutex_unlock(&r->mu);
-        for (int i = 0; i < n_end; i++)
-            deliver(&ends[i]);
-        n_end = 0;
-        if (stopping && !any)
-            break;
-        int running = 0;
-        curl_multi_perform(r->multi, &running);
-        CURLMsg *msg;
-        int left;
-        while ((msg = curl_multi_info_read(r->multi, &left))) {
-            if (msg->msg != CURLMSG_DONE)
-                continue;
-            rreq *q = NULL;
-            curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, (char **)&q);
-            CURLcode res = msg->data.result;
-            if (!q)
-                continue;
-            if (!q->http)
-                curl_easy_getinfo(q->easy, CURLINFO_RESPONSE_CODE, &q->http);
-            pthread_mutex_lock(&r->mu);
-            bool ended = transfer_done(r, q, res, now_ms(), &ends[n_end]);
-            pthread_mutex_unlock(&r->mu);
-            if (ended)
-                deliver(&ends[n_end]);
-        }
-        if (n_end == 0 && !atomic_load(&r->stop))
+        bool any = false;
+        bool go = drive_once(r, ends, MAX_ENDINGS, &any);
+        /* n_end of the pass is 0 here: everything ended was delivered */
+        if (go && !atomic_load(&r->stop))
             curl_multi_poll(r->multi, NULL, 0, any ? 10 : 1000, NULL);
+        pthread_mutex_lock(&r->mu);
+        r->driver = DRIVER_NONE;
+        if (r->pump_in)
+            pthread_cond_broadcast(&r->drive_cv);
+        pthread_mutex_unlock(&r->mu);
+        if (!go)
+            break;
     }
     free(ends);
     return NULL;
+}
+
+int rlai_remote_pump(rlai_remote *r, int timeout_ms, bool (*ready)(void *arg), void *arg)
+{
+    if (!r || !ready)
+        return 0;
+    uint64_t end = now_ms() + (uint64_t)(timeout_ms > 0 ? timeout_ms : 0);
+    pthread_mutex_lock(&r->mu);
+    if (atomic_load(&r->stop) || r->pump_in || !r->thread_started) {
+        pthread_mutex_unlock(&r->mu);
+        return 0;
+    }
+    r->pump_in = true;
+    if (r->driver == DRIVER_THREAD) {
+        /* the thread may sit in curl_multi_poll: wake it; it lets go
+         * after its pass and broadcasts since pump_in is set */
+        curl_multi_wakeup(r->multi);
+        while (r->driver == DRIVER_THREAD)
+            pthread_cond_wait(&r->drive_cv, &r->mu);
+    }
+    r->driver = DRIVER_PUMP;
+    pthread_mutex_unlock(&r->mu);
+
+    ending ends[PUMP_ENDINGS];
+    for (;;) {
+        bool any = false;
+        if (!drive_once(r, ends, PUMP_ENDINGS, &any) || ready(arg) || atomic_load(&r->stop))
+            break;
+        uint64_t now = now_ms();
+        if (now >= end)
+            break;
+        uint64_t wait = end - now;
+        if (wait > (uint64_t)(any ? 10 : 1000))
+            wait = any ? 10 : 1000;
+        curl_multi_poll(r->multi, NULL, 0, (int)wait, NULL);
+    }
+
+    pthread_mutex_lock(&r->mu);
+    r->driver = DRIVER_NONE;
+    r->pump_in = false;
+    if (atomic_load(&r->stop))
+        pthread_cond_broadcast(&r->drive_cv);   /* rlai_remote_free waits for pumps */
+    pthread_mutex_unlock(&r->mu);
+    return 1;
 }
 
 void rlai_remote_free(rlai_remote *r)
@@ -688,6 +775,11 @@ void rlai_remote_free(rlai_remote *r)
         atomic_store(&r->stop, true);
         curl_multi_wakeup(r->multi);
         pthread_join(r->thread, NULL);
+        /* a pump still inside (a front not stopped first) leaves at once */
+        pthread_mutex_lock(&r->mu);
+        while (r->pump_in)
+            pthread_cond_wait(&r->drive_cv, &r->mu);
+        pthread_mutex_unlock(&r->mu);
     }
     /* only when the thread could not run: end what is left */
     while (r->list) {
@@ -715,6 +807,7 @@ void rlai_remote_free(rlai_remote *r)
     }
     free(r->ups);
     pthread_cond_destroy(&r->idle_cv);
+    pthread_cond_destroy(&r->drive_cv);
     pthread_mutex_destroy(&r->mu);
     free(r);
 }

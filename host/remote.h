@@ -62,6 +62,18 @@ int rlai_remote_submit(rlai_remote *r, int up, const char *remote_model, const r
  * Thread-safe, callable from the callbacks too. Returns 0 or RLAI_ERR_NOT_FOUND. */
 int rlai_remote_cancel(rlai_remote *r, uint64_t id);
 
+/* Drives the transfers on the calling thread (every request's callbacks
+ * may run on it) until ready(arg) returns true after a pass, timeout_ms
+ * pass, or the remote stops. ready is called without any lock of r held,
+ * so it may take the caller's own locks; the caller must hold no lock that
+ * a callback takes. Only one thread pumps at a time: returns 0 at once
+ * (nothing done, wait as usual) when another one is pumping, when r is
+ * stopping, or without a thread; 1 after driving. Takes the transfers
+ * from the remote thread (waking it if it polls); it takes them back
+ * within a few ms after the pump returns, unless a pump comes back first.
+ * Not from the callbacks. */
+int rlai_remote_pump(rlai_remote *r, int timeout_ms, bool (*ready)(void *arg), void *arg);
+
 /* Waits until no remote request is running (every on_done has returned)
  * or timeout_ms pass. Returns how many are still running. Thread-safe; not
  * from the callbacks. */

@@ -404,6 +404,13 @@ int rlai_router_cancel(rlai_router *r, uint64_t id)
     return rlai_engine_cancel(r->engine, id);
 }
 
+int rlai_router_pump(rlai_router *r, uint64_t id, int timeout_ms, bool (*ready)(void *arg), void *arg)
+{
+    if (!r || !r->remote || !(id & RLAI_ROUTER_REMOTE_BIT))
+        return 0;
+    return rlai_remote_pump(r->remote, timeout_ms, ready, arg);
+}
+
 rlai_engine *rlai_router_engine(const rlai_router *r)
 {
     return r ? r->engine : NULL;

@@ -119,6 +119,14 @@ int rlai_router_submit(rlai_router *r, const rlai_route_request *rq, uint64_t *i
  * or RLAI_ERR_NOT_FOUND. */
 int rlai_router_cancel(rlai_router *r, uint64_t id);
 
+/* While waiting for routed request id's output on a thread that will
+ * write it (an HTTP connection thread): for a remote request, drives the
+ * remote transfers on this thread until ready(arg), timeout_ms or stop
+ * (rlai_remote_pump: hold no lock a callback takes). Returns 1 when it
+ * drove, 0 when the caller should wait as usual (a local request, no
+ * upstreams, or another thread is pumping). */
+int rlai_router_pump(rlai_router *r, uint64_t id, int timeout_ms, bool (*ready)(void *arg), void *arg);
+
 /* The local engine behind the router (borrowed). */
 rlai_engine *rlai_router_engine(const rlai_router *r);
 

@@ -200,6 +200,9 @@ typedef struct res {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int done, status, tokens, neg_tok;
+    pthread_t pumper;             /* tokens delivered on this thread are counted */
+    bool has_pumper;
+    int on_pumper;
     rlai_stop_reason stop;
     char text[512];
     char err[256];
@@ -219,6 +222,8 @@ static int on_tok(void *u, rlai_token t, const char *s, size_t n)
     if (t < 0)
         r->neg_tok++;
     r->tokens++;
+    if (r->has_pumper && pthread_equal(r->pumper, pthread_self()))
+        r->on_pumper++;
     size_t l = strlen(r->text);
     if (l + n < sizeof(r->text)) {
         memcpy(r->text + l, s, n);
@@ -570,6 +575,166 @@ START_TEST(spill_on_queue)
 }
 END_TEST
 
+/* ---------------------------------------------------------- pump (leader/follower) */
+
+typedef struct pump_probe {
+    res *r;
+    int seen;                     /* tokens when the pump first asked; -1 = not yet */
+    rlai_router *rt;
+    uint64_t other;               /* another remote request, pumped from a helper thread */
+    bool asked;
+    int other_rc;
+} pump_probe;
+
+static bool never_ready(void *arg)
+{
+    (void)arg;
+    return false;
+}
+
+static void *pump_other(void *arg)
+{
+    pump_probe *p = arg;
+    p->other_rc = rlai_router_pump(p->rt, p->other, 50, never_ready, NULL);
+    return NULL;
+}
+
+/* Ready when a token came after the pump first asked: by then the pump
+ * holds the transfers, so that token was delivered on the pumping thread. */
+static bool ready_more(void *arg)
+{
+    pump_probe *p = arg;
+    if (!p->asked && p->other) {
+        /* a second thread may not pump while this one does */
+        p->asked = true;
+        pthread_t th;
+        ck_assert_int_eq(pthread_create(&th, NULL, pump_other, p), 0);
+        pthread_join(th, NULL);
+    }
+    pthread_mutex_lock(&p->r->mu);
+    int t = p->r->tokens, done = p->r->done;
+    pthread_mutex_unlock(&p->r->mu);
+    if (p->seen < 0) {
+        p->seen = t;
+        return done;
+    }
+    return done || t > p->seen;
+}
+
+static bool is_done(void *arg)
+{
+    res *r = arg;
+    pthread_mutex_lock(&r->mu);
+    bool d = r->done;
+    pthread_mutex_unlock(&r->mu);
+    return d;
+}
+
+typedef struct later_cancel {
+    rlai_router *rt;
+    uint64_t id;
+} later_cancel;
+
+static void *cancel_later(void *arg)
+{
+    later_cancel *c = arg;
+    struct timespec ts = { 0, 100 * 1000 * 1000 };
+    nanosleep(&ts, NULL);
+    rlai_router_cancel(c->rt, c->id);
+    return NULL;
+}
+
+static int tokens_of(res *r)
+{
+    pthread_mutex_lock(&r->mu);
+    int t = r->tokens;
+    pthread_mutex_unlock(&r->mu);
+    return t;
+}
+
+START_TEST(pump_drives_on_the_waiting_thread)
+{
+    engine_up();
+    fake a, b;
+    fake_start(&a, "A");
+    fake_start(&b, "B");
+    rlai_upstream_config u[2];
+    ucfg(&u[0], "ua", a.port, "m", NULL);
+    ucfg(&u[1], "ub", b.port, "m", NULL);
+    rlai_router *rt = NULL;
+    ck_assert_int_eq(rlai_router_new(E, &rt), 0);
+    char err[256] = "";
+    rlai_route_policy pol;
+    rlai_route_policy_init(&pol);
+    ck_assert_int_eq(rlai_router_set_upstreams(rt, u, 2, &pol, err, sizeof(err)), 0);
+
+    /* a local id is not pumped */
+    res r;
+    res_init(&r);
+    ck_assert_int_eq(rlai_router_pump(rt, 5, 10, is_done, &r), 0);
+
+    /* two streams of dots, one per upstream; this thread pumps A's */
+    res ra, rb;
+    res_init(&ra);
+    res_init(&rb);
+    ra.pumper = pthread_self();
+    ra.has_pumper = true;
+    rlai_route_request qa, qb;
+    rq_init(&qa, &ra, "slow", SYS_A, 2);
+    qa.route = "ua";
+    rq_init(&qb, &rb, "slow", SYS_A, 2);
+    qb.route = "ub";
+    uint64_t ida = 0, idb = 0;
+    ck_assert_msg(rlai_router_submit(rt, &qa, &ida, NULL, err, sizeof(err)) == 0, "%s", err);
+    ck_assert_msg(rlai_router_submit(rt, &qb, &idb, NULL, err, sizeof(err)) == 0, "%s", err);
+    pump_probe p = { .r = &ra, .seen = -1, .rt = rt, .other = idb, .other_rc = -1 };
+    for (int round = 0; round < 5; round++) {
+        p.seen = -1;
+        ck_assert_int_eq(rlai_router_pump(rt, ida, 3000, ready_more, &p), 1);
+        ck_assert_int_gt(tokens_of(&ra), p.seen);
+    }
+    ck_assert(p.asked);
+    ck_assert_int_eq(p.other_rc, 0);                  /* one pump at a time */
+    pthread_mutex_lock(&ra.mu);
+    ck_assert_int_ge(ra.on_pumper, 5);                /* A's tokens came on this thread */
+    pthread_mutex_unlock(&ra.mu);
+    ck_assert_int_eq(ra.done, 0);
+    ck_assert_int_gt(tokens_of(&rb), 0);              /* B went on meanwhile */
+
+    /* nobody pumps now: the remote thread takes the transfers back */
+    int tb = tokens_of(&rb), ta = tokens_of(&ra);
+    for (int i = 0; i < 300 && (tokens_of(&rb) < tb + 3 || tokens_of(&ra) < ta + 3); i++) {
+        struct timespec ts = { 0, 10 * 1000 * 1000 };
+        nanosleep(&ts, NULL);
+    }
+    ck_assert_int_ge(tokens_of(&rb), tb + 3);
+    ck_assert_int_ge(tokens_of(&ra), ta + 3);
+
+    /* a cancel from another thread ends a pumped request, and the pump */
+    later_cancel lc = { rt, ida };
+    pthread_t th;
+    ck_assert_int_eq(pthread_create(&th, NULL, cancel_later, &lc), 0);
+    ck_assert_int_eq(rlai_router_pump(rt, ida, 5000, is_done, &ra), 1);
+    pthread_join(th, NULL);
+    ck_assert_int_eq(ra.done, 1);
+    ck_assert_int_eq(ra.status, 0);
+    ck_assert_int_eq(ra.stop, RLAI_STOP_CANCELLED);
+
+    ck_assert_int_eq(rlai_router_cancel(rt, idb), 0);
+    wait_done(&rb);
+    ck_assert_int_eq(rb.stop, RLAI_STOP_CANCELLED);
+    ck_assert(rb.text[0] == 'B');
+    ck_assert(ra.text[0] == 'A');
+    ck_assert_int_eq(rlai_router_wait_remote(rt, 5000), 0);
+    rlai_router_free(rt);
+    rlai_upstream_config_clear(&u[0]);
+    rlai_upstream_config_clear(&u[1]);
+    fake_stop(&a);
+    fake_stop(&b);
+    engine_down();
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("router");
@@ -578,6 +743,7 @@ int main(void)
     tcase_add_test(tc, routes_by_model_override_and_affinity);
     tcase_add_test(tc, cancel_spill_and_breaker);
     tcase_add_test(tc, spill_on_queue);
+    tcase_add_test(tc, pump_drives_on_the_waiting_thread);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -184,6 +184,38 @@ def test_metrics_say_where_it_ran(cluster):
     assert m["types"]["rlai_upstream_requests_total"] == "counter"
 
 
+def test_concurrent_streams_each_arrive_whole(cluster):
+    # A streaming connection thread drives the remote transfers itself while
+    # it waits (leader/follower, docs/REMOTE.md "What the route costs"); only
+    # one does at a time, and it delivers the other streams' pieces too.
+    # Streams to two upstreams and the local model at once: each complete.
+    import threading
+    up, router, _ = cluster
+    st, direct = chat(up, "default")
+    assert st == 200
+    want = direct["choices"][0]["message"]["content"]
+    st, local = chat(router, "default")
+    assert st == 200
+    want_local = local["choices"][0]["message"]["content"]
+    jobs = [("remote-smol", want), ("bad-ok", "Hello from bad upstream"), ("remote-smol", want),
+            ("bad-ok", "Hello from bad upstream"), ("default", want_local)]
+    got = [None] * len(jobs)
+
+    def run(i, model):
+        ev = stream_events(router, "/v1/chat/completions",
+                           {"model": model, "messages": HELLO, "max_tokens": 24, "temperature": 0})
+        got[i] = (ev[-1] == "[DONE]", streamed_text(ev))
+
+    for _ in range(3):
+        ths = [threading.Thread(target=run, args=(i, m)) for i, (m, _) in enumerate(jobs)]
+        for t in ths:
+            t.start()
+        for t in ths:
+            t.join(120)
+        for (model, text), g in zip(jobs, got):
+            assert g == (True, text), (model, g)
+
+
 # ---------------------------------------------------------------- cancel
 
 def test_client_disconnect_cancels_upstream(cluster):
