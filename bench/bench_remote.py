@@ -56,17 +56,25 @@ def stamp_upstream(port, n_tokens, gap_ms):
             self.rfile.read(int(self.headers.get("Content-Length", "0")))
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Transfer-Encoding", "chunked")
             self.send_header("Connection", "close")
             self.end_headers()
+
+            def chunk(b):
+                # HTTP/1.1 chunked framing, as vLLM and SGLang (uvicorn) and
+                # llama-server stream: every path's client decodes the same
+                self.wfile.write(b"%X\r\n%s\r\n" % (len(b), b))
+                self.wfile.flush()
+
             for i in range(n_tokens):
                 if i:
                     time.sleep(gap_ms / 1000)
                 c = {"choices": [{"index": 0, "delta": {"content": "%d;" % time.monotonic_ns()},
                                   "finish_reason": None}]}
-                self.wfile.write(b"data: " + json.dumps(c).encode() + b"\n\n")
-                self.wfile.flush()
+                chunk(b"data: " + json.dumps(c).encode() + b"\n\n")
             fin = {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
-            self.wfile.write(b"data: " + json.dumps(fin).encode() + b"\n\ndata: [DONE]\n\n")
+            chunk(b"data: " + json.dumps(fin).encode() + b"\n\ndata: [DONE]\n\n")
+            self.wfile.write(b"0\r\n\r\n")
             self.wfile.flush()
 
     srv = ThreadingHTTPServer(("127.0.0.1", port), H)
