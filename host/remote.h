@@ -1,14 +1,21 @@
-/* remote.h - the transfers to remote upstreams (issue 16): one thread
- * runs every remote request of the daemon through one libcurl multi
- * handle (many streams on one thread), with per-upstream concurrency
- * limits, bounded retries with backoff before the first token, the
- * per-upstream circuit breaker, deadlines, and cancel by removing the
- * transfer (the upstream sees the connection close).
+/* remote.h - the transfers to remote upstreams (issue 16): one libcurl
+ * multi handle runs every remote request of the daemon (many streams on
+ * one thread), with per-upstream concurrency limits, bounded retries
+ * with backoff before the first token, the per-upstream circuit breaker,
+ * deadlines, and cancel by removing the transfer (the upstream sees the
+ * connection close).
+ *
+ * Leader/follower: the remote thread drives the transfers, except while a
+ * thread that waits for a stream of its own (an HTTP connection thread)
+ * drives them itself with rlai_remote_pump, so that the stream's data is
+ * read, parsed and handed to its callbacks on the thread that writes it
+ * to the client: one thread wake-up per piece instead of two
+ * (docs/REMOTE.md, "What the route costs").
  *
  * Callbacks (on_token with token id RLAI_REMOTE_TOKEN, on_done exactly
- * once, never after a failed submit) run on that thread; never call
- * rlai_remote_submit/cancel/free from them... except cancel, which is
- * safe anywhere.
+ * once, never after a failed submit) run on the driving thread: the remote
+ * thread or one inside rlai_remote_pump. Never call rlai_remote_submit,
+ * pump or free from them; cancel is safe anywhere.
  */
 #ifndef RLAI_HOST_REMOTE_H
 #define RLAI_HOST_REMOTE_H
