@@ -280,6 +280,17 @@ static void rq_init(rlai_route_request *rq, res *r, const char *model, const rla
     rq->on_error = on_err;
 }
 
+/* Frees the router, the two upstream configs, the fakes and the engine. */
+static void two_down(rlai_router *rt, rlai_upstream_config u[2], fake *a, fake *b)
+{
+    rlai_router_free(rt);
+    rlai_upstream_config_clear(&u[0]);
+    rlai_upstream_config_clear(&u[1]);
+    fake_stop(a);
+    fake_stop(b);
+    engine_down();
+}
+
 START_TEST(routes_by_model_override_and_affinity)
 {
     engine_up();
@@ -402,12 +413,7 @@ START_TEST(routes_by_model_override_and_affinity)
     char *js = rlai_router_upstreams_json(rt);
     ck_assert_ptr_nonnull(strstr(js, "\"ub\":{\"breaker\":\"closed\""));
     free(js);
-    rlai_router_free(rt);
-    rlai_upstream_config_clear(&u[0]);
-    rlai_upstream_config_clear(&u[1]);
-    fake_stop(&a);
-    fake_stop(&b);
-    engine_down();
+    two_down(rt, u, &a, &b);
 }
 END_TEST
 
@@ -726,12 +732,7 @@ START_TEST(pump_drives_on_the_waiting_thread)
     ck_assert(rb.text[0] == 'B');
     ck_assert(ra.text[0] == 'A');
     ck_assert_int_eq(rlai_router_wait_remote(rt, 5000), 0);
-    rlai_router_free(rt);
-    rlai_upstream_config_clear(&u[0]);
-    rlai_upstream_config_clear(&u[1]);
-    fake_stop(&a);
-    fake_stop(&b);
-    engine_down();
+    two_down(rt, u, &a, &b);
 }
 END_TEST
 
