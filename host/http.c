@@ -12,6 +12,7 @@
 #include "logprobs.h"
 #include "tools.h"
 #include "rlai/error.h"
+#include "rlai/strbuf.h"
 #include "rlai/protocol.h"
 
 #include <arpa/inet.h>
@@ -55,48 +56,6 @@ static void cond_init_monotonic(pthread_cond_t *cv)
     pthread_condattr_destroy(&ca);
 }
 
-/* Growable byte buffer. */
-typedef struct bytes {
-    char *p;
-    size_t len, cap;
-} bytes;
-
-/* Room for n more bytes and a NUL. */
-static int bytes_grow(bytes *b, size_t n)
-{
-    if (b->len + n + 1 > b->cap) {
-        size_t ncap = b->cap ? b->cap : 256;
-        while (ncap < b->len + n + 1)
-            ncap *= 2;
-        char *np = realloc(b->p, ncap);
-        if (!np)
-            return RLAI_ERR_NOMEM;
-        b->p = np;
-        b->cap = ncap;
-    }
-    return 0;
-}
-
-static int bytes_add(bytes *b, const void *data, size_t n)
-{
-    if (bytes_grow(b, n) < 0)
-        return RLAI_ERR_NOMEM;
-    memcpy(b->p + b->len, data, n);
-    b->len += n;
-    b->p[b->len] = 0;
-    return 0;
-}
-
-static int bytes_str(bytes *b, const char *s)
-{
-    return bytes_add(b, s, strlen(s));
-}
-
-static void bytes_free(bytes *b)
-{
-    free(b->p);
-    memset(b, 0, sizeof(*b));
-}
 
 /* Length of the well-formed UTF-8 sequence at s (n bytes available), or
  * 0: no overlong forms, no surrogates, nothing above U+10FFFF (the rules
@@ -171,18 +130,18 @@ static char *utf8_clean(const char *s)
 }
 
 /* Appends "data: <json>\n\n" (or "event: NAME\ndata: ...") and frees j. */
-static void sse_event(bytes *b, const char *event, cJSON *j)
+static void sse_event(rlai_strbuf *b, const char *event, cJSON *j)
 {
     char *s = j ? cJSON_PrintUnformatted(j) : NULL;
     cJSON_Delete(j);
     if (event) {
-        bytes_str(b, "event: ");
-        bytes_str(b, event);
-        bytes_str(b, "\n");
+        rlai_strbuf_str(b, "event: ");
+        rlai_strbuf_str(b, event);
+        rlai_strbuf_str(b, "\n");
     }
-    bytes_str(b, "data: ");
-    bytes_str(b, s ? s : "{}");
-    bytes_str(b, "\n\n");
+    rlai_strbuf_str(b, "data: ");
+    rlai_strbuf_str(b, s ? s : "{}");
+    rlai_strbuf_str(b, "\n\n");
     free(s);
 }
 
@@ -241,7 +200,7 @@ struct hreq {
     int refs;                    /* under mu: MHD request, response, engine job / plugin call */
 
     /* request body */
-    bytes body;
+    rlai_strbuf body;
     bool too_large;
     bool answered;
     bool auth_failed;            /* answered 401 for the API key */
@@ -260,8 +219,8 @@ struct hreq {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     /* filled by the engine thread / plugin worker (under mu) */
-    bytes pending;               /* text not yet turned into output */
-    bytes sse;                   /* K_PLUGIN streaming: ready events */
+    rlai_strbuf pending;         /* text not yet turned into output */
+    rlai_strbuf sse;             /* K_PLUGIN streaming: ready events */
     cJSON *results;              /* K_PLUGIN non-streaming: result values */
     bool done;                   /* terminal callback seen */
     int status;                  /* 0 or a negative rlai_error */
@@ -279,7 +238,7 @@ struct hreq {
     bool live;                   /* in h->live */
     hreq *next_live;
     rlai_tools tools;            /* K_CHAT with tools (host/tools.h) */
-    bytes held;                  /* streamed tool mode: text kept back until done */
+    rlai_strbuf held;            /* streamed tool mode: text kept back until done */
     bool tool_decided;           /* tool_choice auto: the reply's first byte was seen */
     bool tool_called;            /* the reply was a call: finish_reason "tool_calls" */
 
@@ -300,9 +259,9 @@ struct hreq {
     char path[96];
 
     /* connection thread only */
-    bytes tpl;                   /* text chunk template: tpl.p[0..tpl_head) text tpl.p[tpl_head..) */
+    rlai_strbuf tpl;             /* text chunk template: tpl.p[0..tpl_head) text tpl.p[tpl_head..) */
     size_t tpl_head;
-    bytes out;
+    rlai_strbuf out;
     size_t opos;
     int phase;                   /* 0 = first chunk not sent, 1 = streaming, 2 = ended */
     bool counted_stream;
@@ -315,11 +274,11 @@ static void hreq_unref(hreq *r)
     pthread_mutex_unlock(&r->mu);
     if (left > 0)
         return;
-    bytes_free(&r->body);
-    bytes_free(&r->pending);
-    bytes_free(&r->sse);
-    bytes_free(&r->out);
-    bytes_free(&r->tpl);
+    rlai_strbuf_free(&r->body);
+    rlai_strbuf_free(&r->pending);
+    rlai_strbuf_free(&r->sse);
+    rlai_strbuf_free(&r->out);
+    rlai_strbuf_free(&r->tpl);
     cJSON_Delete(r->results);
     free(r->model);
     free(r->route);
@@ -332,7 +291,7 @@ static void hreq_unref(hreq *r)
         hreq_unref(r->kids[i]);
     free(r->kids);
     rlai_tools_free(&r->tools);
-    bytes_free(&r->held);
+    rlai_strbuf_free(&r->held);
     pthread_cond_destroy(&r->cv);
     pthread_mutex_destroy(&r->mu);
     free(r);
@@ -713,18 +672,18 @@ static int text_chunk(hreq *r, const char *text, size_t len)
         int rc = m ? 0 : RLAI_ERR_FORMAT;     /* cannot happen: then the cJSON path */
         if (rc == 0) {
             r->tpl_head = 6 + (size_t)(m - s);
-            if (bytes_str(&r->tpl, "data: ") < 0 || bytes_add(&r->tpl, s, (size_t)(m - s)) < 0 ||
-                bytes_str(&r->tpl, m + strlen(TPL_MARK_PRINTED)) < 0 || bytes_str(&r->tpl, "\n\n") < 0)
+            if (rlai_strbuf_str(&r->tpl, "data: ") < 0 || rlai_strbuf_add(&r->tpl, s, (size_t)(m - s)) < 0 ||
+                rlai_strbuf_str(&r->tpl, m + strlen(TPL_MARK_PRINTED)) < 0 || rlai_strbuf_str(&r->tpl, "\n\n") < 0)
                 rc = RLAI_ERR_NOMEM;
         }
         free(s);
         if (rc < 0) {
-            bytes_free(&r->tpl);
+            rlai_strbuf_free(&r->tpl);
             return rc;
         }
     }
     size_t tail = r->tpl.len - r->tpl_head;
-    if (bytes_grow(&r->out, r->tpl.len + RLAI_JSON_ESCAPE_MAX(len)) < 0)
+    if (rlai_strbuf_grow(&r->out, r->tpl.len + RLAI_JSON_ESCAPE_MAX(len)) < 0)
         return RLAI_ERR_NOMEM;
     char *o = r->out.p + r->out.len;
     memcpy(o, r->tpl.p, r->tpl_head);
@@ -850,13 +809,13 @@ static void attach_logprobs(hreq *r, cJSON *choice, bool always)
 /* Streamed chat with tools: a reply that is (or, for tool_choice auto,
  * starts like) a call is kept back in r->held and sent as tool_calls
  * deltas when it is complete. Returns true when text was taken. */
-static bool tool_hold(hreq *r, bytes *text)
+static bool tool_hold(hreq *r, rlai_strbuf *text)
 {
     if (r->tools.mode == RLAI_TOOLS_OFF || (r->tool_decided && !r->held.len))
         return false;
-    if (bytes_add(&r->held, text->p, text->len) < 0)
+    if (rlai_strbuf_add(&r->held, text->p, text->len) < 0)
         return false;
-    bytes_free(text);
+    rlai_strbuf_free(text);
     if (r->tool_decided || r->tools.mode != RLAI_TOOLS_AUTO)
         return true;
     size_t i = 0;
@@ -907,7 +866,7 @@ static void tool_flush(hreq *r)
         sse_event(&r->out, NULL, b);
         cJSON_Delete(calls);
     }
-    bytes_free(&r->held);
+    rlai_strbuf_free(&r->held);
 }
 
 /* ---------------------------------------------------------- engine callbacks (engine thread) */
@@ -936,7 +895,7 @@ static int gen_on_token(void *user, rlai_token tok, const char *text, size_t len
     pthread_mutex_lock(&r->mu);
     int stop = r->why != END_NONE;
     if (!stop && len) {
-        if (bytes_add(&r->pending, text, len) < 0)
+        if (rlai_strbuf_add(&r->pending, text, len) < 0)
             stop = 1;
         pthread_cond_broadcast(&r->cv);
     }
@@ -994,7 +953,7 @@ static int sink_token(void *user, const char *text, size_t len)
                 free(t);
             }
             sse_event(&r->sse, "token", j);
-        } else if (bytes_add(&r->pending, text, len) < 0) {
+        } else if (rlai_strbuf_add(&r->pending, text, len) < 0) {
             stop = 1;
         }
         pthread_cond_broadcast(&r->cv);
@@ -1106,22 +1065,22 @@ static bool produce(hreq *r)
     bool alive = wait_progress(r);
     bool probe = r->probe;
     r->probe = false;
-    bytes text = r->pending, events = r->sse;
+    rlai_strbuf text = r->pending, events = r->sse;
     memset(&r->pending, 0, sizeof(r->pending));
     memset(&r->sse, 0, sizeof(r->sse));
     bool done = r->done || r->why == END_SHUTDOWN;
     pthread_mutex_unlock(&r->mu);
     if (!alive) {
-        bytes_free(&text);
-        bytes_free(&events);
+        rlai_strbuf_free(&text);
+        rlai_strbuf_free(&events);
         end_request(r, END_GONE);
         return false;
     }
     if (probe)
-        bytes_str(&r->out, ": ping\n\n");     /* SSE comment: clients ignore it */
+        rlai_strbuf_str(&r->out, ": ping\n\n");     /* SSE comment: clients ignore it */
     if (r->kind == K_PLUGIN) {
         if (events.len)
-            bytes_add(&r->out, events.p, events.len);
+            rlai_strbuf_add(&r->out, events.p, events.len);
     } else if (text.len && !tool_hold(r, &text)) {
         if (r->lp_mode || text_chunk(r, text.p, text.len) < 0) {
             cJSON *ch = chunk_json(r, text.p, text.len, false, NULL);
@@ -1130,8 +1089,8 @@ static bool produce(hreq *r)
         }
         r->streamed = true;
     }
-    bytes_free(&text);
-    bytes_free(&events);
+    rlai_strbuf_free(&text);
+    rlai_strbuf_free(&events);
     if (done) {
         pthread_mutex_lock(&r->mu);
         bool finished = r->done;
@@ -1162,7 +1121,7 @@ static bool produce(hreq *r)
             if (r->include_usage)
                 usage_event(r);
         }
-        bytes_str(&r->out, "data: [DONE]\n\n");
+        rlai_strbuf_str(&r->out, "data: [DONE]\n\n");
         r->phase = 2;
     }
     return true;
@@ -1565,7 +1524,7 @@ static bool check_model(hreq *r, const cJSON *body, bool allow_chat_models, cons
  * false after answering 400 (param "messages[i].content"). */
 static bool content_text(hreq *r, const cJSON *content, int idx, bool may_omit, char **out)
 {
-    bytes b = { 0 };
+    rlai_strbuf b = { 0 };
     char param[48];
     snprintf(param, sizeof(param), "messages[%d].content", idx);
     if (!content || cJSON_IsNull(content)) {
@@ -1587,18 +1546,18 @@ static bool content_text(hreq *r, const cJSON *content, int idx, bool may_omit, 
             const cJSON *t = cJSON_GetObjectItemCaseSensitive(part, "type");
             const cJSON *tx = cJSON_GetObjectItemCaseSensitive(part, "text");
             if (!cJSON_IsObject(part) || !cJSON_IsString(t) || strcmp(t->valuestring, "text") != 0) {
-                bytes_free(&b);
+                rlai_strbuf_free(&b);
                 send_error(r, 400, "unsupported_value", param, "messages[%d]: only text content parts are supported",
                            idx);
                 return false;
             }
             if (!cJSON_IsString(tx)) {
-                bytes_free(&b);
+                rlai_strbuf_free(&b);
                 send_error(r, 400, "invalid_value", param, "messages[%d]: a text part needs a string 'text'", idx);
                 return false;
             }
-            if (bytes_str(&b, tx->valuestring) < 0) {
-                bytes_free(&b);
+            if (rlai_strbuf_str(&b, tx->valuestring) < 0) {
+                rlai_strbuf_free(&b);
                 send_error(r, 500, NULL, NULL, "out of memory");
                 return false;
             }
@@ -2318,7 +2277,7 @@ static bool produce_multi(hreq *r)
         for (int i = 0; i < r->n_kids; i++) {
             hreq *k = r->kids[i];
             pthread_mutex_lock(&k->mu);
-            bytes text = k->pending;
+            rlai_strbuf text = k->pending;
             memset(&k->pending, 0, sizeof(k->pending));
             bool done = k->done;
             bool fin_due = done && !k->streamed;       /* streamed: here "finish sent" */
@@ -2332,7 +2291,7 @@ static bool produce_multi(hreq *r)
                 attach_logprobs(k, first_choice(ch), false);
                 sse_event(&r->out, NULL, ch);
             }
-            bytes_free(&text);
+            rlai_strbuf_free(&text);
         }
         if (bad || all) {
             if (bad) {
@@ -2342,7 +2301,7 @@ static bool produce_multi(hreq *r)
                 kids_usage(r);
                 usage_event(r);
             }
-            bytes_str(&r->out, "data: [DONE]\n\n");
+            rlai_strbuf_str(&r->out, "data: [DONE]\n\n");
             r->phase = 2;
             return true;
         }
@@ -2925,8 +2884,8 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
         if (!r->too_large && !r->answered) {
             if (r->body.len + *upload_data_size > h->max_body) {
                 r->too_large = true;
-                bytes_free(&r->body);
-            } else if (bytes_add(&r->body, upload_data, *upload_data_size) < 0) {
+                rlai_strbuf_free(&r->body);
+            } else if (rlai_strbuf_add(&r->body, upload_data, *upload_data_size) < 0) {
                 return MHD_NO;
             }
         }

@@ -2,6 +2,7 @@
 #include "json_msgpack.h"
 #include "rlai/error.h"
 #include "rlai/protocol.h"
+#include "rlai/strbuf.h"
 
 #include <math.h>
 #include <stdbool.h>
@@ -74,116 +75,89 @@ int rlai_json_to_msgpack(const cJSON *v, msgpack_packer *pk)
  * writer below; everything else is an ordinary cJSON value. Keys have no
  * length limit. */
 
-typedef struct jbuf {
-    char *p;
-    size_t len, cap;
-    bool oom;
-} jbuf;
-
-static void jb_add(jbuf *b, const char *s, size_t n)
+static void jb_str(rlai_strbuf *b, const char *s, size_t n)
 {
-    if (b->oom)
-        return;
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 64;
-        while (cap < b->len + n + 1)
-            cap *= 2;
-        char *np = realloc(b->p, cap);
-        if (!np) {
-            b->oom = true;
-            return;
-        }
-        b->p = np;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = 0;
-}
-
-static void jb_str(jbuf *b, const char *s, size_t n)
-{
-    jb_add(b, "\"", 1);
+    rlai_strbuf_add(b, "\"", 1);
     for (size_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)s[i];
         char esc[8];
         if (c == '"' || c == '\\') {
             esc[0] = '\\';
             esc[1] = (char)c;
-            jb_add(b, esc, 2);
+            rlai_strbuf_add(b, esc, 2);
         } else if (c < 0x20) {
             snprintf(esc, sizeof(esc), "\\u%04x", c);
-            jb_add(b, esc, 6);
+            rlai_strbuf_add(b, esc, 6);
         } else {
-            jb_add(b, (const char *)&c, 1);
+            rlai_strbuf_add(b, (const char *)&c, 1);
         }
     }
-    jb_add(b, "\"", 1);
+    rlai_strbuf_add(b, "\"", 1);
 }
 
 /* Exact JSON text of o (what a raw node carries). */
-static void jb_value(jbuf *b, const msgpack_object *o)
+static void jb_value(rlai_strbuf *b, const msgpack_object *o)
 {
     char num[40];
     switch (o->type) {
-    case MSGPACK_OBJECT_NIL: jb_add(b, "null", 4); break;
-    case MSGPACK_OBJECT_BOOLEAN: o->via.boolean ? jb_add(b, "true", 4) : jb_add(b, "false", 5); break;
+    case MSGPACK_OBJECT_NIL: rlai_strbuf_add(b, "null", 4); break;
+    case MSGPACK_OBJECT_BOOLEAN: o->via.boolean ? rlai_strbuf_add(b, "true", 4) : rlai_strbuf_add(b, "false", 5); break;
     case MSGPACK_OBJECT_POSITIVE_INTEGER:
-        jb_add(b, num, (size_t)snprintf(num, sizeof(num), "%llu", (unsigned long long)o->via.u64));
+        rlai_strbuf_add(b, num, (size_t)snprintf(num, sizeof(num), "%llu", (unsigned long long)o->via.u64));
         break;
     case MSGPACK_OBJECT_NEGATIVE_INTEGER:
-        jb_add(b, num, (size_t)snprintf(num, sizeof(num), "%lld", (long long)o->via.i64));
+        rlai_strbuf_add(b, num, (size_t)snprintf(num, sizeof(num), "%lld", (long long)o->via.i64));
         break;
     case MSGPACK_OBJECT_FLOAT32:
     case MSGPACK_OBJECT_FLOAT64:
         if (isfinite(o->via.f64))
-            jb_add(b, num, (size_t)snprintf(num, sizeof(num), "%.17g", o->via.f64));
+            rlai_strbuf_add(b, num, (size_t)snprintf(num, sizeof(num), "%.17g", o->via.f64));
         else
-            jb_add(b, "null", 4);
+            rlai_strbuf_add(b, "null", 4);
         break;
     case MSGPACK_OBJECT_STR: jb_str(b, o->via.str.ptr, o->via.str.size); break;
     case MSGPACK_OBJECT_ARRAY:
-        jb_add(b, "[", 1);
+        rlai_strbuf_add(b, "[", 1);
         for (uint32_t i = 0; i < o->via.array.size; i++) {
             if (i)
-                jb_add(b, ",", 1);
+                rlai_strbuf_add(b, ",", 1);
             jb_value(b, &o->via.array.ptr[i]);
         }
-        jb_add(b, "]", 1);
+        rlai_strbuf_add(b, "]", 1);
         break;
     case MSGPACK_OBJECT_MAP:
-        jb_add(b, "{", 1);
+        rlai_strbuf_add(b, "{", 1);
         for (uint32_t i = 0; i < o->via.map.size; i++) {
             const msgpack_object_kv *kv = &o->via.map.ptr[i];
             if (i)
-                jb_add(b, ",", 1);
+                rlai_strbuf_add(b, ",", 1);
             if (kv->key.type == MSGPACK_OBJECT_STR) {
                 jb_value(b, &kv->key);
             } else {
-                jbuf k = { 0 };
+                rlai_strbuf k = { 0 };
                 jb_value(&k, &kv->key);
                 jb_str(b, k.p ? k.p : "", k.len);
                 b->oom |= k.oom;
-                free(k.p);
+                rlai_strbuf_free(&k);
             }
-            jb_add(b, ":", 1);
+            rlai_strbuf_add(b, ":", 1);
             jb_value(b, &kv->val);
         }
-        jb_add(b, "}", 1);
+        rlai_strbuf_add(b, "}", 1);
         break;
     case MSGPACK_OBJECT_BIN:
-        jb_add(b, num, (size_t)snprintf(num, sizeof(num), "\"<%u bytes>\"", o->via.bin.size));
+        rlai_strbuf_add(b, num, (size_t)snprintf(num, sizeof(num), "\"<%u bytes>\"", o->via.bin.size));
         break;
-    default: jb_add(b, "\"<ext>\"", 7); break;
+    default: rlai_strbuf_add(b, "\"<ext>\"", 7); break;
     }
 }
 
 static cJSON *raw_of(const msgpack_object *o)
 {
-    jbuf b = { 0 };
+    rlai_strbuf b = { 0 };
     jb_value(&b, o);
-    cJSON *v = b.oom ? NULL : cJSON_CreateRaw(b.p);
-    free(b.p);
+    cJSON *v = b.oom ? NULL : cJSON_CreateRaw(b.p ? b.p : "");
+    rlai_strbuf_free(&b);
     return v;
 }
 
@@ -235,13 +209,13 @@ cJSON *rlai_msgpack_to_json(const msgpack_object *o)
         cJSON *m = cJSON_CreateObject();
         for (uint32_t i = 0; m && i < o->via.map.size; i++) {
             const msgpack_object_kv *kv = &o->via.map.ptr[i];
-            jbuf key = { 0 };
+            rlai_strbuf key = { 0 };
             if (kv->key.type == MSGPACK_OBJECT_STR)
-                jb_add(&key, kv->key.via.str.ptr, kv->key.via.str.size);
+                rlai_strbuf_add(&key, kv->key.via.str.ptr, kv->key.via.str.size);
             else
                 jb_value(&key, &kv->key);   /* a non-string key: its JSON text */
             if (!key.p && !key.oom)
-                jb_add(&key, "", 0);
+                rlai_strbuf_add(&key, "", 0);
             cJSON *v = key.oom ? NULL : rlai_msgpack_to_json(&kv->val);
             if (!v) {
                 free(key.p);

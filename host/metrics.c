@@ -1,9 +1,9 @@
 /* metrics.c - daemon metrics in Prometheus text format (see metrics.h). */
 #include "metrics.h"
 #include "rlai/error.h"
+#include "rlai/strbuf.h"
 
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -268,95 +268,60 @@ void rlai_metrics_observe_generation(rlai_metrics *m, const char *transport, int
 
 /* ---------------------------------------------------------- rendering */
 
-typedef struct sbuf {
-    char *p;
-    size_t len, cap;
-    bool oom;
-} sbuf;
 
-static void sb_printf(sbuf *b, const char *fmt, ...)
-{
-    if (b->oom)
-        return;
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        size_t room = b->cap - b->len;
-        int n = vsnprintf(b->p ? b->p + b->len : NULL, room, fmt, ap);
-        va_end(ap);
-        if (n < 0) {
-            b->oom = true;
-            return;
-        }
-        if ((size_t)n < room) {
-            b->len += (size_t)n;
-            return;
-        }
-        size_t ncap = b->cap ? b->cap * 2 : 4096;
-        while (ncap - b->len <= (size_t)n)
-            ncap *= 2;
-        char *np = realloc(b->p, ncap);
-        if (!np) {
-            b->oom = true;
-            return;
-        }
-        b->p = np;
-        b->cap = ncap;
-    }
-}
 
-static void render_hist(sbuf *b, const char *name, const char *transport, const histogram *h,
+static void render_hist(rlai_strbuf *b, const char *name, const char *transport, const histogram *h,
                         const double *bounds, size_t n)
 {
     uint64_t cum = 0;
     for (size_t i = 0; i < n; i++) {
         cum += h->buckets[i];
-        sb_printf(b, "%s_bucket{transport=\"%s\",le=\"%g\"} %llu\n", name, transport, bounds[i],
+        rlai_strbuf_printf(b, "%s_bucket{transport=\"%s\",le=\"%g\"} %llu\n", name, transport, bounds[i],
                   (unsigned long long)cum);
     }
     cum += h->buckets[n];
-    sb_printf(b, "%s_bucket{transport=\"%s\",le=\"+Inf\"} %llu\n", name, transport, (unsigned long long)cum);
-    sb_printf(b, "%s_sum{transport=\"%s\"} %.6f\n", name, transport, h->sum);
-    sb_printf(b, "%s_count{transport=\"%s\"} %llu\n", name, transport, (unsigned long long)h->count);
+    rlai_strbuf_printf(b, "%s_bucket{transport=\"%s\",le=\"+Inf\"} %llu\n", name, transport, (unsigned long long)cum);
+    rlai_strbuf_printf(b, "%s_sum{transport=\"%s\"} %.6f\n", name, transport, h->sum);
+    rlai_strbuf_printf(b, "%s_count{transport=\"%s\"} %llu\n", name, transport, (unsigned long long)h->count);
 }
 
 /* A counter family over transports: one line per transport. */
 #define RENDER_PER_TRANSPORT(b, m, fam, help, type, field)                                    \
     do {                                                                                    \
-        sb_printf(b, "# HELP %s %s\n# TYPE %s %s\n", fam, help, fam, type);                  \
+        rlai_strbuf_printf(b, "# HELP %s %s\n# TYPE %s %s\n", fam, help, fam, type);                  \
         for (int i_ = 0; i_ < (m)->n_tr; i_++)                                              \
-            sb_printf(b, "%s{transport=\"%s\"} %llu\n", fam, (m)->tr[i_].name,              \
+            rlai_strbuf_printf(b, "%s{transport=\"%s\"} %llu\n", fam, (m)->tr[i_].name,              \
                       (unsigned long long)(m)->tr[i_].field);                               \
     } while (0)
 
 char *rlai_metrics_render(rlai_metrics *m, const rlai_engine_stats *es, double uptime_s)
 {
-    sbuf b = { 0 };
-    sb_printf(&b, "# HELP rlai_uptime_seconds Seconds since the daemon started.\n"
+    rlai_strbuf b = { 0 };
+    rlai_strbuf_printf(&b, "# HELP rlai_uptime_seconds Seconds since the daemon started.\n"
                   "# TYPE rlai_uptime_seconds gauge\nrlai_uptime_seconds %.3f\n", uptime_s);
     if (m) {
         pthread_mutex_lock(&m->mu);
-        sb_printf(&b, "# HELP rlai_requests_total Requests received, by endpoint and transport.\n"
+        rlai_strbuf_printf(&b, "# HELP rlai_requests_total Requests received, by endpoint and transport.\n"
                       "# TYPE rlai_requests_total counter\n");
         for (int i = 0; i < m->n_pairs; i++)
-            sb_printf(&b, "rlai_requests_total{endpoint=\"%s\",transport=\"%s\"} %llu\n", m->pairs[i].endpoint,
+            rlai_strbuf_printf(&b, "rlai_requests_total{endpoint=\"%s\",transport=\"%s\"} %llu\n", m->pairs[i].endpoint,
                       m->pairs[i].transport, (unsigned long long)m->pairs[i].n);
-        sb_printf(&b, "# HELP rlai_http_responses_total HTTP responses, by status code.\n"
+        rlai_strbuf_printf(&b, "# HELP rlai_http_responses_total HTTP responses, by status code.\n"
                       "# TYPE rlai_http_responses_total counter\n");
         for (int i = 0; i < m->n_codes; i++)
-            sb_printf(&b, "rlai_http_responses_total{code=\"%d\"} %llu\n", m->codes[i].code,
+            rlai_strbuf_printf(&b, "rlai_http_responses_total{code=\"%d\"} %llu\n", m->codes[i].code,
                       (unsigned long long)m->codes[i].n);
-        sb_printf(&b, "# HELP rlai_plugin_calls_total Plugin calls received, by command and transport.\n"
+        rlai_strbuf_printf(&b, "# HELP rlai_plugin_calls_total Plugin calls received, by command and transport.\n"
                       "# TYPE rlai_plugin_calls_total counter\n");
         for (int i = 0; i < m->n_calls; i++)
-            sb_printf(&b, "rlai_plugin_calls_total{command=\"%s\",transport=\"%s\"} %llu\n", m->calls[i].command,
+            rlai_strbuf_printf(&b, "rlai_plugin_calls_total{command=\"%s\",transport=\"%s\"} %llu\n", m->calls[i].command,
                       m->calls[i].transport, (unsigned long long)m->calls[i].n);
-        sb_printf(&b, "# HELP rlai_plugin_calls_timed_out_total Plugin calls ended with TIMEOUT, by command.\n"
+        rlai_strbuf_printf(&b, "# HELP rlai_plugin_calls_timed_out_total Plugin calls ended with TIMEOUT, by command.\n"
                       "# TYPE rlai_plugin_calls_timed_out_total counter\n");
         for (int i = 0; i < m->n_timeouts; i++)
-            sb_printf(&b, "rlai_plugin_calls_timed_out_total{command=\"%s\"} %llu\n", m->timeouts[i].command,
+            rlai_strbuf_printf(&b, "rlai_plugin_calls_timed_out_total{command=\"%s\"} %llu\n", m->timeouts[i].command,
                       (unsigned long long)m->timeouts[i].n);
-        sb_printf(&b, "# HELP rlai_plugin_workers_stuck Plugin handlers still running past their deadline.\n"
+        rlai_strbuf_printf(&b, "# HELP rlai_plugin_workers_stuck Plugin handlers still running past their deadline.\n"
                       "# TYPE rlai_plugin_workers_stuck gauge\nrlai_plugin_workers_stuck %d\n", m->workers_stuck);
         RENDER_PER_TRANSPORT(&b, m, "rlai_generations_total", "Generations that finished.", "counter",
                              generations);
@@ -372,29 +337,29 @@ char *rlai_metrics_render(rlai_metrics *m, const rlai_engine_stats *es, double u
                              "Speculative draft tokens verified (docs/SPECULATIVE.md).", "counter", drafted_tokens);
         RENDER_PER_TRANSPORT(&b, m, "rlai_spec_accepted_tokens_total",
                              "Speculative draft tokens accepted.", "counter", accepted_tokens);
-        sb_printf(&b, "# HELP rlai_ttft_seconds Time to first token (submit to first sampled token).\n"
+        rlai_strbuf_printf(&b, "# HELP rlai_ttft_seconds Time to first token (submit to first sampled token).\n"
                       "# TYPE rlai_ttft_seconds histogram\n");
         for (int i = 0; i < m->n_tr; i++)
             render_hist(&b, "rlai_ttft_seconds", m->tr[i].name, &m->tr[i].ttft, ttft_bounds, N_TTFT);
-        sb_printf(&b, "# HELP rlai_decode_tokens_per_second Decode rate of each generation.\n"
+        rlai_strbuf_printf(&b, "# HELP rlai_decode_tokens_per_second Decode rate of each generation.\n"
                       "# TYPE rlai_decode_tokens_per_second histogram\n");
         for (int i = 0; i < m->n_tr; i++)
             render_hist(&b, "rlai_decode_tokens_per_second", m->tr[i].name, &m->tr[i].tps, tps_bounds, N_TPS);
         pthread_mutex_unlock(&m->mu);
     }
     if (es) {
-        sb_printf(&b, "# HELP rlai_kv_blocks KV cache blocks (16 tokens each), by state.\n"
+        rlai_strbuf_printf(&b, "# HELP rlai_kv_blocks KV cache blocks (16 tokens each), by state.\n"
                       "# TYPE rlai_kv_blocks gauge\n"
                       "rlai_kv_blocks{state=\"total\"} %d\nrlai_kv_blocks{state=\"used\"} %d\n"
                       "rlai_kv_blocks{state=\"cached\"} %d\nrlai_kv_blocks{state=\"pinned\"} %d\n"
                       "rlai_kv_blocks{state=\"free\"} %d\n",
                   es->kv_blocks_total, es->kv_blocks_used, es->kv_blocks_cached, es->kv_blocks_pinned,
                   es->kv_blocks_free);
-        sb_printf(&b, "# HELP rlai_engine_running Sequences being decoded.\n# TYPE rlai_engine_running gauge\n"
+        rlai_strbuf_printf(&b, "# HELP rlai_engine_running Sequences being decoded.\n# TYPE rlai_engine_running gauge\n"
                       "rlai_engine_running %d\n"
                       "# HELP rlai_engine_queued Requests waiting for admission.\n# TYPE rlai_engine_queued gauge\n"
                       "rlai_engine_queued %d\n", es->running, es->queued);
-        sb_printf(&b, "# HELP rlai_engine_requests_total Requests the engine accepted.\n"
+        rlai_strbuf_printf(&b, "# HELP rlai_engine_requests_total Requests the engine accepted.\n"
                       "# TYPE rlai_engine_requests_total counter\nrlai_engine_requests_total %llu\n"
                       "# HELP rlai_engine_tokens_generated_total Tokens the engine generated (all callers).\n"
                       "# TYPE rlai_engine_tokens_generated_total counter\nrlai_engine_tokens_generated_total %llu\n"
@@ -416,11 +381,6 @@ char *rlai_metrics_render(rlai_metrics *m, const rlai_engine_stats *es, double u
                   (unsigned long long)es->steps, (unsigned long long)es->spec_drafted_total,
                   (unsigned long long)es->spec_accepted_total);
     }
-    if (b.oom) {
-        free(b.p);
-        return NULL;
-    }
-    if (!b.p)
-        return strdup("");
-    return b.p;
+    rlai_strbuf_str(&b, "");                  /* an empty page is "" */
+    return rlai_strbuf_take(&b);              /* NULL when out of memory */
 }

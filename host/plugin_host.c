@@ -3,6 +3,7 @@
 #include "plugin_host.h"
 #include "gen_params.h"
 #include "rlai/error.h"
+#include "rlai/strbuf.h"
 #include "rlai/clock.h"
 #include "rlai/deadline.h"
 #include "rlai/plugin.h"
@@ -853,9 +854,7 @@ typedef struct gen_wait {
     bool done;
     int status;
     rlai_gen_metrics m;
-    char *text;
-    size_t len, cap;
-    bool oom;
+    rlai_strbuf text;            /* the generation so far */
 } gen_wait;
 
 static int gen_on_token(void *user, rlai_token tok, const char *text, size_t len)
@@ -863,21 +862,8 @@ static int gen_on_token(void *user, rlai_token tok, const char *text, size_t len
     (void)tok;
     gen_wait *w = user;
     if (len) {
-        if (w->len + len + 1 > w->cap) {
-            size_t cap = w->cap ? w->cap * 2 : 256;
-            while (cap < w->len + len + 1)
-                cap *= 2;
-            char *nt = realloc(w->text, cap);
-            if (!nt) {
-                w->oom = true;
-                return 1;
-            }
-            w->text = nt;
-            w->cap = cap;
-        }
-        memcpy(w->text + w->len, text, len);
-        w->len += len;
-        w->text[w->len] = 0;
+        if (rlai_strbuf_add(&w->text, text, len) < 0)
+            return 1;
         if (w->stream)
             send_token(w->call, text, len);
     }
@@ -1025,11 +1011,12 @@ static int api_generate(rlai_call *call, const rlai_gen_request *req_in, size_t 
     pthread_mutex_unlock(&call->mu);
     pthread_mutex_destroy(&w.mu);
     pthread_cond_destroy(&w.cv);
-    if (w.status < 0 || w.oom) {
-        free(w.text);
+    if (w.status < 0 || w.text.oom) {
+        rlai_strbuf_free(&w.text);
         return w.status < 0 ? w.status : RLAI_ERR_NOMEM;
     }
-    out->text = w.text ? w.text : strdup("");
+    rlai_strbuf_str(&w.text, "");              /* no text at all is "" */
+    out->text = rlai_strbuf_take(&w.text);
     if (!out->text)
         return RLAI_ERR_NOMEM;
     out->prompt_tokens = w.m.prompt_tokens;

@@ -4,7 +4,6 @@
 #include "router.h"
 
 #include <cjson/cJSON.h>
-#include <stdarg.h>
 #include <limits.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -14,6 +13,7 @@
 #include "remote.h"
 #include "upstream.h"
 #include "rlai/error.h"
+#include "rlai/strbuf.h"
 
 enum { SPILL_QUEUE = 0, SPILL_CONTEXT = 1, SPILL_BUSY = 2, SPILL_ASKED = 3, N_SPILL = 4 };
 static const char *const spill_names[N_SPILL] = { "queue", "context", "busy", "asked" };
@@ -418,122 +418,83 @@ rlai_engine *rlai_router_engine(const rlai_router *r)
 
 /* ---------------------------------------------------------- metrics and stats */
 
-typedef struct sbuf {
-    char *p;
-    size_t len, cap;
-    bool oom;
-} sbuf;
 
-static void sb_printf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void sb_printf(sbuf *b, const char *fmt, ...)
-{
-    if (b->oom)
-        return;
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        int n = vsnprintf(b->p ? b->p + b->len : NULL, b->p ? b->cap - b->len : 0, fmt, ap);
-        va_end(ap);
-        if (n < 0) {
-            b->oom = true;
-            return;
-        }
-        if (b->p && b->len + (size_t)n < b->cap) {
-            b->len += (size_t)n;
-            return;
-        }
-        size_t cap = b->cap ? b->cap * 2 : 1024;
-        while (cap < b->len + (size_t)n + 1)
-            cap *= 2;
-        char *q = realloc(b->p, cap);
-        if (!q) {
-            b->oom = true;
-            return;
-        }
-        b->p = q;
-        b->cap = cap;
-    }
-}
 
 char *rlai_router_render_metrics(rlai_router *r)
 {
-    sbuf b = { 0 };
-    sb_printf(&b, "%s", "");
+    rlai_strbuf b = { 0 };
+    rlai_strbuf_printf(&b, "%s", "");
     if (r && r->remote) {
-        sb_printf(&b, "# HELP rlai_route_requests_total Generations routed, by where they ran.\n"
+        rlai_strbuf_printf(&b, "# HELP rlai_route_requests_total Generations routed, by where they ran.\n"
                       "# TYPE rlai_route_requests_total counter\n"
                       "rlai_route_requests_total{place=\"local\"} %llu\n",
                   (unsigned long long)atomic_load(&r->n_local));
         int n = rlai_remote_n_upstreams(r->remote);
         rlai_upstream_stats *st = calloc((size_t)n, sizeof(*st));
         if (!st) {
-            free(b.p);
+            rlai_strbuf_free(&b);
             return NULL;
         }
         for (int u = 0; u < n; u++) {
             rlai_remote_get_stats(r->remote, u, &st[u]);
-            sb_printf(&b, "rlai_route_requests_total{place=\"upstream:%s\"} %llu\n",
+            rlai_strbuf_printf(&b, "rlai_route_requests_total{place=\"upstream:%s\"} %llu\n",
                       rlai_remote_upstream(r->remote, u)->name, (unsigned long long)st[u].requests);
         }
-        sb_printf(&b, "# HELP rlai_route_spills_total Local-model generations sent to an upstream, by reason.\n"
+        rlai_strbuf_printf(&b, "# HELP rlai_route_spills_total Local-model generations sent to an upstream, by reason.\n"
                       "# TYPE rlai_route_spills_total counter\n");
         for (int i = 0; i < N_SPILL; i++)
-            sb_printf(&b, "rlai_route_spills_total{reason=\"%s\"} %llu\n", spill_names[i],
+            rlai_strbuf_printf(&b, "rlai_route_spills_total{reason=\"%s\"} %llu\n", spill_names[i],
                       (unsigned long long)atomic_load(&r->n_spill[i]));
-        sb_printf(&b, "# HELP rlai_upstream_up 1 when the upstream's circuit breaker is closed.\n"
+        rlai_strbuf_printf(&b, "# HELP rlai_upstream_up 1 when the upstream's circuit breaker is closed.\n"
                       "# TYPE rlai_upstream_up gauge\n");
         for (int u = 0; u < n; u++)
-            sb_printf(&b, "rlai_upstream_up{upstream=\"%s\"} %d\n", rlai_remote_upstream(r->remote, u)->name,
+            rlai_strbuf_printf(&b, "rlai_upstream_up{upstream=\"%s\"} %d\n", rlai_remote_upstream(r->remote, u)->name,
                       st[u].breaker == RLAI_BREAKER_CLOSED);
-        sb_printf(&b, "# HELP rlai_upstream_breaker_state Circuit breaker state (1 for the current one).\n"
+        rlai_strbuf_printf(&b, "# HELP rlai_upstream_breaker_state Circuit breaker state (1 for the current one).\n"
                       "# TYPE rlai_upstream_breaker_state gauge\n");
         for (int u = 0; u < n; u++)
             for (int s = 0; s < 3; s++)
-                sb_printf(&b, "rlai_upstream_breaker_state{upstream=\"%s\",state=\"%s\"} %d\n",
+                rlai_strbuf_printf(&b, "rlai_upstream_breaker_state{upstream=\"%s\",state=\"%s\"} %d\n",
                           rlai_remote_upstream(r->remote, u)->name, rlai_breaker_state_name((rlai_breaker_state)s),
                           (int)st[u].breaker == s);
-        sb_printf(&b, "# HELP rlai_upstream_streams Remote requests by state now.\n"
+        rlai_strbuf_printf(&b, "# HELP rlai_upstream_streams Remote requests by state now.\n"
                       "# TYPE rlai_upstream_streams gauge\n");
         for (int u = 0; u < n; u++) {
             const char *nm = rlai_remote_upstream(r->remote, u)->name;
-            sb_printf(&b, "rlai_upstream_streams{upstream=\"%s\",state=\"active\"} %d\n", nm, st[u].active);
-            sb_printf(&b, "rlai_upstream_streams{upstream=\"%s\",state=\"waiting\"} %d\n", nm, st[u].queued);
+            rlai_strbuf_printf(&b, "rlai_upstream_streams{upstream=\"%s\",state=\"active\"} %d\n", nm, st[u].active);
+            rlai_strbuf_printf(&b, "rlai_upstream_streams{upstream=\"%s\",state=\"waiting\"} %d\n", nm, st[u].queued);
         }
-        sb_printf(&b, "# HELP rlai_upstream_requests_total Remote requests by how they ended.\n"
+        rlai_strbuf_printf(&b, "# HELP rlai_upstream_requests_total Remote requests by how they ended.\n"
                       "# TYPE rlai_upstream_requests_total counter\n");
         for (int u = 0; u < n; u++) {
             const char *nm = rlai_remote_upstream(r->remote, u)->name;
-            sb_printf(&b, "rlai_upstream_requests_total{upstream=\"%s\",result=\"ok\"} %llu\n", nm,
+            rlai_strbuf_printf(&b, "rlai_upstream_requests_total{upstream=\"%s\",result=\"ok\"} %llu\n", nm,
                       (unsigned long long)st[u].ok);
-            sb_printf(&b, "rlai_upstream_requests_total{upstream=\"%s\",result=\"error\"} %llu\n", nm,
+            rlai_strbuf_printf(&b, "rlai_upstream_requests_total{upstream=\"%s\",result=\"error\"} %llu\n", nm,
                       (unsigned long long)st[u].failed);
-            sb_printf(&b, "rlai_upstream_requests_total{upstream=\"%s\",result=\"cancelled\"} %llu\n", nm,
+            rlai_strbuf_printf(&b, "rlai_upstream_requests_total{upstream=\"%s\",result=\"cancelled\"} %llu\n", nm,
                       (unsigned long long)st[u].cancelled);
-            sb_printf(&b, "rlai_upstream_requests_total{upstream=\"%s\",result=\"timeout\"} %llu\n", nm,
+            rlai_strbuf_printf(&b, "rlai_upstream_requests_total{upstream=\"%s\",result=\"timeout\"} %llu\n", nm,
                       (unsigned long long)st[u].timeouts);
         }
-        sb_printf(&b, "# HELP rlai_upstream_attempts_failed_total Failed attempts (connect, 5xx, 429, malformed, "
+        rlai_strbuf_printf(&b, "# HELP rlai_upstream_attempts_failed_total Failed attempts (connect, 5xx, 429, malformed, "
                       "slow).\n# TYPE rlai_upstream_attempts_failed_total counter\n");
         for (int u = 0; u < n; u++)
-            sb_printf(&b, "rlai_upstream_attempts_failed_total{upstream=\"%s\"} %llu\n",
+            rlai_strbuf_printf(&b, "rlai_upstream_attempts_failed_total{upstream=\"%s\"} %llu\n",
                       rlai_remote_upstream(r->remote, u)->name, (unsigned long long)st[u].attempts_failed);
-        sb_printf(&b, "# HELP rlai_upstream_retries_total Attempts retried before the first token.\n"
+        rlai_strbuf_printf(&b, "# HELP rlai_upstream_retries_total Attempts retried before the first token.\n"
                       "# TYPE rlai_upstream_retries_total counter\n");
         for (int u = 0; u < n; u++)
-            sb_printf(&b, "rlai_upstream_retries_total{upstream=\"%s\"} %llu\n",
+            rlai_strbuf_printf(&b, "rlai_upstream_retries_total{upstream=\"%s\"} %llu\n",
                       rlai_remote_upstream(r->remote, u)->name, (unsigned long long)st[u].retries);
-        sb_printf(&b, "# HELP rlai_upstream_breaker_opens_total Times the circuit breaker opened.\n"
+        rlai_strbuf_printf(&b, "# HELP rlai_upstream_breaker_opens_total Times the circuit breaker opened.\n"
                       "# TYPE rlai_upstream_breaker_opens_total counter\n");
         for (int u = 0; u < n; u++)
-            sb_printf(&b, "rlai_upstream_breaker_opens_total{upstream=\"%s\"} %llu\n",
+            rlai_strbuf_printf(&b, "rlai_upstream_breaker_opens_total{upstream=\"%s\"} %llu\n",
                       rlai_remote_upstream(r->remote, u)->name, (unsigned long long)st[u].breaker_opens);
         free(st);
     }
-    if (b.oom) {
-        free(b.p);
-        return NULL;
-    }
-    return b.p;
+    return rlai_strbuf_take(&b);              /* NULL when out of memory */
 }
 
 char *rlai_router_upstreams_json(rlai_router *r)
