@@ -25,6 +25,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "rlai/strbuf.h"
+
 /* ---- small helpers ------------------------------------------------------- */
 
 static const char *find_bytes(const char *h, size_t hlen, const char *n, size_t nlen)
@@ -45,9 +47,7 @@ static bool contains(const char *h, size_t hlen, const char *n)
 }
 
 typedef struct sbuf {
-    char *p;
-    size_t len, cap;
-    bool oom;
+    rlai_strbuf t;         /* the text */
     /* Optional segment list (rlai_chat_render): each appended span is
      * recorded as template text or message content; adjacent spans of the
      * same kind are merged. */
@@ -59,7 +59,7 @@ typedef struct sbuf {
 
 static void sb_note(sbuf *b, size_t off, size_t n)
 {
-    if (!b->track || n == 0 || b->oom)
+    if (!b->track || n == 0 || b->t.oom)
         return;
     if (b->n_segs > 0) {
         rlai_chat_seg *l = &b->segs[b->n_segs - 1];
@@ -72,7 +72,7 @@ static void sb_note(sbuf *b, size_t off, size_t n)
         int cap = b->cap_segs ? b->cap_segs * 2 : 16;
         rlai_chat_seg *s = realloc(b->segs, sizeof(*s) * (size_t)cap);
         if (!s) {
-            b->oom = true;
+            b->t.oom = true;
             return;
         }
         b->segs = s;
@@ -83,25 +83,9 @@ static void sb_note(sbuf *b, size_t off, size_t n)
 
 static void sb_add(sbuf *b, const char *s, size_t n)
 {
-    if (b->oom)
-        return;
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->len + n + 1)
-            cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (!p) {
-            b->oom = true;
-            return;
-        }
-        b->p = p;
-        b->cap = cap;
-    }
-    if (n)
-        memcpy(b->p + b->len, s, n);
-    sb_note(b, b->len, n);
-    b->len += n;
-    b->p[b->len] = '\0';
+    size_t off = b->t.len;
+    if (rlai_strbuf_add(&b->t, s, n) == 0)
+        sb_note(b, off, n);
 }
 
 static void sb_str(sbuf *b, const char *s)
@@ -187,11 +171,11 @@ static char *parse_system_literal(const char *t, size_t len, size_t pos, char q)
     sb_add(&b, "", 0);
     while (pos < len) {
         if (len - pos >= el && memcmp(t + pos, end, el) == 0) {
-            if (b.oom) {
-                free(b.p);
+            if (b.t.oom) {
+                free(b.t.p);
                 return NULL;
             }
-            return b.p;
+            return b.t.p;
         }
         char c = t[pos];
         if (c == q)
@@ -214,7 +198,7 @@ static char *parse_system_literal(const char *t, size_t len, size_t pos, char q)
         sb_add(&b, &c, 1);
         pos++;
     }
-    free(b.p);
+    free(b.t.p);
     return NULL;
 }
 
@@ -317,9 +301,9 @@ static void fmt_gemma(sbuf *b, const char *def_sys, const rlai_chat_message *m, 
         sb_str(b, !strcmp(m[i].role, "assistant") ? "model" : "user");
         sb_str(b, "\n");
         if (have_pending) {
-            sb_content(b, pending.p ? pending.p : "", pending.len);
+            sb_content(b, pending.t.p ? pending.t.p : "", pending.t.len);
             sb_content(b, "\n\n", 2);
-            pending.len = 0;
+            pending.t.len = 0;
             have_pending = false;
         }
         sb_trimmed(b, c);
@@ -327,12 +311,12 @@ static void fmt_gemma(sbuf *b, const char *def_sys, const rlai_chat_message *m, 
     }
     if (have_pending) {
         sb_str(b, "<start_of_turn>user\n");
-        sb_content(b, pending.p ? pending.p : "", pending.len);
+        sb_content(b, pending.t.p ? pending.t.p : "", pending.t.len);
         sb_str(b, "<end_of_turn>\n");
     }
-    if (pending.oom)
-        b->oom = true;
-    free(pending.p);
+    if (pending.t.oom)
+        b->t.oom = true;
+    free(pending.t.p);
     if (gen)
         sb_str(b, "<start_of_turn>model\n");
 }
@@ -369,12 +353,12 @@ static int render(rlai_chat_style style, const char *default_system, const rlai_
     case RLAI_CHAT_LLAMA3: fmt_llama3(&b, def_sys, msgs, n, add_generation_prompt); break;
     case RLAI_CHAT_GEMMA: fmt_gemma(&b, def_sys, msgs, n, add_generation_prompt); break;
     }
-    if (b.oom) {
-        free(b.p);
+    if (b.t.oom) {
+        free(b.t.p);
         free(b.segs);
         return RLAI_ERR_NOMEM;
     }
-    *out = b.p;
+    *out = b.t.p;
     if (track) {
         *segs = b.segs;
         *n_segs = b.n_segs;
