@@ -22,40 +22,13 @@
 #include <string.h>
 
 #include "engine_impl.h"
+#include "gen_capture.h"
 
 #define MODEL RLAI_MODELS_DIR "/SmolLM2-135M-Instruct.Q4_1.gguf"
 #define LAYERS8 RLAI_DRAFT_DATA "/layers8.gguf"
 #define BADVOCAB RLAI_DRAFT_DATA "/badvocab.gguf"
 
 #define NTOK 48
-
-typedef struct result {
-    rlai_token toks[256];
-    int n;
-    bool done;
-    int status;
-    rlai_gen_metrics m;
-} result;
-
-static int collect(void *user, rlai_token tok, const char *text, size_t len)
-{
-    (void)text;
-    (void)len;
-    result *r = user;
-    if (tok >= 0 && r->n < 256)
-        r->toks[r->n++] = tok;
-    return 0;
-}
-
-static void done_cb(void *user, uint64_t id, int status, const rlai_gen_metrics *m)
-{
-    (void)id;
-    result *r = user;
-    ck_assert(!r->done);
-    r->done = true;
-    r->status = status;
-    r->m = *m;
-}
 
 static int open_with(const char *draft, rlai_spec_mode spec, int spec_max_batch, rlai_engine **e, char *err,
                      size_t errlen)

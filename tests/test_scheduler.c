@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "rlai/engine.h"
+#include "gen_capture.h"
 
 #define MODEL RLAI_MODELS_DIR "/SmolLM2-135M-Instruct.Q4_1.gguf"
 #define NTOK 16
@@ -24,34 +25,6 @@ static rlai_engine *open_engine(int kv_blocks, int n_ctx)
     char err[512];
     ck_assert_msg(rlai_engine_open(MODEL, &p, &e, err, sizeof(err)) == 0, "%s", err);
     return e;
-}
-
-typedef struct result {
-    rlai_token toks[256];
-    int n;
-    bool done;
-    int status;
-    rlai_gen_metrics m;
-} result;
-
-static int collect(void *user, rlai_token tok, const char *text, size_t len)
-{
-    (void)text;
-    (void)len;
-    result *r = user;
-    if (tok >= 0 && r->n < 256)
-        r->toks[r->n++] = tok;
-    return 0;
-}
-
-static void done_cb(void *user, uint64_t id, int status, const rlai_gen_metrics *m)
-{
-    (void)id;
-    result *r = user;
-    ck_assert(!r->done);   /* exactly once */
-    r->done = true;
-    r->status = status;
-    r->m = *m;
 }
 
 static int tokenize(rlai_engine *e, const char *text, rlai_token *out, int cap)
@@ -341,7 +314,6 @@ START_TEST(deadline_ends_request_with_timeout_and_frees_blocks)
     rlai_engine_close(e);
 }
 END_TEST
-
 
 /* rlai_engine_submit_text, the request path of every front: a chat or a
  * prompt gives the same tokens as tokenizing it by hand and submitting;

@@ -13,6 +13,7 @@
 #include "rlai/engine.h"
 #include "sampler.h"
 #include "spec.h"
+#include "gen_capture.h"
 
 #define MODEL RLAI_MODELS_DIR "/SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -252,34 +253,6 @@ START_TEST(rejection_rule_keeps_the_distribution)
 END_TEST
 
 /* ------------------------------------------------------- real model */
-
-typedef struct result {
-    rlai_token toks[256];
-    int n;
-    bool done;
-    int status;
-    rlai_gen_metrics m;
-} result;
-
-static int collect(void *user, rlai_token tok, const char *text, size_t len)
-{
-    (void)text;
-    (void)len;
-    result *r = user;
-    if (tok >= 0 && r->n < 256)
-        r->toks[r->n++] = tok;
-    return 0;
-}
-
-static void done_cb(void *user, uint64_t id, int status, const rlai_gen_metrics *m)
-{
-    (void)id;
-    result *r = user;
-    ck_assert(!r->done);
-    r->done = true;
-    r->status = status;
-    r->m = *m;
-}
 
 static rlai_engine *open_engine(rlai_spec_mode spec, int spec_max_batch)
 {
