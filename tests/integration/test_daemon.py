@@ -15,6 +15,8 @@ import msgpack
 import pytest
 import zmq
 
+from wire import free_port
+
 RLAI = os.environ.get("RLAI_BIN")
 MODELS = Path(os.environ.get("RLAI_MODELS_DIR", "models"))
 MODEL = MODELS / "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -25,14 +27,6 @@ pytestmark = [
 ]
 
 V = 1
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 class Engine:

@@ -22,6 +22,7 @@ import msgpack
 import pytest
 
 from tiny_lore import plugins_with_tiny_lore
+from wire import free_port  # noqa: F401 (test_remote and others import it from here)
 
 openai = pytest.importorskip("openai")
 
@@ -38,14 +39,6 @@ pytestmark = [
     pytest.mark.skipif(not RLAI, reason="RLAI_BIN not set (run through meson test)"),
     pytest.mark.skipif(not MODEL.exists(), reason="default model not fetched (scripts/setup.sh)"),
 ]
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 class Engine:

@@ -11,9 +11,10 @@ import subprocess
 import time
 from pathlib import Path
 
-import msgpack
 import pytest
 import zmq
+
+from wire import wire_request
 
 RLAI = os.environ.get("RLAI_BIN")
 MODELS = Path(os.environ.get("RLAI_MODELS_DIR", "models"))
@@ -65,19 +66,7 @@ class Server:
     def request(self, type_, timeout=300, **fields):
         id_ = self.next_id
         self.next_id += 1
-        self.sock.send(msgpack.packb({"v": 1, "id": id_, "type": type_, **fields}))
-        frames = []
-        end = time.time() + timeout
-        while time.time() < end:
-            if not self.sock.poll(int(max(0.1, end - time.time()) * 1000)):
-                break
-            f = msgpack.unpackb(self.sock.recv(), raw=False)
-            if f.get("id") != id_:
-                continue
-            frames.append(f)
-            if f["type"] in ("done", "error"):
-                return frames
-        raise TimeoutError(f"{type_} {id_} did not finish")
+        return wire_request(self.sock, id_, type_, timeout, **fields)
 
     def call(self, command, params=None):
         frames = self.request("call", command=command,

@@ -13,18 +13,17 @@ import io
 import json
 import os
 import shutil
-import socket
 import subprocess
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
-import msgpack
 import pytest
 import zmq
 
 from tiny_lore import plugins_with_tiny_lore
+from wire import free_port, wire_request
 
 PIL = pytest.importorskip("PIL", reason="Pillow not installed (scripts/setup.sh)")
 from PIL import Image, ImageDraw, ImageFont  # noqa: E402
@@ -74,14 +73,6 @@ def png_bytes(img):
     b = io.BytesIO()
     img.save(b, "PNG")
     return b.getvalue()
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 class Xvfb:
@@ -158,19 +149,7 @@ class Server:
     def request(self, type_, timeout=300, **fields):
         id_ = self.next_id
         self.next_id += 1
-        self.sock.send(msgpack.packb({"v": 1, "id": id_, "type": type_, **fields}))
-        frames = []
-        end = time.time() + timeout
-        while time.time() < end:
-            if not self.sock.poll(int(max(0.1, end - time.time()) * 1000)):
-                break
-            f = msgpack.unpackb(self.sock.recv(), raw=False)
-            if f.get("id") != id_:
-                continue
-            frames.append(f)
-            if f["type"] in ("done", "error"):
-                return frames
-        raise TimeoutError(f"{type_} {id_} did not finish")
+        return wire_request(self.sock, id_, type_, timeout, **fields)
 
     def call(self, command, params):
         frames = self.request("call", command=command, params=json.dumps(params))
