@@ -65,7 +65,8 @@ def vocab():
 
 
 def _encode(w: np.ndarray, tname: str):
-    """Return (array, raw_dtype) for GGUFWriter.add_tensor; w has shape (ne1, ne0)."""
+    """Return (array, raw_dtype) for GGUFWriter.add_tensor; w has shape (ne1, ne0)
+    (or more dimensions, outermost first: quantized, the rows are ne1 x ...)."""
     w = np.ascontiguousarray(w, dtype=np.float32)
     if tname == "F32":
         return w, None
@@ -78,7 +79,22 @@ def _encode(w: np.ndarray, tname: str):
         assert w.shape[1] % bs == 0, "ne0 must be a multiple of the block size"
         raw = np.zeros((w.shape[0], w.shape[1] // bs * ts), dtype=np.uint8)
         return raw, qt
-    return gguf.quants.quantize(w, qt), qt
+    return gguf.quants.quantize(w.reshape(w.shape[0], -1), qt), qt
+
+
+def write_tensors_and_close(w: gguf.GGUFWriter, tensors: dict):
+    """Adds tensors (name -> (float32 array in numpy order, type name)),
+    each stored in its type, then writes the file and closes the writer."""
+    for name, (arr, tname) in tensors.items():
+        data, raw = _encode(arr, tname)
+        if raw is None:
+            w.add_tensor(name, data)
+        else:
+            w.add_tensor(name, data, raw_dtype=raw)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
 
 
 def tensors(spec: TinySpec):
@@ -149,16 +165,7 @@ def write_tiny(path, spec: TinySpec) -> Path:
     w.add_bos_token_id(eot)
     w.add_eos_token_id(eot)
     w.add_add_bos_token(False)
-    for name, (arr, tname) in tensors(spec).items():
-        data, raw = _encode(arr, tname)
-        if raw is None:
-            w.add_tensor(name, data)
-        else:
-            w.add_tensor(name, data, raw_dtype=raw)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    write_tensors_and_close(w, tensors(spec))
     return path
 
 

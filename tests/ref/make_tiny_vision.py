@@ -48,15 +48,13 @@ from pathlib import Path
 
 import numpy as np
 import gguf
-import gguf.quants
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ref_vision import RefVision  # noqa: E402
 from ref_model import RefModel  # noqa: E402
 import make_tiny  # noqa: E402
-from make_tiny import TinySpec, write_tiny  # noqa: E402
+from make_tiny import TinySpec, write_tensors_and_close, write_tiny  # noqa: E402
 
-T = gguf.GGMLQuantizationType
 IMG_W, IMG_H = 45, 29
 IMAGE_TOKEN = "<image>"
 
@@ -80,15 +78,6 @@ class VisionSpec:
     drop: set = field(default_factory=set)
     drop_keys: set = field(default_factory=set)       # metadata keys to leave out
     shape_override: dict = field(default_factory=dict)
-
-
-def _store(w: np.ndarray, tname: str):
-    w = np.ascontiguousarray(w, dtype=np.float32)
-    if tname == "F32":
-        return w, None
-    if tname == "F16":
-        return w.astype(np.float16), None
-    return gguf.quants.quantize(w.reshape(w.shape[0], -1), T[tname]), T[tname]
 
 
 def write_mmproj(path, spec: VisionSpec) -> Path:
@@ -147,16 +136,7 @@ def write_mmproj(path, spec: VisionSpec) -> Path:
     w.add_uint32("clip.vision.projector.scale_factor", spec.scale)
     w.add_array("clip.vision.image_mean", [float(x) for x in spec.mean])
     w.add_array("clip.vision.image_std", [float(x) for x in spec.std])
-    for name, (arr, tname) in tensors.items():
-        data, raw = _store(arr, tname)
-        if raw is None:
-            w.add_tensor(name, data)
-        else:
-            w.add_tensor(name, data, raw_dtype=raw)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    write_tensors_and_close(w, tensors)
     return Path(path)
 
 
