@@ -12,8 +12,8 @@
 #include "logprobs.h"
 #include "tools.h"
 #include "rlai/error.h"
-#include "rlai/strbuf.h"
 #include "rlai/protocol.h"
+#include "rlai/strbuf.h"
 
 #include <arpa/inet.h>
 #include <cjson/cJSON.h>
@@ -55,7 +55,6 @@ static void cond_init_monotonic(pthread_cond_t *cv)
     pthread_cond_init(cv, &ca);
     pthread_condattr_destroy(&ca);
 }
-
 
 /* Length of the well-formed UTF-8 sequence at s (n bytes available), or
  * 0: no overlong forms, no surrogates, nothing above U+10FFFF (the rules
@@ -382,10 +381,6 @@ static peer_state peer_check(int fd)
     return (p.revents & POLLRDHUP) ? PEER_HALF : PEER_OK;
 }
 
-/* Waits (r->mu held) until there is output, the request is done or the
- * server is stopping. Returns false when the client went away. Sets
- * r->probe when the client half-closed and a probe write is due (the
- * caller sends an SSE comment; a closed peer answers it with a reset). */
 /* Something for the stream to send (r->mu held). */
 static bool has_progress(const hreq *r)
 {
@@ -402,6 +397,10 @@ static bool pump_ready(void *arg)
     return ready;
 }
 
+/* Waits (r->mu held) until there is output, the request is done or the
+ * server is stopping. Returns false when the client went away. Sets
+ * r->probe when the client half-closed and a probe write is due (the
+ * caller sends an SSE comment; a closed peer answers it with a reset). */
 static bool wait_progress(hreq *r)
 {
     while (!has_progress(r)) {
