@@ -280,6 +280,22 @@ static void rq_init(rlai_route_request *rq, res *r, const char *model, const rla
     rq->on_error = on_err;
 }
 
+/* Starts the engine, fakes "A" and "B" and a router over them as upstreams
+ * "ua" (model, spill_a) and "ub" (model), default policy; two_down ends them. */
+static rlai_router *two_up(fake *a, fake *b, rlai_upstream_config u[2], const char *model, const char *spill_a)
+{
+    engine_up();
+    fake_start(a, "A");
+    fake_start(b, "B");
+    ucfg(&u[0], "ua", a->port, model, spill_a);
+    ucfg(&u[1], "ub", b->port, model, NULL);
+    rlai_router *rt = NULL;
+    ck_assert_int_eq(rlai_router_new(E, &rt), 0);
+    char err[256] = "";
+    ck_assert_msg(rlai_router_set_upstreams(rt, u, 2, NULL, err, sizeof(err)) == 0, "%s", err);
+    return rt;
+}
+
 /* Frees the router, the two upstream configs, the fakes and the engine. */
 static void two_down(rlai_router *rt, rlai_upstream_config u[2], fake *a, fake *b)
 {
@@ -293,17 +309,10 @@ static void two_down(rlai_router *rt, rlai_upstream_config u[2], fake *a, fake *
 
 START_TEST(routes_by_model_override_and_affinity)
 {
-    engine_up();
     fake a, b;
-    fake_start(&a, "A");
-    fake_start(&b, "B");
     rlai_upstream_config u[2];
-    ucfg(&u[0], "ua", a.port, "big", "local-twin");
-    ucfg(&u[1], "ub", b.port, "big", NULL);
-    rlai_router *rt = NULL;
-    ck_assert_int_eq(rlai_router_new(E, &rt), 0);
+    rlai_router *rt = two_up(&a, &b, u, "big", "local-twin");
     char err[256] = "";
-    ck_assert_msg(rlai_router_set_upstreams(rt, u, 2, NULL, err, sizeof(err)) == 0, "%s", err);
     ck_assert(rlai_router_is_remote_model(rt, "big"));
     ck_assert(rlai_router_is_remote_model(rt, "ub/anything"));
     ck_assert(!rlai_router_is_remote_model(rt, "nope/x"));
@@ -660,19 +669,10 @@ static int tokens_of(res *r)
 
 START_TEST(pump_drives_on_the_waiting_thread)
 {
-    engine_up();
     fake a, b;
-    fake_start(&a, "A");
-    fake_start(&b, "B");
     rlai_upstream_config u[2];
-    ucfg(&u[0], "ua", a.port, "m", NULL);
-    ucfg(&u[1], "ub", b.port, "m", NULL);
-    rlai_router *rt = NULL;
-    ck_assert_int_eq(rlai_router_new(E, &rt), 0);
+    rlai_router *rt = two_up(&a, &b, u, "m", NULL);
     char err[256] = "";
-    rlai_route_policy pol;
-    rlai_route_policy_init(&pol);
-    ck_assert_int_eq(rlai_router_set_upstreams(rt, u, 2, &pol, err, sizeof(err)), 0);
 
     /* a local id is not pumped */
     res r;
