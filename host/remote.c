@@ -3,6 +3,9 @@
 
 #include <cjson/cJSON.h>
 #include <curl/curl.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -10,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "router.h"
 #include "sse.h"
@@ -71,18 +75,86 @@ struct rlai_remote {
     int n_delivering;            /* ended, on_done not yet returned (under mu) */
     CURLM *multi;                /* driven by one thread at a time: r->driver */
     int driver;                  /* who drives the transfers now (under mu) */
+    /* libcurl's multi-socket interface, the driver's alone: the sockets
+     * libcurl asked to watch (pfd[0] is the wake pipe) and its timer */
+    struct pollfd *pfd;
+    int npfd, cap_pfd;
+    bool timer_on;
+    uint64_t timer_at_us;        /* CLOCK_MONOTONIC */
+    uint64_t timer_gen;          /* on_timer calls */
+    int wake[2];                 /* a byte here wakes the driver's poll */
     bool pump_in;                /* a connection thread is in rlai_remote_pump (under mu) */
+    bool woken;                  /* a submit or cancel since the thread last looked (under mu) */
     pthread_cond_t drive_cv;     /* the thread let go of the transfers (under mu) */
     pthread_t thread;
     bool thread_started;
     atomic_bool stop;
 };
 
-static uint64_t now_ms(void)
+static uint64_t now_us(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+static uint64_t now_ms(void)
+{
+    return now_us() / 1000u;
+}
+
+/* Wakes the driver out of its poll (any thread). A full pipe already will. */
+static void wake(rlai_remote *r)
+{
+    ssize_t w;
+    do
+        w = write(r->wake[1], "", 1);
+    while (w < 0 && errno == EINTR);
+}
+
+/* libcurl's CURLMOPT_SOCKETFUNCTION: watch s for what, or stop watching
+ * it. Runs inside the driver's libcurl calls. */
+static int on_socket(CURL *e, curl_socket_t s, int what, void *user, void *socketp)
+{
+    (void)e;
+    (void)socketp;
+    rlai_remote *r = user;
+    int i = 1;
+    while (i < r->npfd && r->pfd[i].fd != s)
+        i++;
+    if (what == CURL_POLL_REMOVE) {
+        if (i < r->npfd)
+            r->pfd[i] = r->pfd[--r->npfd];
+        return 0;
+    }
+    if (i == r->npfd) {
+        if (r->npfd == r->cap_pfd) {
+            int cap = r->cap_pfd * 2;
+            struct pollfd *p = realloc(r->pfd, (size_t)cap * sizeof(*p));
+            if (!p)
+                return -1;                     /* libcurl fails the transfer */
+            r->pfd = p;
+            r->cap_pfd = cap;
+        }
+        r->npfd++;
+        r->pfd[i].fd = s;
+    }
+    r->pfd[i].events = (short)((what & CURL_POLL_IN ? POLLIN : 0) | (what & CURL_POLL_OUT ? POLLOUT : 0));
+    r->pfd[i].revents = 0;
+    return 0;
+}
+
+/* libcurl's CURLMOPT_TIMERFUNCTION: call it back (CURL_SOCKET_TIMEOUT)
+ * after timeout_ms; -1 deletes the timer. */
+static int on_timer(CURLM *m, long timeout_ms, void *user)
+{
+    (void)m;
+    rlai_remote *r = user;
+    r->timer_gen++;
+    r->timer_on = timeout_ms >= 0;
+    if (r->timer_on)
+        r->timer_at_us = now_us() + (uint64_t)timeout_ms * 1000u;
+    return 0;
 }
 
 static char *join(const char *a, const char *b)
@@ -121,6 +193,7 @@ int rlai_remote_new(const rlai_upstream_config *ups, int n, rlai_remote **out, c
     pthread_mutex_init(&r->mu, NULL);
     pthread_cond_init(&r->idle_cv, NULL);
     pthread_cond_init(&r->drive_cv, NULL);
+    r->wake[0] = r->wake[1] = -1;
     r->ups = calloc((size_t)(n > 0 ? n : 1), sizeof(*r->ups));
     int rc = r->ups ? 0 : RLAI_ERR_NOMEM;
     for (int i = 0; rc == 0 && i < n; i++) {
@@ -150,6 +223,30 @@ int rlai_remote_new(const rlai_upstream_config *ups, int n, rlai_remote **out, c
     }
     if (rc == 0 && !(r->multi = curl_multi_init()))
         rc = rlai_errf(err, errlen, RLAI_ERR_IO, "libcurl: no multi handle");
+    if (rc == 0) {
+        r->cap_pfd = 8;
+        if (!(r->pfd = calloc((size_t)r->cap_pfd, sizeof(*r->pfd))))
+            rc = RLAI_ERR_NOMEM;
+    }
+    if (rc == 0) {
+        if (pipe(r->wake) != 0) {
+            r->wake[0] = r->wake[1] = -1;
+            rc = rlai_errf(err, errlen, RLAI_ERR_IO, "cannot create the remote thread's wake pipe");
+        }
+        for (int k = 0; rc == 0 && k < 2; k++)
+            if (fcntl(r->wake[k], F_SETFL, fcntl(r->wake[k], F_GETFL) | O_NONBLOCK) != 0 ||
+                fcntl(r->wake[k], F_SETFD, FD_CLOEXEC) != 0)
+                rc = rlai_errf(err, errlen, RLAI_ERR_IO, "cannot set up the remote thread's wake pipe");
+    }
+    if (rc == 0) {
+        r->pfd[0].fd = r->wake[0];
+        r->pfd[0].events = POLLIN;
+        r->npfd = 1;
+        curl_multi_setopt(r->multi, CURLMOPT_SOCKETFUNCTION, on_socket);
+        curl_multi_setopt(r->multi, CURLMOPT_SOCKETDATA, r);
+        curl_multi_setopt(r->multi, CURLMOPT_TIMERFUNCTION, on_timer);
+        curl_multi_setopt(r->multi, CURLMOPT_TIMERDATA, r);
+    }
     if (rc == 0) {
         if (pthread_create(&r->thread, NULL, thread_main, r) != 0)
             rc = rlai_errf(err, errlen, RLAI_ERR_IO, "cannot start the remote-upstream thread");
@@ -250,8 +347,10 @@ int rlai_remote_submit(rlai_remote *r, int up, const char *remote_model, const r
     u->st.requests++;
     q->next = r->list;
     r->list = q;
+    r->woken = true;
+    pthread_cond_broadcast(&r->drive_cv);    /* the thread, if it waits for a pump, looks again */
     pthread_mutex_unlock(&r->mu);
-    curl_multi_wakeup(r->multi);
+    wake(r);
     return 0;
 }
 
@@ -265,11 +364,13 @@ int rlai_remote_cancel(rlai_remote *r, uint64_t id)
         if (q->id == id) {
             q->cancel = true;
             rc = 0;
+            r->woken = true;
+            pthread_cond_broadcast(&r->drive_cv);
             break;
         }
     pthread_mutex_unlock(&r->mu);
     if (rc == 0)
-        curl_multi_wakeup(r->multi);
+        wake(r);
     return rc;
 }
 
@@ -598,15 +699,57 @@ static bool transfer_done(rlai_remote *r, rreq *q, CURLcode res, uint64_t now, e
 #define PUMP_ENDINGS 8
 /* How often the remote thread looks whether a pumping connection thread
  * has let go of the transfers (it lets go without waking anyone, so that a
- * stream's next pump, microseconds later, finds them free). */
+ * stream's next pump, microseconds later, finds them free). While only one
+ * request runs and its own thread pumps, nobody else needs the transfers
+ * driven: the period doubles up to HANDBACK_MAX_MS (so the thread does
+ * not wake for every token); a new request or a cancel wakes it and the
+ * period starts again at HANDBACK_MS. */
 #define HANDBACK_MS 2
+#define HANDBACK_MAX_MS 32
+
+/* Runs libcurl's timer when it is due (the driver). */
+static void run_timer(rlai_remote *r)
+{
+    if (!r->timer_on || now_us() < r->timer_at_us)
+        return;
+    uint64_t gen = r->timer_gen;
+    int running = 0;
+    curl_multi_socket_action(r->multi, CURL_SOCKET_TIMEOUT, 0, &running);
+    /* libcurl reports its timer only when it changes: an unchanged one was
+     * not due by libcurl's clock yet (it rounds to ms), so look again in 1 ms */
+    if (r->timer_gen == gen && r->timer_on)
+        r->timer_at_us = now_us() + 1000u;
+}
+
+/* Ends the finished transfers (the driver): each is delivered at once, so
+ * one ending slot is enough. */
+static void reap(rlai_remote *r, ending *e)
+{
+    CURLMsg *msg;
+    int left;
+    while ((msg = curl_multi_info_read(r->multi, &left))) {
+        if (msg->msg != CURLMSG_DONE)
+            continue;
+        rreq *q = NULL;
+        curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, (char **)&q);
+        CURLcode res = msg->data.result;
+        if (!q)
+            continue;
+        if (!q->http)
+            curl_easy_getinfo(q->easy, CURLINFO_RESPONSE_CODE, &q->http);
+        pthread_mutex_lock(&r->mu);
+        bool ended = transfer_done(r, q, res, now_ms(), e);
+        pthread_mutex_unlock(&r->mu);
+        if (ended)
+            deliver(e);
+    }
+}
 
 /* One pass of the driver (the thread holding the transfers, r->driver):
- * starts, times out and ends requests, then reads what the sockets have
- * (curl_multi_perform: callbacks run here) and ends finished transfers.
- * ends holds max_ends. Returns false when stopping and nothing is left;
- * *any says whether requests are running (then the driver polls briefly,
- * for their timers). */
+ * starts, times out and ends requests, runs libcurl's due timer and ends
+ * finished transfers. ends holds max_ends. Returns false when stopping and
+ * nothing is left; *any says whether requests are running (then the
+ * driver polls briefly, for their timers). */
 static bool drive_once(rlai_remote *r, ending *ends, int max_ends, bool *any_out)
 {
     bool stopping = atomic_load(&r->stop);
@@ -665,27 +808,51 @@ static bool drive_once(rlai_remote *r, ending *ends, int max_ends, bool *any_out
     *any_out = any;
     if (stopping && !any)
         return false;
-    int running = 0;
-    curl_multi_perform(r->multi, &running);
-    CURLMsg *msg;
-    int left;
-    while ((msg = curl_multi_info_read(r->multi, &left))) {
-        if (msg->msg != CURLMSG_DONE)
-            continue;
-        rreq *q = NULL;
-        curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, (char **)&q);
-        CURLcode res = msg->data.result;
-        if (!q)
-            continue;
-        if (!q->http)
-            curl_easy_getinfo(q->easy, CURLINFO_RESPONSE_CODE, &q->http);
-        pthread_mutex_lock(&r->mu);
-        bool ended = transfer_done(r, q, res, now_ms(), &ends[0]);
-        pthread_mutex_unlock(&r->mu);
-        if (ended)
-            deliver(&ends[0]);
-    }
+    run_timer(r);
+    reap(r, ends);
     return true;
+}
+
+/* Waits up to wait_ms (less when libcurl's timer is due sooner) for the
+ * sockets libcurl watches or the wake pipe, then lets libcurl act on the
+ * ready sockets (callbacks run here: libcurl is told which sockets are
+ * ready, so it reads without polling them first) and ends finished
+ * transfers (the driver). */
+static void drive_wait(rlai_remote *r, int wait_ms, ending *ends)
+{
+    if (r->timer_on) {
+        uint64_t now = now_us();
+        uint64_t rem = r->timer_at_us > now ? (r->timer_at_us - now + 999u) / 1000u : 0;
+        if (rem < (uint64_t)wait_ms)
+            wait_ms = (int)rem;
+    }
+    int n = poll(r->pfd, (nfds_t)r->npfd, wait_ms);
+    if (n > 0 && r->pfd[0].revents) {
+        char buf[64];
+        while (read(r->wake[0], buf, sizeof(buf)) > 0) {
+        }
+    }
+    /* what is ready first: libcurl's socket callback edits pfd meanwhile */
+    enum { READY_MAX = 64 };
+    curl_socket_t fd[READY_MAX];
+    int ev[READY_MAX], k = 0;
+    for (int i = 1; n > 0 && i < r->npfd && k < READY_MAX; i++) {
+        short re = r->pfd[i].revents;
+        if (re & POLLNVAL) {                   /* closed without CURL_POLL_REMOVE: stop watching */
+            r->pfd[i--] = r->pfd[--r->npfd];
+            continue;
+        }
+        if (!re)
+            continue;
+        fd[k] = r->pfd[i].fd;
+        ev[k++] = (re & (POLLIN | POLLHUP | POLLERR) ? CURL_CSELECT_IN : 0) | (re & POLLOUT ? CURL_CSELECT_OUT : 0) |
+                  (re & POLLERR ? CURL_CSELECT_ERR : 0);
+    }
+    int running = 0;
+    for (int i = 0; i < k; i++)
+        curl_multi_socket_action(r->multi, fd[i], ev[i], &running);
+    run_timer(r);
+    reap(r, ends);
 }
 
 static void *thread_main(void *arg)
@@ -697,12 +864,17 @@ static void *thread_main(void *arg)
     for (;;) {
         pthread_mutex_lock(&r->mu);
         /* A connection thread pumping (rlai_remote_pump) holds the
-         * transfers; when it lets go it wakes nobody, so look again every
-         * HANDBACK_MS. When stopping, only wait for the holder to let go. */
+         * transfers; when it lets go it wakes nobody, so look again
+         * (HANDBACK_MS above). When stopping, only wait for the holder to
+         * let go. */
+        int period = HANDBACK_MS;
         while (r->driver == DRIVER_PUMP || (r->pump_in && !atomic_load(&r->stop))) {
             struct timespec until;
-            rlai_deadline_in(&until, CLOCK_REALTIME, HANDBACK_MS);
+            rlai_deadline_in(&until, CLOCK_REALTIME, period);
             pthread_cond_timedwait(&r->drive_cv, &r->mu, &until);
+            bool alone = r->list && !r->list->next && !r->woken;
+            period = alone ? (period * 2 < HANDBACK_MAX_MS ? period * 2 : HANDBACK_MAX_MS) : HANDBACK_MS;
+            r->woken = false;
         }
         r->driver = DRIVER_THREAD;
         pthread_mutex_unlock(&r->mu);
@@ -710,7 +882,7 @@ static void *thread_main(void *arg)
         bool go = drive_once(r, ends, MAX_ENDINGS, &any);
         /* n_end of the pass is 0 here: everything ended was delivered */
         if (go && !atomic_load(&r->stop))
-            curl_multi_poll(r->multi, NULL, 0, any ? 10 : 1000, NULL);
+            drive_wait(r, any ? 10 : 1000, ends);
         pthread_mutex_lock(&r->mu);
         r->driver = DRIVER_NONE;
         if (r->pump_in)
@@ -735,9 +907,9 @@ int rlai_remote_pump(rlai_remote *r, int timeout_ms, bool (*ready)(void *arg), v
     }
     r->pump_in = true;
     if (r->driver == DRIVER_THREAD) {
-        /* the thread may sit in curl_multi_poll: wake it; it lets go
-         * after its pass and broadcasts since pump_in is set */
-        curl_multi_wakeup(r->multi);
+        /* the thread may sit in its poll: wake it; it lets go after its
+         * pass and broadcasts since pump_in is set */
+        wake(r);
         while (r->driver == DRIVER_THREAD)
             pthread_cond_wait(&r->drive_cv, &r->mu);
     }
@@ -755,7 +927,7 @@ int rlai_remote_pump(rlai_remote *r, int timeout_ms, bool (*ready)(void *arg), v
         uint64_t wait = end - now;
         if (wait > (uint64_t)(any ? 10 : 1000))
             wait = any ? 10 : 1000;
-        curl_multi_poll(r->multi, NULL, 0, (int)wait, NULL);
+        drive_wait(r, (int)wait, ends);
     }
 
     pthread_mutex_lock(&r->mu);
@@ -773,7 +945,7 @@ void rlai_remote_free(rlai_remote *r)
         return;
     if (r->thread_started) {
         atomic_store(&r->stop, true);
-        curl_multi_wakeup(r->multi);
+        wake(r);
         pthread_join(r->thread, NULL);
         /* a pump still inside (a front not stopped first) leaves at once */
         pthread_mutex_lock(&r->mu);
@@ -791,6 +963,10 @@ void rlai_remote_free(rlai_remote *r)
     }
     if (r->multi)
         curl_multi_cleanup(r->multi);
+    free(r->pfd);
+    for (int k = 0; k < 2; k++)
+        if (r->wake[k] >= 0)
+            close(r->wake[k]);
     for (int i = 0; i < r->n; i++) {
         upstream *u = &r->ups[i];
         rlai_upstream_config_clear(&u->cfg);

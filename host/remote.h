@@ -10,7 +10,10 @@
  * drives them itself with rlai_remote_pump, so that the stream's data is
  * read, parsed and handed to its callbacks on the thread that writes it
  * to the client: one thread wake-up per piece instead of two
- * (docs/REMOTE.md, "What the route costs").
+ * (docs/REMOTE.md, "What the route costs"). The driver uses libcurl's
+ * multi-socket interface: it polls the sockets libcurl names itself and
+ * tells libcurl which one is ready, so libcurl reads without polling it
+ * again first.
  *
  * Callbacks (on_token with token id RLAI_REMOTE_TOKEN, on_done exactly
  * once, never after a failed submit) run on the driving thread: the remote
@@ -77,7 +80,9 @@ int rlai_remote_cancel(rlai_remote *r, uint64_t id);
  * (nothing done, wait as usual) when another one is pumping, when r is
  * stopping, or without a thread; 1 after driving. Takes the transfers
  * from the remote thread (waking it if it polls); it takes them back
- * within a few ms after the pump returns, unless a pump comes back first.
+ * within 2 ms after the pump returns (up to 32 ms while the pumping
+ * stream is the only request; a submit or cancel makes it look at once),
+ * unless a pump comes back first.
  * Not from the callbacks. */
 int rlai_remote_pump(rlai_remote *r, int timeout_ms, bool (*ready)(void *arg), void *arg);
 

@@ -667,6 +667,40 @@ static int tokens_of(res *r)
     return t;
 }
 
+/* Waits (up to 3 s) until r has at least want tokens. */
+static void wait_tokens(res *r, int want)
+{
+    for (int i = 0; i < 300 && tokens_of(r) < want; i++) {
+        struct timespec ts = { 0, 10 * 1000 * 1000 };
+        nanosleep(&ts, NULL);
+    }
+    ck_assert_int_ge(tokens_of(r), want);
+}
+
+/* Two streams of dots on model "slow": ra/qa to upstream "ua", counted as
+ * pumped when delivered on this thread, and rb/qb to "ub". */
+static void two_slow(res *ra, rlai_route_request *qa, res *rb, rlai_route_request *qb)
+{
+    res_init(ra);
+    res_init(rb);
+    ra->pumper = pthread_self();
+    ra->has_pumper = true;
+    rq_init(qa, ra, "slow", SYS_A, 2);
+    qa->route = "ua";
+    rq_init(qb, rb, "slow", SYS_A, 2);
+    qb->route = "ub";
+}
+
+/* Pumps request id n times, each until a token arrived on this thread. */
+static void pump_rounds(rlai_router *rt, uint64_t id, pump_probe *p, int n)
+{
+    for (int round = 0; round < n; round++) {
+        p->seen = -1;
+        ck_assert_int_eq(rlai_router_pump(rt, id, 3000, ready_more, p), 1);
+        ck_assert_int_gt(tokens_of(p->r), p->seen);
+    }
+}
+
 START_TEST(pump_drives_on_the_waiting_thread)
 {
     fake a, b;
@@ -681,24 +715,13 @@ START_TEST(pump_drives_on_the_waiting_thread)
 
     /* two streams of dots, one per upstream; this thread pumps A's */
     res ra, rb;
-    res_init(&ra);
-    res_init(&rb);
-    ra.pumper = pthread_self();
-    ra.has_pumper = true;
     rlai_route_request qa, qb;
-    rq_init(&qa, &ra, "slow", SYS_A, 2);
-    qa.route = "ua";
-    rq_init(&qb, &rb, "slow", SYS_A, 2);
-    qb.route = "ub";
+    two_slow(&ra, &qa, &rb, &qb);
     uint64_t ida = 0, idb = 0;
     ck_assert_msg(rlai_router_submit(rt, &qa, &ida, NULL, err, sizeof(err)) == 0, "%s", err);
     ck_assert_msg(rlai_router_submit(rt, &qb, &idb, NULL, err, sizeof(err)) == 0, "%s", err);
     pump_probe p = { .r = &ra, .seen = -1, .rt = rt, .other = idb, .other_rc = -1 };
-    for (int round = 0; round < 5; round++) {
-        p.seen = -1;
-        ck_assert_int_eq(rlai_router_pump(rt, ida, 3000, ready_more, &p), 1);
-        ck_assert_int_gt(tokens_of(&ra), p.seen);
-    }
+    pump_rounds(rt, ida, &p, 5);
     ck_assert(p.asked);
     ck_assert_int_eq(p.other_rc, 0);                  /* one pump at a time */
     pthread_mutex_lock(&ra.mu);
@@ -709,12 +732,8 @@ START_TEST(pump_drives_on_the_waiting_thread)
 
     /* nobody pumps now: the remote thread takes the transfers back */
     int tb = tokens_of(&rb), ta = tokens_of(&ra);
-    for (int i = 0; i < 300 && (tokens_of(&rb) < tb + 3 || tokens_of(&ra) < ta + 3); i++) {
-        struct timespec ts = { 0, 10 * 1000 * 1000 };
-        nanosleep(&ts, NULL);
-    }
-    ck_assert_int_ge(tokens_of(&rb), tb + 3);
-    ck_assert_int_ge(tokens_of(&ra), ta + 3);
+    wait_tokens(&rb, tb + 3);
+    wait_tokens(&ra, ta + 3);
 
     /* a cancel from another thread ends a pumped request, and the pump */
     later_cancel lc = { rt, ida };
@@ -736,6 +755,49 @@ START_TEST(pump_drives_on_the_waiting_thread)
 }
 END_TEST
 
+/* One stream alone, pumped by its own thread for a while (the remote
+ * thread then looks for a hand-back less and less often), then left: the
+ * remote thread still takes it over, and a request submitted meanwhile
+ * starts and streams too. */
+START_TEST(lone_stream_pumped_then_handed_back)
+{
+    fake a, b;
+    rlai_upstream_config u[2];
+    rlai_router *rt = two_up(&a, &b, u, "m", NULL);
+    char err[256] = "";
+    res ra, rb;
+    rlai_route_request qa, qb;
+    two_slow(&ra, &qa, &rb, &qb);
+    uint64_t ida = 0, idb = 0;
+    ck_assert_msg(rlai_router_submit(rt, &qa, &ida, NULL, err, sizeof(err)) == 0, "%s", err);
+    pump_probe p = { .r = &ra, .seen = -1, .rt = rt };
+    pump_rounds(rt, ida, &p, 30);                   /* about 300 ms of tokens, 10 ms apart */
+    pthread_mutex_lock(&ra.mu);
+    ck_assert_int_ge(ra.on_pumper, 30);
+    pthread_mutex_unlock(&ra.mu);
+
+    /* nobody pumps now */
+    wait_tokens(&ra, tokens_of(&ra) + 5);
+
+    /* pumped alone again; a second request comes; then nobody pumps */
+    pump_rounds(rt, ida, &p, 10);
+    ck_assert_msg(rlai_router_submit(rt, &qb, &idb, NULL, err, sizeof(err)) == 0, "%s", err);
+    wait_tokens(&rb, 3);
+    wait_tokens(&ra, tokens_of(&ra) + 3);
+
+    ck_assert_int_eq(rlai_router_cancel(rt, ida), 0);
+    ck_assert_int_eq(rlai_router_cancel(rt, idb), 0);
+    wait_done(&ra);
+    wait_done(&rb);
+    ck_assert_int_eq(ra.stop, RLAI_STOP_CANCELLED);
+    ck_assert_int_eq(rb.stop, RLAI_STOP_CANCELLED);
+    ck_assert(ra.text[0] == 'A');
+    ck_assert(rb.text[0] == 'B');
+    ck_assert_int_eq(rlai_router_wait_remote(rt, 5000), 0);
+    two_down(rt, u, &a, &b);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("router");
@@ -745,6 +807,7 @@ int main(void)
     tcase_add_test(tc, cancel_spill_and_breaker);
     tcase_add_test(tc, spill_on_queue);
     tcase_add_test(tc, pump_drives_on_the_waiting_thread);
+    tcase_add_test(tc, lone_stream_pumped_then_handed_back);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
