@@ -265,8 +265,9 @@ int rlai_upstream_build_body(const rlai_route_request *rq, const char *remote_mo
     if (g->grammar && !(rq->response_format && *rq->response_format))
         return rlai_errf(err, errlen, RLAI_ERR_UNSUPPORTED,
                     "a grammar is not implemented for remote models (only a response_format is forwarded)");
-    if (g->ignore_eos)
-        return rlai_errf(err, errlen, RLAI_ERR_UNSUPPORTED, "ignore_eos is not implemented for remote models");
+    if (g->ignore_eos && !extras)
+        return rlai_errf(err, errlen, RLAI_ERR_UNSUPPORTED,
+                    "ignore_eos is not an OpenAI field: this upstream has \"sampling_extras\": false");
     bool has_msgs = t->messages && t->n_messages > 0;
     bool has_prompt = t->prompt != NULL;
     if (!has_msgs && !has_prompt && t->rp.prompt && t->rp.n_prompt > 0)
@@ -329,6 +330,8 @@ int rlai_upstream_build_body(const rlai_route_request *rq, const char *remote_mo
             cJSON_AddNumberToObject(j, "repeat_penalty", s->repeat_penalty);       /* llama.cpp, rlai */
         }
     }
+    if (g->ignore_eos)
+        cJSON_AddTrueToObject(j, "ignore_eos");   /* vLLM, SGLang, llama.cpp, rlai; only with extras */
     if (g->stop && g->stop[0]) {
         cJSON *st = cJSON_AddArrayToObject(j, "stop");
         for (int i = 0; g->stop[i]; i++)

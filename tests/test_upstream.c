@@ -174,11 +174,22 @@ START_TEST(body_maps_the_request_and_refuses_what_it_cannot_honour)
     ck_assert_ptr_nonnull(strstr(body, "\"min_p\":0"));
     ck_assert_ptr_nonnull(strstr(body, "\"top_p\":1"));
     ck_assert_ptr_null(strstr(body, "repetition_penalty"));
+    ck_assert_ptr_null(strstr(body, "ignore_eos"));
     free(body);
     /* without extras: no top_k */
     ck_assert_int_eq(rlai_upstream_build_body(&rq, "org/M", false, &body, &chat, err, sizeof(err)), 0);
     ck_assert_ptr_null(strstr(body, "top_k"));
     free(body);
+    /* ignore_eos is forwarded with extras, refused without (a strict OpenAI endpoint) */
+    rq.text.rp.gen.ignore_eos = true;
+    ck_assert_int_eq(rlai_upstream_build_body(&rq, "org/M", true, &body, &chat, err, sizeof(err)), 0);
+    ck_assert_ptr_nonnull(strstr(body, "\"ignore_eos\":true"));
+    free(body);
+    ck_assert_int_eq(rlai_upstream_build_body(&rq, "org/M", false, &body, &chat, err, sizeof(err)),
+                     RLAI_ERR_UNSUPPORTED);
+    ck_assert_ptr_nonnull(strstr(err, "sampling_extras"));
+    ck_assert_ptr_null(body);
+    rq.text.rp.gen.ignore_eos = false;
     /* a prompt goes to completions */
     rq.text.messages = NULL;
     rq.text.n_messages = 0;

@@ -345,6 +345,22 @@ def test_breaker_opens_and_half_opens(cluster):
     assert sample(m, "rlai_upstream_breaker_opens_total", upstream="flaky") >= 1
 
 
+def test_ignore_eos_is_forwarded(cluster):
+    # a short answer (HELLO ends well before 200 tokens) runs to max_tokens
+    # through the route exactly as on the upstream directly
+    up, router, _ = cluster
+    st, natural = chat(up, "default", max_tokens=200)
+    assert st == 200 and natural["choices"][0]["finish_reason"] == "stop", natural
+    n = natural["usage"]["completion_tokens"] + 6
+    st, direct = chat(up, "default", max_tokens=n, ignore_eos=True)
+    assert st == 200, direct
+    st, routed = chat(router, "remote-smol", max_tokens=n, ignore_eos=True)
+    assert st == 200, routed
+    assert routed["usage"]["completion_tokens"] == direct["usage"]["completion_tokens"] == n
+    assert routed["choices"][0]["finish_reason"] == "length"
+    assert routed["choices"][0]["message"]["content"] == direct["choices"][0]["message"]["content"]
+
+
 def test_unsupported_features_are_refused(cluster):
     _, router, _ = cluster
     st, j = chat(router, "remote-smol", logprobs=True, top_logprobs=2)
