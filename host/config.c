@@ -166,6 +166,8 @@ static int load_upstream(const cJSON *o, int idx, rlai_upstream_config *u, char 
             rc = get_str(f, key, &u->spill_model, err, errlen);
         } else if (!strcmp(k, "proxy")) {
             rc = get_str(f, key, &u->proxy, err, errlen);
+        } else if (!strcmp(k, "ca_file")) {
+            rc = get_str(f, key, &u->ca_file, err, errlen);
         } else if (!strcmp(k, "sampling_extras")) {
             if (!cJSON_IsBool(f))
                 rc = rlai_errf(err, errlen, RLAI_ERR_FORMAT, "config: '%s' must be a boolean", key);

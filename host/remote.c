@@ -44,6 +44,7 @@ typedef struct rreq {
     int attempts;
     /* the current attempt (the driver only) */
     CURL *easy;
+    char curl_err[CURL_ERROR_SIZE];  /* libcurl's detail of a failed transfer */
     struct curl_slist *hdrs;
     rlai_sse *sse;
     long http;
@@ -210,6 +211,11 @@ int rlai_remote_new(const rlai_upstream_config *ups, int n, rlai_remote **out, c
         r->n = i + 1;
         if ((rc = rlai_upstream_read_key(&u->cfg, &u->key, err, errlen)) < 0)
             break;
+        if (u->cfg.ca_file && access(u->cfg.ca_file, R_OK) != 0) {
+            rc = rlai_errf(err, errlen, RLAI_ERR_IO, "upstreams.%s.ca_file: cannot read %s: %s", u->cfg.name,
+                           u->cfg.ca_file, strerror(errno));
+            break;
+        }
         u->url_chat = join(u->cfg.base_url, "/chat/completions");
         u->url_completions = join(u->cfg.base_url, "/completions");
         if (u->key) {
@@ -474,6 +480,7 @@ static int attempt_start(rlai_remote *r, rreq *q, uint64_t now)
     q->easy = curl_easy_init();
     if (!q->easy)
         return RLAI_ERR_NOMEM;
+    q->curl_err[0] = 0;
     q->hdrs = curl_slist_append(q->hdrs, "Content-Type: application/json");
     q->hdrs = curl_slist_append(q->hdrs, "Accept: text/event-stream");
     if (u->auth_header)
@@ -486,12 +493,15 @@ static int attempt_start(rlai_remote *r, rreq *q, uint64_t now)
     curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_write);
     curl_easy_setopt(e, CURLOPT_WRITEDATA, q);
     curl_easy_setopt(e, CURLOPT_PRIVATE, q);
+    curl_easy_setopt(e, CURLOPT_ERRORBUFFER, q->curl_err);
     curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, (long)u->cfg.connect_timeout_ms);
     curl_easy_setopt(e, CURLOPT_TCP_NODELAY, 1L);
     curl_easy_setopt(e, CURLOPT_TCP_KEEPALIVE, 1L);
     curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
     curl_easy_setopt(e, CURLOPT_PROXY, u->cfg.proxy ? u->cfg.proxy : "");   /* "" = no proxy, env ignored */
+    if (u->cfg.ca_file)
+        curl_easy_setopt(e, CURLOPT_CAINFO, u->cfg.ca_file);
     curl_easy_setopt(e, CURLOPT_USERAGENT, "rtx-localai/" RLAI_VERSION);
     if (curl_multi_add_handle(r->multi, e) != CURLM_OK)
         return RLAI_ERR_IO;
@@ -674,10 +684,13 @@ static bool transfer_done(rlai_remote *r, rreq *q, CURLcode res, uint64_t now, e
     if (q->fail_code)                          /* malformed stream or an error event */
         return attempt_failed(r, q, q->fail_code, true, true, q->fail_msg, now, e);
     if (res != CURLE_OK) {
-        snprintf(m, sizeof(m), "%s", curl_easy_strerror(res));
-        bool conn = res == CURLE_COULDNT_CONNECT || res == CURLE_COULDNT_RESOLVE_HOST ||
-                    res == CURLE_OPERATION_TIMEDOUT;
-        return attempt_failed(r, q, conn ? RLAI_ERR_DISCONNECTED : RLAI_ERR_DISCONNECTED, true, true, m, now, e);
+        /* libcurl's detail (e.g. "SSL certificate problem: self-signed
+         * certificate") when it gave one, else the code's text */
+        snprintf(m, sizeof(m), "%s", q->curl_err[0] ? q->curl_err : curl_easy_strerror(res));
+        /* a certificate the CA file does not vouch for will not change on a retry */
+        bool cert = res == CURLE_PEER_FAILED_VERIFICATION || res == CURLE_SSL_CACERT_BADFILE ||
+                    res == CURLE_SSL_CERTPROBLEM;
+        return attempt_failed(r, q, RLAI_ERR_DISCONNECTED, !cert, true, m, now, e);
     }
     if (q->http != 200) {
         bool retry;

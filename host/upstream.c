@@ -42,6 +42,7 @@ void rlai_upstream_config_clear(rlai_upstream_config *c)
     free(c->api_key_file);
     free(c->spill_model);
     free(c->proxy);
+    free(c->ca_file);
     for (int i = 0; i < c->n_models; i++) {
         free(c->models[i].name);
         free(c->models[i].remote);
@@ -62,6 +63,7 @@ int rlai_upstream_config_copy(rlai_upstream_config *dst, const rlai_upstream_con
 {
     *dst = *src;
     dst->name = dst->base_url = dst->api_key_env = dst->api_key_file = dst->spill_model = dst->proxy = NULL;
+    dst->ca_file = NULL;
     dst->models = NULL;
     dst->n_models = 0;
     int rc = dup_opt(&dst->name, src->name);
@@ -70,6 +72,7 @@ int rlai_upstream_config_copy(rlai_upstream_config *dst, const rlai_upstream_con
     if (!rc) rc = dup_opt(&dst->api_key_file, src->api_key_file);
     if (!rc) rc = dup_opt(&dst->spill_model, src->spill_model);
     if (!rc) rc = dup_opt(&dst->proxy, src->proxy);
+    if (!rc) rc = dup_opt(&dst->ca_file, src->ca_file);
     if (!rc && src->n_models > 0) {
         dst->models = calloc((size_t)src->n_models, sizeof(*dst->models));
         if (!dst->models)
@@ -101,6 +104,9 @@ int rlai_upstream_config_check(const rlai_upstream_config *c, char *err, size_t 
     if (!c->base_url || (strncmp(c->base_url, "http://", 7) && strncmp(c->base_url, "https://", 8)))
         return rlai_errf(err, errlen, RLAI_ERR_INVALID_ARG,
                     "upstreams.%s.base_url must be an http:// or https:// URL (e.g. http://host:8000/v1)", c->name);
+    if (c->ca_file && strncmp(c->base_url, "https://", 8))
+        return rlai_errf(err, errlen, RLAI_ERR_INVALID_ARG,
+                    "upstreams.%s.ca_file is for an https:// base_url (this one is %s)", c->name, c->base_url);
     if (c->api_key_env && c->api_key_file)
         return rlai_errf(err, errlen, RLAI_ERR_INVALID_ARG,
                     "upstreams.%s: give api_key_env or api_key_file, not both", c->name);

@@ -46,6 +46,9 @@ typedef struct rlai_upstream_config {
     int breaker_cooldown_ms;    /* "breaker_cooldown_ms": open time before one trial (default 10000) */
     char *proxy;                /* "proxy": an HTTP(S) proxy URL; NULL = none (the environment's
                                    http_proxy / https_proxy are NOT used) */
+    char *ca_file;              /* "ca_file": PEM file of the CA certificate(s) that sign an https
+                                   upstream's certificate (a cluster's own CA); NULL = the system's
+                                   trust store. The certificate and host name are always verified */
     bool sampling_extras;       /* "sampling_extras": also send top_k, min_p, repetition_penalty
                                    (vLLM, SGLang, llama.cpp, rlai accept them) (default true) */
 } rlai_upstream_config;

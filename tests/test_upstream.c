@@ -11,6 +11,7 @@
 #include <cjson/cJSON.h>
 
 #include "config.h"
+#include "remote.h"
 #include "router.h"
 #include "upstream.h"
 #include "rlai/error.h"
@@ -37,6 +38,27 @@ START_TEST(config_reads_upstreams_and_routing)
     ck_assert_int_eq(c.route_spill_queued, 4);
     ck_assert(c.route_no_spill_long);
     ck_assert(c.route_no_affinity);
+    ck_assert_ptr_null(c.upstreams[0].ca_file);
+    rlai_config_free(&c);
+
+    /* an https upstream with its own CA */
+    ck_assert_int_eq(rlai_config_defaults(&c, "m.gguf"), 0);
+    const char *tls = "{\"upstreams\":[{\"name\":\"t\",\"base_url\":\"https://10.0.0.2:8000/v1\","
+                      "\"ca_file\":\"/etc/cluster/ca.pem\",\"models\":{\"a\":\"b\"}}]}";
+    ck_assert_msg(rlai_config_load_json(&c, tls, err, sizeof(err)) == 0, "%s", err);
+    ck_assert_str_eq(c.upstreams[0].ca_file, "/etc/cluster/ca.pem");
+    rlai_upstream_config cp;
+    ck_assert_int_eq(rlai_upstream_config_copy(&cp, &c.upstreams[0]), 0);
+    ck_assert_str_eq(cp.ca_file, "/etc/cluster/ca.pem");
+    ck_assert_ptr_ne(cp.ca_file, c.upstreams[0].ca_file);
+    rlai_upstream_config_clear(&cp);
+    /* a ca_file that cannot be read stops the start with its name */
+    free(c.upstreams[0].ca_file);
+    c.upstreams[0].ca_file = strdup("/nonexistent/rlai-ca.pem");
+    rlai_remote *rm = NULL;
+    ck_assert_int_eq(rlai_remote_new(c.upstreams, 1, &rm, err, sizeof(err)), RLAI_ERR_IO);
+    ck_assert_ptr_null(rm);
+    ck_assert_msg(strstr(err, "upstreams.t.ca_file: cannot read /nonexistent/rlai-ca.pem"), "%s", err);
     rlai_config_free(&c);
 
     const char *bad[][2] = {
@@ -53,6 +75,8 @@ START_TEST(config_reads_upstreams_and_routing)
         { "{\"upstreams\":[{\"name\":\"x\",\"base_url\":\"http://h/v1\",\"models\":{\"a\":\"b\"},"
           "\"max_concurrency\":0}]}", "max_concurrency" },
         { "{\"routing\":{\"spill\":1}}", "routing.spill" },
+        { "{\"upstreams\":[{\"name\":\"x\",\"base_url\":\"http://h/v1\",\"models\":{\"a\":\"b\"},"
+          "\"ca_file\":\"/ca.pem\"}]}", "https" },
         { "{\"upstreams\":[{\"name\":\"remote\",\"base_url\":\"http://h/v1\",\"models\":{\"a\":\"b\"}}]}",
           "reserved" },
     };

@@ -1,7 +1,8 @@
 """A small misbehaving OpenAI-compatible upstream for tests/integration/test_remote.py.
 
-`python3 bad_upstream.py PORT` serves POST /v1/chat/completions and
-/v1/completions; the "model" field of the request chooses the behaviour:
+`python3 bad_upstream.py PORT [CERT KEY]` serves POST /v1/chat/completions
+and /v1/completions, over TLS with CERT and KEY when given; the "model"
+field of the request chooses the behaviour:
 
   ok         streams "Hello", " from", " bad", " upstream" then [DONE]
   500once    HTTP 500 on the first attempt of each distinct request body
@@ -12,6 +13,8 @@
   slow       waits 30 s before the first byte of the body
   stall      one token, then silence for 30 s
   short      one token, then the connection closes without [DONE]
+  burst      BURST events "0".."9" repeating, written at once (many TLS
+             records in one read), then [DONE]
 
 GET /stats answers {"hits": {model: n}, "disconnects": n} (a client that
 hung up while we were writing or waiting counts as a disconnect)."""
@@ -27,6 +30,7 @@ SEEN = set()
 DISCONNECTS = [0]
 
 WORDS = ["Hello", " from", " bad", " upstream"]
+BURST = 3000
 
 
 def chunk(chat, text=None, finish=None):
@@ -120,7 +124,9 @@ class H(BaseHTTPRequestHandler):
                 self.wfile.write(b"data: {this is not json\n\n")
                 self.wfile.flush()
                 return
-            words = WORDS[:1] if model in ("stall", "short") else WORDS
+            if model == "burst":
+                self.wfile.write(b"".join(chunk(chat, str(i % 10)) for i in range(BURST)))
+            words = [] if model == "burst" else WORDS[:1] if model in ("stall", "short") else WORDS
             for w in words:
                 self.wfile.write(chunk(chat, w))
                 self.wfile.flush()
@@ -141,6 +147,11 @@ def main():
     port = int(sys.argv[1])
     srv = ThreadingHTTPServer(("127.0.0.1", port), H)
     srv.daemon_threads = True
+    if len(sys.argv) > 3:
+        import ssl
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(sys.argv[2], sys.argv[3])
+        srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
     print("ready", flush=True)
     srv.serve_forever()
 

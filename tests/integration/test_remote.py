@@ -33,10 +33,14 @@ pytestmark = [
 HELLO = [{"role": "user", "content": "Name three planets."}]
 
 
+TLS = HERE.parent / "data" / "tls"   # a self-signed test certificate for 127.0.0.1 (tests/data/README.md)
+
+
 class BadUpstream:
-    def __init__(self):
+    def __init__(self, tls=False):
         self.port = free_port()
-        self.proc = subprocess.Popen([sys.executable, str(HERE / "bad_upstream.py"), str(self.port)],
+        cert = [str(TLS / "upstream.pem"), str(TLS / "upstream.key")] if tls else []
+        self.proc = subprocess.Popen([sys.executable, str(HERE / "bad_upstream.py"), str(self.port)] + cert,
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         assert self.proc.stdout.readline().strip() == b"ready"
 
@@ -68,6 +72,8 @@ def cluster(tmp_path_factory):
     plugins = plugins_with_tiny_lore(SHIPPED_PLUGINS, tmp_path_factory.mktemp("plugins")) if LORE else None
     up = Engine(tmp_path_factory.mktemp("upstream"), plugins=plugins)
     bad = BadUpstream()
+    tls = BadUpstream(tls=True)
+    tls_url = f"https://127.0.0.1:{tls.port}/v1"
     closed = free_port()
     tmp = tmp_path_factory.mktemp("router")
     fast = {"retry_backoff_ms": 50, "first_token_timeout_ms": 1500, "stall_timeout_ms": 1500}
@@ -84,6 +90,12 @@ def cluster(tmp_path_factory):
                  models={"flaky-500": "500", "flaky-ok": "ok"}),
             dict(fast, name="down", base_url=f"http://127.0.0.1:{closed}/v1", max_retries=1,
                  breaker_failures=1000, models={"down-x": "x"}),
+            dict(fast, name="tls", base_url=tls_url, ca_file=str(TLS / "upstream.pem"),
+                 models={"tls-ok": "ok", "tls-burst": "burst"}),
+            dict(fast, name="tlsnoca", base_url=tls_url, max_retries=0, breaker_failures=1000,
+                 models={"tls-noca": "ok"}),
+            dict(fast, name="tlswrong", base_url=tls_url, ca_file=str(TLS / "other_ca.pem"), max_retries=2,
+                 breaker_failures=1000, models={"tls-wrongca": "ok"}),
         ],
         "plugins": {"config": {"loremaster": {"model": "remote-smol"}}},
     }
@@ -93,6 +105,7 @@ def cluster(tmp_path_factory):
     yield up, router, bad
     rc = router.stop()
     bad.stop()
+    tls.stop()
     rc_up = up.stop()
     assert rc == 0, router.read_log()
     assert rc_up == 0, up.read_log()
@@ -359,6 +372,36 @@ def test_ignore_eos_is_forwarded(cluster):
     assert routed["usage"]["completion_tokens"] == direct["usage"]["completion_tokens"] == n
     assert routed["choices"][0]["finish_reason"] == "length"
     assert routed["choices"][0]["message"]["content"] == direct["choices"][0]["message"]["content"]
+
+
+def test_https_upstream_with_its_own_ca(cluster):
+    # an https upstream whose certificate a private CA signed (ca_file): the
+    # stream arrives whole, also a burst of 3000 events at once (many TLS
+    # records per read: libcurl drains what TLS buffered)
+    _, router, _ = cluster
+    st, j = chat(router, "tls-ok")
+    assert st == 200, j
+    assert j["choices"][0]["message"]["content"] == "Hello from bad upstream"
+    ev = stream_events(router, "/v1/chat/completions", {"model": "tls-burst", "messages": HELLO})
+    assert ev[-1] == "[DONE]"
+    assert streamed_text(ev) == "".join(str(i % 10) for i in range(3000))
+    st, _, raw = router.request("POST", "/v1/completions", {"model": "tls-burst", "prompt": "x"})
+    assert st == 200, raw
+    assert json.loads(raw)["choices"][0]["text"] == "".join(str(i % 10) for i in range(3000))
+
+
+def test_https_upstream_not_trusted_is_a_clear_error(cluster):
+    # without ca_file (the system store) and with another CA: refused at the
+    # TLS handshake, a clear error at once, nothing hangs
+    _, router, _ = cluster
+    for model in ("tls-noca", "tls-wrongca"):
+        t0 = time.monotonic()
+        st, j = chat(router, model)
+        assert st >= 500 and st != 504, (model, st, j)
+        msg = j["error"]["message"].lower()
+        assert "certificate" in msg and "ssl" in msg, (model, msg)
+        assert "attempts" not in msg, msg        # not retried: it would fail the same way
+        assert time.monotonic() - t0 < 5
 
 
 def test_unsupported_features_are_refused(cluster):
