@@ -246,6 +246,7 @@ struct hreq {
     int lp_mode;
     rlai_token_logprobs *lps;
     int n_lps, cap_lps, lp_sent;
+    cJSON *rlps;                 /* a remote model's entries not yet sent (under mu; host/upstream.h) */
     size_t lp_off;
     char *echo_text;             /* completions "echo": the prompt text */
     long long created;           /* request time (wall clock, seconds) */
@@ -285,6 +286,7 @@ static void hreq_unref(hreq *r)
     free(r->command);
     free(r->chat_reply);
     free(r->lps);
+    cJSON_Delete(r->rlps);
     free(r->echo_text);
     for (int i = 0; i < r->n_kids; i++)
         hreq_unref(r->kids[i]);
@@ -789,13 +791,39 @@ static int take_logprobs(hreq *r, rlai_token_logprobs **out)
     return n;
 }
 
+/* Replaces choice's "logprobs" with a remote model's entries (taken). */
+static void put_remote_logprobs(hreq *r, cJSON *choice, cJSON *entries)
+{
+    cJSON *o = NULL;
+    if (r->lp_mode == 1) {
+        if ((o = cJSON_CreateObject()) && cJSON_AddItemToObject(o, "content", entries)) {
+            entries = NULL;
+            cJSON_AddNullToObject(o, "refusal");
+        }
+    } else {
+        o = rlai_logprobs_completion_from_entries(entries, &r->lp_off);
+    }
+    cJSON_Delete(entries);
+    if (o && !(choice && cJSON_ReplaceItemInObjectCaseSensitive(choice, "logprobs", o)))
+        cJSON_Delete(o);
+}
+
 /* Adds the logprobs not yet sent to CHOICE when the request asked for
  * them: a streamed chunk only when there are some (ALWAYS false), a final
- * body also when none are left (ALWAYS true). */
+ * body also when none are left (ALWAYS true). A remote model's come as
+ * entries (gen_on_remote_logprobs), a local one's as token ids. */
 static void attach_logprobs(hreq *r, cJSON *choice, bool always)
 {
     if (!r->lp_mode)
         return;
+    pthread_mutex_lock(&r->mu);
+    cJSON *remote = r->rlps;
+    r->rlps = NULL;
+    pthread_mutex_unlock(&r->mu);
+    if (remote) {
+        put_remote_logprobs(r, choice, remote);
+        return;
+    }
     rlai_token_logprobs *lp;
     int nl = take_logprobs(r, &lp);
     if (nl || always)
@@ -885,6 +913,24 @@ static void gen_on_logprobs(void *user, const rlai_token_logprobs *lp)
     if (r->n_lps < r->cap_lps)
         r->lps[r->n_lps++] = *lp;
     pthread_mutex_unlock(&r->mu);
+}
+
+/* A remote model's log-probabilities (the driving thread; router.h):
+ * kept until the chunk that carries their text. */
+static void gen_on_remote_logprobs(void *user, cJSON *entries)
+{
+    hreq *r = user;
+    pthread_mutex_lock(&r->mu);
+    if (!r->rlps) {
+        r->rlps = entries;
+        entries = NULL;
+    } else {
+        cJSON *e;
+        while ((e = cJSON_DetachItemViaPointer(entries, entries->child)) != NULL)
+            cJSON_AddItemToArray(r->rlps, e);
+    }
+    pthread_mutex_unlock(&r->mu);
+    cJSON_Delete(entries);
 }
 
 static int gen_on_token(void *user, rlai_token tok, const char *text, size_t len)
@@ -1698,6 +1744,7 @@ static enum MHD_Result run_generation(hreq *r, rlai_route_request *rq, gen_reque
     if (r->lp_mode) {
         rp->gen.on_logprobs = gen_on_logprobs;
         rp->gen.logprobs_user = r;
+        rq->on_remote_logprobs = gen_on_remote_logprobs;
     }
     rp->on_token = gen_on_token;
     rp->on_done = gen_on_done;
@@ -2122,6 +2169,7 @@ static int kid_submit(hreq *k, const char *text, const rlai_token *toks, int n, 
     if (k->lp_mode) {
         rp->gen.on_logprobs = gen_on_logprobs;
         rp->gen.logprobs_user = k;
+        rq.on_remote_logprobs = gen_on_remote_logprobs;
     }
     rp->on_token = gen_on_token;
     rp->on_done = gen_on_done;

@@ -64,6 +64,42 @@ static char *clean_utf8(const char *s, size_t n)
     return o;
 }
 
+cJSON *rlai_logprobs_completion_from_entries(const cJSON *entries, size_t *offset)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON *toks = cJSON_AddArrayToObject(o, "tokens");
+    cJSON *lps = cJSON_AddArrayToObject(o, "token_logprobs");
+    cJSON *tops = cJSON_AddArrayToObject(o, "top_logprobs");
+    cJSON *offs = cJSON_AddArrayToObject(o, "text_offset");
+    bool ok = toks && lps && tops && offs;
+    for (const cJSON *e = cJSON_IsArray(entries) ? entries->child : NULL; ok && e; e = e->next) {
+        const cJSON *t = cJSON_GetObjectItemCaseSensitive(e, "token");
+        const cJSON *l = cJSON_GetObjectItemCaseSensitive(e, "logprob");
+        const char *ts = cJSON_IsString(t) ? t->valuestring : "";
+        cJSON *top = cJSON_CreateObject();
+        ok = top && cJSON_AddItemToArray(toks, cJSON_CreateString(ts)) &&
+             cJSON_AddItemToArray(lps, cJSON_CreateNumber(cJSON_IsNumber(l) ? l->valuedouble : -9999.0)) &&
+             cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)*offset));
+        *offset += rlai_utf8_chars(ts, strlen(ts));
+        const cJSON *alts = cJSON_GetObjectItemCaseSensitive(e, "top_logprobs");
+        for (const cJSON *a = cJSON_IsArray(alts) ? alts->child : NULL; ok && a; a = a->next) {
+            const cJSON *at = cJSON_GetObjectItemCaseSensitive(a, "token");
+            const cJSON *al = cJSON_GetObjectItemCaseSensitive(a, "logprob");
+            if (cJSON_IsString(at) && cJSON_IsNumber(al) && !cJSON_GetObjectItemCaseSensitive(top, at->valuestring))
+                ok = cJSON_AddNumberToObject(top, at->valuestring, al->valuedouble) != NULL;
+        }
+        if (top && !(ok && cJSON_AddItemToArray(tops, top))) {
+            cJSON_Delete(top);
+            ok = false;
+        }
+    }
+    if (!ok) {
+        cJSON_Delete(o);
+        return NULL;
+    }
+    return o;
+}
+
 size_t rlai_utf8_chars(const char *s, size_t n)
 {
     size_t c = 0;

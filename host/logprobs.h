@@ -23,6 +23,14 @@ int rlai_logprobs_chat_append(const rlai_engine *e, const rlai_token_logprobs *l
  * n tokens. Returns a new object (caller owns) or NULL when out of memory. */
 cJSON *rlai_logprobs_completion_json(const rlai_engine *e, const rlai_token_logprobs *lp, int n, size_t *offset);
 
+/* The same legacy-completions object from chat entries {token, logprob,
+ * top_logprobs: [{token, logprob}]} (a remote model's, host/upstream.h):
+ * tokens and top_logprobs keyed by the entries' "token" strings (the
+ * first of equal strings stays). entries is borrowed; *offset as above
+ * (advanced by each token's characters). Returns a new object (caller
+ * owns) or NULL when out of memory. */
+cJSON *rlai_logprobs_completion_from_entries(const cJSON *entries, size_t *offset);
+
 /* The number of UTF-8 characters (non-continuation bytes) in s[0..n). */
 size_t rlai_utf8_chars(const char *s, size_t n);
 

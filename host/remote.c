@@ -36,6 +36,7 @@ typedef struct rreq {
     rlai_token_cb on_token;
     rlai_done_cb on_done;
     rlai_remote_error_cb on_error;
+    void (*on_logprobs)(void *user, cJSON *entries);
     void *user;
     rstate state;
     bool cancel;                 /* asked (under rm->mu) */
@@ -325,6 +326,7 @@ int rlai_remote_submit(rlai_remote *r, int up, const char *remote_model, const r
     q->on_token = rq->text.rp.on_token;
     q->on_done = rq->text.rp.on_done;
     q->on_error = on_error;
+    q->on_logprobs = rq->on_remote_logprobs;
     q->user = rq->text.rp.user;
     q->t_submit = now_ms();
     if (rq->text.rp.gen.timeout_ms)
@@ -407,6 +409,10 @@ static int on_sse_event(void *user, const char *event, const char *data, size_t 
         q->completion_tokens = d.completion_tokens;
     if (d.finish != RLAI_STOP_NONE)
         q->finish = d.finish;
+    if (d.logprobs && q->on_logprobs && !q->cb_stop)
+        q->on_logprobs(q->user, d.logprobs);             /* before the chunk's text; it owns them */
+    else
+        cJSON_Delete(d.logprobs);
     int stop = 0;
     if (d.text) {
         if (!q->t_first) {

@@ -19,6 +19,7 @@
 #include "rlai/engine.h"
 
 typedef struct rlai_router rlai_router;
+typedef struct cJSON cJSON;
 
 typedef struct rlai_route_request {
     rlai_text_request text;           /* borrowed for the call (engine.h) */
@@ -37,6 +38,14 @@ typedef struct rlai_route_request {
     void (*on_error)(void *user, uint64_t id, int status, const char *msg);
                                       /* may be NULL: for a remote request that fails, called once
                                          just before on_done (status < 0) with a one-line reason */
+    void (*on_remote_logprobs)(void *user, cJSON *entries);
+                                      /* may be NULL: a remote request that asks for logprobs
+                                         (text.rp.gen.top_logprobs >= 0 with on_logprobs) needs it,
+                                         else it is refused. Called on the driving thread with the
+                                         upstream's log-probabilities of a chunk's tokens, before
+                                         that chunk's text: a cJSON array (the callee owns it) of
+                                         {token, logprob, bytes, top_logprobs: [{token, logprob,
+                                         bytes}]} (host/upstream.h) */
 } rlai_route_request;
 
 /* *n_prompt of rlai_router_submit when the refusal came from the routing

@@ -266,8 +266,11 @@ int rlai_upstream_build_body(const rlai_route_request *rq, const char *remote_mo
     *body = NULL;
     const rlai_text_request *t = &rq->text;
     const rlai_gen_params *g = &t->rp.gen;
-    if (g->top_logprobs >= 0 && g->on_logprobs)
-        return rlai_errf(err, errlen, RLAI_ERR_UNSUPPORTED, "logprobs are not implemented for remote models");
+    bool want_lp = g->top_logprobs >= 0 && g->on_logprobs;
+    if (want_lp && !rq->on_remote_logprobs)
+        return rlai_errf(err, errlen, RLAI_ERR_UNSUPPORTED,
+                    "logprobs of remote models are not implemented on this front (its logprobs carry the "
+                    "local model's token ids); the HTTP front has them");
     if (g->grammar && !(rq->response_format && *rq->response_format))
         return rlai_errf(err, errlen, RLAI_ERR_UNSUPPORTED,
                     "a grammar is not implemented for remote models (only a response_format is forwarded)");
@@ -343,6 +346,12 @@ int rlai_upstream_build_body(const rlai_route_request *rq, const char *remote_mo
         for (int i = 0; g->stop[i]; i++)
             cJSON_AddItemToArray(st, cJSON_CreateString(g->stop[i]));
     }
+    if (want_lp && has_msgs) {
+        cJSON_AddTrueToObject(j, "logprobs");
+        cJSON_AddNumberToObject(j, "top_logprobs", g->top_logprobs);
+    } else if (want_lp) {
+        cJSON_AddNumberToObject(j, "logprobs", g->top_logprobs);   /* legacy completions: alternatives */
+    }
     if (rf)
         cJSON_AddItemToObject(j, "response_format", rf);
     *body = cJSON_PrintUnformatted(j);
@@ -352,6 +361,117 @@ int rlai_upstream_build_body(const rlai_route_request *rq, const char *remote_mo
 }
 
 /* ---------------------------------------------------------- stream chunks */
+
+/* A log-probability as sent: a number, or null for "none" (-9999, as the
+ * HTTP front writes -inf). False for anything else. */
+static bool lp_number(const cJSON *v, double *out)
+{
+    if (cJSON_IsNull(v)) {
+        *out = -9999.0;
+        return true;
+    }
+    if (!cJSON_IsNumber(v))
+        return false;
+    *out = v->valuedouble;
+    return true;
+}
+
+/* {token, logprob, bytes}: bytes copied when the upstream sent a valid
+ * array, else the token's own UTF-8. NULL when malformed or out of memory. */
+static cJSON *lp_entry(const cJSON *tok, const cJSON *lp, const cJSON *bytes)
+{
+    double v;
+    if (!cJSON_IsString(tok) || !lp_number(lp, &v))
+        return NULL;
+    cJSON *o = cJSON_CreateObject();
+    cJSON *b = cJSON_CreateArray();
+    bool ok = o && b && cJSON_AddStringToObject(o, "token", tok->valuestring) && cJSON_AddNumberToObject(o, "logprob", v);
+    bool given = cJSON_IsArray(bytes);
+    for (const cJSON *x = given ? bytes->child : NULL; ok && x; x = x->next)
+        given = cJSON_IsNumber(x) && x->valuedouble >= 0 && x->valuedouble <= 255 && x->valuedouble == (int)x->valuedouble;
+    if (given)
+        for (const cJSON *x = bytes->child; ok && x; x = x->next)
+            ok = cJSON_AddItemToArray(b, cJSON_CreateNumber(x->valuedouble));
+    else
+        for (const unsigned char *s = (const unsigned char *)tok->valuestring; ok && *s; s++)
+            ok = cJSON_AddItemToArray(b, cJSON_CreateNumber(*s));
+    if (ok && cJSON_AddItemToObject(o, "bytes", b))
+        return o;
+    cJSON_Delete(b);
+    cJSON_Delete(o);
+    return NULL;
+}
+
+/* choices[0].logprobs of a chunk as chat entries (upstream.h), in *out
+ * (NULL when it has none). Chat: {"content": [{token, logprob, bytes,
+ * top_logprobs}]}; completions: {"tokens", "token_logprobs",
+ * "top_logprobs": [{text: logprob}]}. */
+static int chunk_logprobs(const cJSON *lp, cJSON **out, char *msg, size_t msglen)
+{
+    *out = NULL;
+    if (!lp || cJSON_IsNull(lp))
+        return 0;
+    const cJSON *content = cJSON_IsObject(lp) ? cJSON_GetObjectItemCaseSensitive(lp, "content") : NULL;
+    const cJSON *toks = cJSON_IsObject(lp) ? cJSON_GetObjectItemCaseSensitive(lp, "tokens") : NULL;
+    if (cJSON_IsNull(content) || (!content && cJSON_IsNull(toks)))
+        return 0;
+    if (!cJSON_IsArray(content) && !cJSON_IsArray(toks))
+        return rlai_errf(msg, msglen, RLAI_ERR_FORMAT, "upstream chunk: logprobs has neither content nor tokens");
+    cJSON *arr = cJSON_CreateArray();
+    if (!arr)
+        return RLAI_ERR_NOMEM;
+    bool ok = true;
+    const cJSON *lps = NULL, *tops = NULL, *lv = NULL, *tp = NULL;
+    bool chat = cJSON_IsArray(content);
+    if (!chat) {             /* legacy completions: parallel arrays */
+        lps = cJSON_GetObjectItemCaseSensitive(lp, "token_logprobs");
+        tops = cJSON_GetObjectItemCaseSensitive(lp, "top_logprobs");
+        int n = cJSON_GetArraySize(toks);
+        ok = cJSON_IsArray(lps) && cJSON_GetArraySize(lps) == n &&
+             (!tops || cJSON_IsNull(tops) || (cJSON_IsArray(tops) && cJSON_GetArraySize(tops) == n));
+        lv = ok ? lps->child : NULL;
+        tp = ok && cJSON_IsArray(tops) ? tops->child : NULL;
+    }
+    const cJSON *it = chat ? content->child : toks->child;
+    for (; ok && it; it = it->next) {
+        cJSON *e, *top;
+        const cJSON *alt;
+        if (chat) {
+            e = lp_entry(cJSON_GetObjectItemCaseSensitive(it, "token"), cJSON_GetObjectItemCaseSensitive(it, "logprob"),
+                         cJSON_GetObjectItemCaseSensitive(it, "bytes"));
+            alt = cJSON_GetObjectItemCaseSensitive(it, "top_logprobs");
+            alt = cJSON_IsArray(alt) ? alt->child : NULL;
+        } else {
+            e = lp_entry(it, lv, NULL);
+            alt = cJSON_IsObject(tp) ? tp->child : NULL;   /* {text: logprob} */
+            lv = lv->next;
+            tp = tp ? tp->next : NULL;
+        }
+        top = e ? cJSON_AddArrayToObject(e, "top_logprobs") : NULL;
+        for (; top && alt; alt = alt->next) {
+            cJSON name = { 0 };                /* a legacy entry's key as a token string */
+            name.type = cJSON_String;
+            name.valuestring = alt->string;
+            cJSON *te = chat ? lp_entry(cJSON_GetObjectItemCaseSensitive(alt, "token"),
+                                        cJSON_GetObjectItemCaseSensitive(alt, "logprob"),
+                                        cJSON_GetObjectItemCaseSensitive(alt, "bytes"))
+                             : lp_entry(&name, alt, NULL);
+            if (!te || !cJSON_AddItemToArray(top, te)) {
+                cJSON_Delete(te);
+                top = NULL;
+            }
+        }
+        ok = top && cJSON_AddItemToArray(arr, e);
+        if (!ok)
+            cJSON_Delete(e);
+    }
+    if (!ok) {
+        cJSON_Delete(arr);
+        return rlai_errf(msg, msglen, RLAI_ERR_FORMAT, "upstream chunk: logprobs is not in the OpenAI shape");
+    }
+    *out = arr;
+    return 0;
+}
 
 int rlai_upstream_parse_chunk(const char *data, size_t len, rlai_upstream_delta *out, char *msg, size_t msglen)
 {
@@ -403,6 +523,13 @@ int rlai_upstream_parse_chunk(const char *data, size_t len, rlai_upstream_delta 
                 cJSON_Delete(j);
                 return RLAI_ERR_NOMEM;
             }
+        }
+        int rc = chunk_logprobs(cJSON_GetObjectItemCaseSensitive(c0, "logprobs"), &out->logprobs, msg, msglen);
+        if (rc < 0) {
+            free(out->text);
+            out->text = NULL;
+            cJSON_Delete(j);
+            return rc;
         }
         const cJSON *fr = cJSON_GetObjectItemCaseSensitive(c0, "finish_reason");
         if (cJSON_IsString(fr)) {

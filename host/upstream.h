@@ -13,6 +13,8 @@
 
 #include "rlai/engine.h"
 
+typedef struct cJSON cJSON;
+
 typedef struct rlai_route_request rlai_route_request;
 
 /* A model name shown to clients and the name the upstream knows it by. */
@@ -128,13 +130,17 @@ int rlai_upstream_build_body(const rlai_route_request *rq, const char *remote_mo
 typedef struct rlai_upstream_delta {
     char *text;
     size_t len;
+    cJSON *logprobs;            /* NULL, or the chunk's tokens' log-probabilities as a cJSON array of
+                                   chat entries {token, logprob, bytes, top_logprobs: [{token,
+                                   logprob, bytes}]} (completions' legacy arrays converted); the
+                                   caller owns it (cJSON_Delete) */
     rlai_stop_reason finish;    /* NONE, or EOG / STRING / MAX_TOKENS from finish_reason */
     int prompt_tokens, completion_tokens;   /* from "usage", -1 when absent */
 } rlai_upstream_delta;
 
 /* Decodes the data of one SSE event (len bytes): chat chunks
  * (choices[0].delta.content) or completion chunks (choices[0].text),
- * finish_reason, usage. Returns 0, 1 for the "[DONE]" sentinel,
+ * choices[0].logprobs, finish_reason, usage. Returns 0, 1 for the "[DONE]" sentinel,
  * RLAI_ERR_FORMAT (not JSON or not a chunk; msg says why) or
  * RLAI_ERR_DISCONNECTED (the upstream sent an {"error": ...} object; msg has its
  * message). msg may be NULL. */

@@ -11,6 +11,7 @@
 #include <cjson/cJSON.h>
 
 #include "config.h"
+#include "logprobs.h"
 #include "remote.h"
 #include "router.h"
 #include "upstream.h"
@@ -237,6 +238,17 @@ START_TEST(body_maps_the_request_and_refuses_what_it_cannot_honour)
     ck_assert_int_eq(rlai_upstream_build_body(&rq, "m", true, &body, &chat, err, sizeof(err)), RLAI_ERR_UNSUPPORTED);
     ck_assert_ptr_nonnull(strstr(err, "logprobs"));
     ck_assert_ptr_null(body);
+    /* a front that takes a remote model's logprobs (HTTP) gets them asked for */
+    rq.on_remote_logprobs = (void (*)(void *, cJSON *))(uintptr_t)1;
+    ck_assert_int_eq(rlai_upstream_build_body(&rq, "m", true, &body, &chat, err, sizeof(err)), 0);
+    ck_assert_ptr_nonnull(strstr(body, "\"logprobs\":2"));              /* completions: alternatives */
+    free(body);
+    rq.text.prompt = NULL;
+    rq.text.messages = msgs;
+    rq.text.n_messages = 2;
+    ck_assert_int_eq(rlai_upstream_build_body(&rq, "m", true, &body, &chat, err, sizeof(err)), 0);
+    ck_assert_ptr_nonnull(strstr(body, "\"logprobs\":true,\"top_logprobs\":2"));
+    free(body);
 }
 END_TEST
 
@@ -274,6 +286,74 @@ START_TEST(chunks_decode)
 }
 END_TEST
 
+/* The three entries' tokens, logprobs and first alternatives. */
+static void check_entries(const cJSON *a, const char *t0, double l0, const char *alt0)
+{
+    ck_assert(cJSON_IsArray(a));
+    const cJSON *e = cJSON_GetArrayItem(a, 0);
+    ck_assert_str_eq(cJSON_GetObjectItem(e, "token")->valuestring, t0);
+    ck_assert_double_eq_tol(cJSON_GetObjectItem(e, "logprob")->valuedouble, l0, 1e-12);
+    const cJSON *b = cJSON_GetObjectItem(e, "bytes");
+    ck_assert_int_eq(cJSON_GetArraySize(b), (int)strlen(t0));
+    for (int i = 0; i < (int)strlen(t0); i++)
+        ck_assert_int_eq((int)cJSON_GetArrayItem(b, i)->valuedouble, (unsigned char)t0[i]);
+    const cJSON *top = cJSON_GetObjectItem(e, "top_logprobs");
+    ck_assert_str_eq(cJSON_GetObjectItem(cJSON_GetArrayItem(top, 0), "token")->valuestring, alt0);
+}
+
+START_TEST(chunk_logprobs_decode_to_chat_entries)
+{
+    rlai_upstream_delta d;
+    char msg[256];
+    /* chat: entries kept (bytes given or made from the token) */
+    const char *c1 = "{\"choices\":[{\"delta\":{\"content\":\" Mars\"},\"logprobs\":{\"content\":["
+                     "{\"token\":\" Mars\",\"logprob\":-0.25,\"bytes\":[32,77,97,114,115],\"top_logprobs\":["
+                     "{\"token\":\" Mars\",\"logprob\":-0.25},{\"token\":\" Venus\",\"logprob\":-1.5}]}]}}]}";
+    ck_assert_int_eq(rlai_upstream_parse_chunk(c1, strlen(c1), &d, msg, sizeof(msg)), 0);
+    ck_assert_str_eq(d.text, " Mars");
+    check_entries(d.logprobs, " Mars", -0.25, " Mars");
+    ck_assert_int_eq(cJSON_GetArraySize(cJSON_GetObjectItem(cJSON_GetArrayItem(d.logprobs, 0), "top_logprobs")), 2);
+    free(d.text);
+    cJSON_Delete(d.logprobs);
+    /* legacy completions: arrays turned into entries; null = -9999 */
+    const char *c2 = "{\"choices\":[{\"text\":\" Paris.\",\"logprobs\":{\"tokens\":[\" Paris\",\".\"],"
+                     "\"token_logprobs\":[-0.5,null],\"top_logprobs\":[{\" Lyon\":-2.0},null],\"text_offset\":[0,6]}}]}";
+    ck_assert_int_eq(rlai_upstream_parse_chunk(c2, strlen(c2), &d, msg, sizeof(msg)), 0);
+    check_entries(d.logprobs, " Paris", -0.5, " Lyon");
+    const cJSON *e1 = cJSON_GetArrayItem(d.logprobs, 1);
+    ck_assert_double_eq(cJSON_GetObjectItem(e1, "logprob")->valuedouble, -9999.0);
+    ck_assert_int_eq(cJSON_GetArraySize(cJSON_GetObjectItem(e1, "top_logprobs")), 0);
+    /* and back to the legacy arrays, offsets continuing from 3 */
+    size_t off = 3;
+    cJSON *leg = rlai_logprobs_completion_from_entries(d.logprobs, &off);
+    ck_assert_int_eq(off, 3 + 7);
+    char *txt = cJSON_PrintUnformatted(leg);
+    ck_assert_str_eq(txt, "{\"tokens\":[\" Paris\",\".\"],\"token_logprobs\":[-0.5,-9999],"
+                          "\"top_logprobs\":[{\" Lyon\":-2},{}],\"text_offset\":[3,9]}");
+    free(txt);
+    cJSON_Delete(leg);
+    free(d.text);
+    cJSON_Delete(d.logprobs);
+    /* none, null, and malformed ones */
+    const char *c3 = "{\"choices\":[{\"delta\":{\"content\":\"x\"},\"logprobs\":null}]}";
+    ck_assert_int_eq(rlai_upstream_parse_chunk(c3, strlen(c3), &d, msg, sizeof(msg)), 0);
+    ck_assert_ptr_null(d.logprobs);
+    free(d.text);
+    const char *bad[] = {
+        "{\"choices\":[{\"delta\":{\"content\":\"x\"},\"logprobs\":{\"content\":[{\"token\":1,\"logprob\":0}]}}]}",
+        "{\"choices\":[{\"delta\":{\"content\":\"x\"},\"logprobs\":{\"content\":[{\"token\":\"x\",\"logprob\":\"-1\"}]}}]}",
+        "{\"choices\":[{\"text\":\"x\",\"logprobs\":{\"tokens\":[\"x\"],\"token_logprobs\":[]}}]}",
+        "{\"choices\":[{\"text\":\"x\",\"logprobs\":{\"other\":1}}]}",
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        ck_assert_int_eq(rlai_upstream_parse_chunk(bad[i], strlen(bad[i]), &d, msg, sizeof(msg)), RLAI_ERR_FORMAT);
+        ck_assert_ptr_null(d.text);
+        ck_assert_ptr_null(d.logprobs);
+        ck_assert_ptr_nonnull(strstr(msg, "logprobs"));
+    }
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("upstream");
@@ -283,6 +363,7 @@ int main(void)
     tcase_add_test(tc, breaker_opens_half_opens_and_closes);
     tcase_add_test(tc, body_maps_the_request_and_refuses_what_it_cannot_honour);
     tcase_add_test(tc, chunks_decode);
+    tcase_add_test(tc, chunk_logprobs_decode_to_chat_entries);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -10,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cjson/cJSON.h>
+
 #include "sse.h"
 #include "upstream.h"
 #include "rlai/error.h"
@@ -49,7 +51,10 @@ static int on_event(void *user, const char *event, const char *d, size_t len)
         abort();
     if (dl.text && strlen(dl.text) != dl.len)
         abort();
+    if (dl.logprobs && (rc != 0 || !cJSON_IsArray(dl.logprobs)))
+        abort();
     free(dl.text);
+    cJSON_Delete(dl.logprobs);
     return 0;
 }
 

@@ -404,11 +404,54 @@ def test_https_upstream_not_trusted_is_a_clear_error(cluster):
         assert time.monotonic() - t0 < 5
 
 
+def same_entries(got, want):
+    assert [e["token"] for e in got] == [e["token"] for e in want]
+    for g, w in zip(got, want):
+        assert g["bytes"] == w["bytes"]
+        assert abs(g["logprob"] - w["logprob"]) < 1e-9
+        assert [t["token"] for t in g["top_logprobs"]] == [t["token"] for t in w["top_logprobs"]]
+        assert all(abs(a["logprob"] - b["logprob"]) < 1e-9 for a, b in zip(g["top_logprobs"], w["top_logprobs"]))
+
+
+def test_logprobs_equal_upstream(cluster):
+    # the upstream's log-probabilities reach the client as the upstream gave
+    # them: chat entries as they are, legacy completions arrays rebuilt
+    up, router, _ = cluster
+    kw = {"max_tokens": 8, "logprobs": True, "top_logprobs": 2}
+    st, direct = chat(up, "default", **kw)
+    assert st == 200, direct
+    want = direct["choices"][0]["logprobs"]["content"]
+    assert len(want) == direct["usage"]["completion_tokens"] and len(want[0]["top_logprobs"]) == 2
+    st, routed = chat(router, "remote-smol", **kw)
+    assert st == 200, routed
+    same_entries(routed["choices"][0]["logprobs"]["content"], want)
+    ev = stream_events(router, "/v1/chat/completions", dict(kw, model="remote-smol", messages=HELLO, temperature=0))
+    got = [e for c in ev if isinstance(c, dict) and c.get("choices") and c["choices"][0].get("logprobs")
+           for e in c["choices"][0]["logprobs"]["content"]]
+    same_entries(got, want)
+
+    body = {"prompt": "The capital of France is", "max_tokens": 6, "temperature": 0, "logprobs": 2}
+    st, _, raw = up.request("POST", "/v1/completions", dict(body, model="default"))
+    assert st == 200
+    want = json.loads(raw)["choices"][0]["logprobs"]
+    st, _, raw = router.request("POST", "/v1/completions", dict(body, model="remote-smol"))
+    assert st == 200, raw
+    got = json.loads(raw)["choices"][0]["logprobs"]
+    assert got["tokens"] == want["tokens"] and got["text_offset"] == want["text_offset"]
+    assert all(abs(a - b) < 1e-9 for a, b in zip(got["token_logprobs"], want["token_logprobs"]))
+    assert [sorted(t) for t in got["top_logprobs"]] == [sorted(t) for t in want["top_logprobs"]]
+    ev = stream_events(router, "/v1/completions", dict(body, model="remote-smol"))
+    lps = [c["choices"][0]["logprobs"] for c in ev if isinstance(c, dict) and c.get("choices")
+           and c["choices"][0].get("logprobs")]
+    assert [t for lp in lps for t in lp["tokens"]] == want["tokens"]
+    assert [o for lp in lps for o in lp["text_offset"]] == want["text_offset"]
+
+
 def test_unsupported_features_are_refused(cluster):
     _, router, _ = cluster
-    st, j = chat(router, "remote-smol", logprobs=True, top_logprobs=2)
-    assert st in (400, 501), j
-    assert "not implemented" in j["error"]["message"]
+    st, _, raw = router.request("POST", "/v1/completions", {"model": "remote-smol", "prompt": [1, 2, 3]})
+    assert st in (400, 501), raw
+    assert "not implemented" in json.loads(raw)["error"]["message"]
 
 
 def test_router_keeps_serving_locally(cluster):
