@@ -247,6 +247,9 @@ struct hreq {
     rlai_token_logprobs *lps;
     int n_lps, cap_lps, lp_sent;
     cJSON *rlps;                 /* a remote model's entries not yet sent (under mu; host/upstream.h) */
+    /* a remote model's tool calls (tools forwarded; under mu): fragments not
+     * yet streamed, and all of them merged (rlai_tool_calls_merge) */
+    cJSON *rtc, *rtc_all;
     size_t lp_off;
     char *echo_text;             /* completions "echo": the prompt text */
     long long created;           /* request time (wall clock, seconds) */
@@ -287,6 +290,8 @@ static void hreq_unref(hreq *r)
     free(r->chat_reply);
     free(r->lps);
     cJSON_Delete(r->rlps);
+    cJSON_Delete(r->rtc);
+    cJSON_Delete(r->rtc_all);
     free(r->echo_text);
     for (int i = 0; i < r->n_kids; i++)
         hreq_unref(r->kids[i]);
@@ -386,7 +391,7 @@ static peer_state peer_check(int fd)
 /* Something for the stream to send (r->mu held). */
 static bool has_progress(const hreq *r)
 {
-    return r->pending.len || r->sse.len || r->done || r->why != END_NONE;
+    return r->pending.len || r->sse.len || r->rtc || r->done || r->why != END_NONE;
 }
 
 /* rlai_router_pump's test (takes r->mu itself: the pump holds no lock). */
@@ -707,8 +712,17 @@ static cJSON *final_body(const hreq *r, const char *text)
     if (is_chat(r)) {
         cJSON *m = cJSON_AddObjectToObject(c, "message");
         cJSON_AddStringToObject(m, "role", "assistant");
-        cJSON *calls = rlai_tools_extract(&r->tools, text, (uint64_t)(uintptr_t)r ^ r->engine_id);
-        if (calls) {
+        cJSON *calls = cJSON_GetArraySize(r->rtc_all) > 0 ? rlai_tool_calls_message(r->rtc_all)
+                                                          : rlai_tools_extract(&r->tools, text,
+                                                                               (uint64_t)(uintptr_t)r ^ r->engine_id);
+        if (calls && r->rtc_all) {         /* a remote model's calls, with whatever text it wrote */
+            ((hreq *)r)->tool_called = true;
+            if (text && *text)
+                cJSON_AddStringToObject(m, "content", text);
+            else
+                cJSON_AddNullToObject(m, "content");
+            cJSON_AddItemToObject(m, "tool_calls", calls);
+        } else if (calls) {
             ((hreq *)r)->tool_called = true;
             cJSON_AddNullToObject(m, "content");
             cJSON_AddItemToObject(m, "tool_calls", calls);
@@ -915,22 +929,44 @@ static void gen_on_logprobs(void *user, const rlai_token_logprobs *lp)
     pthread_mutex_unlock(&r->mu);
 }
 
+/* Appends the items of array src (taken) to *dst (an array, or NULL: then
+ * src becomes it). */
+static void append_items(cJSON **dst, cJSON *src)
+{
+    if (!*dst) {
+        *dst = src;
+        return;
+    }
+    cJSON *e;
+    while ((e = cJSON_DetachItemViaPointer(src, src->child)) != NULL)
+        cJSON_AddItemToArray(*dst, e);
+    cJSON_Delete(src);
+}
+
+/* A remote model's tool-call fragments (the driving thread; router.h):
+ * merged for the final message and kept for the next streamed chunk. */
+static void gen_on_remote_tool_calls(void *user, cJSON *deltas)
+{
+    hreq *r = user;
+    pthread_mutex_lock(&r->mu);
+    r->tool_called = true;
+    if (!r->rtc_all)
+        r->rtc_all = cJSON_CreateArray();
+    if (r->rtc_all && rlai_tool_calls_merge(r->rtc_all, deltas) < 0)
+        fprintf(stderr, "rlai: http: out of memory merging a remote tool call\n");
+    append_items(&r->rtc, deltas);
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+}
+
 /* A remote model's log-probabilities (the driving thread; router.h):
  * kept until the chunk that carries their text. */
 static void gen_on_remote_logprobs(void *user, cJSON *entries)
 {
     hreq *r = user;
     pthread_mutex_lock(&r->mu);
-    if (!r->rlps) {
-        r->rlps = entries;
-        entries = NULL;
-    } else {
-        cJSON *e;
-        while ((e = cJSON_DetachItemViaPointer(entries, entries->child)) != NULL)
-            cJSON_AddItemToArray(r->rlps, e);
-    }
+    append_items(&r->rlps, entries);
     pthread_mutex_unlock(&r->mu);
-    cJSON_Delete(entries);
 }
 
 static int gen_on_token(void *user, rlai_token tok, const char *text, size_t len)
@@ -1113,11 +1149,14 @@ static bool produce(hreq *r)
     rlai_strbuf text = r->pending, events = r->sse;
     memset(&r->pending, 0, sizeof(r->pending));
     memset(&r->sse, 0, sizeof(r->sse));
+    cJSON *calls = r->rtc;
+    r->rtc = NULL;
     bool done = r->done || r->why == END_SHUTDOWN;
     pthread_mutex_unlock(&r->mu);
     if (!alive) {
         rlai_strbuf_free(&text);
         rlai_strbuf_free(&events);
+        cJSON_Delete(calls);
         end_request(r, END_GONE);
         return false;
     }
@@ -1132,6 +1171,12 @@ static bool produce(hreq *r)
             attach_logprobs(r, first_choice(ch), false);
             sse_event(&r->out, NULL, ch);
         }
+        r->streamed = true;
+    }
+    if (calls) {                       /* a remote model's call fragments, as it sent them */
+        cJSON *ch = chunk_json(r, NULL, 0, false, NULL);
+        cJSON_AddItemToObject(cJSON_GetObjectItemCaseSensitive(first_choice(ch), "delta"), "tool_calls", calls);
+        sse_event(&r->out, NULL, ch);
         r->streamed = true;
     }
     rlai_strbuf_free(&text);
@@ -1994,6 +2039,45 @@ static bool chat_tools(hreq *r, const cJSON *body, gen_request *g, chat_msgs *cm
     return true;
 }
 
+/* tools for a remote model (docs/REMOTE.md): "tools", "tool_choice" and
+ * "parallel_tool_calls" and the messages go to the upstream as they are,
+ * and its streamed call fragments come back (gen_on_remote_tool_calls);
+ * the local tool prompt and grammar are not used. Sets *fwd and *msgs
+ * (malloc'd JSON text, NULL when this is not such a request). Returns
+ * false after a 400 / 500. */
+static bool remote_tools(hreq *r, const cJSON *body, rlai_route_request *rq, char **fwd, char **msgs)
+{
+    const cJSON *tools = cJSON_GetObjectItemCaseSensitive(body, "tools");
+    /* remote for sure: a remote model, or the local one with "route" naming
+     * an upstream or "remote" (a spill by policy keeps the local tools) */
+    bool asked = r->route && strcmp(r->route, "local") && strcmp(r->route, "auto");
+    if (!tools || cJSON_IsNull(tools) || (r->route && !strcmp(r->route, "local")) ||
+        !(asked || rlai_router_is_remote_model(r->h->router, r->model)))
+        return true;
+    if (!cJSON_IsArray(tools))
+        return send_error(r, 400, "invalid_type", "tools", "'tools' must be an array"), false;
+    const cJSON *fn = cJSON_GetObjectItemCaseSensitive(body, "functions");
+    if (fn && !cJSON_IsNull(fn))
+        return send_error(r, 400, "unsupported_value", "functions",
+                          "'functions' is not forwarded to remote models; use 'tools'"), false;
+    cJSON *o = cJSON_CreateObject();
+    const char *keys[] = { "tools", "tool_choice", "parallel_tool_calls" };
+    for (int i = 0; o && i < 3; i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(body, keys[i]);
+        if (v && !cJSON_IsNull(v))
+            cJSON_AddItemToObject(o, keys[i], cJSON_Duplicate(v, 1));
+    }
+    *fwd = o ? cJSON_PrintUnformatted(o) : NULL;
+    cJSON_Delete(o);
+    *msgs = cJSON_PrintUnformatted(cJSON_GetObjectItemCaseSensitive(body, "messages"));
+    if (!*fwd || !*msgs)
+        return send_error(r, 500, NULL, NULL, "out of memory"), false;
+    rq->forward_json = *fwd;
+    rq->messages_json = *msgs;
+    rq->on_remote_tool_calls = gen_on_remote_tool_calls;
+    return true;
+}
+
 static enum MHD_Result chat_completions(hreq *r)
 {
     r->kind = K_CHAT;
@@ -2004,6 +2088,7 @@ static enum MHD_Result chat_completions(hreq *r)
     memset(&g, 0, sizeof(g));
     const char *chat_model = NULL;
     chat_msgs cm = { 0 };
+    char *fwd = NULL, *raw_msgs = NULL;
     enum MHD_Result ret = MHD_YES;
     if (!check_model(r, body, true, &chat_model) || !parse_sampling(r, body, &g) || !parse_messages(r, body, &cm))
         goto out;
@@ -2022,15 +2107,17 @@ static enum MHD_Result chat_completions(hreq *r)
         ret = plugin_chat(r, body, chat_model, false, &cm);
         goto out;
     }
-    if (!chat_tools(r, body, &g, &cm))
-        goto out;
     /* Message content is never parsed for special tokens (role injection). */
     rlai_route_request rq;
     memset(&rq, 0, sizeof(rq));
+    if (!remote_tools(r, body, &rq, &fwd, &raw_msgs) || (!fwd && !chat_tools(r, body, &g, &cm)))
+        goto out;
     rq.text.messages = cm.m;
     rq.text.n_messages = cm.n;
     ret = run_generation(r, &rq, &g);
 out:
+    free(fwd);
+    free(raw_msgs);
     chat_msgs_free(&cm);
     rlai_grammar_unref(g.grammar);
     cJSON_Delete(body);

@@ -37,6 +37,7 @@ typedef struct rreq {
     rlai_done_cb on_done;
     rlai_remote_error_cb on_error;
     void (*on_logprobs)(void *user, cJSON *entries);
+    void (*on_tool_calls)(void *user, cJSON *deltas);
     void *user;
     rstate state;
     bool cancel;                 /* asked (under rm->mu) */
@@ -327,6 +328,7 @@ int rlai_remote_submit(rlai_remote *r, int up, const char *remote_model, const r
     q->on_done = rq->text.rp.on_done;
     q->on_error = on_error;
     q->on_logprobs = rq->on_remote_logprobs;
+    q->on_tool_calls = rq->on_remote_tool_calls;
     q->user = rq->text.rp.user;
     q->t_submit = now_ms();
     if (rq->text.rp.gen.timeout_ms)
@@ -413,6 +415,14 @@ static int on_sse_event(void *user, const char *event, const char *data, size_t 
         q->on_logprobs(q->user, d.logprobs);             /* before the chunk's text; it owns them */
     else
         cJSON_Delete(d.logprobs);
+    if (d.tool_calls && q->on_tool_calls && !q->cb_stop) {
+        if (!q->t_first)                                 /* a reply that is only a call has a first token too */
+            q->t_first = now_ms();
+        q->pieces++;
+        q->on_tool_calls(q->user, d.tool_calls);
+    } else {
+        cJSON_Delete(d.tool_calls);
+    }
     int stop = 0;
     if (d.text) {
         if (!q->t_first) {

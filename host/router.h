@@ -46,6 +46,17 @@ typedef struct rlai_route_request {
                                          that chunk's text: a cJSON array (the callee owns it) of
                                          {token, logprob, bytes, top_logprobs: [{token, logprob,
                                          bytes}]} (host/upstream.h) */
+    /* -- a chat with tools for a remote model (the HTTP front): forwarded as they are -- */
+    const char *messages_json;        /* NULL, or the chat's "messages" as JSON text: the upstream gets
+                                         them unchanged (tool calls and results included) instead of
+                                         text.messages, which the router still reads (affinity) */
+    const char *forward_json;         /* NULL, or a JSON object whose members join the upstream's body
+                                         unchanged ("tools", "tool_choice", "parallel_tool_calls") */
+    void (*on_remote_tool_calls)(void *user, cJSON *deltas);
+                                      /* may be NULL: a chunk's delta.tool_calls (the streamed call
+                                         fragments [{index, id, type, function: {name, arguments}}]),
+                                         on the driving thread before that chunk's text; the callee
+                                         owns the array */
 } rlai_route_request;
 
 /* *n_prompt of rlai_router_submit when the refusal came from the routing

@@ -355,3 +355,78 @@ cJSON *rlai_tools_extract(const rlai_tools *t, const char *text, uint64_t salt)
     cJSON_Delete(o);
     return calls;
 }
+
+/* Appends s to the string member key of o (created when missing). */
+static int append_member(cJSON *o, const char *key, const char *s)
+{
+    cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    const char *old = cJSON_IsString(v) ? v->valuestring : "";
+    size_t a = strlen(old), b = strlen(s);
+    char *n = malloc(a + b + 1);
+    if (!n)
+        return RLAI_ERR_NOMEM;
+    memcpy(n, old, a);
+    memcpy(n + a, s, b + 1);
+    cJSON *nv = cJSON_CreateString(n);
+    free(n);
+    if (!nv)
+        return RLAI_ERR_NOMEM;
+    if (v)
+        cJSON_ReplaceItemInObjectCaseSensitive(o, key, nv);
+    else
+        cJSON_AddItemToObject(o, key, nv);
+    return 0;
+}
+
+int rlai_tool_calls_merge(cJSON *calls, const cJSON *deltas)
+{
+    for (const cJSON *d = cJSON_IsArray(deltas) ? deltas->child : NULL; d; d = d->next) {
+        const cJSON *ix = cJSON_GetObjectItemCaseSensitive(d, "index");
+        int index = cJSON_IsNumber(ix) ? (int)ix->valuedouble : 0;
+        cJSON *c = NULL;
+        for (cJSON *x = calls->child; x && !c; x = x->next)
+            if ((int)cJSON_GetObjectItemCaseSensitive(x, "index")->valuedouble == index)
+                c = x;
+        if (!c) {
+            c = cJSON_CreateObject();
+            if (!c || !cJSON_AddNumberToObject(c, "index", index) || !cJSON_AddStringToObject(c, "id", "") ||
+                !cJSON_AddStringToObject(c, "type", "function") || !cJSON_AddObjectToObject(c, "function")) {
+                cJSON_Delete(c);
+                return RLAI_ERR_NOMEM;
+            }
+            cJSON_AddItemToArray(calls, c);
+        }
+        const char *keys[] = { "id", "type" };
+        for (int k = 0; k < 2; k++) {
+            const cJSON *v = cJSON_GetObjectItemCaseSensitive(d, keys[k]);
+            cJSON *nv = cJSON_IsString(v) ? cJSON_CreateString(v->valuestring) : NULL;
+            if (cJSON_IsString(v) && (!nv || !cJSON_ReplaceItemInObjectCaseSensitive(c, keys[k], nv))) {
+                cJSON_Delete(nv);
+                return RLAI_ERR_NOMEM;
+            }
+        }
+        const cJSON *fd = cJSON_GetObjectItemCaseSensitive(d, "function");
+        cJSON *fc = cJSON_GetObjectItemCaseSensitive(c, "function");
+        const char *fkeys[] = { "name", "arguments" };
+        for (int k = 0; k < 2; k++) {
+            const cJSON *v = cJSON_GetObjectItemCaseSensitive(fd, fkeys[k]);
+            if (cJSON_IsString(v) && append_member(fc, fkeys[k], v->valuestring) < 0)
+                return RLAI_ERR_NOMEM;
+        }
+    }
+    return 0;
+}
+
+cJSON *rlai_tool_calls_message(const cJSON *calls)
+{
+    cJSON *out = cJSON_Duplicate(calls, 1);
+    for (cJSON *c = out ? out->child : NULL; c; c = c->next) {
+        cJSON_DeleteItemFromObjectCaseSensitive(c, "index");
+        cJSON *fn = cJSON_GetObjectItemCaseSensitive(c, "function");
+        if (!cJSON_GetObjectItemCaseSensitive(fn, "name"))
+            cJSON_AddStringToObject(fn, "name", "");
+        if (!cJSON_GetObjectItemCaseSensitive(fn, "arguments"))
+            cJSON_AddStringToObject(fn, "arguments", "");
+    }
+    return out;
+}

@@ -60,4 +60,16 @@ char *rlai_tools_message_text(const cJSON *msgs, const cJSON *msg, const char *r
  * arguments as JSON text) with an id made from `salt`; else NULL. */
 cJSON *rlai_tools_extract(const rlai_tools *t, const char *text, uint64_t salt);
 
+/* Folds streamed tool-call fragments (a chunk's delta.tool_calls: [{index,
+ * id, type, function: {name, arguments}}], borrowed) into `calls` (an
+ * array this keeps, one object per index, in order of first appearance):
+ * id and type are set, name and arguments appended, as OpenAI clients
+ * accumulate them. Returns 0 or RLAI_ERR_NOMEM. */
+int rlai_tool_calls_merge(cJSON *calls, const cJSON *deltas);
+
+/* A message's "tool_calls" from merged calls (borrowed): each
+ * {id, type, function: {name, arguments}} without its index. New array
+ * (caller owns) or NULL when out of memory. */
+cJSON *rlai_tool_calls_message(const cJSON *calls);
+
 #endif

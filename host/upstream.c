@@ -301,7 +301,18 @@ int rlai_upstream_build_body(const rlai_route_request *rq, const char *remote_mo
         return RLAI_ERR_NOMEM;
     }
     cJSON_AddStringToObject(j, "model", remote_model);
-    if (has_msgs) {
+    cJSON *fwd = rq->forward_json ? cJSON_Parse(rq->forward_json) : NULL;
+    cJSON *raw = rq->messages_json && has_msgs ? cJSON_Parse(rq->messages_json) : NULL;
+    if ((rq->forward_json && (!cJSON_IsObject(fwd) || !has_msgs)) || (rq->messages_json && !cJSON_IsArray(raw))) {
+        cJSON_Delete(fwd);
+        cJSON_Delete(raw);
+        cJSON_Delete(rf);
+        cJSON_Delete(j);
+        return rlai_errf(err, errlen, RLAI_ERR_INVALID_ARG, "forwarded fields or messages are not valid JSON");
+    }
+    if (raw) {
+        cJSON_AddItemToObject(j, "messages", raw);
+    } else if (has_msgs) {
         cJSON *ms = cJSON_AddArrayToObject(j, "messages");
         for (int i = 0; i < t->n_messages; i++) {
             cJSON *m = cJSON_CreateObject();
@@ -354,6 +365,12 @@ int rlai_upstream_build_body(const rlai_route_request *rq, const char *remote_mo
     }
     if (rf)
         cJSON_AddItemToObject(j, "response_format", rf);
+    for (cJSON *f = fwd ? fwd->child : NULL, *nx; f; f = nx) {
+        nx = f->next;
+        cJSON_DeleteItemFromObjectCaseSensitive(j, f->string);
+        cJSON_AddItemToObject(j, f->string, cJSON_DetachItemViaPointer(fwd, f));
+    }
+    cJSON_Delete(fwd);
     *body = cJSON_PrintUnformatted(j);
     cJSON_Delete(j);
     *chat = has_msgs;
@@ -400,6 +417,35 @@ static cJSON *lp_entry(const cJSON *tok, const cJSON *lp, const cJSON *bytes)
     cJSON_Delete(b);
     cJSON_Delete(o);
     return NULL;
+}
+
+/* Members a and b of o are absent, null or strings. */
+static bool strings_or_null(const cJSON *o, const char *a, const char *b)
+{
+    const cJSON *v[2] = { cJSON_GetObjectItemCaseSensitive(o, a), cJSON_GetObjectItemCaseSensitive(o, b) };
+    for (int k = 0; k < 2; k++)
+        if (v[k] && !cJSON_IsNull(v[k]) && !cJSON_IsString(v[k]))
+            return false;
+    return true;
+}
+
+/* delta.tool_calls: an array of objects with an integer "index" and, when
+ * present, string "id" / "type" and a "function" object of strings. */
+static bool tool_calls_ok(const cJSON *tc)
+{
+    if (!cJSON_IsArray(tc))
+        return false;
+    for (const cJSON *c = tc->child; c; c = c->next) {
+        const cJSON *ix = cJSON_GetObjectItemCaseSensitive(c, "index");
+        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(c, "function");
+        if (!cJSON_IsObject(c) || !cJSON_IsNumber(ix) || ix->valuedouble < 0 || ix->valuedouble > 1024 ||
+            ix->valuedouble != (int)ix->valuedouble)
+            return false;
+        if (!strings_or_null(c, "id", "type") ||
+            (fn && !cJSON_IsNull(fn) && (!cJSON_IsObject(fn) || !strings_or_null(fn, "name", "arguments"))))
+            return false;
+    }
+    return true;
 }
 
 /* choices[0].logprobs of a chunk as chat entries (upstream.h), in *out
@@ -510,8 +556,15 @@ int rlai_upstream_parse_chunk(const char *data, size_t len, rlai_upstream_delta 
         }
         const cJSON *txt = cJSON_GetObjectItemCaseSensitive(c0, "text");
         const cJSON *d = cJSON_GetObjectItemCaseSensitive(c0, "delta");
-        if (cJSON_IsObject(d))
+        const cJSON *tc = NULL;
+        if (cJSON_IsObject(d)) {
             txt = cJSON_GetObjectItemCaseSensitive(d, "content");
+            tc = cJSON_GetObjectItemCaseSensitive(d, "tool_calls");
+        }
+        if (tc && !cJSON_IsNull(tc) && !tool_calls_ok(tc)) {
+            cJSON_Delete(j);
+            return rlai_errf(msg, msglen, RLAI_ERR_FORMAT, "upstream chunk: delta.tool_calls is not in the OpenAI shape");
+        }
         if (txt && !cJSON_IsNull(txt) && !cJSON_IsString(txt)) {
             cJSON_Delete(j);
             return rlai_errf(msg, msglen, RLAI_ERR_FORMAT, "upstream chunk: text is not a string");
@@ -525,9 +578,13 @@ int rlai_upstream_parse_chunk(const char *data, size_t len, rlai_upstream_delta 
             }
         }
         int rc = chunk_logprobs(cJSON_GetObjectItemCaseSensitive(c0, "logprobs"), &out->logprobs, msg, msglen);
+        if (rc == 0 && cJSON_IsArray(tc) && cJSON_GetArraySize(tc) > 0 && !(out->tool_calls = cJSON_Duplicate(tc, 1)))
+            rc = RLAI_ERR_NOMEM;
         if (rc < 0) {
             free(out->text);
             out->text = NULL;
+            cJSON_Delete(out->logprobs);
+            out->logprobs = NULL;
             cJSON_Delete(j);
             return rc;
         }

@@ -134,13 +134,15 @@ typedef struct rlai_upstream_delta {
                                    chat entries {token, logprob, bytes, top_logprobs: [{token,
                                    logprob, bytes}]} (completions' legacy arrays converted); the
                                    caller owns it (cJSON_Delete) */
+    cJSON *tool_calls;          /* NULL, or the chunk's delta.tool_calls array (a copy; the caller
+                                   owns it) */
     rlai_stop_reason finish;    /* NONE, or EOG / STRING / MAX_TOKENS from finish_reason */
     int prompt_tokens, completion_tokens;   /* from "usage", -1 when absent */
 } rlai_upstream_delta;
 
 /* Decodes the data of one SSE event (len bytes): chat chunks
- * (choices[0].delta.content) or completion chunks (choices[0].text),
- * choices[0].logprobs, finish_reason, usage. Returns 0, 1 for the "[DONE]" sentinel,
+ * (choices[0].delta.content, .tool_calls) or completion chunks
+ * (choices[0].text), choices[0].logprobs, finish_reason, usage. Returns 0, 1 for the "[DONE]" sentinel,
  * RLAI_ERR_FORMAT (not JSON or not a chunk; msg says why) or
  * RLAI_ERR_DISCONNECTED (the upstream sent an {"error": ...} object; msg has its
  * message). msg may be NULL. */

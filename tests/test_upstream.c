@@ -14,6 +14,7 @@
 #include "logprobs.h"
 #include "remote.h"
 #include "router.h"
+#include "tools.h"
 #include "upstream.h"
 #include "rlai/error.h"
 
@@ -354,6 +355,73 @@ START_TEST(chunk_logprobs_decode_to_chat_entries)
 }
 END_TEST
 
+START_TEST(tool_calls_pass_through)
+{
+    /* the body: messages and forwarded members as they are */
+    rlai_chat_message msgs[1] = { { "user", "converted text" } };
+    rlai_route_request rq;
+    memset(&rq, 0, sizeof(rq));
+    rq.text.messages = msgs;
+    rq.text.n_messages = 1;
+    rlai_gen_params_init(&rq.text.rp.gen);
+    rq.messages_json = "[{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"21\"}]";
+    rq.forward_json = "{\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}],\"tool_choice\":\"auto\"}";
+    char *body = NULL;
+    bool chat = false;
+    char err[256] = "";
+    ck_assert_int_eq(rlai_upstream_build_body(&rq, "m", true, &body, &chat, err, sizeof(err)), 0);
+    cJSON *j = cJSON_Parse(body);
+    ck_assert_str_eq(cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "messages"), 0), "tool_call_id")
+                         ->valuestring, "c1");
+    ck_assert_ptr_null(strstr(body, "converted text"));
+    ck_assert_str_eq(cJSON_GetObjectItem(j, "tool_choice")->valuestring, "auto");
+    ck_assert_int_eq(cJSON_GetArraySize(cJSON_GetObjectItem(j, "tools")), 1);
+    cJSON_Delete(j);
+    free(body);
+    rq.forward_json = "[1]";
+    ck_assert_int_eq(rlai_upstream_build_body(&rq, "m", true, &body, &chat, err, sizeof(err)), RLAI_ERR_INVALID_ARG);
+    ck_assert_ptr_null(body);
+
+    /* chunks: fragments copied; a wrong shape is a format error */
+    rlai_upstream_delta d;
+    char msg[256];
+    const char *c1 = "{\"choices\":[{\"delta\":{\"tool_calls\":[{\"index\":0,\"id\":\"call_1\",\"type\":\"function\","
+                     "\"function\":{\"name\":\"get_weather\",\"arguments\":\"\"}}]}}]}";
+    const char *c2 = "{\"choices\":[{\"delta\":{\"tool_calls\":[{\"index\":0,\"function\":{\"arguments\":\"{\\\"city\\\":\"}},"
+                     "{\"index\":1,\"id\":\"call_2\",\"function\":{\"name\":\"now\"}}]}}]}";
+    const char *c3 = "{\"choices\":[{\"delta\":{\"tool_calls\":[{\"index\":0,\"function\":{\"arguments\":\"\\\"Oslo\\\"}\"}}]},"
+                     "\"finish_reason\":\"tool_calls\"}]}";
+    cJSON *calls = cJSON_CreateArray();
+    const char *cs[] = { c1, c2, c3 };
+    for (int i = 0; i < 3; i++) {
+        ck_assert_msg(rlai_upstream_parse_chunk(cs[i], strlen(cs[i]), &d, msg, sizeof(msg)) == 0, "%d: %s", i, msg);
+        ck_assert(cJSON_IsArray(d.tool_calls));
+        ck_assert_ptr_null(d.text);
+        ck_assert_int_eq(rlai_tool_calls_merge(calls, d.tool_calls), 0);
+        cJSON_Delete(d.tool_calls);
+    }
+    cJSON *m = rlai_tool_calls_message(calls);
+    char *txt = cJSON_PrintUnformatted(m);
+    ck_assert_str_eq(txt, "[{\"id\":\"call_1\",\"type\":\"function\",\"function\":{\"name\":\"get_weather\","
+                          "\"arguments\":\"{\\\"city\\\":\\\"Oslo\\\"}\"}},"
+                          "{\"id\":\"call_2\",\"type\":\"function\",\"function\":{\"name\":\"now\",\"arguments\":\"\"}}]");
+    free(txt);
+    cJSON_Delete(m);
+    cJSON_Delete(calls);
+    const char *bad[] = {
+        "{\"choices\":[{\"delta\":{\"tool_calls\":{}}}]}",
+        "{\"choices\":[{\"delta\":{\"tool_calls\":[{\"id\":\"x\"}]}}]}",
+        "{\"choices\":[{\"delta\":{\"tool_calls\":[{\"index\":0,\"function\":{\"arguments\":{}}}]}}]}",
+        "{\"choices\":[{\"delta\":{\"tool_calls\":[{\"index\":-1}]}}]}",
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        ck_assert_int_eq(rlai_upstream_parse_chunk(bad[i], strlen(bad[i]), &d, msg, sizeof(msg)), RLAI_ERR_FORMAT);
+        ck_assert_ptr_null(d.tool_calls);
+        ck_assert_ptr_nonnull(strstr(msg, "tool_calls"));
+    }
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("upstream");
@@ -364,6 +432,7 @@ int main(void)
     tcase_add_test(tc, body_maps_the_request_and_refuses_what_it_cannot_honour);
     tcase_add_test(tc, chunks_decode);
     tcase_add_test(tc, chunk_logprobs_decode_to_chat_entries);
+    tcase_add_test(tc, tool_calls_pass_through);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

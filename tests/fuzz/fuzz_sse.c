@@ -51,10 +51,12 @@ static int on_event(void *user, const char *event, const char *d, size_t len)
         abort();
     if (dl.text && strlen(dl.text) != dl.len)
         abort();
-    if (dl.logprobs && (rc != 0 || !cJSON_IsArray(dl.logprobs)))
+    if ((dl.logprobs && (rc != 0 || !cJSON_IsArray(dl.logprobs))) ||
+        (dl.tool_calls && (rc != 0 || !cJSON_IsArray(dl.tool_calls))))
         abort();
     free(dl.text);
     cJSON_Delete(dl.logprobs);
+    cJSON_Delete(dl.tool_calls);
     return 0;
 }
 

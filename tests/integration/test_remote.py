@@ -447,6 +447,69 @@ def test_logprobs_equal_upstream(cluster):
     assert [o for lp in lps for o in lp["text_offset"]] == want["text_offset"]
 
 
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Get the current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40},
+                                                    "unit": {"enum": ["celsius", "fahrenheit"]}},
+                   "required": ["city", "unit"], "additionalProperties": False}}}
+
+
+def streamed_calls(events):
+    """Folds streamed tool_calls fragments by index, as OpenAI clients do."""
+    calls, finish = {}, None
+    for e in events:
+        if not isinstance(e, dict) or not e.get("choices"):
+            continue
+        c = e["choices"][0]
+        finish = c.get("finish_reason") or finish
+        for tc in c.get("delta", {}).get("tool_calls") or []:
+            d = calls.setdefault(tc["index"], {"id": "", "name": "", "arguments": ""})
+            d["id"] = tc.get("id") or d["id"]
+            fn = tc.get("function") or {}
+            d["name"] += fn.get("name") or ""
+            d["arguments"] += fn.get("arguments") or ""
+    return calls, finish
+
+
+def test_tools_are_forwarded_to_the_upstream(cluster):
+    # tools, tool_choice and the messages (calls and results included) go to
+    # the upstream as they are; its calls come back, blocking and streamed
+    up, router, _ = cluster
+    msgs = [{"role": "user", "content": "What is the weather in Paris?"}]
+    kw = {"messages": msgs, "tools": [WEATHER], "tool_choice": "required", "max_tokens": 80}
+    st, direct = chat(up, "default", **kw)
+    assert st == 200, direct
+    want = direct["choices"][0]["message"]["tool_calls"][0]["function"]
+    st, routed = chat(router, "remote-smol", **kw)
+    assert st == 200, routed
+    c = routed["choices"][0]
+    assert c["finish_reason"] == "tool_calls" and c["message"]["content"] is None
+    call = c["message"]["tool_calls"][0]
+    assert call["type"] == "function" and call["id"] and call["function"] == want
+    ev = stream_events(router, "/v1/chat/completions", dict(kw, model="remote-smol", temperature=0))
+    calls, finish = streamed_calls(ev)
+    assert finish == "tool_calls"
+    assert calls[0]["id"] and {"name": calls[0]["name"], "arguments": calls[0]["arguments"]} == want
+    # the call and its result go back; the answer is text, as on the upstream
+    msgs2 = msgs + [{"role": "assistant", "content": None, "tool_calls": [call]},
+                    {"role": "tool", "tool_call_id": call["id"], "content": "{\"temperature\": 21}"}]
+    kw2 = {"messages": msgs2, "tools": [WEATHER], "tool_choice": "none", "max_tokens": 30}
+    st, direct = chat(up, "default", **kw2)
+    st2, routed = chat(router, "remote-smol", **kw2)
+    assert st == st2 == 200, routed
+    assert routed["choices"][0]["message"]["content"] == direct["choices"][0]["message"]["content"]
+    assert not routed["choices"][0]["message"].get("tool_calls")
+    # the official client sees a normal tool call
+    r = router.client().chat.completions.create(model="remote-smol", temperature=0, **kw)
+    assert r.choices[0].message.tool_calls[0].function.name == "get_weather"
+    # the local model sent to an upstream on request: tools forwarded too
+    st, j = chat(router, "default", route="remote", **kw)
+    assert st == 200 and j["choices"][0]["message"]["tool_calls"][0]["function"] == want, j
+    # legacy functions are not forwarded
+    st, j = chat(router, "remote-smol", functions=[WEATHER["function"]])
+    assert st == 400 and "functions" in j["error"]["message"], j
+
+
 def test_unsupported_features_are_refused(cluster):
     _, router, _ = cluster
     st, _, raw = router.request("POST", "/v1/completions", {"model": "remote-smol", "prompt": [1, 2, 3]})
