@@ -250,6 +250,7 @@ struct hreq {
     /* a remote model's tool calls (tools forwarded; under mu): fragments not
      * yet streamed, and all of them merged (rlai_tool_calls_merge) */
     cJSON *rtc, *rtc_all;
+    bool image_parts;            /* the messages have image parts (a remote model's request) */
     size_t lp_off;
     char *echo_text;             /* completions "echo": the prompt text */
     long long created;           /* request time (wall clock, seconds) */
@@ -1608,6 +1609,16 @@ static bool check_model(hreq *r, const cJSON *body, bool allow_chat_models, cons
     return true;
 }
 
+/* The request will run on an upstream for sure: a remote model, or the
+ * local one with "route" naming an upstream or "remote" (a spill by
+ * policy is decided later, by the router). */
+static bool bound_remote(const hreq *r)
+{
+    if (r->route && !strcmp(r->route, "local"))
+        return false;
+    return (r->route && strcmp(r->route, "auto")) || rlai_router_is_remote_model(r->h->router, r->model);
+}
+
 /* Text of one message's content: a string or an array of text parts
  * ({"type": "text", "text": "..."}). Content is required, except on an
  * assistant turn that made tool calls (may_omit). *out malloc'd. Returns
@@ -1635,10 +1646,24 @@ static bool content_text(hreq *r, const cJSON *content, int idx, bool may_omit, 
         cJSON_ArrayForEach(part, content) {
             const cJSON *t = cJSON_GetObjectItemCaseSensitive(part, "type");
             const cJSON *tx = cJSON_GetObjectItemCaseSensitive(part, "text");
+            if (cJSON_IsObject(part) && cJSON_IsString(t) && !strcmp(t->valuestring, "image_url") && bound_remote(r)) {
+                /* the upstream gets the messages as they are (docs/REMOTE.md "Images") */
+                const cJSON *iu = cJSON_GetObjectItemCaseSensitive(part, "image_url");
+                const cJSON *url = cJSON_IsObject(iu) ? cJSON_GetObjectItemCaseSensitive(iu, "url") : NULL;
+                if (!cJSON_IsString(url) || !url->valuestring[0]) {
+                    rlai_strbuf_free(&b);
+                    send_error(r, 400, "invalid_value", param, "messages[%d]: an image_url part needs 'image_url.url'",
+                               idx);
+                    return false;
+                }
+                r->image_parts = true;
+                continue;
+            }
             if (!cJSON_IsObject(part) || !cJSON_IsString(t) || strcmp(t->valuestring, "text") != 0) {
                 rlai_strbuf_free(&b);
-                send_error(r, 400, "unsupported_value", param, "messages[%d]: only text content parts are supported",
-                           idx);
+                send_error(r, 400, "unsupported_value", param,
+                           "messages[%d]: only text content parts are supported (image_url parts go to remote "
+                           "models only, docs/REMOTE.md)", idx);
                 return false;
             }
             if (!cJSON_IsString(tx)) {
@@ -2048,11 +2073,14 @@ static bool chat_tools(hreq *r, const cJSON *body, gen_request *g, chat_msgs *cm
 static bool remote_tools(hreq *r, const cJSON *body, rlai_route_request *rq, char **fwd, char **msgs)
 {
     const cJSON *tools = cJSON_GetObjectItemCaseSensitive(body, "tools");
-    /* remote for sure: a remote model, or the local one with "route" naming
-     * an upstream or "remote" (a spill by policy keeps the local tools) */
-    bool asked = r->route && strcmp(r->route, "local") && strcmp(r->route, "auto");
-    if (!tools || cJSON_IsNull(tools) || (r->route && !strcmp(r->route, "local")) ||
-        !(asked || rlai_router_is_remote_model(r->h->router, r->model)))
+    bool with_tools = tools && !cJSON_IsNull(tools);
+    if (r->image_parts && !with_tools) {     /* images alone: the messages as they are */
+        if (!(*msgs = cJSON_PrintUnformatted(cJSON_GetObjectItemCaseSensitive(body, "messages"))))
+            return send_error(r, 500, NULL, NULL, "out of memory"), false;
+        rq->messages_json = *msgs;
+        return true;
+    }
+    if (!with_tools || !bound_remote(r))   /* a spill by policy keeps the local tools */
         return true;
     if (!cJSON_IsArray(tools))
         return send_error(r, 400, "invalid_type", "tools", "'tools' must be an array"), false;

@@ -13,6 +13,8 @@ field of the request chooses the behaviour:
   slow       waits 30 s before the first byte of the body
   stall      one token, then silence for 30 s
   short      one token, then the connection closes without [DONE]
+  echo       streams back, as its text, the JSON of the request's "messages"
+             and "tools" (what an upstream was given), in 3 pieces
   burst      BURST events "0".."9" repeating, written at once (many TLS
              records in one read), then [DONE]
 
@@ -124,9 +126,13 @@ class H(BaseHTTPRequestHandler):
                 self.wfile.write(b"data: {this is not json\n\n")
                 self.wfile.flush()
                 return
+            if model == "echo":
+                t = json.dumps({"messages": req.get("messages"), "tools": req.get("tools")})
+                for i in range(3):
+                    self.wfile.write(chunk(chat, t[i * len(t) // 3:(i + 1) * len(t) // 3]))
             if model == "burst":
                 self.wfile.write(b"".join(chunk(chat, str(i % 10)) for i in range(BURST)))
-            words = [] if model == "burst" else WORDS[:1] if model in ("stall", "short") else WORDS
+            words = [] if model in ("burst", "echo") else WORDS[:1] if model in ("stall", "short") else WORDS
             for w in words:
                 self.wfile.write(chunk(chat, w))
                 self.wfile.flush()

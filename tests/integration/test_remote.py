@@ -5,6 +5,7 @@ OpenAI-compatible upstream ("up"), and a small misbehaving Python upstream
 ("down"). Greedy output through the route equals the upstream's direct
 answer; a client's cancel reaches the upstream; retries, breaker,
 deadlines and clear errors. Paths from meson (RLAI_BIN, RLAI_MODELS_DIR)."""
+import base64
 import json
 import os
 import socket
@@ -84,7 +85,7 @@ def cluster(tmp_path_factory):
             dict(fast, name="bad", base_url=f"http://127.0.0.1:{bad.port}/v1", max_retries=2,
                  breaker_failures=1000,
                  models={f"bad-{m}": m for m in ("ok", "500once", "500", "429", "400", "malformed", "slow",
-                                                 "stall", "short")}),
+                                                 "stall", "short", "echo")}),
             dict(fast, name="flaky", base_url=f"http://127.0.0.1:{bad.port}/v1", max_retries=0,
                  breaker_failures=3, breaker_cooldown_ms=1500,
                  models={"flaky-500": "500", "flaky-ok": "ok"}),
@@ -499,6 +500,10 @@ def test_tools_are_forwarded_to_the_upstream(cluster):
     assert st == st2 == 200, routed
     assert routed["choices"][0]["message"]["content"] == direct["choices"][0]["message"]["content"]
     assert not routed["choices"][0]["message"].get("tool_calls")
+    # exactly what the client sent reaches the upstream
+    st, j = chat(router, "bad-echo", **kw2)
+    assert st == 200, j
+    assert json.loads(j["choices"][0]["message"]["content"]) == {"messages": msgs2, "tools": [WEATHER]}
     # the official client sees a normal tool call
     r = router.client().chat.completions.create(model="remote-smol", temperature=0, **kw)
     assert r.choices[0].message.tool_calls[0].function.name == "get_weather"
@@ -508,6 +513,24 @@ def test_tools_are_forwarded_to_the_upstream(cluster):
     # legacy functions are not forwarded
     st, j = chat(router, "remote-smol", functions=[WEATHER["function"]])
     assert st == 400 and "functions" in j["error"]["message"], j
+
+
+def test_image_parts_reach_a_remote_model(cluster):
+    # OpenAI image_url content parts go to the upstream with the messages as
+    # they are; a local model refuses them with a clear 400
+    up, router, _ = cluster
+    img = "data:image/png;base64," + base64.b64encode(b"\x89PNG\r\n\x1a\nnot really").decode()
+    msgs = [{"role": "system", "content": "You see screens."},
+            {"role": "user", "content": [{"type": "text", "text": "What is on screen?"},
+                                         {"type": "image_url", "image_url": {"url": img, "detail": "low"}}]}]
+    st, j = chat(router, "bad-echo", messages=msgs)
+    assert st == 200, j
+    assert json.loads(j["choices"][0]["message"]["content"]) == {"messages": msgs, "tools": None}
+    ev = stream_events(router, "/v1/chat/completions", {"model": "bad-echo", "messages": msgs})
+    assert json.loads(streamed_text(ev))["messages"] == msgs
+    for where, model in ((router, "default"), (up, "default")):
+        st, j = chat(where, model, messages=msgs)
+        assert st == 400 and "image_url parts go to remote models" in j["error"]["message"], j
 
 
 def test_unsupported_features_are_refused(cluster):
