@@ -950,6 +950,11 @@ static int api_generate(rlai_call *call, const rlai_gen_request *req_in, size_t 
     rq.text.max_prompt_tokens = h->p.max_prompt_tokens;
     rq.response_format = req.response_format;
     rq.text.image_rgb = req.image_rgb;      /* the engine expands the prompt's <image> (engine.h) */
+    rq.image_url = req.image_url;           /* a remote model's (router.h) */
+    if (req.image_url && (req.image_rgb || !req.messages || req.n_messages <= 0)) {
+        free(cm);
+        return RLAI_ERR_INVALID_ARG;          /* plugin.h: with messages, not with image_rgb */
+    }
     rq.text.image_width = req.image_width;
     rq.text.image_height = req.image_height;
     rq.model = req.model;                 /* zero for plugins that pass a smaller req_size */

@@ -218,9 +218,10 @@ static void say(char *buf, size_t len, const char *fmt, const char *a)
 static int submit_remote(rlai_router *r, const rlai_route_request *rq, int up, const char *remote_name,
                          uint64_t *id, int *n_prompt, char *err, size_t errlen)
 {
-    if (rq->text.image_rgb) {   /* the upstream body carries text only */
+    if (rq->text.image_rgb) {   /* an upstream takes an image as a URL (rq->image_url) */
         *n_prompt = RLAI_ROUTER_REFUSED_REMOTE;
-        return rlai_errf(err, errlen, RLAI_ERR_NOT_IMPLEMENTED, "images are not implemented for remote models");
+        return rlai_errf(err, errlen, RLAI_ERR_NOT_IMPLEMENTED,
+                    "raw images (image_rgb) are not implemented for remote models: give image_url");
     }
     uint64_t rid = RLAI_ROUTER_REMOTE_BIT | (atomic_fetch_add(&r->seq, 1) + 1);
     int rc = rlai_remote_submit(r->remote, up, remote_name, rq, rid, rq->on_error, err, errlen);
@@ -244,6 +245,9 @@ static int submit_local(rlai_router *r, const rlai_route_request *rq, uint64_t *
                         size_t errlen)
 {
     *n_prompt = -1;
+    if (rq->image_url)
+        return rlai_errf(err, errlen, RLAI_ERR_NOT_IMPLEMENTED,
+                    "an image URL is for remote models; the local model takes image_rgb");
     int rc = rlai_engine_submit_text(r->engine, &rq->text, id, n_prompt, err, errlen);
     if (rc == 0) {
         atomic_fetch_add(&r->n_local, 1);

@@ -46,6 +46,10 @@ typedef struct rlai_route_request {
                                          that chunk's text: a cJSON array (the callee owns it) of
                                          {token, logprob, bytes, top_logprobs: [{token, logprob,
                                          bytes}]} (host/upstream.h) */
+    const char *image_url;            /* NULL, or an image URL for a remote vision model (a plugin's
+                                         rlai_gen_request.image_url): joins the last user message of
+                                         text.messages as an image_url part; the local engine refuses
+                                         it (RLAI_ERR_NOT_IMPLEMENTED) */
     /* -- a chat with tools for a remote model (the HTTP front): forwarded as they are -- */
     const char *messages_json;        /* NULL, or the chat's "messages" as JSON text: the upstream gets
                                          them unchanged (tool calls and results included) instead of

@@ -286,6 +286,8 @@ int rlai_upstream_build_body(const rlai_route_request *rq, const char *remote_mo
         return rlai_errf(err, errlen, RLAI_ERR_INVALID_ARG, "exactly one of messages or prompt must be given");
     if (has_prompt && !*t->prompt)
         return rlai_errf(err, errlen, RLAI_ERR_INVALID_ARG, "the prompt is empty");
+    if (rq->image_url && (!has_msgs || rq->messages_json))
+        return rlai_errf(err, errlen, RLAI_ERR_INVALID_ARG, "an image URL needs messages (it joins the last user turn)");
     cJSON *j = cJSON_CreateObject();
     cJSON *rf = NULL;
     if (rq->response_format && *rq->response_format) {
@@ -313,11 +315,27 @@ int rlai_upstream_build_body(const rlai_route_request *rq, const char *remote_mo
     if (raw) {
         cJSON_AddItemToObject(j, "messages", raw);
     } else if (has_msgs) {
+        int last_user = -1;
+        for (int i = 0; i < t->n_messages; i++)
+            if (t->messages[i].role && !strcmp(t->messages[i].role, "user"))
+                last_user = i;
         cJSON *ms = cJSON_AddArrayToObject(j, "messages");
         for (int i = 0; i < t->n_messages; i++) {
             cJSON *m = cJSON_CreateObject();
+            const char *content = t->messages[i].content ? t->messages[i].content : "";
             cJSON_AddStringToObject(m, "role", t->messages[i].role ? t->messages[i].role : "user");
-            cJSON_AddStringToObject(m, "content", t->messages[i].content ? t->messages[i].content : "");
+            if (rq->image_url && i == last_user) {     /* [text, image_url] parts */
+                cJSON *parts = cJSON_AddArrayToObject(m, "content");
+                cJSON *tp = cJSON_CreateObject(), *ip = cJSON_CreateObject();
+                cJSON_AddStringToObject(tp, "type", "text");
+                cJSON_AddStringToObject(tp, "text", content);
+                cJSON_AddStringToObject(ip, "type", "image_url");
+                cJSON_AddStringToObject(cJSON_AddObjectToObject(ip, "image_url"), "url", rq->image_url);
+                cJSON_AddItemToArray(parts, tp);
+                cJSON_AddItemToArray(parts, ip);
+            } else {
+                cJSON_AddStringToObject(m, "content", content);
+            }
             cJSON_AddItemToArray(ms, m);
         }
     } else {

@@ -382,6 +382,25 @@ START_TEST(tool_calls_pass_through)
     ck_assert_int_eq(rlai_upstream_build_body(&rq, "m", true, &body, &chat, err, sizeof(err)), RLAI_ERR_INVALID_ARG);
     ck_assert_ptr_null(body);
 
+    /* a plugin's image URL joins the last user turn as [text, image_url] */
+    rlai_chat_message turns[3] = { { "system", "S" }, { "user", "look" }, { "assistant", "ok" } };
+    memset(&rq, 0, sizeof(rq));
+    rq.text.messages = turns;
+    rq.text.n_messages = 3;
+    rlai_gen_params_init(&rq.text.rp.gen);
+    rq.image_url = "data:image/png;base64,AAAA";
+    ck_assert_int_eq(rlai_upstream_build_body(&rq, "m", true, &body, &chat, err, sizeof(err)), 0);
+    ck_assert_ptr_nonnull(strstr(body, "{\"role\":\"system\",\"content\":\"S\"}"));
+    ck_assert_ptr_nonnull(strstr(body, "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"look\"},"
+                                       "{\"type\":\"image_url\",\"image_url\":{\"url\":\"data:image/png;base64,AAAA\"}}]}"));
+    ck_assert_ptr_nonnull(strstr(body, "{\"role\":\"assistant\",\"content\":\"ok\"}"));
+    free(body);
+    rq.text.messages = NULL;
+    rq.text.n_messages = 0;
+    rq.text.prompt = "raw";
+    ck_assert_int_eq(rlai_upstream_build_body(&rq, "m", true, &body, &chat, err, sizeof(err)), RLAI_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(err, "image URL needs messages"));
+
     /* chunks: fragments copied; a wrong shape is a format error */
     rlai_upstream_delta d;
     char msg[256];

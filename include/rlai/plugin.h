@@ -96,7 +96,7 @@ extern "C" {
 /* ABI version this header describes. A host accepts a plugin with the same
  * major and a minor not newer than its own. */
 #define RLAI_PLUGIN_ABI_MAJOR 1
-#define RLAI_PLUGIN_ABI_MINOR 2
+#define RLAI_PLUGIN_ABI_MINOR 3
 #define RLAI_PLUGIN_ABI_VERSION ((uint32_t)(RLAI_PLUGIN_ABI_MAJOR << 16 | RLAI_PLUGIN_ABI_MINOR))
 
 /* Build signature: what must agree between host and plugin beyond the
@@ -221,6 +221,13 @@ typedef struct rlai_gen_request {
                                        makes generate return RLAI_ERR_NOT_FOUND. A remote
                                        model refuses what it cannot honour (logprobs,
                                        ignore_eos: RLAI_ERR_UNSUPPORTED) */
+    const char *image_url;          /* appended in 1.3 after model (size-detected): for a remote
+                                       model only, an image for its vision model as a URL (e.g.
+                                       "data:image/png;base64,..."), with `messages`: it joins the
+                                       last user message as an OpenAI image_url content part. The
+                                       local model takes image_rgb instead (with image_url it
+                                       answers RLAI_ERR_NOT_IMPLEMENTED); both at once, or with a
+                                       raw prompt: RLAI_ERR_INVALID_ARG. Borrowed for the call. */
 } rlai_gen_request;
 
 /* Outcome of a generation (filled by host->generate). */

@@ -16,6 +16,9 @@
  * engine's vision encoder from an mmproj GGUF: the frame's pixels go to the
  * model with the question, refused with NOT_IMPLEMENTED when the engine has
  * no encoder), "auto" (vision when the engine has an encoder, else ocr).
+ * With config "model" naming a remote model the answers run there, and
+ * vision sends the frame as a PNG data URL (rlai_gen_request.image_url);
+ * "auto" picks vision when "remote_vision" is set.
  *
  * Handlers run on several workers at once: the state is read-only after
  * init except the OCR pool, which locks itself. */
@@ -64,6 +67,9 @@ typedef struct screen_plugin {
     float temperature;
     int no_shm;
     char mmproj[512];               /* configured vision projector ("" = none) */
+    char model[257];                /* config "model": where answers run ("" = the local model; a
+                                       remote model of the host's upstreams, docs/REMOTE.md) */
+    bool remote_vision;             /* config "remote_vision": that remote model sees images */
 } screen_plugin;
 
 /* ---- helpers ------------------------------------------------------------- */
@@ -454,6 +460,32 @@ static void append_defused(char *dst, size_t cap, size_t *o, const char *s)
     dst[*o] = 0;
 }
 
+/* img as "data:image/png;base64,..." in *out (malloc'd). Returns 0 or a
+ * negative code. */
+static int image_data_url(const rlai_screen_image *img, char **out)
+{
+    static const char head[] = "data:image/png;base64,";
+    uint8_t *png = NULL;
+    size_t len = 0;
+    char *b64 = NULL;
+    *out = NULL;
+    int rc = rlai_screen_png_encode(img, 1, &png, &len);
+    if (rc == 0)
+        rc = rlai_screen_b64_encode(png, len, &b64);
+    free(png);
+    if (rc < 0)
+        return rc;
+    size_t n = strlen(b64);
+    if (!(*out = malloc(sizeof head + n))) {
+        free(b64);
+        return RLAI_ERR_NOMEM;
+    }
+    memcpy(*out, head, sizeof head - 1);
+    memcpy(*out + sizeof head - 1, b64, n + 1);
+    free(b64);
+    return 0;
+}
+
 /* The vision path: the frame's pixels go to the engine's encoder; the raw
  * prompt is SmolVLM's (Idefics3) chat format with the image token where
  * the image's rows go:
@@ -496,6 +528,7 @@ static int analyze_vision(screen_plugin *sp, rlai_call *call, const cJSON *param
     const char *system = prof && prof->system_prompt[0] ? prof->system_prompt : VISION_SYSTEM;
     size_t cap = strlen(system) * 2 + strlen(question) * 2 + strlen(image_token) + 128;
     char *prompt = malloc(cap);
+    char *url = NULL;
     cJSON *r = NULL;
     rlai_gen_result res;
     memset(&res, 0, sizeof res);
@@ -503,6 +536,37 @@ static int analyze_vision(screen_plugin *sp, rlai_call *call, const cJSON *param
     if (!prompt) {
         rc = h->reply_error(call, RLAI_ERR_NOMEM, "out of memory");
         goto done;
+    }
+    if (sp->model[0]) {
+        /* a remote vision model: the frame as a PNG data URL with the
+         * question (messages: no template, nothing to defuse) */
+        snprintf(prompt, cap, "%s", question);
+        if (!dry) {
+            if ((rc = image_data_url(&f.img, &url)) < 0) {
+                rc = h->reply_error(call, rc, "could not encode the frame as PNG: %s", h->strerror(rc));
+                goto done;
+            }
+            rlai_plugin_message msgs[2] = { { "system", system }, { "user", question } };
+            req->messages = msgs;
+            req->n_messages = 2;
+            req->image_url = url;
+            req->model = sp->model;
+            req->stream = true;
+            double g0 = now_ms();
+            rc = h->generate(call, req, sizeof *req, &res);
+            answer_ms = now_ms() - g0;
+            req->messages = NULL;
+            req->n_messages = 0;
+            if (rc < 0) {
+                rc = h->reply_error(call, rc, "generation on %s failed: %s", sp->model, h->strerror(rc));
+                goto done;
+            }
+            if (res.stop && strcmp(res.stop, "cancelled") == 0) {
+                rc = 0;
+                goto done;
+            }
+        }
+        goto answered;
     }
     size_t o = (size_t)snprintf(prompt, cap, "<|im_start|>System: ");
     append_defused(prompt, cap, &o, system);
@@ -529,11 +593,15 @@ static int analyze_vision(screen_plugin *sp, rlai_call *call, const cJSON *param
             goto done;
         }
     }
+answered:
     if (!(r = analysis_result("vision", dry, res.text, question, prof, system, prompt))) {
         rc = h->reply_error(call, RLAI_ERR_NOMEM, "out of memory");
         goto done;
     }
-    cJSON_AddNumberToObject(r, "image_tokens", vision_tokens);
+    if (sp->model[0])
+        cJSON_AddStringToObject(r, "model", sp->model);
+    else
+        cJSON_AddNumberToObject(r, "image_tokens", vision_tokens);
     cJSON_AddItemToObject(r, "source", f.source);
     f.source = NULL;
     cJSON *tm = cJSON_AddObjectToObject(r, "timings_ms");
@@ -552,6 +620,7 @@ static int analyze_vision(screen_plugin *sp, rlai_call *call, const cJSON *param
     rc = 0;
 done:
     free(prompt);
+    free(url);
     h->free(res.text);
     frame_free(&f);
     return rc;
@@ -577,9 +646,13 @@ static int cmd_analyze(rlai_call *call, const cJSON *params, void *user)
     if (bad || (mode && strcmp(mode, "auto") && strcmp(mode, "ocr") && strcmp(mode, "vision")))
         return h->reply_error(call, RLAI_ERR_INVALID_ARG, "\"mode\" must be \"auto\", \"ocr\" or \"vision\"");
     char image_token[64] = "";
-    int vision_tokens = engine_vision(sp, image_token, sizeof image_token);
-    bool use_vision = vision_tokens > 0 && (!mode || strcmp(mode, "ocr") != 0);
-    if (mode && strcmp(mode, "vision") == 0 && vision_tokens <= 0)
+    bool remote = sp->model[0] != 0;
+    int vision_tokens = remote ? 0 : engine_vision(sp, image_token, sizeof image_token);
+    /* a remote model: "vision" sends the image; "auto" too when the
+     * config says that model sees images (remote_vision) */
+    bool use_vision = remote ? (mode && !strcmp(mode, "vision")) || ((!mode || !strcmp(mode, "auto")) && sp->remote_vision)
+                             : vision_tokens > 0 && (!mode || strcmp(mode, "ocr") != 0);
+    if (!remote && mode && strcmp(mode, "vision") == 0 && vision_tokens <= 0)
         return h->reply_error(call, RLAI_ERR_NOT_IMPLEMENTED,
                               "\"mode\": \"vision\" needs a vision encoder, and the engine has none loaded (start "
                               "rlai serve with --mmproj FILE, the model's llama.cpp mmproj GGUF); use \"mode\": "
@@ -591,6 +664,7 @@ static int cmd_analyze(rlai_call *call, const cJSON *params, void *user)
 
     rlai_gen_request req;
     memset(&req, 0, sizeof req);
+    req.model = sp->model[0] ? sp->model : NULL;
     req.max_tokens = sp->max_tokens;
     req.temperature = sp->temperature;
     if (rlai_json_opt_int(params, "max_tokens", 1, 4096, &req.max_tokens, err, sizeof err))
@@ -834,7 +908,7 @@ static int read_config(screen_plugin *sp, const cJSON *cfg, char *err, size_t er
 {
     static const char *const keys[] = { "profiles", "default_profile", "max_image_bytes", "max_width", "max_height",
                                         "max_prompt_chars", "max_tokens", "temperature", "ocr_lang", "tessdata",
-                                        "ocr_instances", "use_shm", "mmproj", NULL };
+                                        "ocr_instances", "use_shm", "mmproj", "model", "remote_vision", NULL };
     for (const cJSON *it = cfg->child; it; it = it->next) {
         bool known = false;
         for (int i = 0; keys[i] && !known; i++)
@@ -882,6 +956,24 @@ static int read_config(screen_plugin *sp, const cJSON *cfg, char *err, size_t er
             return RLAI_ERR_INVALID_ARG;
         }
         snprintf(sp->mmproj, sizeof sp->mmproj, "%s", mm->valuestring);
+    }
+    const cJSON *md = cJSON_GetObjectItemCaseSensitive(cfg, "model");
+    if (md && !cJSON_IsNull(md)) {
+        if (!cJSON_IsString(md) || strlen(md->valuestring) >= sizeof sp->model) {
+            snprintf(err, errlen, "config: \"model\" must be a model name (at most 256 bytes)");
+            return RLAI_ERR_INVALID_ARG;
+        }
+        snprintf(sp->model, sizeof sp->model, "%s", strcmp(md->valuestring, "default") ? md->valuestring : "");
+    }
+    const cJSON *rv = cJSON_GetObjectItemCaseSensitive(cfg, "remote_vision");
+    if (rv && !cJSON_IsBool(rv)) {
+        snprintf(err, errlen, "config: \"remote_vision\" must be true or false");
+        return RLAI_ERR_INVALID_ARG;
+    }
+    sp->remote_vision = cJSON_IsTrue(rv);
+    if (sp->remote_vision && !sp->model[0]) {
+        snprintf(err, errlen, "config: \"remote_vision\" needs \"model\" (a remote model)");
+        return RLAI_ERR_INVALID_ARG;
     }
     const cJSON *dp = cJSON_GetObjectItemCaseSensitive(cfg, "default_profile");
     if (dp && !cJSON_IsNull(dp)) {
@@ -945,7 +1037,8 @@ static const char ANALYZE_SCHEMA[] =
     "asks about the screen, e.g. \\\"what should I do in this fight?\\\"\"}," SOURCE_PROPS ","
     "\"mode\":{\"type\":\"string\",\"enum\":[\"auto\",\"ocr\",\"vision\"],\"default\":\"auto\",\"description\":"
     "\"ocr: read the screen's text and ask the language model; vision: show the screen to a vision-language "
-    "model (needs rlai serve --mmproj); auto: vision when the engine has a vision encoder, else ocr.\"},"
+    "model (needs rlai serve --mmproj, or a remote model configured); auto: vision when the engine has a "
+    "vision encoder (or the configured remote model sees images), else ocr.\"},"
     "\"profile\":{\"description\":\"Game profile (regions of interest and a system prompt): the name of a "
     "loaded profile, or a profile object.\",\"oneOf\":[{\"type\":\"string\"},{\"type\":\"object\"}]},"
     "\"dry_run\":{\"type\":\"boolean\",\"default\":false,\"description\":\"Only read the screen and build the "

@@ -98,7 +98,8 @@ def cluster(tmp_path_factory):
             dict(fast, name="tlswrong", base_url=tls_url, ca_file=str(TLS / "other_ca.pem"), max_retries=2,
                  breaker_failures=1000, models={"tls-wrongca": "ok"}),
         ],
-        "plugins": {"config": {"loremaster": {"model": "remote-smol"}}},
+        "plugins": {"config": {"loremaster": {"model": "remote-smol"},
+                               "screen": {"model": "bad-echo", "remote_vision": True}}},
     }
     cp = tmp / "router.json"
     cp.write_text(json.dumps(conf))
@@ -552,6 +553,41 @@ def test_router_keeps_serving_locally(cluster):
 
 def pipe_client(engine):
     return rtx_localai.RTXLocalAIClient("unix://" + str(engine.sock_path), timeout=120)
+
+
+SCREEN = LORE and (Path(SHIPPED_PLUGINS) / "screen" / "manifest.json").exists()
+
+
+@pytest.mark.skipif(not SCREEN, reason="screen plugin not built (tesseract/xcb/png/jpeg missing)")
+def test_screen_analyze_reaches_remote_model(cluster):
+    # screen.analyze with "model" naming a remote model: vision sends the
+    # frame as a PNG data URL with the question (the echo upstream returns
+    # what it got: the pixels must be the frame's); ocr sends the text
+    from io import BytesIO
+    from PIL import Image
+    _, router, _ = cluster
+    img = Image.new("RGB", (96, 64))
+    img.putdata([((x * 7) % 256, (y * 11) % 256, (x * y) % 256) for y in range(64) for x in range(96)])
+    buf = BytesIO()
+    img.save(buf, format="PNG")
+    b64 = base64.b64encode(buf.getvalue()).decode()
+    q = "What does the screen show?"
+    with pipe_client(router) as c:
+        got = c.call("screen.analyze", {"question": q, "image": b64, "temperature": 0})   # auto: remote_vision
+    assert got.data["mode"] == "vision" and got.data["model"] == "bad-echo"
+    msgs = json.loads(got.data["answer"])["messages"]
+    assert msgs[0]["role"] == "system" and msgs[-1]["role"] == "user"
+    text, image = msgs[-1]["content"]
+    assert text == {"type": "text", "text": q}
+    url = image["image_url"]["url"]
+    assert url.startswith("data:image/png;base64,")
+    sent = Image.open(BytesIO(base64.b64decode(url.split(",", 1)[1])))
+    assert sent.size == img.size and sent.convert("RGB").tobytes() == img.tobytes()
+    with pipe_client(router) as c:
+        got = c.call("screen.analyze", {"question": q, "image": b64, "mode": "ocr", "temperature": 0})
+    assert got.data["mode"] == "ocr"
+    msgs = json.loads(got.data["answer"])["messages"]
+    assert isinstance(msgs[-1]["content"], str) and q in msgs[-1]["content"]
 
 
 def test_wire_protocol_reaches_remote_model(cluster):
