@@ -287,6 +287,21 @@ START_TEST(chunks_decode)
 }
 END_TEST
 
+/* Each of the n chunks is a format error that decodes nothing and whose
+ * message names `what`. */
+static void refused_chunks(const char *const *bad, size_t n, const char *what)
+{
+    for (size_t i = 0; i < n; i++) {
+        rlai_upstream_delta d;
+        char msg[256] = "";
+        ck_assert_int_eq(rlai_upstream_parse_chunk(bad[i], strlen(bad[i]), &d, msg, sizeof(msg)), RLAI_ERR_FORMAT);
+        ck_assert_ptr_null(d.text);
+        ck_assert_ptr_null(d.logprobs);
+        ck_assert_ptr_null(d.tool_calls);
+        ck_assert_msg(strstr(msg, what) != NULL, "chunk %zu: '%s' lacks '%s'", i, msg, what);
+    }
+}
+
 /* The three entries' tokens, logprobs and first alternatives. */
 static void check_entries(const cJSON *a, const char *t0, double l0, const char *alt0)
 {
@@ -346,12 +361,7 @@ START_TEST(chunk_logprobs_decode_to_chat_entries)
         "{\"choices\":[{\"text\":\"x\",\"logprobs\":{\"tokens\":[\"x\"],\"token_logprobs\":[]}}]}",
         "{\"choices\":[{\"text\":\"x\",\"logprobs\":{\"other\":1}}]}",
     };
-    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
-        ck_assert_int_eq(rlai_upstream_parse_chunk(bad[i], strlen(bad[i]), &d, msg, sizeof(msg)), RLAI_ERR_FORMAT);
-        ck_assert_ptr_null(d.text);
-        ck_assert_ptr_null(d.logprobs);
-        ck_assert_ptr_nonnull(strstr(msg, "logprobs"));
-    }
+    refused_chunks(bad, sizeof(bad) / sizeof(bad[0]), "logprobs");
 }
 END_TEST
 
@@ -433,11 +443,7 @@ START_TEST(tool_calls_pass_through)
         "{\"choices\":[{\"delta\":{\"tool_calls\":[{\"index\":0,\"function\":{\"arguments\":{}}}]}}]}",
         "{\"choices\":[{\"delta\":{\"tool_calls\":[{\"index\":-1}]}}]}",
     };
-    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
-        ck_assert_int_eq(rlai_upstream_parse_chunk(bad[i], strlen(bad[i]), &d, msg, sizeof(msg)), RLAI_ERR_FORMAT);
-        ck_assert_ptr_null(d.tool_calls);
-        ck_assert_ptr_nonnull(strstr(msg, "tool_calls"));
-    }
+    refused_chunks(bad, sizeof(bad) / sizeof(bad[0]), "tool_calls");
 }
 END_TEST
 
