@@ -218,6 +218,10 @@ int rlai_engine_submit(rlai_engine *e, const rlai_request_params *rp, uint64_t *
         return RLAI_ERR_BUSY;
     }
     r->id = e->next_id++;
+    /* Read before the unlock: once queued, the scheduler may finish and
+     * free r before this thread runs again. */
+    if (id)
+        *id = r->id;
     rlai_req **pp = &e->queue;
     while (*pp)
         pp = &(*pp)->next;
@@ -227,8 +231,6 @@ int rlai_engine_submit(rlai_engine *e, const rlai_request_params *rp, uint64_t *
     e->wake = true;
     pthread_cond_broadcast(&e->qcv);
     pthread_mutex_unlock(&e->qmu);
-    if (id)
-        *id = r->id;
     return 0;
 }
 
