@@ -1251,13 +1251,18 @@ int rlai_server_start(const rlai_server_config *cfg, const rlai_server_callbacks
     if (has_uds && (rc = bind_uds(s, cfg->uds_path, err, errlen)) < 0)
         goto fail;
 
+    /* *out is set before the I/O thread starts: a client that connects as
+     * soon as the socket exists gets its first frame handled on that
+     * thread, and a callback answering through the caller's copy of *out
+     * (rlai_server_send) must already find the server there. */
+    *out = s;
     if (pthread_create(&s->thread, NULL, io_main, s) != 0) {
+        *out = NULL;
         rlai_errf(err, errlen, 0, "cannot start the I/O thread");
         rc = RLAI_ERR_NOMEM;
         goto fail;
     }
     s->thread_started = true;
-    *out = s;
     return 0;
 
 fail:

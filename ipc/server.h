@@ -70,7 +70,8 @@ typedef struct rlai_server_config {
  * PATH") or a TCP address is in use, RLAI_ERR_INVALID_ARG for a bad
  * endpoint or an over-long path, RLAI_ERR_IO otherwise (e.g. a non-socket
  * file in the way). cfg and cb are copied; *out owned by the caller (free
- * with rlai_server_stop). The parent directory of every socket file must
+ * with rlai_server_stop). *out is stored before the I/O thread starts, so
+ * callbacks may use the caller's copy of it from their first call. The parent directory of every socket file must
  * be a real directory (not a symlink) owned by the effective uid with mode
  * 0700 (ipc/sockdir.h); anything else is refused with RLAI_ERR_IO and a
  * message naming the directory and what is wrong. */
