@@ -1610,7 +1610,12 @@ void rlai_plugin_host_free(rlai_plugin_host **self_p)
     *self_p = NULL;
     if (rlai_plugin_host_stop(h, -1) > 0) {
         /* Handlers still run plugin code with their calls: keep the host,
-         * its commands and the libraries. */
+         * its commands and the libraries. Its threads are never joined:
+         * detached, each frees its own resources when its handler returns. */
+        pthread_mutex_lock(&h->mu);
+        for (worker *w = h->workers; w; w = w->next)
+            pthread_detach(w->t);
+        pthread_mutex_unlock(&h->mu);
         pthread_mutex_lock(&abandoned_mu);
         h->next_abandoned = abandoned_hosts;
         abandoned_hosts = h;
