@@ -275,12 +275,19 @@ static void teardown(void)
 
 /* --- raw ZeroMQ client --- */
 
+static void *zctx_ctx;
+
+static void zctx_init(void)
+{
+    zctx_ctx = zmq_ctx_new();
+}
+
+/* One context for the test process; client threads call this at once. */
 static void *zctx(void)
 {
-    static void *ctx;
-    if (!ctx)
-        ctx = zmq_ctx_new();
-    return ctx;
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, zctx_init);
+    return zctx_ctx;
 }
 
 static void *zdealer(const char *ep)
