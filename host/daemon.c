@@ -2,6 +2,7 @@
 #include "daemon.h"
 #include "rlai/clock.h"
 #include "http.h"
+#include "logprobs.h"
 #include "api_key.h"
 #include "json_msgpack.h"
 #include "metrics.h"
@@ -35,6 +36,7 @@ typedef struct job {
     rlai_buf buf;              /* frame encoding scratch (engine thread) */
     rlai_msg_logprob lp;       /* the next token's logprobs (engine thread) */
     bool has_lp;
+    cJSON *rlps;               /* a remote model's logprobs for the next token frame (driving thread) */
     char where[RLAI_PROTO_MAX_WHERE + 1];   /* where the router runs it (done metrics "where") */
     char errmsg[320];          /* a remote failure's reason (router on_error) */
 } job;
@@ -129,6 +131,7 @@ static void unlink_job(rlai_daemon *d, job *target)
 
 static void free_job(job *j)
 {
+    cJSON_Delete(j->rlps);
     rlai_buf_free(&j->buf);
     free(j);
 }
@@ -250,6 +253,37 @@ static void on_logprobs(void *user, const rlai_token_logprobs *lp)
     j->has_lp = true;
 }
 
+/* A remote model's log-probabilities (the router's driving thread, just
+ * before on_token of the same chunk's text; router.h): kept for that
+ * token frame. Takes ownership of entries. */
+static void on_remote_logprobs(void *user, cJSON *entries)
+{
+    job *j = user;
+    if (!j->rlps) {
+        j->rlps = entries;
+        return;
+    }
+    cJSON *e;
+    while ((e = cJSON_DetachItemFromArray(entries, 0)))
+        cJSON_AddItemToArray(j->rlps, e);
+    cJSON_Delete(entries);
+}
+
+/* The token frame of a remote model's text with its pending text
+ * logprobs (PROTOCOL.md 6.1). Returns 0 or a negative code. */
+static int encode_remote_token(job *j, const char *text, size_t len)
+{
+    rlai_msg_text_logprob *v = NULL;
+    uint8_t *pool = NULL;
+    int n = rlai_logprobs_wire_entries(j->rlps, &v, &pool);
+    int rc = n < 0 ? n : rlai_proto_encode_token_text_lp(&j->buf, j->id, text, len, v, (uint32_t)n);
+    free(v);
+    free(pool);
+    cJSON_Delete(j->rlps);
+    j->rlps = NULL;
+    return rc;
+}
+
 static int on_token(void *user, rlai_token tok, const char *text, size_t len)
 {
     job *j = user;
@@ -258,7 +292,10 @@ static int on_token(void *user, rlai_token tok, const char *text, size_t len)
     int32_t t = tok;
     bool lp = j->has_lp && tok >= 0 && j->lp.token == tok;
     j->has_lp = false;
-    if (rlai_proto_encode_token_lp(&j->buf, j->id, text, len, &t, tok >= 0 ? 1 : 0, &j->lp, lp ? 1 : 0) == 0) {
+    int erc = tok < 0 && j->rlps
+                  ? encode_remote_token(j, text, len)
+                  : rlai_proto_encode_token_lp(&j->buf, j->id, text, len, &t, tok >= 0 ? 1 : 0, &j->lp, lp ? 1 : 0);
+    if (erc == 0) {
         int rc = rlai_server_send(j->d->server, j->conn, j->buf.data, j->buf.len);
         rlai_buf_reset(&j->buf);
         if (rc == RLAI_ERR_DISCONNECTED) {
@@ -432,6 +469,7 @@ static void submit_generation(rlai_daemon *d, rlai_conn conn, const rlai_msg *m)
     if (g->has_top_logprobs) {
         rp->gen.on_logprobs = on_logprobs;
         rp->gen.logprobs_user = j;
+        rq.on_remote_logprobs = on_remote_logprobs;   /* a remote model's come as text (6.1) */
     }
     /* Structured output (docs/STRUCTURED.md): the engine takes its own
      * reference to the grammar at submit. */

@@ -2,6 +2,7 @@
 #include "logprobs.h"
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -98,6 +99,78 @@ cJSON *rlai_logprobs_completion_from_entries(const cJSON *entries, size_t *offse
         return NULL;
     }
     return o;
+}
+
+/* The byte values of a "bytes" array, or -1 when it is not one (absent,
+ * not an array, an element that is not an integer 0..255). */
+static int bytes_count(const cJSON *b)
+{
+    if (!cJSON_IsArray(b))
+        return -1;
+    int n = 0;
+    for (const cJSON *x = b->child; x; x = x->next, n++)
+        if (!cJSON_IsNumber(x) || x->valuedouble < 0 || x->valuedouble > 255 || x->valuedouble != (int)x->valuedouble)
+            return -1;
+    return n;
+}
+
+int rlai_logprobs_wire_entries(const cJSON *entries, rlai_msg_text_logprob **out, uint8_t **pool)
+{
+    *out = NULL;
+    *pool = NULL;
+    size_t n = 0, nb = 0;
+    for (const cJSON *e = cJSON_IsArray(entries) ? entries->child : NULL; e; e = e->next) {
+        if (!cJSON_IsObject(e))
+            continue;
+        int k = bytes_count(cJSON_GetObjectItemCaseSensitive(e, "bytes"));
+        nb += k > 0 ? (size_t)k : 0;
+        n++;
+    }
+    if (n == 0)
+        return 0;
+    if (n > RLAI_PROTO_MAX_TOKENS_ARRAY)
+        n = RLAI_PROTO_MAX_TOKENS_ARRAY;
+    rlai_msg_text_logprob *v = calloc(n, sizeof(*v));
+    uint8_t *bp = nb ? malloc(nb) : NULL;
+    if (!v || (nb && !bp)) {
+        free(v);
+        free(bp);
+        return RLAI_ERR_NOMEM;
+    }
+    size_t i = 0, used = 0;
+    for (const cJSON *e = entries->child; e && i < n; e = e->next) {
+        if (!cJSON_IsObject(e))
+            continue;
+        rlai_msg_text_logprob *w = &v[i++];
+        const cJSON *t = cJSON_GetObjectItemCaseSensitive(e, "token");
+        const cJSON *l = cJSON_GetObjectItemCaseSensitive(e, "logprob");
+        const cJSON *b = cJSON_GetObjectItemCaseSensitive(e, "bytes");
+        w->text = cJSON_IsString(t) ? t->valuestring : "";
+        w->text_len = strlen(w->text);
+        w->logprob = cJSON_IsNumber(l) ? l->valuedouble : -INFINITY;
+        int k = bytes_count(b);
+        if (k >= 0) {
+            w->bytes = bp ? bp + used : (const uint8_t *)"";
+            w->n_bytes = (size_t)k;
+            for (const cJSON *x = b->child; x; x = x->next)
+                bp[used++] = (uint8_t)x->valuedouble;
+        }
+        const cJSON *alts = cJSON_GetObjectItemCaseSensitive(e, "top_logprobs");
+        for (const cJSON *a = cJSON_IsArray(alts) ? alts->child : NULL;
+             a && w->n_top < RLAI_PROTO_MAX_TOP_LOGPROBS; a = a->next) {
+            const cJSON *at = cJSON_GetObjectItemCaseSensitive(a, "token");
+            const cJSON *al = cJSON_GetObjectItemCaseSensitive(a, "logprob");
+            if (!cJSON_IsString(at))
+                continue;
+            w->top_text[w->n_top] = at->valuestring;
+            w->top_len[w->n_top] = strlen(at->valuestring);
+            w->top_logprobs[w->n_top] = cJSON_IsNumber(al) ? al->valuedouble : -INFINITY;
+            w->n_top++;
+        }
+    }
+    *out = v;
+    *pool = bp;
+    return (int)i;
 }
 
 size_t rlai_utf8_chars(const char *s, size_t n)

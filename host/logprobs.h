@@ -10,7 +10,9 @@
 
 #include <cjson/cJSON.h>
 #include <stddef.h>
+#include <stdint.h>
 #include "rlai/engine.h"
+#include "rlai/protocol.h"
 
 /* Appends one chat entry per token to `content` (a cJSON array, borrowed):
  * {token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}. Returns
@@ -30,6 +32,16 @@ cJSON *rlai_logprobs_completion_json(const rlai_engine *e, const rlai_token_logp
  * (advanced by each token's characters). Returns a new object (caller
  * owns) or NULL when out of memory. */
 cJSON *rlai_logprobs_completion_from_entries(const cJSON *entries, size_t *offset);
+
+/* Wire entries (PROTOCOL.md 6.1, rlai_msg_text_logprob) from a remote
+ * model's chat entries {token, logprob, bytes, top_logprobs: [{token,
+ * logprob}]} (host/upstream.h): texts are borrowed from `entries`, which
+ * must outlive *out; each entry's "bytes" (ints 0..255; absent or invalid
+ * = not sent) are copied into *pool. Non-object entries are skipped, at
+ * most RLAI_PROTO_MAX_TOP_LOGPROBS alternatives are kept. *out and *pool
+ * are malloc'd (the caller frees both; NULL when there are none). Returns
+ * the number of entries (>= 0) or RLAI_ERR_NOMEM. */
+int rlai_logprobs_wire_entries(const cJSON *entries, rlai_msg_text_logprob **out, uint8_t **pool);
 
 /* The number of UTF-8 characters (non-continuation bytes) in s[0..n). */
 size_t rlai_utf8_chars(const char *s, size_t n);

@@ -269,8 +269,8 @@ int rlai_upstream_build_body(const rlai_route_request *rq, const char *remote_mo
     bool want_lp = g->top_logprobs >= 0 && g->on_logprobs;
     if (want_lp && !rq->on_remote_logprobs)
         return rlai_errf(err, errlen, RLAI_ERR_UNSUPPORTED,
-                    "logprobs of remote models are not implemented on this front (its logprobs carry the "
-                    "local model's token ids); the HTTP front has them");
+                    "logprobs of remote models are not implemented for this caller (it takes the local "
+                    "model's token ids; the wire protocol, the pipe and HTTP give a remote model's as text)");
     if (g->grammar && !(rq->response_format && *rq->response_format))
         return rlai_errf(err, errlen, RLAI_ERR_UNSUPPORTED,
                     "a grammar is not implemented for remote models (only a response_format is forwarded)");

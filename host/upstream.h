@@ -120,8 +120,9 @@ const char *rlai_breaker_state_name(rlai_breaker_state s);
  * the upstream's own defaults never replace the request's; response_format parsed from
  * rq->response_format. *chat says which endpoint. *body malloc'd (caller
  * frees). Returns 0, RLAI_ERR_NOMEM, or RLAI_ERR_UNSUPPORTED with a
- * message for what a remote model cannot honour (top_logprobs, a grammar
- * without response_format, ignore_eos). */
+ * message for what a remote model cannot honour (top_logprobs without
+ * rq->on_remote_logprobs, a grammar without response_format, ignore_eos
+ * without extras). */
 int rlai_upstream_build_body(const rlai_route_request *rq, const char *remote_model, bool extras, char **body,
                              bool *chat, char *err, size_t errlen);
 

@@ -1228,6 +1228,74 @@ static void p_token(enc *e, uint32_t version, uint64_t id, const char *text, siz
     }
 }
 
+/* A str with each byte that does not start a valid UTF-8 sequence (or is
+ * NUL) written as U+FFFD. */
+static void p_str_lossy(enc *e, const char *s, size_t n)
+{
+    const unsigned char *u = (const unsigned char *)s;
+    size_t out = 0;
+    for (size_t i = 0; i < n;) {
+        size_t k = utf8_seq(u, n, i);
+        out += k ? k : 3;
+        i += k ? k : 1;
+    }
+    msgpack_pack_str(&e->pk, out);
+    if (out == n) {
+        msgpack_pack_str_body(&e->pk, s, n);
+        return;
+    }
+    for (size_t i = 0; i < n;) {
+        size_t k = utf8_seq(u, n, i);
+        if (k) {
+            msgpack_pack_str_body(&e->pk, s + i, k);
+            i += k;
+        } else {
+            msgpack_pack_str_body(&e->pk, "\xEF\xBF\xBD", 3);
+            i++;
+        }
+    }
+}
+
+static double lp_or_floor(double v)
+{
+    return isfinite(v) ? v : -9999.0;
+}
+
+/* A remote model's token frame (PROTOCOL.md 6.1): no ids, text logprobs. */
+static void p_token_text_lp(enc *e, uint64_t id, const char *text, size_t len, const rlai_msg_text_logprob *lp,
+                            uint32_t n_lp)
+{
+    p_head(e, 3, RLAI_PROTO_VERSION, id, RLAI_MSG_TOKEN);
+    p_key(e, "text");
+    p_str(e, text, len);
+    p_key(e, "tokens");
+    msgpack_pack_array(&e->pk, 0);
+    p_key(e, "logprobs");
+    msgpack_pack_array(&e->pk, n_lp);
+    for (uint32_t i = 0; i < n_lp; i++) {
+        const rlai_msg_text_logprob *t = &lp[i];
+        bool bytes = t->bytes != NULL;
+        msgpack_pack_map(&e->pk, bytes ? 4 : 3);
+        p_key(e, "text");
+        p_str_lossy(e, t->text ? t->text : "", t->text ? t->text_len : 0);
+        p_key(e, "logprob");
+        msgpack_pack_double(&e->pk, lp_or_floor(t->logprob));
+        p_key(e, "top");
+        uint32_t nt = t->n_top < RLAI_PROTO_MAX_TOP_LOGPROBS ? t->n_top : RLAI_PROTO_MAX_TOP_LOGPROBS;
+        msgpack_pack_array(&e->pk, nt);
+        for (uint32_t k = 0; k < nt; k++) {
+            msgpack_pack_array(&e->pk, 2);
+            p_str_lossy(e, t->top_text[k] ? t->top_text[k] : "", t->top_text[k] ? t->top_len[k] : 0);
+            msgpack_pack_double(&e->pk, lp_or_floor(t->top_logprobs[k]));
+        }
+        if (bytes) {
+            p_key(e, "bytes");
+            msgpack_pack_bin(&e->pk, t->n_bytes);
+            msgpack_pack_bin_body(&e->pk, t->bytes, t->n_bytes);
+        }
+    }
+}
+
 static void p_done(enc *e, uint32_t version, uint64_t id, const char *stop, const rlai_msg_metrics *mt)
 {
     p_head(e, mt ? 2 : 1, version, id, RLAI_MSG_DONE);
@@ -1384,6 +1452,26 @@ int rlai_proto_encode_token_lp(rlai_buf *out, uint64_t id, const char *text, siz
     enc e;
     enc_begin(&e, out);
     p_token(&e, RLAI_PROTO_VERSION, id, text ? text : "", len, tokens, n_tokens, lp, n_lp);
+    return enc_end(&e);
+}
+
+int rlai_proto_encode_token_text_lp(rlai_buf *out, uint64_t id, const char *text, size_t len,
+                                    const rlai_msg_text_logprob *lp, uint32_t n_lp)
+{
+    if (!out) return -RLAI_PE_BAD_REQUEST;
+    if (!text && len) return -RLAI_PE_BAD_REQUEST;
+    int rc = check_str(text ? text : "", len, RLAI_PROTO_MAX_STR, false);
+    if (rc) return rc;
+    if (n_lp > RLAI_PROTO_MAX_TOKENS_ARRAY) return -RLAI_PE_TOO_LARGE;
+    if (n_lp && !lp) return -RLAI_PE_BAD_REQUEST;
+    for (uint32_t i = 0; i < n_lp; i++) {
+        if (lp[i].text_len > RLAI_PROTO_MAX_STR || lp[i].n_bytes > RLAI_PROTO_MAX_STR) return -RLAI_PE_TOO_LARGE;
+        for (uint32_t k = 0; k < lp[i].n_top && k < RLAI_PROTO_MAX_TOP_LOGPROBS; k++)
+            if (lp[i].top_len[k] > RLAI_PROTO_MAX_STR) return -RLAI_PE_TOO_LARGE;
+    }
+    enc e;
+    enc_begin(&e, out);
+    p_token_text_lp(&e, id, text ? text : "", len, lp, n_lp);
     return enc_end(&e);
 }
 

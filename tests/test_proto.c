@@ -4,6 +4,7 @@
  * no leak: run under ASan/LSan). */
 #include <check.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -680,6 +681,78 @@ START_TEST(test_token_logprobs_frame)
     ck_assert_uint_eq(a.len, b.len);
     ck_assert_mem_eq(a.data, b.data, a.len);
     rlai_buf_free(&a);
+    rlai_buf_free(&b);
+}
+END_TEST
+
+/* The map value of key k in a msgpack map, or NULL. */
+static const msgpack_object *map_get(const msgpack_object *o, const char *k)
+{
+    size_t n = strlen(k);
+    for (uint32_t i = 0; o->type == MSGPACK_OBJECT_MAP && i < o->via.map.size; i++) {
+        const msgpack_object *key = &o->via.map.ptr[i].key;
+        if (key->type == MSGPACK_OBJECT_STR && key->via.str.size == n && !memcmp(key->via.str.ptr, k, n))
+            return &o->via.map.ptr[i].val;
+    }
+    return NULL;
+}
+
+static bool str_is(const msgpack_object *o, const char *s, size_t n)
+{
+    return o && o->type == MSGPACK_OBJECT_STR && o->via.str.size == n && !memcmp(o->via.str.ptr, s, n);
+}
+
+/* A remote model's token frame (6.1): no ids, text entries; invalid UTF-8
+ * in an entry's text becomes U+FFFD, bytes go as bin, and the C decoder
+ * reads it as a plain token frame. */
+START_TEST(test_token_text_logprobs_frame)
+{
+    rlai_buf b;
+    rlai_buf_init(&b);
+    rlai_msg_text_logprob lp[2] = {
+        { .text = "Hi", .text_len = 2, .bytes = (const uint8_t *)"Hi", .n_bytes = 2, .logprob = -0.5, .n_top = 2 },
+        { .text = "\xE2\x80!", .text_len = 3,        /* half a character, then "!" */
+          .logprob = -INFINITY, .n_top = 0 },
+    };
+    lp[0].top_text[0] = "Hi";
+    lp[0].top_len[0] = 2;
+    lp[0].top_logprobs[0] = -0.5;
+    lp[0].top_text[1] = "Hello";
+    lp[0].top_len[1] = 5;
+    lp[0].top_logprobs[1] = -1.75;
+    ck_assert_int_eq(rlai_proto_encode_token_text_lp(&b, 5, "Hi", 2, lp, 2), 0);
+    rlai_msg m;
+    ck_assert_int_eq(dec(b.data, b.len, &m, NULL, 0), 0);
+    ck_assert_int_eq(m.type, RLAI_MSG_TOKEN);
+    ck_assert_str_eq(m.u.token.text, "Hi");
+    ck_assert_uint_eq(m.u.token.n_tokens, 0);
+    rlai_msg_free(&m);
+    msgpack_unpacked up;
+    msgpack_unpacked_init(&up);
+    ck_assert_int_eq(msgpack_unpack_next(&up, (const char *)b.data, b.len, NULL), MSGPACK_UNPACK_SUCCESS);
+    const msgpack_object *lps = map_get(&up.data, "logprobs");
+    ck_assert_ptr_nonnull(lps);
+    ck_assert_uint_eq(lps->via.array.size, 2);
+    const msgpack_object *e0 = &lps->via.array.ptr[0], *e1 = &lps->via.array.ptr[1];
+    ck_assert(str_is(map_get(e0, "text"), "Hi", 2));
+    ck_assert_ptr_null(map_get(e0, "token"));              /* no id: a client cannot mistake it for one */
+    ck_assert(fabs(map_get(e0, "logprob")->via.f64 + 0.5) < 1e-12);
+    const msgpack_object *bytes = map_get(e0, "bytes");
+    ck_assert(bytes && bytes->type == MSGPACK_OBJECT_BIN && bytes->via.bin.size == 2);
+    ck_assert_mem_eq(bytes->via.bin.ptr, "Hi", 2);
+    const msgpack_object *top = map_get(e0, "top");
+    ck_assert_uint_eq(top->via.array.size, 2);
+    ck_assert(str_is(&top->via.array.ptr[1].via.array.ptr[0], "Hello", 5));
+    ck_assert(fabs(top->via.array.ptr[1].via.array.ptr[1].via.f64 + 1.75) < 1e-12);
+    ck_assert(str_is(map_get(e1, "text"), "\xEF\xBF\xBD\xEF\xBF\xBD!", 7));   /* each bad byte: U+FFFD */
+    ck_assert(map_get(e1, "logprob")->via.f64 == -9999.0);
+    ck_assert_ptr_null(map_get(e1, "bytes"));
+    ck_assert_uint_eq(map_get(e1, "top")->via.array.size, 0);
+    msgpack_unpacked_destroy(&up);
+    /* the frame's own text must be valid UTF-8 */
+    rlai_buf_reset(&b);
+    ck_assert_int_lt(rlai_proto_encode_token_text_lp(&b, 5, "\xE2\x80", 2, lp, 2), 0);
+    ck_assert_int_lt(rlai_proto_encode_token_text_lp(&b, 5, "x", 1, NULL, 1), 0);
     rlai_buf_free(&b);
 }
 END_TEST
@@ -1649,6 +1722,7 @@ static Suite *proto_suite(void)
     tcase_add_test(tc, test_model_and_route_options);
     tcase_add_test(tc, test_convenience_encoders);
     tcase_add_test(tc, test_token_logprobs_frame);
+    tcase_add_test(tc, test_token_text_logprobs_frame);
     tcase_add_test(tc, test_encoder_rejects);
     tcase_add_test(tc, test_accepted_variants);
     tcase_add_test(tc, test_limits_boundaries);

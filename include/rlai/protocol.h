@@ -112,6 +112,23 @@ typedef struct rlai_msg_logprob {
     float top_logprobs[RLAI_PROTO_MAX_TOP_LOGPROBS];
 } rlai_msg_logprob;
 
+/* One token's log-probabilities from a remote model (PROTOCOL.md 6.1): the
+ * upstream gives token text, not ids of the local model. All pointers are
+ * borrowed for the encode call. Text that is not valid UTF-8 is sent with
+ * U+FFFD in place of each bad byte; `bytes` (NULL = not sent) are the
+ * token's exact bytes when the upstream gave them. */
+typedef struct rlai_msg_text_logprob {
+    const char *text;
+    size_t text_len;
+    const uint8_t *bytes;
+    size_t n_bytes;
+    double logprob;
+    uint32_t n_top;
+    const char *top_text[RLAI_PROTO_MAX_TOP_LOGPROBS];
+    size_t top_len[RLAI_PROTO_MAX_TOP_LOGPROBS];
+    double top_logprobs[RLAI_PROTO_MAX_TOP_LOGPROBS];
+} rlai_msg_text_logprob;
+
 typedef struct rlai_msg_metrics {
     double queue_ms, ttft_ms, prefill_tps, decode_tps;
     uint32_t prompt_tokens, gen_tokens, reused_tokens;
@@ -168,6 +185,12 @@ int rlai_proto_encode_token_lp(rlai_buf *out, uint64_t id, const char *text, siz
                                uint32_t n_tokens, const rlai_msg_logprob *lp, uint32_t n_lp);
 int rlai_proto_encode_token(rlai_buf *out, uint64_t id, const char *text, size_t len,
                             const int32_t *tokens, uint32_t n_tokens);
+/* A remote model's token frame: text, no ids ("tokens" is empty), and a
+ * "logprobs" array of n_lp text entries {text, logprob, top: [[text,
+ * logprob], ...], bytes?} (PROTOCOL.md 6.1; lp borrowed). Returns 0 or a
+ * negative protocol code (text not valid UTF-8, too many entries). */
+int rlai_proto_encode_token_text_lp(rlai_buf *out, uint64_t id, const char *text, size_t len,
+                                    const rlai_msg_text_logprob *lp, uint32_t n_lp);
 int rlai_proto_encode_done(rlai_buf *out, uint64_t id, const char *stop, const rlai_msg_metrics *m);
 /* error: code >= 1; name from rlai_proto_code_name; msg (NULL = "") is cut
  * to RLAI_PROTO_MAX_STR and bytes that are not valid UTF-8 become '?'. */

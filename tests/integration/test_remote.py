@@ -619,11 +619,21 @@ def test_wire_protocol_reaches_remote_model(cluster):
         with pytest.raises(rtx_localai.RTXLocalAIError) as ei:
             c.chat(HELLO, max_tokens=4, model="down-x")
         assert "upstream 'down'" in str(ei.value)
-        with pytest.raises(rtx_localai.RTXLocalAIError) as ei:
-            c.chat(HELLO, max_tokens=4, model="remote-smol", top_logprobs=2)
-        assert "not implemented" in str(ei.value)
+        # top_logprobs: the upstream's, as text entries (PROTOCOL.md 6.1),
+        # equal to what the upstream answers over HTTP
+        lg = c.chat(HELLO, max_tokens=8, temperature=0, model="remote-smol", top_logprobs=2)
         with pytest.raises(rtx_localai.RTXLocalAIError):
             c.chat(HELLO, max_tokens=4, model="no-such-model")
+    st, direct = chat(up, "default", max_tokens=8, logprobs=True, top_logprobs=2)
+    assert st == 200, direct
+    want = direct["choices"][0]["logprobs"]["content"]
+    assert lg.tokens == [] and len(lg.logprobs) == len(want) == direct["usage"]["completion_tokens"]
+    assert lg.text == direct["choices"][0]["message"]["content"] == "".join(e["text"] for e in lg.logprobs)
+    for g, w in zip(lg.logprobs, want):
+        assert g["token"] is None and g["text"] == w["token"] and g["bytes"] == bytes(w["bytes"])
+        assert abs(g["logprob"] - w["logprob"]) < 1e-9
+        assert [t for t, _ in g["top"]] == [t["token"] for t in w["top_logprobs"]]
+        assert all(abs(a - b["logprob"]) < 1e-9 for (_, a), b in zip(g["top"], w["top_logprobs"]))
 
 
 def test_route_override_and_stats(cluster):

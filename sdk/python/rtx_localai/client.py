@@ -95,8 +95,12 @@ class Stream(Iterator[str]):
                     for e in lps:
                         if isinstance(e, dict):
                             top = [tuple(p) for p in e.get("top", []) if isinstance(p, list) and len(p) == 2]
-                            self.logprobs.append({"token": e.get("token"), "logprob": e.get("logprob"),
-                                                  "top": top})
+                            ent = {"token": e.get("token"), "logprob": e.get("logprob"), "top": top}
+                            if "text" in e:     # a remote model's: text, not ids (PROTOCOL.md 6.1)
+                                ent["text"] = e.get("text")
+                                if isinstance(e.get("bytes"), bytes):
+                                    ent["bytes"] = e["bytes"]
+                            self.logprobs.append(ent)
                 if isinstance(text, str) and text:
                     self._parts.append(text)
                     return text

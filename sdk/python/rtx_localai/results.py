@@ -59,7 +59,10 @@ class Generation:
     tokens: List[int] = field(default_factory=list)  #: token ids, in order
     #: with ``top_logprobs=N``: one dict per generated token, ``{"token": id,
     #: "logprob": float, "top": [(id, logprob), ...]}`` (raw-logit
-    #: log-softmax, natural log; PROTOCOL.md 6.1); empty otherwise
+    #: log-softmax, natural log; PROTOCOL.md 6.1); empty otherwise. A
+    #: remote model's (docs/REMOTE.md) have text instead of ids:
+    #: ``{"token": None, "text": str, "logprob": float, "top": [(text,
+    #: logprob), ...], "bytes": b"..."}`` ("bytes" when the upstream sent them)
     logprobs: List[Dict[str, Any]] = field(default_factory=list)
 
     @property
