@@ -292,9 +292,14 @@ static int on_token(void *user, rlai_token tok, const char *text, size_t len)
     int32_t t = tok;
     bool lp = j->has_lp && tok >= 0 && j->lp.token == tok;
     j->has_lp = false;
-    int erc = tok < 0 && j->rlps
-                  ? encode_remote_token(j, text, len)
-                  : rlai_proto_encode_token_lp(&j->buf, j->id, text, len, &t, tok >= 0 ? 1 : 0, &j->lp, lp ? 1 : 0);
+    int erc = -1;
+    if (tok < 0 && j->rlps) {
+        erc = encode_remote_token(j, text, len);
+        if (erc < 0)            /* entries the frame cannot carry: the text still goes */
+            rlai_buf_reset(&j->buf);
+    }
+    if (erc < 0)
+        erc = rlai_proto_encode_token_lp(&j->buf, j->id, text, len, &t, tok >= 0 ? 1 : 0, &j->lp, lp ? 1 : 0);
     if (erc == 0) {
         int rc = rlai_server_send(j->d->server, j->conn, j->buf.data, j->buf.len);
         rlai_buf_reset(&j->buf);
