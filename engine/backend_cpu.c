@@ -20,6 +20,13 @@ typedef struct cpu_backend {
     float *scores;          /* n_threads * ATTN_QMAX * max_ctx, attention scratch */
     struct attn_unit *units; /* attention work plan, grown as needed */
     size_t units_cap;
+    /* RoPE's cos/sin of the last call's positions: the q and k rotations of
+     * every layer of one forward ask for the same ones (2 x n_layer calls) */
+    float *rope_cs;         /* rope_n rows of rope_rot floats: cos, sin per pair */
+    int32_t *rope_pos;      /* rope_n positions */
+    float *rope_freq;       /* rope_rot / 2 frequencies they were made with */
+    int rope_n, rope_rot;
+    size_t rope_cap;        /* rows allocated */
     char desc[64];
 } cpu_backend;
 
@@ -32,6 +39,9 @@ static void cpu_free(rlai_backend *be)
         return;
     free(c->scores);
     free(c->units);
+    free(c->rope_cs);
+    free(c->rope_pos);
+    free(c->rope_freq);
     free(c);
 }
 
@@ -111,38 +121,119 @@ static void cpu_add(rlai_backend *be, float *x, const float *y, size_t n)
 
 static inline float silu(float x) { return x / (1.0f + expf(-x)); }
 
-static void cpu_swiglu(rlai_backend *be, float *gate, const float *up, size_t n)
+typedef struct swiglu_task {
+    float *gate;
+    const float *up;
+    size_t n;
+} swiglu_task;
+
+static void swiglu_worker(void *arg, int ith, int nth)
 {
-    (void)be;
-    for (size_t j = 0; j < n; j++)
-        gate[j] = silu(gate[j]) * up[j];
+    swiglu_task *t = arg;
+    size_t j0 = t->n * (size_t)ith / (size_t)nth, j1 = t->n * (size_t)(ith + 1) / (size_t)nth;
+    for (size_t j = j0; j < j1; j++)
+        t->gate[j] = silu(t->gate[j]) * t->up[j];
 }
 
-static void rope_row(float *v, int n_heads, int head_dim, int n_rot, rlai_rope_mode mode,
-                     const float *inv_freq, int pos)
+/* Split over the threads from this many elements (one row of SmolLM2's
+ * 1536 is about 3 us of expf: the hand-off costs less than half of it). */
+#define SWIGLU_PAR_MIN 1024
+
+static void cpu_swiglu(rlai_backend *be, float *gate, const float *up, size_t n)
+{
+    swiglu_task t = { gate, up, n };
+    if (n >= SWIGLU_PAR_MIN && cpu(be)->n_threads > 1)
+        rlai_threadpool_run(cpu(be)->tp, swiglu_worker, &t);
+    else
+        swiglu_worker(&t, 0, 1);
+}
+
+/* cs[2i], cs[2i + 1] = cos, sin of pos * inv_freq[i] for i < n_rot / 2. */
+static void rope_angles(int n_rot, const float *inv_freq, int pos, float *cs)
+{
+    for (int i = 0; i < n_rot / 2; i++) {
+        double ang = (double)pos * inv_freq[i];
+        cs[2 * i] = (float)cos(ang);
+        cs[2 * i + 1] = (float)sin(ang);
+    }
+}
+
+/* Rotates pair i of every head of row v by (c, s). */
+static void rope_pair(float *v, int n_heads, int head_dim, int n_rot, rlai_rope_mode mode, int i, float c, float s)
 {
     int half = n_rot / 2;
-    for (int i = 0; i < half; i++) {
-        double ang = (double)pos * inv_freq[i];
-        float c = (float)cos(ang), s = (float)sin(ang);
-        for (int h = 0; h < n_heads; h++) {
-            float *x = v + (size_t)h * head_dim;
-            int i0 = mode == RLAI_ROPE_NEOX ? i : 2 * i;
-            int i1 = mode == RLAI_ROPE_NEOX ? i + half : 2 * i + 1;
-            float x0 = x[i0], x1 = x[i1];
-            x[i0] = x0 * c - x1 * s;
-            x[i1] = x0 * s + x1 * c;
-        }
+    for (int h = 0; h < n_heads; h++) {
+        float *x = v + (size_t)h * head_dim;
+        int i0 = mode == RLAI_ROPE_NEOX ? i : 2 * i;
+        int i1 = mode == RLAI_ROPE_NEOX ? i + half : 2 * i + 1;
+        float x0 = x[i0], x1 = x[i1];
+        x[i0] = x0 * c - x1 * s;
+        x[i1] = x0 * s + x1 * c;
     }
+}
+
+static void rope_row(float *v, int n_heads, int head_dim, int n_rot, rlai_rope_mode mode, const float *cs)
+{
+    for (int i = 0; i < n_rot / 2; i++)
+        rope_pair(v, n_heads, head_dim, n_rot, mode, i, cs[2 * i], cs[2 * i + 1]);
+}
+
+/* The cos/sin rows for pos[0..n) (rope_cs), made once per set of
+ * positions and frequencies; NULL when out of memory. */
+static const float *rope_table(cpu_backend *c, int n, int n_rot, const float *inv_freq, const int32_t *pos)
+{
+    size_t half = (size_t)(n_rot / 2);
+    if (c->rope_cs && n == c->rope_n && n_rot == c->rope_rot &&
+        !memcmp(pos, c->rope_pos, sizeof(int32_t) * (size_t)n) &&
+        !memcmp(inv_freq, c->rope_freq, sizeof(float) * half))
+        return c->rope_cs;
+    if ((size_t)n > c->rope_cap || n_rot != c->rope_rot) {
+        size_t cap = (size_t)n > c->rope_cap ? (size_t)n : c->rope_cap;
+        float *cs = malloc(sizeof(float) * cap * (size_t)(n_rot > 0 ? n_rot : 1));
+        int32_t *ps = malloc(sizeof(int32_t) * cap);
+        float *fr = malloc(sizeof(float) * (half ? half : 1));
+        if (!cs || !ps || !fr) {
+            free(cs);
+            free(ps);
+            free(fr);
+            return NULL;
+        }
+        free(c->rope_cs);
+        free(c->rope_pos);
+        free(c->rope_freq);
+        c->rope_cs = cs;
+        c->rope_pos = ps;
+        c->rope_freq = fr;
+        c->rope_cap = cap;
+    }
+    for (int i = 0; i < n; i++)
+        rope_angles(n_rot, inv_freq, pos[i], c->rope_cs + (size_t)i * (size_t)n_rot);
+    memcpy(c->rope_pos, pos, sizeof(int32_t) * (size_t)n);
+    memcpy(c->rope_freq, inv_freq, sizeof(float) * half);
+    c->rope_n = n;
+    c->rope_rot = n_rot;
+    return c->rope_cs;
 }
 
 static void cpu_rope(rlai_backend *be, float *x, int n, int n_heads, int head_dim, int n_rot,
                      rlai_rope_mode mode, const float *inv_freq, const int32_t *pos)
 {
-    (void)be;
     size_t stride = (size_t)n_heads * head_dim;
-    for (int i = 0; i < n; i++)
-        rope_row(x + (size_t)i * stride, n_heads, head_dim, n_rot, mode, inv_freq, pos[i]);
+    const float *cs = rope_table(cpu(be), n, n_rot, inv_freq, pos);
+    for (int i = 0; i < n; i++) {
+        if (cs) {
+            rope_row(x + (size_t)i * stride, n_heads, head_dim, n_rot, mode, cs + (size_t)i * (size_t)n_rot);
+            continue;
+        }
+        /* out of memory for the table: the same angles, a pair at a time */
+        for (int k = 0; k < n_rot / 2; k++) {
+            float pair[2];
+            double ang = (double)pos[i] * inv_freq[k];
+            pair[0] = (float)cos(ang);
+            pair[1] = (float)sin(ang);
+            rope_pair(x + (size_t)i * stride, n_heads, head_dim, n_rot, mode, k, pair[0], pair[1]);
+        }
+    }
 }
 
 static inline char *page_row(void *base, const rlai_kv_layer_view *kv, const int32_t *table, int pos)

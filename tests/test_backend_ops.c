@@ -225,9 +225,9 @@ START_TEST(test_rope_both_modes)
         int n_rot = 2 * irand(1, D / 2);
         rlai_rope_mode mode = iter % 2 ? RLAI_ROPE_NEOX : RLAI_ROPE_NORM;
         size_t N = (size_t)n * H * D;
-        float *x = malloc(N * sizeof(float)), *out = malloc(N * sizeof(float));
+        float *x = malloc(N * sizeof(float)), *out = malloc(N * sizeof(float)), *out2 = malloc(N * sizeof(float));
         double *ref = malloc(N * sizeof(double));
-        float inv[64];
+        float inv[64], inv2[64];
         int32_t pos[8];
         for (int i = 0; i < n_rot / 2; i++) inv[i] = (float)pow(10000.0, -2.0 * i / n_rot);
         for (int i = 0; i < n; i++) pos[i] = irand(0, 4000);
@@ -250,9 +250,24 @@ START_TEST(test_rope_both_modes)
             be->iface->rope(be, dx, n, H, D, n_rot, mode, inv, pos);
             dev_read(be, dx, out, N);
             check_close(mode == RLAI_ROPE_NEOX ? "rope neox" : "rope norm", bks[bi].name, out, ref, N, 1e-5);
+            /* the same positions again (the layers of one forward: the CPU
+             * backend reuses its angles): bit-identical */
+            be->iface->upload(be, dx, 0, x, N * sizeof(float));
+            be->iface->rope(be, dx, n, H, D, n_rot, mode, inv, pos);
+            dev_read(be, dx, out2, N);
+            ck_assert_msg(memcmp(out, out2, N * sizeof(float)) == 0, "rope again differs on %s", bks[bi].name);
+            /* the same positions with other frequencies in the same array:
+             * not the old angles */
+            for (int k = 0; k < n_rot / 2; k++) inv2[k] = inv[k];
+            for (int k = 0; k < n_rot / 2; k++) inv[k] *= 0.5f;
+            be->iface->upload(be, dx, 0, x, N * sizeof(float));
+            be->iface->rope(be, dx, n, H, D, n_rot, mode, inv, pos);
+            dev_read(be, dx, out2, N);
+            for (int k = 0; k < n_rot / 2; k++) inv[k] = inv2[k];
+            ck_assert_msg(memcmp(out, out2, N * sizeof(float)) != 0, "rope kept old angles on %s", bks[bi].name);
             be->iface->buffer_free(be, dx);
         }
-        free(x); free(out); free(ref);
+        free(x); free(out); free(out2); free(ref);
     }
     close_all();
 }
