@@ -629,15 +629,16 @@ static void submit_call(rlai_daemon *d, rlai_conn conn, const rlai_msg *m)
     d->n_jobs++;
     j->call_id = UINT64_MAX;   /* marks a call until the host gives its id */
     rlai_metrics_count_plugin_call(d->metrics, m->u.call.command, "ipc");
-    int rc = d->plugins ? rlai_plugin_host_call_timed(d->plugins, m->u.call.command, m->u.call.params_json,
-                                                      (int)m->u.call.timeout_ms, &sink, &j->call_id, err,
-                                                      sizeof(err))
-                        : RLAI_ERR_NOT_FOUND;
+    bool have_plugins = d->plugins != NULL;   /* read under mu: shutdown clears it */
+    int rc = have_plugins ? rlai_plugin_host_call_timed(d->plugins, m->u.call.command, m->u.call.params_json,
+                                                        (int)m->u.call.timeout_ms, &sink, &j->call_id, err,
+                                                        sizeof(err))
+                          : RLAI_ERR_NOT_FOUND;
     if (rc < 0) {
         unlink_job(d, j);
         pthread_mutex_unlock(&d->mu);
         free_job(j);
-        if (!d->plugins)
+        if (!have_plugins)
             snprintf(err, sizeof(err), "unknown command '%.200s' (plugins are disabled)",
                      m->u.call.command ? m->u.call.command : "");
         send_error(d, conn, m->id, map_call_error(rc), err);
