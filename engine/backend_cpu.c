@@ -148,14 +148,19 @@ static void cpu_swiglu(rlai_backend *be, float *gate, const float *up, size_t n)
         swiglu_worker(&t, 0, 1);
 }
 
+/* cs[0], cs[1] = cos, sin of pos * freq. */
+static void rope_angle(int pos, float freq, float *cs)
+{
+    double ang = (double)pos * freq;
+    cs[0] = (float)cos(ang);
+    cs[1] = (float)sin(ang);
+}
+
 /* cs[2i], cs[2i + 1] = cos, sin of pos * inv_freq[i] for i < n_rot / 2. */
 static void rope_angles(int n_rot, const float *inv_freq, int pos, float *cs)
 {
-    for (int i = 0; i < n_rot / 2; i++) {
-        double ang = (double)pos * inv_freq[i];
-        cs[2 * i] = (float)cos(ang);
-        cs[2 * i + 1] = (float)sin(ang);
-    }
+    for (int i = 0; i < n_rot / 2; i++)
+        rope_angle(pos, inv_freq[i], cs + 2 * i);
 }
 
 /* Rotates pair i of every head of row v by (c, s). */
@@ -227,11 +232,9 @@ static void cpu_rope(rlai_backend *be, float *x, int n, int n_heads, int head_di
         }
         /* out of memory for the table: the same angles, a pair at a time */
         for (int k = 0; k < n_rot / 2; k++) {
-            float pair[2];
-            double ang = (double)pos[i] * inv_freq[k];
-            pair[0] = (float)cos(ang);
-            pair[1] = (float)sin(ang);
-            rope_pair(x + (size_t)i * stride, n_heads, head_dim, n_rot, mode, k, pair[0], pair[1]);
+            float cs1[2];
+            rope_angle(pos[i], inv_freq[k], cs1);
+            rope_pair(x + (size_t)i * stride, n_heads, head_dim, n_rot, mode, k, cs1[0], cs1[1]);
         }
     }
 }

@@ -1197,6 +1197,12 @@ static double finite_or_zero(double v)
     return isfinite(v) ? v : 0.0;
 }
 
+/* A log-probability as sent: -inf (and NaN) as -9999. */
+static double lp_or_floor(double v)
+{
+    return isfinite(v) ? v : -9999.0;
+}
+
 static void p_token(enc *e, uint32_t version, uint64_t id, const char *text, size_t len,
                     const int32_t *tokens, uint32_t n, const rlai_msg_logprob *lp, uint32_t n_lp)
 {
@@ -1215,15 +1221,14 @@ static void p_token(enc *e, uint32_t version, uint64_t id, const char *text, siz
         p_key(e, "token");
         msgpack_pack_int32(&e->pk, lp[i].token);
         p_key(e, "logprob");
-        msgpack_pack_double(&e->pk, isfinite(lp[i].logprob) ? (double)lp[i].logprob : -9999.0);
+        msgpack_pack_double(&e->pk, lp_or_floor(lp[i].logprob));
         p_key(e, "top");
         uint32_t nt = lp[i].n_top < RLAI_PROTO_MAX_TOP_LOGPROBS ? lp[i].n_top : RLAI_PROTO_MAX_TOP_LOGPROBS;
         msgpack_pack_array(&e->pk, nt);
         for (uint32_t k = 0; k < nt; k++) {
             msgpack_pack_array(&e->pk, 2);
             msgpack_pack_int32(&e->pk, lp[i].top_ids[k]);
-            msgpack_pack_double(&e->pk,
-                                isfinite(lp[i].top_logprobs[k]) ? (double)lp[i].top_logprobs[k] : -9999.0);
+            msgpack_pack_double(&e->pk, lp_or_floor(lp[i].top_logprobs[k]));
         }
     }
 }
@@ -1254,11 +1259,6 @@ static void p_str_lossy(enc *e, const char *s, size_t n)
             i++;
         }
     }
-}
-
-static double lp_or_floor(double v)
-{
-    return isfinite(v) ? v : -9999.0;
 }
 
 /* A remote model's token frame (PROTOCOL.md 6.1): no ids, text logprobs. */
@@ -1425,27 +1425,25 @@ int rlai_proto_encode(const rlai_msg *m, rlai_buf *out)
     return enc_end(&e);
 }
 
-int rlai_proto_encode_token(rlai_buf *out, uint64_t id, const char *text, size_t len,
-                            const int32_t *tokens, uint32_t n_tokens)
+/* The arguments every token encoder shares: a buffer and text[0..len) of
+ * valid UTF-8 (NULL only when len is 0). */
+static int check_token_text(const rlai_buf *out, const char *text, size_t len)
 {
     if (!out) return -RLAI_PE_BAD_REQUEST;
     if (!text && len) return -RLAI_PE_BAD_REQUEST;
-    int rc = check_str(text ? text : "", len, RLAI_PROTO_MAX_STR, false);
-    if (rc) return rc;
-    if (n_tokens > RLAI_PROTO_MAX_TOKENS_ARRAY) return -RLAI_PE_TOO_LARGE;
-    if (n_tokens && !tokens) return -RLAI_PE_BAD_REQUEST;
-    enc e;
-    enc_begin(&e, out);
-    p_token(&e, RLAI_PROTO_VERSION, id, text ? text : "", len, tokens, n_tokens, NULL, 0);
-    return enc_end(&e);
+    return check_str(text ? text : "", len, RLAI_PROTO_MAX_STR, false);
+}
+
+int rlai_proto_encode_token(rlai_buf *out, uint64_t id, const char *text, size_t len,
+                            const int32_t *tokens, uint32_t n_tokens)
+{
+    return rlai_proto_encode_token_lp(out, id, text, len, tokens, n_tokens, NULL, 0);
 }
 
 int rlai_proto_encode_token_lp(rlai_buf *out, uint64_t id, const char *text, size_t len, const int32_t *tokens,
                                uint32_t n_tokens, const rlai_msg_logprob *lp, uint32_t n_lp)
 {
-    if (!out) return -RLAI_PE_BAD_REQUEST;
-    if (!text && len) return -RLAI_PE_BAD_REQUEST;
-    int rc = check_str(text ? text : "", len, RLAI_PROTO_MAX_STR, false);
+    int rc = check_token_text(out, text, len);
     if (rc) return rc;
     if (n_tokens > RLAI_PROTO_MAX_TOKENS_ARRAY || n_lp > RLAI_PROTO_MAX_TOKENS_ARRAY) return -RLAI_PE_TOO_LARGE;
     if ((n_tokens && !tokens) || (n_lp && !lp)) return -RLAI_PE_BAD_REQUEST;
@@ -1458,9 +1456,7 @@ int rlai_proto_encode_token_lp(rlai_buf *out, uint64_t id, const char *text, siz
 int rlai_proto_encode_token_text_lp(rlai_buf *out, uint64_t id, const char *text, size_t len,
                                     const rlai_msg_text_logprob *lp, uint32_t n_lp)
 {
-    if (!out) return -RLAI_PE_BAD_REQUEST;
-    if (!text && len) return -RLAI_PE_BAD_REQUEST;
-    int rc = check_str(text ? text : "", len, RLAI_PROTO_MAX_STR, false);
+    int rc = check_token_text(out, text, len);
     if (rc) return rc;
     if (n_lp > RLAI_PROTO_MAX_TOKENS_ARRAY) return -RLAI_PE_TOO_LARGE;
     if (n_lp && !lp) return -RLAI_PE_BAD_REQUEST;
