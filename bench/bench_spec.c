@@ -3,12 +3,15 @@
  *
  *   bench_spec [--model FILE] [--threads N] [--tokens N] [--reps R]
  *              [--max-draft N] [--spec-max-batch N] [--ignore-eos] [--show]
- *              [--draft-model FILE]
+ *              [--draft-model FILE] [--lookup-min N]
  *
  * With --draft-model the speculative mode measured is DRAFT (the draft
  * model proposes; its forwards are part of the timed decode) instead of
  * NGRAM; the columns keep the name "ngram" in the code below but are
- * printed with the mode's name.
+ * printed with the mode's name. In DRAFT, steps whose context repeats an
+ * earlier passage of at least --lookup-min tokens (the engine's
+ * spec_lookup_min: 0 = its default, -1 = never) draft by prompt lookup;
+ * the "lookup" column counts those drafted tokens.
  *
  * Four chat prompts, formatted with the model's chat template
  * (rlai_engine_tokenize_chat): (a) a LoreMaster dialogue turn (lore in the
@@ -303,6 +306,8 @@ static void usage(void)
             "usage: bench_spec [--model FILE] [--threads N] [--tokens N] [--reps R]\n"
             "                  [--max-draft N] [--spec-max-batch N] [--ignore-eos] [--show]\n"
             "                  [--draft-model FILE]  (measure DRAFT, that model proposing, not NGRAM)\n"
+            "                  [--lookup-min N]  (with --draft-model: prompt lookup from N-token matches;\n"
+            "                                     0 = engine default, -1 = draft model only)\n"
             "                  [--dump FILE]   (each case's prompt and greedy output ids, for\n"
             "                                   bench/spec_replay.py)\n"
             "defaults: models/SmolLM2-135M-Instruct.Q4_1.gguf (or $RLAI_MODEL), 2 threads, 128 tokens,\n"
@@ -318,6 +323,7 @@ typedef struct case_stats {
     double off_ms_step[MAX_REPS], ng_ms_step[MAX_REPS];
     int off_steps, ng_steps;          /* decode steps of the first run of each mode */
     int drafted, accepted, ng_tokens; /* of the first NGRAM run */
+    int lookup;                       /* of drafted, by prompt lookup (DRAFT mode) */
     bool draft_varied;                /* later NGRAM runs drafted differently */
     int diff;                         /* first differing token (-1 = identical) */
     bool off_nondet;                  /* the OFF runs disagreed among themselves */
@@ -334,11 +340,11 @@ int main(int argc, char **argv)
     const char *model = getenv("RLAI_MODEL");
     if (!model)
         model = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
-    int threads = 2, tokens = 128, reps = 3, max_draft = 0, spec_max_batch = 0;
+    int threads = 2, tokens = 128, reps = 3, max_draft = 0, spec_max_batch = 0, lookup_min = 0;
     bool ignore_eos = false, show = false;
     const char *dump = NULL, *draft = NULL;
     static const struct option opts[] = {
-        { "draft-model", required_argument, 0, 'M' },
+        { "draft-model", required_argument, 0, 'M' }, { "lookup-min", required_argument, 0, 'L' },
         { "model", required_argument, 0, 'm' },     { "threads", required_argument, 0, 't' },
         { "tokens", required_argument, 0, 'n' },    { "reps", required_argument, 0, 'r' },
         { "max-draft", required_argument, 0, 'd' }, { "spec-max-batch", required_argument, 0, 'b' },
@@ -347,7 +353,7 @@ int main(int argc, char **argv)
         { 0, 0, 0, 0 },
     };
     int o;
-    while ((o = getopt_long(argc, argv, "m:t:n:r:d:b:eshD:M:", opts, NULL)) != -1) {
+    while ((o = getopt_long(argc, argv, "m:t:n:r:d:b:eshD:M:L:", opts, NULL)) != -1) {
         switch (o) {
         case 'm': model = optarg; break;
         case 't': threads = atoi(optarg); break;
@@ -359,6 +365,7 @@ int main(int argc, char **argv)
         case 's': show = true; break;
         case 'D': dump = optarg; break;
         case 'M': draft = optarg; break;
+        case 'L': lookup_min = atoi(optarg); break;
         default: usage(); return o == 'h' ? 0 : 2;
         }
     }
@@ -383,6 +390,7 @@ int main(int argc, char **argv)
     const char *mname = draft ? "draft" : "ngram", *MNAME = draft ? "DRAFT" : "NGRAM";
     ep.spec_max_draft = max_draft;
     ep.spec_max_batch = spec_max_batch;
+    ep.spec_lookup_min = lookup_min;
     rlai_engine *e;
     char err[512];
     int rc = rlai_engine_open(model, &ep, &e, err, sizeof(err));
@@ -480,6 +488,7 @@ int main(int argc, char **argv)
                         s->ng_steps = r->decode_steps;
                         s->drafted = r->m.drafted_tokens;
                         s->accepted = r->m.accepted_tokens;
+                        s->lookup = r->m.lookup_tokens;
                         s->ng_tokens = r->m.gen_tokens;
                     } else if (r->m.drafted_tokens != s->drafted || r->m.accepted_tokens != s->accepted) {
                         s->draft_varied = true;
@@ -547,8 +556,8 @@ int main(int argc, char **argv)
                s->draft_varied ? " (draft counts varied between runs)" : "");
     }
     printf("\nper decode step (median over reps) and the spread of the reps:\n");
-    printf("%-16s %9s %11s %12s %14s %10s %17s %19s\n", "case", "off steps", h_steps, "off ms/step",
-           h_ms, "step cost", "off tok/s min-max", h_rng);
+    printf("%-16s %9s %11s %12s %14s %10s %17s %19s%s\n", "case", "off steps", h_steps, "off ms/step",
+           h_ms, "step cost", "off tok/s min-max", h_rng, draft ? "   lookup" : "");
     for (int c = 0; c < N_CASES; c++) {
         const case_stats *s = &cs[c];
         double off = median(s->off_ms_step, reps), ng = median(s->ng_ms_step, reps);
@@ -558,14 +567,20 @@ int main(int argc, char **argv)
         char ro[40], rn[40];
         snprintf(ro, sizeof(ro), "%.1f-%.1f", olo, ohi);
         snprintf(rn, sizeof(rn), "%.1f-%.1f", nlo, nhi);
-        printf("%-16s %9d %11d %12.3f %14.3f %9.2fx %17s %19s\n", CASES[c].name, s->off_steps, s->ng_steps, off,
-               ng, off > 0 ? ng / off : 0, ro, rn);
+        char lk[24] = "";
+        if (draft)
+            snprintf(lk, sizeof(lk), " %8d", s->lookup);
+        printf("%-16s %9d %11d %12.3f %14.3f %9.2fx %17s %19s%s\n", CASES[c].name, s->off_steps, s->ng_steps, off,
+               ng, off > 0 ? ng / off : 0, ro, rn, lk);
     }
     printf("\nspeedup = median %s tok/s / median off tok/s (decode only: tokens after the first).\n"
            "accept = accepted / drafted. tok/step = tokens emitted per decode step (1.00 without drafts);\n"
            "draft/step = drafted tokens per decode step, steps without a draft included (the mean draft\n"
            "length of the steps that drafted is at least this). step cost = %s ms/step / off ms/step%s.\n",
            mname, mname, draft ? " (draft forwards included)" : "");
+    if (draft)
+        printf("lookup = drafted tokens proposed by prompt lookup (spec_lookup_min %d), not the draft model.\n",
+               lookup_min);
     printf("issue target: >= 1.60x on a-c, >= 0.95x on d.\n");
     for (int c = 0; c < N_CASES; c++) {
         if (cs[c].text)

@@ -28,6 +28,7 @@ void rlai_engine_params_init(rlai_engine_params *p)
     p->spec = RLAI_SPEC_AUTO;
     p->spec_max_draft = 8;
     p->spec_max_batch = 2;
+    p->spec_lookup_min = RLAI_SPEC_LOOKUP_MIN;
 }
 
 int rlai_spec_mode_parse(const char *s)
@@ -248,6 +249,10 @@ int rlai_engine_open(const char *path, const rlai_engine_params *params,
         e->params.spec_max_draft = RLAI_SPEC_MAX_DRAFT;
     if (e->params.spec_max_batch == 0)
         e->params.spec_max_batch = 2;
+    if (e->params.spec_lookup_min == 0)
+        e->params.spec_lookup_min = RLAI_SPEC_LOOKUP_MIN;
+    if (e->params.spec_lookup_min > RLAI_SPEC_NGRAM_MAX)
+        e->params.spec_lookup_min = RLAI_SPEC_NGRAM_MAX;   /* longer matches are not measured */
     e->next_id = 1;
     rlai_gguf_str tmpl = { NULL, 0 };
     rlai_gguf_get_str(e->gguf, "tokenizer.chat_template", &tmpl);

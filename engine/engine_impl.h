@@ -55,10 +55,12 @@ typedef struct rlai_req {
     double t_submit, t_admit, t_first, t_prefill_end;
     double t_deadline;           /* monotonic ms; 0 = none (gen.timeout_ms) */
     int n_decode;                /* tokens emitted by decode steps (after the first) */
-    rlai_spec_state spec;        /* adaptive draft length (spec.h) */
+    rlai_spec_state spec;        /* adaptive draft length (spec.h) of its drafter */
+    rlai_spec_state lspec;       /* with the draft model: that of its prompt-lookup drafts */
     int32_t draft[RLAI_SPEC_MAX_DRAFT];
     int n_draft;                 /* draft tokens fed this step */
     bool use_draft;              /* drafts come from the draft model (RLAI_SPEC_DRAFT) */
+    bool draft_lookup;           /* ... but this step's came from prompt lookup */
     double draft_ms;             /* what proposing this step's draft took */
     rlai_draft_seq dseq;         /* its state in the draft model */
     int row0;                    /* logits row of the last real token this step */

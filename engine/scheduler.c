@@ -145,11 +145,13 @@ int rlai_engine_submit(rlai_engine *e, const rlai_request_params *rp, uint64_t *
             mode = r->gp.sampling.temperature > 0.0f ? RLAI_SPEC_OFF : e->draft ? RLAI_SPEC_DRAFT : RLAI_SPEC_NGRAM;
         int md = r->gp.spec_max_draft > 0 ? r->gp.spec_max_draft : e->params.spec_max_draft;
         /* Logprobs are taken from the one row each step samples: no drafts.
-         * The draft model sees text only: no drafts for image prompts. */
-        r->use_draft = mode == RLAI_SPEC_DRAFT;
+         * The draft model sees text only: image prompts draft by prompt
+         * lookup (unless that is off with the draft model too). */
+        r->use_draft = mode == RLAI_SPEC_DRAFT && rp->n_images == 0;
         bool on = (mode == RLAI_SPEC_NGRAM || mode == RLAI_SPEC_DRAFT) && !r->lp_on &&
-                  !(r->use_draft && rp->n_images > 0);
+                  !(mode == RLAI_SPEC_DRAFT && rp->n_images > 0 && e->params.spec_lookup_min < 0);
         rlai_spec_state_init(&r->spec, on ? md : 0);
+        rlai_spec_state_init(&r->lspec, on && r->use_draft && e->params.spec_lookup_min > 0 ? md : 0);
     }
     int max_new = r->gp.max_tokens > 0 ? r->gp.max_tokens : e->n_ctx;
     long total = (long)rp->n_prompt + max_new;
@@ -505,6 +507,67 @@ static void req_sample(rlai_engine *e, rlai_req *r, int32_t tok)
         req_finish(e, r, r->n_toks >= e->n_ctx ? RLAI_STOP_CONTEXT : RLAI_STOP_MAX_TOKENS, 0);
 }
 
+/* The draft model stops serving request r (its pool or context is
+ * exhausted, or its drafts kept costing more than they gave): its draft K/V
+ * is freed and r goes on with prompt-lookup drafts, fresh (or none when
+ * spec_lookup_min < 0). */
+static void draft_fallback(rlai_engine *e, rlai_req *r)
+{
+    rlai_draft_seq_release(e->draft, &r->dseq);
+    r->use_draft = false;
+    r->draft_lookup = false;
+    r->spec = r->lspec;   /* drafting off when prompt lookup is (max_draft 0) */
+}
+
+/* Chooses request r's draft for this step (r->n_draft tokens in r->draft;
+ * 0 = none). With the draft model, a context that repeats an earlier
+ * passage of at least spec_lookup_min tokens (lore, quotes, code being
+ * edited) is drafted by prompt lookup, for free, with its own adaptive
+ * length (r->lspec); the draft model proposes the rest (r->spec). */
+static void step_draft(rlai_engine *e, rlai_req *r)
+{
+    /* it may still emit total - n_toks tokens (the pending one was emitted
+     * already) and a step emits at most the draft plus one */
+    int room = r->total - r->n_toks - 1;
+    r->draft_lookup = false;
+    r->draft_ms = 0;
+    if (room <= 0)
+        return;
+    if (r->use_draft && r->lspec.max_draft > 0) {
+        int32_t cand[RLAI_SPEC_MAX_DRAFT];
+        int L = 0;
+        int nc = rlai_spec_ngram_draft(r->toks, r->n_toks, RLAI_SPEC_MAX_DRAFT, cand, &L);
+        if (nc > 0 && L >= e->params.spec_lookup_min) {
+            int g = rlai_spec_next_gamma(&r->lspec);
+            if (g > room)
+                g = room;
+            if (g > 0) {
+                r->n_draft = nc < g ? nc : g;
+                memcpy(r->draft, cand, sizeof(int32_t) * (size_t)r->n_draft);
+                r->draft_lookup = true;
+                return;
+            }
+        }
+    }
+    int g = rlai_spec_next_gamma(&r->spec);
+    if (g > room)
+        g = room;
+    if (g <= 0)
+        return;
+    if (!r->use_draft) {
+        r->n_draft = rlai_spec_ngram_draft(r->toks, r->n_toks, g, r->draft, NULL);
+        return;
+    }
+    double t0 = rlai_clock_ms();
+    int nd = rlai_draft_propose(e->draft, &r->dseq, r->toks, r->n_toks, g, r->draft);
+    r->draft_ms = rlai_clock_ms() - t0;
+    if (nd < 0) {
+        draft_fallback(e, r);   /* the draft's pool or context is exhausted */
+        nd = 0;
+    }
+    r->n_draft = nd;
+}
+
 /* Speculative verification (serial phase): `tok` was sampled from the
  * request's first logits row (with the draft rule when it drafted). Emits
  * it, and while it equals the draft token of that row, samples the next
@@ -536,14 +599,13 @@ static int req_verify(rlai_engine *e, rlai_req *r, int32_t tok, float *logits, s
          * verification's time stands for `cost` plain steps. */
         if (r->use_draft && fwd_ms > 0)
             cost *= 1.0 + r->draft_ms / fwd_ms;
-        rlai_spec_feedback(&r->spec, nd, acc, cost);
-        if (r->use_draft && rlai_spec_gave_up(&r->spec)) {
-            /* the draft model does not pay for this request: stop it */
-            rlai_draft_seq_release(e->draft, &r->dseq);
-            rlai_spec_state_init(&r->spec, 0);
-        }
+        rlai_spec_feedback(r->draft_lookup ? &r->lspec : &r->spec, nd, acc, cost);
         r->mt.drafted_tokens += nd;
         r->mt.accepted_tokens += acc;
+        if (r->draft_lookup)
+            r->mt.lookup_tokens += nd;
+        else if (r->use_draft && rlai_spec_gave_up(&r->spec))
+            draft_fallback(e, r);   /* the draft model does not pay for this request */
         if (!r->done) {
             /* positions p0..p0+acc hold the fed token and the accepted
              * drafts; everything after is rejected */
@@ -601,27 +663,7 @@ static int step_locked(rlai_engine *e)
         r->n_draft = 0;
         int t = step_take(r, &budget);
         if (t == 1 && r->n_toks > r->n_prompt && spec_ok && !r->gm) {
-            int g = rlai_spec_next_gamma(&r->spec);
-            /* it may still emit total - n_toks tokens (the pending one was
-             * emitted already) and a step emits at most the draft plus one */
-            int room = r->total - r->n_toks - 1;
-            if (g > room)
-                g = room;
-            if (g > 0 && r->use_draft) {
-                double t0 = rlai_clock_ms();
-                int nd = rlai_draft_propose(e->draft, &r->dseq, r->toks, r->n_toks, g, r->draft);
-                r->draft_ms = rlai_clock_ms() - t0;
-                if (nd < 0) {
-                    /* the draft's pool or context is exhausted: this request
-                     * goes on without drafts, its draft K/V freed */
-                    rlai_draft_seq_release(e->draft, &r->dseq);
-                    rlai_spec_state_init(&r->spec, 0);
-                    nd = 0;
-                }
-                r->n_draft = nd;
-            } else if (g > 0) {
-                r->n_draft = rlai_spec_ngram_draft(r->toks, r->n_toks, g, r->draft, NULL);
-            }
+            step_draft(e, r);
         }
         n += t + r->n_draft;
         n_want += t > 0 && r->seq.n_tokens + t == r->n_toks ? 1 + r->n_draft : 0;
@@ -711,10 +753,8 @@ static int step_locked(rlai_engine *e)
                     if (r->seq.n_tokens == r->n_prompt && r->t_prefill_end == 0) {
                         /* the draft model's prefill belongs to the prompt's */
                         if (r->use_draft && r->spec.max_draft > 0 &&
-                            rlai_draft_sync(e->draft, &r->dseq, r->toks, r->n_prompt) < 0) {
-                            rlai_draft_seq_release(e->draft, &r->dseq);
-                            rlai_spec_state_init(&r->spec, 0);
-                        }
+                            rlai_draft_sync(e->draft, &r->dseq, r->toks, r->n_prompt) < 0)
+                            draft_fallback(e, r);
                         r->t_prefill_end = rlai_clock_ms();
                     }
                     si++;

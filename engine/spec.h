@@ -30,6 +30,7 @@
 #define RLAI_SPEC_NGRAM_MIN 2      /* shorter matches draft nothing */
 #define RLAI_SPEC_MAX_DRAFT 16     /* hard cap on one draft */
 #define RLAI_SPEC_SEARCH_WINDOW 8192 /* tokens searched back from the end */
+#define RLAI_SPEC_LOOKUP_MIN 4     /* with a draft model: prompt lookup from this match length */
 
 /* Writes up to max_draft (<= RLAI_SPEC_MAX_DRAFT) tokens into out that
  * followed the most recent earlier occurrence of the longest suffix of

@@ -295,6 +295,8 @@ int rlai_config_load_json(rlai_config *c, const char *json, char *err, size_t er
                 c->spec = mode;
         } else if (!strcmp(k, "spec_max_draft")) {
             rc = get_int(it, k, 1, 16, &c->spec_max_draft, err, errlen);
+        } else if (!strcmp(k, "spec_lookup_min")) {
+            rc = get_int(it, k, -1, 8, &c->spec_lookup_min, err, errlen);
         } else if (!strcmp(k, "kv_type")) {
             if (cJSON_IsString(it) && !strcmp(it->valuestring, "f16"))
                 c->kv_q8_0 = false;

@@ -44,6 +44,9 @@ typedef struct rlai_config {
     char *device;            /* "device": auto|cpu|cuda|cuda:N; NULL = auto */
     int spec;                /* "spec" / --spec: rlai_spec_mode (auto|off|ngram); 0 = auto */
     int spec_max_draft;      /* "spec_max_draft" / --spec-max-draft: 1..16; 0 = engine's (8) */
+    int spec_lookup_min;     /* "spec_lookup_min" / --spec-lookup-min: with a draft model, prompt
+                                lookup drafts text repeating an earlier passage of this many
+                                tokens (1..8); -1 = never; 0 = engine's (4) */
     char *zmq;               /* NULL = disabled */
     char *zmq_tcp;           /* NULL = disabled (default) */
     char *pipe;              /* NULL = disabled */

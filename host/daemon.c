@@ -818,6 +818,7 @@ int rlai_daemon_start(const rlai_config *cfg, rlai_daemon **out, char *err, size
     ep.spec = (rlai_spec_mode)cfg->spec;
     ep.spec_max_draft = cfg->spec_max_draft;
     ep.draft_model = cfg->draft_model;
+    ep.spec_lookup_min = cfg->spec_lookup_min;
     rc = rlai_engine_open(cfg->model, &ep, &d->engine, err, errlen);
     if (rc < 0)
         goto fail;

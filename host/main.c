@@ -858,6 +858,9 @@ static void serve_usage(FILE *f)
         "                             ngram; docs/SPECULATIVE.md); requests may ask for their own\n"
         "      --spec-max-draft N     longest draft per step, 1..16 (default 8)\n"
         "      --draft-model FILE     a smaller GGUF with the model's tokenizer that proposes drafts\n"
+        "      --spec-lookup-min N    with --draft-model: text repeating an earlier passage of N tokens\n"
+        "                             (1..8, default 4) is drafted by prompt lookup, not the draft\n"
+        "                             model; -1 = draft model only\n"
         "      --zmq ENDPOINT         ZeroMQ endpoint (default ipc://$XDG_RUNTIME_DIR/rlai/engine.zmq; \"\" = off)\n"
         "      --zmq-tcp ENDPOINT     extra ZeroMQ TCP endpoint, e.g. tcp://127.0.0.1:5677 (default off)\n"
         "      --pipe PATH            named pipe / Unix socket (default $XDG_RUNTIME_DIR/rlai/engine.sock; \"\" = off)\n"
@@ -887,7 +890,7 @@ static int cmd_serve(int argc, char **argv)
     enum { S_CONFIG = 300, S_KV, S_ZMQ, S_ZMQ_TCP, S_PIPE, S_REMOTE, S_FRAME, S_PROMPT, S_CLIENT, S_TOTAL,
            S_KVTYPE, S_DEVICE, S_HTTP, S_PLUGINS, S_NO_PLUGINS, S_PLUGIN_WORKERS, S_NO_PREFIX,
            S_KEY_FILE, S_NO_AUTH, S_CORS, S_MAXCONN, S_MAXCONN_IP, S_SPEC, S_SPEC_DRAFT, S_NO_DEF_PLUGINS,
-           S_MMPROJ, S_DRAFT_MODEL };
+           S_MMPROJ, S_DRAFT_MODEL, S_LOOKUP_MIN };
     static const struct option opts[] = {
         { "config", required_argument, 0, S_CONFIG }, { "model", required_argument, 0, 'm' },
         { "threads", required_argument, 0, 't' }, { "ctx", required_argument, 0, 'c' },
@@ -899,7 +902,7 @@ static int cmd_serve(int argc, char **argv)
         { "max-inflight-total", required_argument, 0, S_TOTAL }, { "kv-type", required_argument, 0, S_KVTYPE },
         { "device", required_argument, 0, S_DEVICE }, { "mmproj", required_argument, 0, S_MMPROJ },
         { "spec", required_argument, 0, S_SPEC }, { "spec-max-draft", required_argument, 0, S_SPEC_DRAFT },
-        { "draft-model", required_argument, 0, S_DRAFT_MODEL },
+        { "draft-model", required_argument, 0, S_DRAFT_MODEL }, { "spec-lookup-min", required_argument, 0, S_LOOKUP_MIN },
         { "http", required_argument, 0, S_HTTP },
         { "cors-origin", required_argument, 0, S_CORS },
         { "max-connections", required_argument, 0, S_MAXCONN },
@@ -976,6 +979,7 @@ static int cmd_serve(int argc, char **argv)
             break;
         }
         case S_SPEC_DRAFT: bad |= parse_int(optarg, RLAI_LIM_SPEC_MAX_DRAFT_MIN, RLAI_LIM_SPEC_MAX_DRAFT_MAX, &cfg.spec_max_draft); break;
+        case S_LOOKUP_MIN: bad |= parse_int(optarg, -1, 8, &cfg.spec_lookup_min); break;
         case S_KEY_FILE: bad |= rlai_config_set_str(&cfg.api_key_file, optarg); break;
         case S_NO_AUTH: cfg.auth_off = true; break;
         case S_KVTYPE: {

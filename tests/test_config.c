@@ -38,7 +38,8 @@ START_TEST(json_overrides_and_errors)
     ck_assert_int_eq(rlai_config_defaults(&c, "m.gguf"), 0);
     const char *good = "{\"model\":\"other.gguf\",\"threads\":3,\"context\":2048,\"kv_type\":\"q8_0\","
                        "\"endpoints\":{\"zmq\":\"\",\"zmq_tcp\":\"tcp://127.0.0.1:5677\",\"pipe\":null},"
-                       "\"limits\":{\"max_prompt_tokens\":100,\"max_inflight_per_client\":2}}";
+                       "\"limits\":{\"max_prompt_tokens\":100,\"max_inflight_per_client\":2},"
+                       "\"spec_lookup_min\":-1}";
     ck_assert_int_eq(rlai_config_load_json(&c, good, err, sizeof(err)), 0);
     ck_assert_str_eq(c.model, "other.gguf");
     ck_assert_int_eq(c.threads, 3);
@@ -49,6 +50,7 @@ START_TEST(json_overrides_and_errors)
     ck_assert_str_eq(c.zmq_tcp, "tcp://127.0.0.1:5677");
     ck_assert_int_eq(c.max_prompt_tokens, 100);
     ck_assert_int_eq(c.max_inflight_client, 2);
+    ck_assert_int_eq(c.spec_lookup_min, -1);
     ck_assert_int_eq(rlai_config_validate(&c, err, sizeof(err)), 0);
 
     struct { const char *json; const char *needle; } bad[] = {
@@ -59,6 +61,8 @@ START_TEST(json_overrides_and_errors)
         { "{\"endpoints\":{\"zmq\":5}}", "endpoints.zmq" },
         { "{\"endpoints\":[]}", "endpoints" },
         { "{\"kv_type\":\"q4\"}", "kv_type" },
+        { "{\"spec_lookup_min\":9}", "spec_lookup_min" },
+        { "{\"spec_lookup_min\":-2}", "spec_lookup_min" },
         { "[1,2]", "object" },
         { "{\"model\":", "invalid JSON" },
     };

@@ -91,6 +91,11 @@ typedef struct rlai_engine_params {
     const char *draft_model; /* NULL, or a GGUF path: a smaller model with the
                              same tokenizer (checked at open) that proposes
                              drafts for RLAI_SPEC_DRAFT. Copied. */
+    int spec_lookup_min;  /* with the draft model (RLAI_SPEC_DRAFT): a step whose
+                             last tokens repeat an earlier passage of at least
+                             this many tokens drafts that passage's continuation
+                             (prompt lookup, no draft forward) instead of running
+                             the draft model; 0 = 4, < 0 = never */
 } rlai_engine_params;
 
 /* Fills defaults (all zero/auto, precise=false). */
@@ -278,6 +283,8 @@ typedef struct rlai_gen_metrics {
     int drafted_tokens;        /* speculative draft tokens verified */
     int accepted_tokens;       /* of those, accepted (emitted without a forward of their own) */
     rlai_stop_reason stop;
+    int lookup_tokens;         /* of drafted_tokens, those proposed by prompt lookup
+                                  while a draft model was in use (spec_lookup_min) */
 } rlai_gen_metrics;
 
 /* Stream callback: `text` holds `len` bytes of whole UTF-8 characters (a

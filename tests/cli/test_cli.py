@@ -140,6 +140,8 @@ def test_spec_flag():
     assert r.returncode == 2 and b"not implemented" in r.stderr, r.stderr
     r = run("serve", "-m", str(MODEL), "--spec-max-draft", "17")
     assert r.returncode == 2
+    r = run("serve", "-m", str(MODEL), "--spec-lookup-min", "9")
+    assert r.returncode == 2 and b"--spec-lookup-min" in r.stderr and b"[-1, 8]" in r.stderr, r.stderr
 
 
 def test_version_in_one_place():
