@@ -313,22 +313,21 @@ START_TEST(repeated_text_is_drafted_by_lookup_beside_the_draft_model)
     rlai_engine *only = open_engine(LAYERS8, RLAI_SPEC_OFF, 0, -1);
     ck_assert_int_eq(e->params.spec_lookup_min, RLAI_SPEC_LOOKUP_MIN);
     rlai_token p[256];
-    static result off, on, on_only;
+    static result on, on_only;
     const int copy_prompts[2] = { 0, 2 };   /* repeat a sentence; quote a sentence */
     long acc = 0, acc_only = 0, lookup = 0;
     for (int c = 0; c < 2; c++) {
         int n = tokenize(e, copy_prompts[c], p);
-        submit(e, p, n, 2 * NTOK, RLAI_SPEC_OFF, &off);
-        run_until_idle(e);
         submit(e, p, n, 2 * NTOK, RLAI_SPEC_DRAFT, &on);
         run_until_idle(e);
         submit(only, p, n, 2 * NTOK, RLAI_SPEC_DRAFT, &on_only);
         run_until_idle(only);
         ck_assert(on.done && on.status == 0 && on.n == 2 * NTOK);
         ck_assert(on_only.done && on_only.status == 0 && on_only.n == 2 * NTOK);
-        ck_assert_msg(memcmp(on.toks, off.toks, sizeof(rlai_token) * 2 * NTOK) == 0,
-                      "prompt %d: output with lookup and the draft model differs from plain decoding", c);
-        ck_assert(memcmp(on_only.toks, off.toks, sizeof(rlai_token) * 2 * NTOK) == 0);
+        /* the draft model alone gives the plain output (a_different_draft_...),
+         * so the two must agree token for token */
+        ck_assert_msg(memcmp(on.toks, on_only.toks, sizeof(rlai_token) * 2 * NTOK) == 0,
+                      "prompt %d: output with lookup beside the draft model differs from the draft model's", c);
         ck_assert_int_le(on.m.lookup_tokens, on.m.drafted_tokens);
         ck_assert_int_le(on.m.accepted_tokens, on.m.drafted_tokens);
         ck_assert_int_eq(on_only.m.lookup_tokens, 0);
