@@ -620,12 +620,14 @@ def test_character_chat(lore_engine):
 def draft_engine(tmp_path_factory):
     """`rlai serve --draft-model` (the default model drafting for itself: its
     drafts are the target's own greedy choices, so all are accepted), with
-    LoreMaster on a tiny lore pack when the plugin is built."""
+    LoreMaster on a tiny lore pack when the plugin is built. Prompt lookup
+    beside the draft model is off (`--spec-lookup-min -1`): its drafts come
+    from the prompt and may be rejected, which would hide what this checks."""
     plugins = None
     if SHIPPED_PLUGINS and (Path(SHIPPED_PLUGINS) / "loremaster" / "manifest.json").exists():
         plugins = plugins_with_tiny_lore(SHIPPED_PLUGINS, tmp_path_factory.mktemp("draft_plugins"),
                                          only={"loremaster"})
-    e = Engine(tmp_path_factory.mktemp("draft"), plugins=plugins, extra=("--draft-model", str(MODEL)))
+    e = Engine(tmp_path_factory.mktemp("draft"), plugins=plugins, extra=("--draft-model", str(MODEL), "--spec-lookup-min", "-1"))
     e.has_lore = plugins is not None
     yield e
     rc = e.stop()
