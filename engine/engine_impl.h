@@ -67,6 +67,8 @@ typedef struct rlai_req {
     bool lp_on;                  /* gen.top_logprobs >= 0 with on_logprobs */
     bool lp_ready;               /* lp holds the token sampled this step */
     float *lp_raw;               /* n_vocab: raw logits copied before sampling */
+    bool plp;                    /* prompt logprobs (gen.prompt_logprobs with lp_on) */
+    int plp_row0, plp_n;         /* this step: logits rows of its prompt positions */
     rlai_token_logprobs lp;
     rlai_grammar_matcher *gm;    /* gen.grammar's matcher, or NULL */
     uint32_t *gmask;             /* allowed tokens of this step (bitset) */

@@ -135,6 +135,11 @@ int rlai_engine_submit(rlai_engine *e, const rlai_request_params *rp, uint64_t *
         free(r);
         return RLAI_ERR_INVALID_ARG;
     }
+    r->plp = r->lp_on && r->gp.prompt_logprobs;
+    if (r->plp && rp->n_images > 0) {
+        free(r);
+        return RLAI_ERR_UNSUPPORTED;   /* image rows have no token to score */
+    }
     {
         rlai_spec_mode mode = r->gp.spec == RLAI_SPEC_AUTO ? e->params.spec : r->gp.spec;
         /* The built-in default: drafts for greedy requests only. Their
@@ -356,8 +361,10 @@ static void admit(rlai_engine *e, rlai_req **finished)
     while (e->queue && e->n_running < e->params.max_running) {
         rlai_req *r = e->queue;
         /* Reuse the longest cached prefix, keeping the last prompt token to
-         * compute (its logits start generation). */
-        int reused = rlai_kv_prefix_attach(e->kv, &r->seq, rlai_sched_keys(r), r->n_prompt, r->n_prompt - 1);
+         * compute (its logits start generation). Prompt logprobs need the
+         * logits of every prompt position: nothing is reused. */
+        int reused = r->plp ? 0
+                            : rlai_kv_prefix_attach(e->kv, &r->seq, rlai_sched_keys(r), r->n_prompt, r->n_prompt - 1);
         if (reused < 0)
             reused = 0;
         int need = rlai_blocks_for(r->total) - r->seq.n_blocks;
@@ -620,6 +627,40 @@ static int req_verify(rlai_engine *e, rlai_req *r, int32_t tok, float *logits, s
     return emitted;
 }
 
+/* Prompt positions among the t tokens request r feeds from position
+ * seq.n_tokens whose logits score the NEXT prompt token (the last prompt
+ * position's logits are the first sampling row instead). */
+static int plp_rows(const rlai_req *r, int t)
+{
+    int p0 = r->seq.n_tokens, end = r->n_prompt - 1;
+    int n = (p0 + t < end ? p0 + t : end) - p0;
+    return n > 0 ? n : 0;
+}
+
+/* Prompt logprobs of this step's chunk (before seq.n_tokens advances): an
+ * entry without a distribution for prompt token 0, then for each scored
+ * position p the log-probability of prompt token p + 1 (raw logits, as for
+ * generated tokens). */
+static void plp_emit(rlai_req *r, const float *logits, int n_vocab)
+{
+    int p0 = r->seq.n_tokens;
+    rlai_token_logprobs lp;
+    if (p0 == 0) {
+        memset(&lp, 0, sizeof(lp));
+        lp.token = r->toks[0];
+        lp.logprob = NAN;
+        lp.prompt = true;
+        r->gp.on_logprobs(r->gp.logprobs_user, &lp);
+    }
+    for (int i = 0; i < r->plp_n; i++) {
+        const float *lg = logits + (size_t)(r->plp_row0 + i) * (size_t)n_vocab;
+        rlai_logprobs_compute(lg, n_vocab, r->toks[p0 + i + 1], r->gp.top_logprobs, &lp);
+        lp.prompt = true;
+        r->gp.on_logprobs(r->gp.logprobs_user, &lp);
+    }
+    r->plp_n = 0;
+}
+
 /* Tokens a request feeds this step: its decode token, or a prompt chunk
  * taken from the step's prefill budget. */
 static int step_take(const rlai_req *r, int *budget)
@@ -628,6 +669,8 @@ static int step_take(const rlai_req *r, int *budget)
     if (pending <= 1)
         return pending;
     int t = pending < *budget ? pending : *budget;
+    if (r->plp && t > RLAI_PROMPT_LOGPROBS_CHUNK)
+        t = RLAI_PROMPT_LOGPROBS_CHUNK;   /* one logits row per prompt token */
     if (t < 0)
         t = 0;
     *budget -= t;
@@ -667,6 +710,8 @@ static int step_locked(rlai_engine *e)
         }
         n += t + r->n_draft;
         n_want += t > 0 && r->seq.n_tokens + t == r->n_toks ? 1 + r->n_draft : 0;
+        if (r->plp && t > 0)
+            n_want += plp_rows(r, t);
         n_seqs++;
     }
     int rc = 0;
@@ -718,14 +763,18 @@ static int step_locked(rlai_engine *e)
                     r->reserve = 0;
                 seqs[si] = &r->seq;
                 take[si] = t;
+                r->plp_n = r->plp ? plp_rows(r, t) : 0;
+                r->plp_row0 = wi;
                 for (int j = 0; j < t + nd; j++) {
                     tokens[k] = j < t ? r->toks[p0 + j] : r->draft[j - t];
                     if (embd && j < t && p0 + j < r->n_prompt)
                         embd[k] = rlai_sched_image_row(e, r, p0 + j);
                     pos[k] = p0 + j;
                     sidx[k] = si;
-                    want[k] = p0 + j >= r->n_toks - 1;  /* the last real token and every draft token */
-                    if (want[k] && j == t - 1) {
+                    /* the last real token and every draft token (and the
+                     * prompt positions of a prompt-logprobs request) */
+                    want[k] = p0 + j >= r->n_toks - 1 || j < r->plp_n;
+                    if (j == t - 1 && p0 + j >= r->n_toks - 1) {   /* the sampling row */
                         r->row0 = wi;
                         rows[n_rows++] = r;
                     }
@@ -748,6 +797,8 @@ static int step_locked(rlai_engine *e)
                 for (rlai_req *r = e->running; r; r = r->next) {
                     if (r->done || si >= n_seqs || seqs[si] != &r->seq)
                         continue;
+                    if (r->plp)
+                        plp_emit(r, e->step_logits, hp->n_vocab);
                     r->seq.n_tokens += take[si];
                     rlai_kv_prefix_commit(e->kv, &r->seq, rlai_sched_keys(r), r->seq.n_tokens);
                     if (r->seq.n_tokens == r->n_prompt && r->t_prefill_end == 0) {

@@ -252,6 +252,7 @@ struct hreq {
     cJSON *rtc, *rtc_all;
     bool image_parts;            /* the messages have image parts (a remote model's request) */
     size_t lp_off;
+    bool echo_sent;              /* streamed completions: the echo chunk went out */
     char *echo_text;             /* completions "echo": the prompt text */
     long long created;           /* request time (wall clock, seconds) */
     hreq **kids;                 /* completions with a list prompt: one per prompt */
@@ -846,6 +847,42 @@ static void attach_logprobs(hreq *r, cJSON *choice, bool always)
     free(lp);
 }
 
+/* A streamed echo's chunk: the prompt text, with the prompt tokens'
+ * log-probabilities when asked. The engine reports those all before the
+ * first generated token and before the end, so the chunk is built when the
+ * request's first text (or its end) is seen (ECHO with LOGPROBS), or at
+ * once otherwise. INDEX is the choice's. */
+static cJSON *echo_chunk(hreq *r, int index)
+{
+    cJSON *ch = chunk_json(r, r->echo_text, strlen(r->echo_text), false, NULL);
+    if (index)
+        cJSON_ReplaceItemInObjectCaseSensitive(first_choice(ch), "index", cJSON_CreateNumber(index));
+    if (r->lp_mode) {
+        rlai_token_logprobs *lp = NULL;
+        pthread_mutex_lock(&r->mu);
+        int n = 0;
+        while (r->lp_sent + n < r->n_lps && r->lps[r->lp_sent + n].prompt)
+            n++;
+        if (n > 0 && (lp = malloc(sizeof(*lp) * (size_t)n)) != NULL) {
+            memcpy(lp, r->lps + r->lp_sent, sizeof(*lp) * (size_t)n);
+            r->lp_sent += n;
+        } else {
+            n = 0;
+        }
+        pthread_mutex_unlock(&r->mu);
+        put_logprobs(r, first_choice(ch), lp, n);
+        free(lp);
+    }
+    r->echo_sent = true;
+    return ch;
+}
+
+/* True when a streamed echo is due now: before ECHO's first text or end. */
+static bool echo_due(const hreq *r, bool text_or_end)
+{
+    return r->echo_text && !r->echo_sent && (!r->lp_mode || text_or_end);
+}
+
 /* ---------------------------------------------------------- tool calls in streams */
 
 /* Streamed chat with tools: a reply that is (or, for tool_choice auto,
@@ -1137,8 +1174,8 @@ static bool produce(hreq *r)
         r->phase = 1;
         return true;
     }
-    if (r->phase == 0 && r->echo_text) {
-        sse_event(&r->out, NULL, chunk_json(r, r->echo_text, strlen(r->echo_text), false, NULL));
+    if (r->phase == 0 && echo_due(r, false)) {
+        sse_event(&r->out, NULL, echo_chunk(r, 0));
         r->phase = 1;
         return true;
     }
@@ -1163,6 +1200,8 @@ static bool produce(hreq *r)
     }
     if (probe)
         rlai_strbuf_str(&r->out, ": ping\n\n");     /* SSE comment: clients ignore it */
+    if (echo_due(r, text.len > 0 || done))
+        sse_event(&r->out, NULL, echo_chunk(r, 0));
     if (r->kind == K_PLUGIN) {
         if (events.len)
             rlai_strbuf_add(&r->out, events.p, events.len);
@@ -1336,6 +1375,7 @@ static enum MHD_Result finish_blocking(hreq *r)
         both[el + r->pending.len] = 0;
         cJSON *j = final_body(r, both);
         free(both);
+        attach_logprobs(r, first_choice(j), true);   /* the prompt's tokens, then the completion's */
         return send_json(r, 200, j);
     }
     cJSON *body = final_body(r, text);
@@ -1416,10 +1456,10 @@ static bool parse_logprobs_echo(hreq *r, const cJSON *body, gen_request *g)
     if (echo && !cJSON_IsNull(echo) && !cJSON_IsBool(echo))
         return send_error(r, 400, "invalid_type", "echo", "'echo' must be a boolean"), false;
     g->echo = cJSON_IsTrue(echo);
-    if (g->echo && r->lp_mode)
-        return send_error(r, 400, "unsupported_value", "echo",
-                          "'echo' with 'logprobs' (log-probabilities of the prompt tokens) is not implemented"),
-               false;
+    /* echo with logprobs: the prompt tokens' log-probabilities come first
+     * (the first token's are null), as OpenAI's legacy completions and the
+     * loglikelihood scoring of evaluation harnesses use them */
+    g->gp.prompt_logprobs = g->echo && r->lp_mode;
     return true;
 }
 
@@ -2425,12 +2465,8 @@ static bool produce_multi(hreq *r)
     if (r->phase == 0) {
         r->phase = 1;
         for (int i = 0; i < r->n_kids; i++)
-            if (r->kids[i]->echo_text) {
-                cJSON *ch = chunk_json(r->kids[i], r->kids[i]->echo_text, strlen(r->kids[i]->echo_text), false,
-                                       NULL);
-                cJSON_ReplaceItemInObjectCaseSensitive(first_choice(ch), "index", cJSON_CreateNumber(i));
-                sse_event(&r->out, NULL, ch);
-            }
+            if (echo_due(r->kids[i], false))
+                sse_event(&r->out, NULL, echo_chunk(r->kids[i], i));
         if (r->out.len)
             return true;
     }
@@ -2446,6 +2482,8 @@ static bool produce_multi(hreq *r)
             if (fin_due)
                 k->streamed = true;
             pthread_mutex_unlock(&k->mu);
+            if (echo_due(k, text.len > 0 || done))
+                sse_event(&r->out, NULL, echo_chunk(k, i));
             if (text.len || (fin_due && !bad)) {
                 cJSON *ch = chunk_json(k, text.len ? text.p : NULL, text.len, false,
                                        fin_due ? finish_reason(k) : NULL);

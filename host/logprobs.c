@@ -249,7 +249,9 @@ cJSON *rlai_logprobs_completion_json(const rlai_engine *e, const rlai_token_logp
         size_t len = 0;
         char *b = token_bytes(e, lp[i].token, &len);
         char *t = b ? clean_utf8(b, len) : NULL;
-        cJSON *top = cJSON_CreateObject();
+        /* the first prompt token of an echo: no distribution, null */
+        bool none = isnan(lp[i].logprob);
+        cJSON *top = none ? cJSON_CreateNull() : cJSON_CreateObject();
         if (!t || !top) {
             free(b);
             free(t);
@@ -258,7 +260,7 @@ cJSON *rlai_logprobs_completion_json(const rlai_engine *e, const rlai_token_logp
             return NULL;
         }
         cJSON_AddItemToArray(toks, cJSON_CreateString(t));
-        cJSON_AddItemToArray(lps, cJSON_CreateNumber(lp_value(lp[i].logprob)));
+        cJSON_AddItemToArray(lps, none ? cJSON_CreateNull() : cJSON_CreateNumber(lp_value(lp[i].logprob)));
         cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)*offset));
         *offset += rlai_utf8_chars(b, len);
         for (int k = 0; k < lp[i].n_top; k++) {

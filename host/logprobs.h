@@ -22,7 +22,9 @@ int rlai_logprobs_chat_append(const rlai_engine *e, const rlai_token_logprobs *l
 /* A legacy-completions object for n tokens: {tokens, token_logprobs,
  * top_logprobs: [{token: logprob}], text_offset}. *offset is the character
  * offset of the first token in the choice's text and is advanced past the
- * n tokens. Returns a new object (caller owns) or NULL when out of memory. */
+ * n tokens. An entry without a distribution (the first prompt token of an
+ * "echo", logprob NaN) gets null in token_logprobs and top_logprobs, as
+ * OpenAI's. Returns a new object (caller owns) or NULL when out of memory. */
 cJSON *rlai_logprobs_completion_json(const rlai_engine *e, const rlai_token_logprobs *lp, int n, size_t *offset);
 
 /* The same legacy-completions object from chat entries {token, logprob,

@@ -271,6 +271,10 @@ int rlai_upstream_build_body(const rlai_route_request *rq, const char *remote_mo
         return rlai_errf(err, errlen, RLAI_ERR_UNSUPPORTED,
                     "logprobs of remote models are not implemented for this caller (it takes the local "
                     "model's token ids; the wire protocol, the pipe and HTTP give a remote model's as text)");
+    if (want_lp && g->prompt_logprobs)
+        return rlai_errf(err, errlen, RLAI_ERR_NOT_IMPLEMENTED,
+                    "'echo' with 'logprobs' (the prompt tokens' log-probabilities) is not implemented for "
+                    "remote models");
     if (g->grammar && !(rq->response_format && *rq->response_format))
         return rlai_errf(err, errlen, RLAI_ERR_UNSUPPORTED,
                     "a grammar is not implemented for remote models (only a response_format is forwarded)");

@@ -562,6 +562,100 @@ START_TEST(logprobs_match_log_softmax_batched)
 }
 END_TEST
 
+/* Prompt logprobs (completions "echo" + "logprobs"): an entry for every
+ * prompt token, in order, before the generated ones; entry i > 0 is the
+ * log-softmax of eval_logits row i - 1 at prompt token i. The prompt spans
+ * several RLAI_PROMPT_LOGPROBS_CHUNK chunks and is in the prefix cache
+ * already (a plain request ran it first): nothing may be reused, since every
+ * position's logits are needed. The generated tokens do not change. */
+typedef struct big_lp_sink {
+    rlai_token_logprobs *lp;
+    int n, cap;
+} big_lp_sink;
+
+static void big_lp_cb(void *user, const rlai_token_logprobs *lp)
+{
+    big_lp_sink *s = user;
+    if (s->n < s->cap)
+        s->lp[s->n++] = *lp;
+}
+
+START_TEST(prompt_logprobs_match_log_softmax)
+{
+    char text[2048] = "";
+    for (int i = 0; i < 10; i++)
+        strcat(text, "The old lighthouse keeper climbed the stairs every night to light the lamp. ");
+    rlai_token toks[512];
+    int n = rlai_engine_tokenize(E, text, strlen(text), true, true, toks, 512);
+    ck_assert_int_gt(n, 2 * RLAI_PROMPT_LOGPROBS_CHUNK);
+    rlai_gen_params gp;
+    rlai_gen_params_init(&gp);
+    gp.max_tokens = 4;
+    gp.ignore_eos = true;
+    sink plain = { 0 };
+    rlai_gen_metrics m;
+    ck_assert_int_eq(rlai_engine_generate_tokens(E, toks, n, &gp, sink_cb, &plain, &m), 0);
+    ck_assert_int_eq(rlai_engine_generate_tokens(E, toks, n, &gp, NULL, NULL, &m), 0);
+    ck_assert_int_gt(m.reused_tokens, 0);   /* the prompt is cached now */
+
+    big_lp_sink ls = { calloc(600, sizeof(rlai_token_logprobs)), 0, 600 };
+    gp.top_logprobs = 2;
+    gp.on_logprobs = big_lp_cb;
+    gp.logprobs_user = &ls;
+    gp.prompt_logprobs = true;
+    sink s = { 0 };
+    ck_assert_int_eq(rlai_engine_generate_tokens(E, toks, n, &gp, sink_cb, &s, &m), 0);
+    ck_assert_int_eq(m.reused_tokens, 0);
+    ck_assert_int_eq(s.n_toks, plain.n_toks);
+    ck_assert_mem_eq(s.toks, plain.toks, sizeof(rlai_token) * (size_t)s.n_toks);
+    ck_assert_int_eq(ls.n, n + s.n_toks);
+    ck_assert(ls.lp[0].prompt && ls.lp[0].token == toks[0] && isnan(ls.lp[0].logprob) && ls.lp[0].n_top == 0);
+
+    float *logits = malloc(sizeof(float) * 49152 * (size_t)n);
+    ck_assert_int_eq(rlai_engine_eval_logits(E, toks, n, logits), 0);
+    double worst = 0, sum_lp = 0;
+    for (int i = 1; i < n; i++) {
+        const rlai_token_logprobs *lp = &ls.lp[i];
+        const float *row = logits + (size_t)(i - 1) * 49152;
+        double mx = row[0], sum = 0;
+        for (int k = 1; k < 49152; k++)
+            if (row[k] > mx)
+                mx = row[k];
+        for (int k = 0; k < 49152; k++)
+            sum += exp(row[k] - mx);
+        double lse = mx + log(sum);
+        ck_assert(lp->prompt);
+        ck_assert_int_eq(lp->token, toks[i]);
+        ck_assert_int_eq(lp->n_top, 2);
+        ck_assert(lp->top_logprobs[1] <= lp->top_logprobs[0]);
+        double d = fabs(lp->logprob - (row[toks[i]] - lse));
+        if (d > worst)
+            worst = d;
+        d = fabs(lp->top_logprobs[0] - (mx - lse));
+        if (d > worst)
+            worst = d;
+        sum_lp += lp->logprob;
+    }
+    /* the repeated sentence is predictable the 10th time: the model gains */
+    double first = 0, last = 0;
+    int per = (n - 1) / 10;
+    for (int i = 1; i <= per; i++) {
+        first += ls.lp[i].logprob;
+        last += ls.lp[n - per - 1 + i].logprob;
+    }
+    fprintf(stderr, "prompt logprobs: %d tokens, worst difference %.3g nats, mean %.3f, first/last sentence %.1f/%.1f\n",
+            n, worst, sum_lp / (n - 1), first, last);
+    ck_assert_msg(worst < 1e-3, "worst prompt logprob difference %g", worst);
+    ck_assert(last > first);
+    for (int i = n; i < ls.n; i++) {
+        ck_assert(!ls.lp[i].prompt);
+        ck_assert_int_eq(ls.lp[i].token, s.toks[i - n]);
+    }
+    free(logits);
+    free(ls.lp);
+}
+END_TEST
+
 /* ---- embeddings ---------------------------------------------------------- */
 
 static double dot(const float *x, const float *y, int n)
@@ -629,6 +723,7 @@ int main(void)
     tcase_add_test(tc, q8_0_kv_cache_answers);
     tcase_add_test(tc, logprobs_match_log_softmax_one_shot);
     tcase_add_test(tc, logprobs_match_log_softmax_batched);
+    tcase_add_test(tc, prompt_logprobs_match_log_softmax);
     tcase_add_test(tc, embed_is_normalised_and_meaningful);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);

@@ -241,6 +241,12 @@ START_TEST(body_maps_the_request_and_refuses_what_it_cannot_honour)
     ck_assert_ptr_null(body);
     /* a front that takes a remote model's logprobs (HTTP) gets them asked for */
     rq.on_remote_logprobs = (void (*)(void *, cJSON *))(uintptr_t)1;
+    rq.text.rp.gen.prompt_logprobs = true;   /* echo with logprobs: the prompt's are local-only */
+    ck_assert_int_eq(rlai_upstream_build_body(&rq, "m", true, &body, &chat, err, sizeof(err)),
+                     RLAI_ERR_NOT_IMPLEMENTED);
+    ck_assert_ptr_nonnull(strstr(err, "echo"));
+    ck_assert_ptr_null(body);
+    rq.text.rp.gen.prompt_logprobs = false;
     ck_assert_int_eq(rlai_upstream_build_body(&rq, "m", true, &body, &chat, err, sizeof(err)), 0);
     ck_assert_ptr_nonnull(strstr(body, "\"logprobs\":2"));              /* completions: alternatives */
     free(body);

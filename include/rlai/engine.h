@@ -198,6 +198,9 @@ typedef struct rlai_token_logprobs {
     int n_top;                 /* entries in top_ids / top_logprobs */
     rlai_token top_ids[RLAI_MAX_TOP_LOGPROBS];
     float top_logprobs[RLAI_MAX_TOP_LOGPROBS];
+    bool prompt;               /* a prompt token's entry (rlai_gen_params.prompt_logprobs):
+                                  `token` is the prompt's, not sampled; the first prompt
+                                  token has no distribution before it: logprob NaN, n_top 0 */
 } rlai_token_logprobs;
 
 /* Called on the stepping thread once per emitted token, just before the
@@ -242,7 +245,21 @@ typedef struct rlai_gen_params {
                                        nothing can follow. Speculative drafting is off for
                                        the request. The engine takes its own reference at
                                        submit: the caller may unref it afterwards. */
+    bool prompt_logprobs;           /* with top_logprobs >= 0 and on_logprobs: also report
+                                       every PROMPT token, in order, before the first
+                                       generated one (entry.prompt true): token i's
+                                       log-probability after tokens 0..i-1 and the top
+                                       alternatives there (OpenAI completions "echo" with
+                                       "logprobs", used for perplexity and loglikelihood
+                                       scoring). Every prompt position then needs its logits:
+                                       the request reuses no prefix-cache blocks (its blocks
+                                       are still cached for others) and prefills in chunks of
+                                       at most RLAI_PROMPT_LOGPROBS_CHUNK tokens. Image prompts
+                                       are refused (RLAI_ERR_UNSUPPORTED). */
 } rlai_gen_params;
+
+/* Prompt tokens per step of a prompt_logprobs request (its logits rows). */
+#define RLAI_PROMPT_LOGPROBS_CHUNK 64
 
 /* Defaults: greedy, penalties off, max_tokens 256, no stop strings,
  * no logprobs. */

@@ -130,8 +130,58 @@ def test_completions_echo(engine):
     s = "".join(ch.choices[0].text for ch in c.completions.create(
         model=MODEL_ID, prompt=prompt, max_tokens=6, temperature=0, echo=True, stream=True) if ch.choices)
     assert s == r.choices[0].text
-    st, _, raw = engine.request("POST", "/v1/completions", {"prompt": prompt, "echo": True, "logprobs": 1})
-    assert st == 400 and "not implemented" in error_of(raw)["message"]
+
+
+def test_completions_echo_logprobs(engine):
+    """echo + logprobs: the prompt tokens' log-probabilities come first (the
+    first token's null), then the completion's; offsets index the echoed
+    text. Scoring prompt + greedy continuation this way (what evaluation
+    harnesses do for loglikelihood) gives back the logprobs reported while
+    generating it, and the continuation is greedy under its own top-1."""
+    c = engine.client()
+    prompt = "Once upon a time"
+    gen = c.completions.create(model=MODEL_ID, prompt=prompt, max_tokens=6, temperature=0, logprobs=1,
+                               extra_body={"ignore_eos": True})
+    glp = gen.choices[0].logprobs
+    r = c.completions.create(model=MODEL_ID, prompt=prompt, max_tokens=6, temperature=0, logprobs=2, echo=True,
+                             extra_body={"ignore_eos": True})
+    ch = r.choices[0]
+    lp = ch.logprobs
+    n_p = r.usage.prompt_tokens
+    assert ch.text == prompt + gen.choices[0].text
+    assert len(lp.tokens) == n_p + r.usage.completion_tokens == len(lp.token_logprobs) == len(lp.top_logprobs)
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert "".join(lp.tokens) == ch.text
+    assert lp.text_offset == [len("".join(lp.tokens[:i])) for i in range(len(lp.tokens))]
+    for t, top in zip(lp.token_logprobs[1:], lp.top_logprobs[1:]):
+        assert t <= 0 and 1 <= len(top) <= 2 and max(top.values()) >= t - 1e-6
+    # the completion part is what a plain logprobs request reports
+    assert lp.tokens[n_p:] == glp.tokens
+    assert all(abs(a - b) < 1e-5 for a, b in zip(lp.token_logprobs[n_p:], glp.token_logprobs))
+    # score prompt + continuation: the continuation's logprobs come back, all greedy
+    sc = c.completions.create(model=MODEL_ID, prompt=ch.text, max_tokens=1, temperature=0, logprobs=1,
+                              echo=True).choices[0].logprobs
+    assert sc.tokens[:len(lp.tokens)] == lp.tokens
+    cont = slice(n_p, len(lp.tokens))
+    assert all(abs(a - b) < 1e-4 for a, b in zip(sc.token_logprobs[cont], lp.token_logprobs[cont]))
+    assert all(abs(t - max(top.values())) < 1e-6 for t, top in zip(sc.token_logprobs[cont], sc.top_logprobs[cont]))
+    # streamed: the echo chunk carries the prompt's entries, the rest follow
+    toks, lps, text = [], [], ""
+    for chunk in c.completions.create(model=MODEL_ID, prompt=prompt, max_tokens=6, temperature=0, logprobs=2,
+                                      echo=True, stream=True, extra_body={"ignore_eos": True}):
+        for x in chunk.choices:
+            text += x.text
+            if x.logprobs:
+                toks += x.logprobs.tokens
+                lps += x.logprobs.token_logprobs
+    assert text == ch.text and toks == lp.tokens
+    assert lps[0] is None and all(abs(a - b) < 1e-6 for a, b in zip(lps[1:], lp.token_logprobs[1:]))
+    # a list of prompts: each choice has its own prompt entries
+    rr = c.completions.create(model=MODEL_ID, prompt=[prompt, "The capital of France is"], max_tokens=2,
+                              temperature=0, logprobs=0, echo=True)
+    for x in rr.choices:
+        assert x.logprobs.token_logprobs[0] is None and "".join(x.logprobs.tokens) == x.text
+    assert rr.choices[0].logprobs.token_logprobs[1:n_p] == pytest.approx(lp.token_logprobs[1:n_p], abs=1e-5)
 
 
 # ---------------------------------------------------------------- embeddings
