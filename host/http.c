@@ -253,6 +253,8 @@ struct hreq {
     bool image_parts;            /* the messages have image parts (a remote model's request) */
     size_t lp_off;
     bool echo_sent;              /* streamed completions: the echo chunk went out */
+    bool score_only;             /* completions echo with max_tokens 0: the prompt only (the
+                                    engine samples one token, which is dropped here) */
     char *echo_text;             /* completions "echo": the prompt text */
     long long created;           /* request time (wall clock, seconds) */
     hreq **kids;                 /* completions with a list prompt: one per prompt */
@@ -953,6 +955,8 @@ static void tool_flush(hreq *r)
 static void gen_on_logprobs(void *user, const rlai_token_logprobs *lp)
 {
     hreq *r = user;
+    if (r->score_only && !lp->prompt)
+        return;   /* the dropped token's */
     pthread_mutex_lock(&r->mu);
     if (r->n_lps == r->cap_lps) {
         int cap = r->cap_lps ? r->cap_lps * 2 : 64;
@@ -1013,7 +1017,7 @@ static int gen_on_token(void *user, rlai_token tok, const char *text, size_t len
     hreq *r = user;
     pthread_mutex_lock(&r->mu);
     int stop = r->why != END_NONE;
-    if (!stop && len) {
+    if (!stop && len && !r->score_only) {
         if (rlai_strbuf_add(&r->pending, text, len) < 0)
             stop = 1;
         pthread_cond_broadcast(&r->cv);
@@ -1045,6 +1049,10 @@ static void gen_on_done(void *user, uint64_t id, int status, const rlai_gen_metr
     if (status == 0 && m) {
         r->gm = *m;
         r->have_gm = true;
+        if (r->score_only) {   /* the sampled token is not part of the answer */
+            r->gm.gen_tokens = 0;
+            r->gm.stop = RLAI_STOP_MAX_TOKENS;
+        }
     } else if (status < 0 && !r->errmsg[0]) {
         snprintf(r->errmsg, sizeof(r->errmsg), "generation failed: %s", rlai_strerror(status));
     }
@@ -1541,10 +1549,15 @@ static bool parse_sampling(hreq *r, const cJSON *body, gen_request *g)
         it = cJSON_GetObjectItemCaseSensitive(body, mt_key);
     }
     if (it && !cJSON_IsNull(it)) {
-        if (!json_is_int(it) || it->valuedouble < 1 || it->valuedouble > r->h->n_ctx)
-            return send_error(r, 400, "invalid_value", mt_key, "'%s' must be an integer in [1, %d]", mt_key,
-                              r->h->n_ctx), false;
-        g->gp.max_tokens = (int)it->valuedouble;
+        /* completions "echo" with max_tokens 0: the prompt alone (scoring
+         * a text with logprobs); the engine samples one token, dropped */
+        bool zero_ok = r->kind == K_COMPLETION && cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(body, "echo"));
+        if (!json_is_int(it) || it->valuedouble < (zero_ok ? 0 : 1) || it->valuedouble > r->h->n_ctx)
+            return send_error(r, 400, "invalid_value", mt_key, "'%s' must be an integer in [%d, %d]%s", mt_key,
+                              zero_ok ? 0 : 1, r->h->n_ctx, zero_ok ? "" : " (0 only with completions' echo)"),
+                   false;
+        r->score_only = it->valuedouble == 0;
+        g->gp.max_tokens = r->score_only ? 1 : (int)it->valuedouble;
     }
     int n_stop = 0;
     it = cJSON_GetObjectItemCaseSensitive(body, "stop");
@@ -2291,6 +2304,7 @@ static hreq *kid_new(hreq *r)
     cond_init_monotonic(&k->cv);
     k->kind = K_COMPLETION;
     k->lp_mode = r->lp_mode;
+    k->score_only = r->score_only;
     k->created = r->created;
     snprintf(k->id, sizeof(k->id), "%s", r->id);
     k->model = strdup(r->model ? r->model : "");

@@ -176,6 +176,18 @@ def test_completions_echo_logprobs(engine):
                 lps += x.logprobs.token_logprobs
     assert text == ch.text and toks == lp.tokens
     assert lps[0] is None and all(abs(a - b) < 1e-6 for a, b in zip(lps[1:], lp.token_logprobs[1:]))
+    # max_tokens 0 with echo: the prompt alone, scored (OpenAI's legacy form)
+    z = c.completions.create(model=MODEL_ID, prompt=prompt, max_tokens=0, logprobs=2, echo=True)
+    assert z.choices[0].text == prompt and z.choices[0].finish_reason == "length"
+    assert z.usage.completion_tokens == 0 and z.usage.prompt_tokens == n_p
+    assert z.choices[0].logprobs.tokens == lp.tokens[:n_p]
+    assert z.choices[0].logprobs.token_logprobs[1:] == pytest.approx(lp.token_logprobs[1:n_p], abs=1e-5)
+    zs = [x for chunk in c.completions.create(model=MODEL_ID, prompt=prompt, max_tokens=0, logprobs=0, echo=True,
+                                              stream=True) for x in chunk.choices]
+    assert "".join(x.text for x in zs) == prompt and zs[-1].finish_reason == "length"
+    assert sum((x.logprobs.tokens for x in zs if x.logprobs), []) == lp.tokens[:n_p]
+    st, _, raw = engine.request("POST", "/v1/completions", {"prompt": prompt, "max_tokens": 0})
+    assert st == 400 and "echo" in error_of(raw)["message"]
     # a list of prompts: each choice has its own prompt entries
     rr = c.completions.create(model=MODEL_ID, prompt=[prompt, "The capital of France is"], max_tokens=2,
                               temperature=0, logprobs=0, echo=True)
