@@ -69,6 +69,7 @@ typedef struct rlai_req {
     float *lp_raw;               /* n_vocab: raw logits copied before sampling */
     bool plp;                    /* prompt logprobs (gen.prompt_logprobs with lp_on) */
     int plp_row0, plp_n;         /* this step: logits rows of its prompt positions */
+    rlai_token_logprobs *plp_buf;/* RLAI_PROMPT_LOGPROBS_CHUNK entries (plp only) */
     rlai_token_logprobs lp;
     rlai_grammar_matcher *gm;    /* gen.grammar's matcher, or NULL */
     uint32_t *gmask;             /* allowed tokens of this step (bitset) */

@@ -29,6 +29,7 @@ void rlai_sched_req_free(rlai_engine *e, rlai_req *r)
     free(r->gmask);
     rlai_textstream_free(r->ts);
     free(r->lp_raw);
+    free(r->plp_buf);
     if (r->stops)
         for (char **s = r->stops; *s; s++)
             free(*s);
@@ -169,6 +170,8 @@ int rlai_engine_submit(rlai_engine *e, const rlai_request_params *rp, uint64_t *
     r->toks = malloc(sizeof(rlai_token) * (size_t)r->cap_toks);
     int rc = r->toks ? 0 : RLAI_ERR_NOMEM;
     if (rc == 0 && r->lp_on && !(r->lp_raw = malloc(sizeof(float) * (size_t)hp->n_vocab)))
+        rc = RLAI_ERR_NOMEM;
+    if (rc == 0 && r->plp && !(r->plp_buf = malloc(sizeof(rlai_token_logprobs) * RLAI_PROMPT_LOGPROBS_CHUNK)))
         rc = RLAI_ERR_NOMEM;
     if (rc == 0 && rp->gen.stop) {
         size_t n = 0;
@@ -637,27 +640,46 @@ static int plp_rows(const rlai_req *r, int t)
     return n > 0 ? n : 0;
 }
 
+/* The log-softmax passes of a chunk's prompt rows, on the thread pool
+ * (each row is independent; the callbacks run afterwards, in order). */
+typedef struct plp_job {
+    const rlai_req *r;
+    const float *logits;
+    int n_vocab;
+    rlai_token_logprobs *out;
+} plp_job;
+
+static void plp_rows_run(void *arg, int ith, int nth)
+{
+    plp_job *j = arg;
+    const rlai_req *r = j->r;
+    int p0 = r->seq.n_tokens;
+    for (int i = ith; i < r->plp_n; i += nth) {
+        const float *lg = j->logits + (size_t)(r->plp_row0 + i) * (size_t)j->n_vocab;
+        rlai_logprobs_compute(lg, j->n_vocab, r->toks[p0 + i + 1], r->gp.top_logprobs, &j->out[i]);
+        j->out[i].prompt = true;
+    }
+}
+
 /* Prompt logprobs of this step's chunk (before seq.n_tokens advances): an
  * entry without a distribution for prompt token 0, then for each scored
  * position p the log-probability of prompt token p + 1 (raw logits, as for
  * generated tokens). */
-static void plp_emit(rlai_req *r, const float *logits, int n_vocab)
+static void plp_emit(rlai_engine *e, rlai_req *r, const float *logits, int n_vocab)
 {
     int p0 = r->seq.n_tokens;
-    rlai_token_logprobs lp;
     if (p0 == 0) {
+        rlai_token_logprobs lp;
         memset(&lp, 0, sizeof(lp));
         lp.token = r->toks[0];
         lp.logprob = NAN;
         lp.prompt = true;
         r->gp.on_logprobs(r->gp.logprobs_user, &lp);
     }
-    for (int i = 0; i < r->plp_n; i++) {
-        const float *lg = logits + (size_t)(r->plp_row0 + i) * (size_t)n_vocab;
-        rlai_logprobs_compute(lg, n_vocab, r->toks[p0 + i + 1], r->gp.top_logprobs, &lp);
-        lp.prompt = true;
-        r->gp.on_logprobs(r->gp.logprobs_user, &lp);
-    }
+    plp_job j = { r, logits, n_vocab, r->plp_buf };
+    rlai_threadpool_run(r->plp_n > 1 ? e->tp : NULL, plp_rows_run, &j);
+    for (int i = 0; i < r->plp_n; i++)
+        r->gp.on_logprobs(r->gp.logprobs_user, &r->plp_buf[i]);
     r->plp_n = 0;
 }
 
@@ -798,7 +820,7 @@ static int step_locked(rlai_engine *e)
                     if (r->done || si >= n_seqs || seqs[si] != &r->seq)
                         continue;
                     if (r->plp)
-                        plp_emit(r, e->step_logits, hp->n_vocab);
+                        plp_emit(e, r, e->step_logits, hp->n_vocab);
                     r->seq.n_tokens += take[si];
                     rlai_kv_prefix_commit(e->kv, &r->seq, rlai_sched_keys(r), r->seq.n_tokens);
                     if (r->seq.n_tokens == r->n_prompt && r->t_prefill_end == 0) {
