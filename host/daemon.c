@@ -36,6 +36,8 @@ typedef struct job {
     rlai_buf buf;              /* frame encoding scratch (engine thread) */
     rlai_msg_logprob lp;       /* the next token's logprobs (engine thread) */
     bool has_lp;
+    rlai_msg_logprob *plp;     /* prompt logprobs not sent yet (engine thread; PLP_FRAME) */
+    uint32_t n_plp;
     cJSON *rlps;               /* a remote model's logprobs for the next token frame (driving thread) */
     char where[RLAI_PROTO_MAX_WHERE + 1];   /* where the router runs it (done metrics "where") */
     char errmsg[320];          /* a remote failure's reason (router on_error) */
@@ -131,6 +133,7 @@ static void unlink_job(rlai_daemon *d, job *target)
 
 static void free_job(job *j)
 {
+    free(j->plp);
     cJSON_Delete(j->rlps);
     rlai_buf_free(&j->buf);
     free(j);
@@ -238,17 +241,46 @@ static void answer_commands(rlai_daemon *d, rlai_conn conn, uint64_t id)
 /* ---------------------------------------------------------- engine callbacks
  * (engine thread) */
 
-/* Engine thread, just before on_token of the same token: keep its logprobs. */
+#define PLP_FRAME 256   /* prompt logprobs per frame (about 64 KiB with 20 alternatives) */
+
+/* Sends the prompt logprobs kept so far in one frame (engine thread). A
+ * client that is gone cancels the request. */
+static void flush_prompt_logprobs(job *j)
+{
+    if (j->n_plp == 0)
+        return;
+    int erc = rlai_proto_encode_prompt_logprobs(&j->buf, j->id, j->plp, j->n_plp);
+    j->n_plp = 0;
+    if (erc == 0 && rlai_server_send(j->d->server, j->conn, j->buf.data, j->buf.len) == RLAI_ERR_DISCONNECTED)
+        atomic_store(&j->cancel, RLAI_PE_CANCELLED);
+    rlai_buf_reset(&j->buf);
+}
+
+/* Engine thread, just before on_token of the same token: keep its logprobs.
+ * A prompt token's (prompt_logprobs) are gathered and sent in frames of
+ * their own before the first generated token's. */
 static void on_logprobs(void *user, const rlai_token_logprobs *lp)
 {
     job *j = user;
     rlai_msg_logprob *m = &j->lp;
+    if (lp->prompt) {
+        if (!j->plp && !(j->plp = malloc(sizeof(*j->plp) * PLP_FRAME)))
+            return;   /* out of memory: the entry is lost, the text is not */
+        m = &j->plp[j->n_plp++];
+    } else {
+        flush_prompt_logprobs(j);
+    }
     m->token = lp->token;
     m->logprob = lp->logprob;
     m->n_top = (uint32_t)(lp->n_top < RLAI_PROTO_MAX_TOP_LOGPROBS ? lp->n_top : RLAI_PROTO_MAX_TOP_LOGPROBS);
     for (uint32_t k = 0; k < m->n_top; k++) {
         m->top_ids[k] = lp->top_ids[k];
         m->top_logprobs[k] = lp->top_logprobs[k];
+    }
+    if (lp->prompt) {
+        if (j->n_plp == PLP_FRAME)
+            flush_prompt_logprobs(j);
+        return;
     }
     j->has_lp = true;
 }
@@ -345,6 +377,8 @@ static void on_done(void *user, uint64_t engine_id, int status, const rlai_gen_m
     (void)engine_id;
     job *j = user;
     rlai_daemon *d = j->d;
+    if (status == 0)
+        flush_prompt_logprobs(j);   /* a request that generated nothing */
     int cancel = atomic_load(&j->cancel);
     /* Before the reply: a client that reads /metrics after its done frame sees it. */
     rlai_metrics_count_request(d->metrics, "generate", "ipc");

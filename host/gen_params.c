@@ -19,6 +19,7 @@ void rlai_gen_params_from_wire(const rlai_msg_gen *g, rlai_gen_params *gp)
     if (g->has_spec) gp->spec = (rlai_spec_mode)g->spec;
     if (g->has_spec_max_draft) gp->spec_max_draft = (int)g->spec_max_draft;
     if (g->has_top_logprobs) gp->top_logprobs = (int)g->top_logprobs;
+    gp->prompt_logprobs = g->prompt_logprobs && g->has_top_logprobs;
 }
 
 void rlai_gen_params_from_plugin(const rlai_gen_request *req, rlai_gen_params *gp)

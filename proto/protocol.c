@@ -383,7 +383,7 @@ enum fid {
     F_CODE, F_NAME, F_MSG,
     F_MAX_TOKENS, F_TEMPERATURE, F_TOP_K, F_TOP_P, F_MIN_P, F_REPEAT_PENALTY,
     F_PRESENCE_PENALTY, F_FREQUENCY_PENALTY, F_SEED, F_IGNORE_EOS, F_TIMEOUT_MS,
-    F_SPEC, F_SPEC_MAX_DRAFT, F_TOP_LOGPROBS, F_RESPONSE_FORMAT, F_MODEL, F_ROUTE,
+    F_SPEC, F_SPEC_MAX_DRAFT, F_TOP_LOGPROBS, F_RESPONSE_FORMAT, F_MODEL, F_ROUTE, F_PROMPT_LOGPROBS,
     F_COUNT
 };
 
@@ -394,7 +394,7 @@ static const char *const field_names[F_COUNT] = {
     "code", "name", "msg",
     "max_tokens", "temperature", "top_k", "top_p", "min_p", "repeat_penalty",
     "presence_penalty", "frequency_penalty", "seed", "ignore_eos", "timeout_ms",
-    "spec", "spec_max_draft", "top_logprobs", "response_format", "model", "route",
+    "spec", "spec_max_draft", "top_logprobs", "response_format", "model", "route", "prompt_logprobs",
 };
 
 #define FB(f) (UINT64_C(1) << (f))
@@ -402,7 +402,7 @@ static const char *const field_names[F_COUNT] = {
                     FB(F_MIN_P) | FB(F_REPEAT_PENALTY) | FB(F_PRESENCE_PENALTY) |     \
                     FB(F_FREQUENCY_PENALTY) | FB(F_SEED) | FB(F_IGNORE_EOS) | FB(F_TIMEOUT_MS) | \
                     FB(F_SPEC) | FB(F_SPEC_MAX_DRAFT) | FB(F_TOP_LOGPROBS) | FB(F_STOP) | \
-                    FB(F_RESPONSE_FORMAT) | FB(F_MODEL) | FB(F_ROUTE))
+                    FB(F_RESPONSE_FORMAT) | FB(F_MODEL) | FB(F_ROUTE) | FB(F_PROMPT_LOGPROBS))
 
 static uint64_t type_fields(rlai_msg_type t)
 {
@@ -634,6 +634,12 @@ static int decode_gen(dctx *c, const msgpack_object *const *f, rlai_msg_gen *g)
         return rc;
     if ((o = opt(f[F_ROUTE])) && (rc = get_str(c, o, "route", RLAI_PROTO_MAX_MODEL_NAME, false, &g->route)))
         return rc;
+    if ((o = opt(f[F_PROMPT_LOGPROBS]))) {
+        if ((rc = get_bool(c, o, "prompt_logprobs", &g->prompt_logprobs))) return rc;
+        if (g->prompt_logprobs && !g->has_top_logprobs)
+            return fail(c, RLAI_PE_BAD_REQUEST, "field 'prompt_logprobs' needs 'top_logprobs' (0..%d)",
+                        RLAI_PROTO_MAX_TOP_LOGPROBS);
+    }
     if ((o = opt(f[F_STOP]))) {
         if (o->type != MSGPACK_OBJECT_ARRAY)
             return fail(c, RLAI_PE_BAD_REQUEST, "field 'stop' must be an array of str, not %s",
@@ -1144,7 +1150,8 @@ static size_t gen_count(const rlai_msg_gen *g)
     return (size_t)g->has_max_tokens + g->has_temperature + g->has_top_k + g->has_top_p + g->has_min_p +
            g->has_repeat_penalty + g->has_presence_penalty + g->has_frequency_penalty + g->has_seed +
            g->ignore_eos + g->has_timeout_ms + g->has_spec + g->has_spec_max_draft + g->has_top_logprobs +
-           (g->n_stop > 0) + (g->response_format != NULL) + (g->model != NULL) + (g->route != NULL);
+           (g->n_stop > 0) + (g->response_format != NULL) + (g->model != NULL) + (g->route != NULL) +
+           g->prompt_logprobs;
 }
 
 static void p_float(enc *e, const char *k, bool has, float v)
@@ -1190,6 +1197,7 @@ static void p_gen(enc *e, const rlai_msg_gen *g)
     }
     if (g->model) { p_key(e, "model"); p_key(e, g->model); }
     if (g->route) { p_key(e, "route"); p_key(e, g->route); }
+    if (g->prompt_logprobs) { p_key(e, "prompt_logprobs"); msgpack_pack_true(&e->pk); }
 }
 
 static double finite_or_zero(double v)
@@ -1450,6 +1458,42 @@ int rlai_proto_encode_token_lp(rlai_buf *out, uint64_t id, const char *text, siz
     enc e;
     enc_begin(&e, out);
     p_token(&e, RLAI_PROTO_VERSION, id, text ? text : "", len, tokens, n_tokens, lp, n_lp);
+    return enc_end(&e);
+}
+
+int rlai_proto_encode_prompt_logprobs(rlai_buf *out, uint64_t id, const rlai_msg_logprob *lp, uint32_t n_lp)
+{
+    if (!out || n_lp == 0 || !lp) return -RLAI_PE_BAD_REQUEST;
+    if (n_lp > RLAI_PROTO_MAX_TOKENS_ARRAY) return -RLAI_PE_TOO_LARGE;
+    enc e;
+    enc_begin(&e, out);
+    p_head(&e, 3, RLAI_PROTO_VERSION, id, RLAI_MSG_TOKEN);
+    p_key(&e, "text");
+    p_str(&e, "", 0);
+    p_key(&e, "tokens");
+    msgpack_pack_array(&e.pk, 0);
+    /* {token, logprob, top} as in "logprobs"; no distribution: nil, [] */
+    p_key(&e, "prompt_logprobs");
+    msgpack_pack_array(&e.pk, n_lp);
+    for (uint32_t i = 0; i < n_lp; i++) {
+        msgpack_pack_map(&e.pk, 3);
+        p_key(&e, "token");
+        msgpack_pack_int32(&e.pk, lp[i].token);
+        p_key(&e, "logprob");
+        if (isnan(lp[i].logprob))
+            msgpack_pack_nil(&e.pk);
+        else
+            msgpack_pack_double(&e.pk, lp_or_floor(lp[i].logprob));
+        p_key(&e, "top");
+        uint32_t nt = isnan(lp[i].logprob) ? 0
+                    : lp[i].n_top < RLAI_PROTO_MAX_TOP_LOGPROBS ? lp[i].n_top : RLAI_PROTO_MAX_TOP_LOGPROBS;
+        msgpack_pack_array(&e.pk, nt);
+        for (uint32_t k = 0; k < nt; k++) {
+            msgpack_pack_array(&e.pk, 2);
+            msgpack_pack_int32(&e.pk, lp[i].top_ids[k]);
+            msgpack_pack_double(&e.pk, lp_or_floor(lp[i].top_logprobs[k]));
+        }
+    }
     return enc_end(&e);
 }
 

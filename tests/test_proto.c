@@ -338,7 +338,8 @@ static bool gen_eq(const rlai_msg_gen *a, const rlai_msg_gen *b)
           SAME(timeout_ms) && SAME(spec) && SAME(spec_max_draft) && SAME(top_logprobs)))
         return false;
 #undef SAME
-    if (a->ignore_eos != b->ignore_eos || a->n_stop != b->n_stop) return false;
+    if (a->ignore_eos != b->ignore_eos || a->prompt_logprobs != b->prompt_logprobs || a->n_stop != b->n_stop)
+        return false;
     for (uint32_t i = 0; i < a->n_stop; i++)
         if (!str_eq(a->stop[i], b->stop[i])) return false;
     if ((a->model == NULL) != (b->model == NULL) || (a->model && !str_eq(a->model, b->model))) return false;
@@ -503,12 +504,13 @@ START_TEST(test_roundtrip_every_type)
     g.spec = RLAI_MSG_SPEC_NGRAM; g.has_spec = true;
     g.spec_max_draft = RLAI_PROTO_MAX_DRAFT; g.has_spec_max_draft = true;
     g.top_logprobs = RLAI_PROTO_MAX_TOP_LOGPROBS; g.has_top_logprobs = true;
+    g.prompt_logprobs = true;
     g.stop = stops; g.n_stop = 8;
     m.u.generate.prompt = "Once upon a time";
     m.u.generate.gen = g;
     roundtrip(&m);
     /* every option alone */
-    for (int k = 0; k < 17; k++) {
+    for (int k = 0; k < 18; k++) {
         rlai_msg_gen one = {0};
         switch (k) {
         case 0: one.has_max_tokens = true; one.max_tokens = 0; break;
@@ -527,6 +529,7 @@ START_TEST(test_roundtrip_every_type)
         case 13: one.has_spec_max_draft = true; one.spec_max_draft = 1; break;
         case 14: one.has_top_logprobs = true; one.top_logprobs = 0; break;
         case 15: one.has_spec = true; one.spec = RLAI_MSG_SPEC_DRAFT; break;
+        case 16: one.has_top_logprobs = true; one.top_logprobs = 1; one.prompt_logprobs = true; break;
         default: one.stop = stops + 2; one.n_stop = 1; break;
         }
         m.u.generate.gen = one;
@@ -681,6 +684,49 @@ START_TEST(test_token_logprobs_frame)
     ck_assert_uint_eq(a.len, b.len);
     ck_assert_mem_eq(a.data, b.data, a.len);
     rlai_buf_free(&a);
+    rlai_buf_free(&b);
+}
+END_TEST
+
+/* A prompt-logprobs frame (PROTOCOL.md 6.1): a token frame with no text
+ * and no ids for the C decoder; its "prompt_logprobs" entries as
+ * documented, the first (NaN: no distribution) with logprob nil, top []. */
+START_TEST(test_prompt_logprobs_frame)
+{
+    rlai_buf b;
+    rlai_buf_init(&b);
+    rlai_msg_logprob lp[2] = { { .token = 1, .logprob = NAN, .n_top = 2 },
+                               { .token = 42, .logprob = -1.5f, .n_top = 1 } };
+    lp[1].top_ids[0] = 7;
+    lp[1].top_logprobs[0] = -0.5f;
+    ck_assert_int_eq(rlai_proto_encode_prompt_logprobs(&b, 9, lp, 0), -RLAI_PE_BAD_REQUEST);
+    ck_assert_int_eq(rlai_proto_encode_prompt_logprobs(&b, 9, lp, 2), 0);
+    rlai_msg m;
+    ck_assert_int_eq(dec(b.data, b.len, &m, NULL, 0), 0);
+    ck_assert_int_eq(m.type, RLAI_MSG_TOKEN);
+    ck_assert_uint_eq(m.id, 9);
+    ck_assert_uint_eq(m.u.token.n_tokens, 0);
+    ck_assert_str_eq(m.u.token.text, "");
+    rlai_msg_free(&m);
+    msgpack_unpacked up;
+    msgpack_unpacked_init(&up);
+    ck_assert_int_eq(msgpack_unpack_next(&up, (const char *)b.data, b.len, NULL), MSGPACK_UNPACK_SUCCESS);
+    const msgpack_object_map *mp = &up.data.via.map;
+    const msgpack_object *plps = NULL;
+    for (uint32_t i = 0; i < mp->size; i++)
+        if (mp->ptr[i].key.via.str.size == 15 && !memcmp(mp->ptr[i].key.via.str.ptr, "prompt_logprobs", 15))
+            plps = &mp->ptr[i].val;
+    ck_assert_ptr_nonnull(plps);
+    ck_assert_uint_eq(plps->via.array.size, 2);
+    const msgpack_object_map *e0 = &plps->via.array.ptr[0].via.map, *e1 = &plps->via.array.ptr[1].via.map;
+    ck_assert_int_eq((int)e0->ptr[0].val.via.u64, 1);
+    ck_assert_int_eq(e0->ptr[1].val.type, MSGPACK_OBJECT_NIL);
+    ck_assert_uint_eq(e0->ptr[2].val.via.array.size, 0);
+    ck_assert_int_eq((int)e1->ptr[0].val.via.u64, 42);
+    ck_assert(fabs(e1->ptr[1].val.via.f64 + 1.5) < 1e-9);
+    ck_assert_uint_eq(e1->ptr[2].val.via.array.size, 1);
+    ck_assert_int_eq((int)e1->ptr[2].val.via.array.ptr[0].via.array.ptr[0].via.u64, 7);
+    msgpack_unpacked_destroy(&up);
     rlai_buf_free(&b);
 }
 END_TEST
@@ -1418,6 +1464,8 @@ GEN1(spec_max_draft_0, 167, "spec_max_draft", u(p, 0))
 GEN1(spec_max_draft_17, 168, "spec_max_draft", u(p, 17))
 GEN1(top_logprobs_21, 169, "top_logprobs", u(p, 21))
 GEN1(top_logprobs_negative, 170, "top_logprobs", i64(p, -1))
+GEN1(prompt_logprobs_without_top, 171, "prompt_logprobs", msgpack_pack_true(&p->pk))
+GEN1(prompt_logprobs_int, 172, "prompt_logprobs", u(p, 1))
 BC(stop_9) {
     head(p, 2, 54, "generate"); s(p, "prompt"); s(p, "x");
     s(p, "stop"); msgpack_pack_array(&p->pk, 9);
@@ -1603,6 +1651,8 @@ static const bad_case bad_cases[] = {
     C(spec_max_draft_17, R, 168, GENERATE),
     C(top_logprobs_21, R, 169, GENERATE),
     C(top_logprobs_negative, R, 170, GENERATE),
+    C(prompt_logprobs_without_top, R, 171, GENERATE),
+    C(prompt_logprobs_int, R, 172, GENERATE),
     C(stop_9, L, 54, GENERATE),
     C(stop_257_bytes, L, 55, GENERATE),
     C(chat_no_messages, R, 60, CHAT),
@@ -1722,6 +1772,7 @@ static Suite *proto_suite(void)
     tcase_add_test(tc, test_model_and_route_options);
     tcase_add_test(tc, test_convenience_encoders);
     tcase_add_test(tc, test_token_logprobs_frame);
+    tcase_add_test(tc, test_prompt_logprobs_frame);
     tcase_add_test(tc, test_token_text_logprobs_frame);
     tcase_add_test(tc, test_encoder_rejects);
     tcase_add_test(tc, test_accepted_variants);

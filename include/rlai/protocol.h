@@ -95,6 +95,8 @@ typedef struct rlai_msg_gen {
                                       (docs/STRUCTURED.md), or NULL; owned */
     char *model;                   /* "model": where it runs (docs/REMOTE.md), or NULL = local; owned */
     char *route;                   /* "route": auto|local|remote|UPSTREAM, or NULL = auto; owned */
+    bool prompt_logprobs;          /* "prompt_logprobs" (needs top_logprobs): the prompt tokens'
+                                      log-probabilities come first, in "prompt_logprobs" frames */
 } rlai_msg_gen;
 
 typedef struct rlai_msg_chat_message {
@@ -185,6 +187,13 @@ int rlai_proto_encode_token_lp(rlai_buf *out, uint64_t id, const char *text, siz
                                uint32_t n_tokens, const rlai_msg_logprob *lp, uint32_t n_lp);
 int rlai_proto_encode_token(rlai_buf *out, uint64_t id, const char *text, size_t len,
                             const int32_t *tokens, uint32_t n_tokens);
+/* A token frame with no text and no ids carrying the prompt tokens'
+ * log-probabilities of a request with "prompt_logprobs" (PROTOCOL.md 6.1):
+ * a "prompt_logprobs" array of n_lp (>= 1) entries {token, logprob, top}
+ * as in "logprobs"; an entry with a NaN logprob (the first prompt token:
+ * nothing precedes it) is sent with logprob nil and top []. lp borrowed.
+ * Returns 0 or a negative protocol code. */
+int rlai_proto_encode_prompt_logprobs(rlai_buf *out, uint64_t id, const rlai_msg_logprob *lp, uint32_t n_lp);
 /* A remote model's token frame: text, no ids ("tokens" is empty), and a
  * "logprobs" array of n_lp text entries {text, logprob, top: [[text,
  * logprob], ...], bytes?} (PROTOCOL.md 6.1; lp borrowed). Returns 0 or a

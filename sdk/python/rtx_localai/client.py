@@ -58,6 +58,8 @@ class Stream(Iterator[str]):
         self.command: str = command          #: the command, for calls
         self.tokens: List[int] = []          #: token ids received so far
         self.logprobs: List[Dict[str, Any]] = []  #: per-token logprobs so far (top_logprobs=N)
+        #: the prompt tokens' logprobs (prompt_logprobs=True), complete before the first text
+        self.prompt_logprobs: List[Dict[str, Any]] = []
         self.results: List[Any] = []         #: data of the result frames received so far
         self.stop: Optional[str] = None      #: done.stop once ended successfully
         self.metrics: Optional[Metrics] = None  #: done.metrics once ended (if sent)
@@ -101,6 +103,13 @@ class Stream(Iterator[str]):
                                 if isinstance(e.get("bytes"), bytes):
                                     ent["bytes"] = e["bytes"]
                             self.logprobs.append(ent)
+                plps = f.get("prompt_logprobs")
+                if isinstance(plps, list):
+                    for e in plps:
+                        if isinstance(e, dict):
+                            top = [tuple(p) for p in e.get("top", []) if isinstance(p, list) and len(p) == 2]
+                            self.prompt_logprobs.append({"token": e.get("token"), "logprob": e.get("logprob"),
+                                                         "top": top})
                 if isinstance(text, str) and text:
                     self._parts.append(text)
                     return text
@@ -141,7 +150,8 @@ class Stream(Iterator[str]):
             pass
         if self.kind in ("generate", "chat"):
             return Generation(id=self.id, text=self.text, stop=self.stop or "", metrics=self.metrics,
-                              tokens=list(self.tokens), logprobs=list(self.logprobs))
+                              tokens=list(self.tokens), logprobs=list(self.logprobs),
+                              prompt_logprobs=list(self.prompt_logprobs))
         return CallResult(id=self.id, command=self.command, results=list(self.results), text=self.text,
                           stop=self.stop or "", metrics=self.metrics)
 
@@ -410,7 +420,10 @@ class RTXLocalAIClient:
         ``"ngram"``, ``"draft"`` (the daemon's ``--draft-model``) or
         ``"auto"``: speculative decoding), ``spec_max_draft``
         (1..16), ``top_logprobs`` (0..20: per-token logprobs in
-        ``Stream.logprobs`` / ``Generation.logprobs``), ``stop`` (a str or up
+        ``Stream.logprobs`` / ``Generation.logprobs``), ``prompt_logprobs``
+        (bool, with ``top_logprobs``: the prompt tokens' logprobs too, in
+        ``prompt_logprobs``; the prompt is then not reused from the prefix
+        cache), ``stop`` (a str or up
         to 8 strs), ``model`` (a remote model of the daemon's upstreams,
         docs/REMOTE.md) and ``route`` (``"auto"``, ``"local"``, ``"remote"``
         or an upstream's name). An unknown option raises TypeError."""

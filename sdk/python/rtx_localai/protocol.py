@@ -55,6 +55,7 @@ GEN_OPTIONS: Tuple[Tuple[str, str], ...] = (
     ("stop", "strs"),
     ("model", "name"),
     ("route", "name"),
+    ("prompt_logprobs", "bool"),
 )
 SPEC_MODES = ("off", "ngram", "draft", "auto")
 _GEN_NAMES = frozenset(n for n, _ in GEN_OPTIONS)

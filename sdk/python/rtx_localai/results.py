@@ -64,6 +64,11 @@ class Generation:
     #: ``{"token": None, "text": str, "logprob": float, "top": [(text,
     #: logprob), ...], "bytes": b"..."}`` ("bytes" when the upstream sent them)
     logprobs: List[Dict[str, Any]] = field(default_factory=list)
+    #: with ``prompt_logprobs=True`` (and ``top_logprobs=N``): one dict per
+    #: PROMPT token, in order, as in ``logprobs``; the first has
+    #: ``"logprob": None`` and no ``top`` (nothing precedes it). Scoring a
+    #: text: ``sum(e["logprob"] for e in g.prompt_logprobs[1:])``
+    prompt_logprobs: List[Dict[str, Any]] = field(default_factory=list)
 
     @property
     def cancelled(self) -> bool:

@@ -369,6 +369,31 @@ def test_top_logprobs_per_token(client):
     assert plain.tokens == g.tokens and plain.logprobs == []
     with pytest.raises(ValueError):
         client.generate("x", top_logprobs=21)
+def test_prompt_logprobs(client):
+    """prompt_logprobs: one entry per prompt token (the first without a
+    distribution), in frames of their own before the text; a long prompt
+    spans several frames. Scoring prompt + greedy continuation gives back
+    the logprobs reported while generating it."""
+    prompt = "The capital of France is"
+    g = client.generate(prompt, max_tokens=2, temperature=0, ignore_eos=True, top_logprobs=2, prompt_logprobs=True)
+    ids = client.tokenize(prompt)
+    assert [e["token"] for e in g.prompt_logprobs] == ids
+    assert g.prompt_logprobs[0]["logprob"] is None and g.prompt_logprobs[0]["top"] == []
+    assert all(e["logprob"] <= 0 and len(e["top"]) == 2 for e in g.prompt_logprobs[1:])
+    plain = client.generate(prompt, max_tokens=2, temperature=0, ignore_eos=True, top_logprobs=0)
+    assert plain.tokens == g.tokens and plain.prompt_logprobs == []
+    sc = client.generate(prompt + g.text, max_tokens=1, temperature=0, top_logprobs=0, prompt_logprobs=True)
+    cont = sc.prompt_logprobs[len(ids):]
+    assert [e["token"] for e in cont] == g.tokens
+    assert all(abs(a["logprob"] - b["logprob"]) < 1e-4 for a, b in zip(cont, g.logprobs))
+    long_text = " ".join(["the lamp was lit at dusk and put out at dawn"] * 40)
+    lg = client.generate(long_text, max_tokens=1, temperature=0, top_logprobs=0, prompt_logprobs=True)
+    assert [e["token"] for e in lg.prompt_logprobs] == client.tokenize(long_text)
+    assert len(lg.prompt_logprobs) > 256
+    with pytest.raises(ValueError, match="top_logprobs"):
+        client.generate(prompt, prompt_logprobs=True)
+
+
 def test_response_format_json_schema(client):
     schema = {"type": "object", "properties": {"country": {"type": "string", "maxLength": 30},
                                                "capital": {"type": "string", "maxLength": 30}},
