@@ -792,16 +792,23 @@ static cJSON *first_choice(cJSON *j)
     return cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(j, "choices"), 0);
 }
 
-/* Takes the logprobs not yet sent (connection thread): a malloc'd copy in
- * *out (NULL when none), the count returned. */
-static int take_logprobs(hreq *r, rlai_token_logprobs **out)
+/* Takes the logprobs not yet sent (connection thread), or only the prompt
+ * tokens' among them (PROMPT_ONLY): a malloc'd copy in *out (NULL when
+ * none), the count returned. */
+static int take_logprobs(hreq *r, rlai_token_logprobs **out, bool prompt_only)
 {
     *out = NULL;
     pthread_mutex_lock(&r->mu);
     int n = r->n_lps - r->lp_sent;
+    if (prompt_only) {
+        int np = 0;
+        while (np < n && r->lps[r->lp_sent + np].prompt)
+            np++;
+        n = np;
+    }
     if (n > 0 && (*out = malloc(sizeof(**out) * (size_t)n)) != NULL) {
         memcpy(*out, r->lps + r->lp_sent, sizeof(**out) * (size_t)n);
-        r->lp_sent = r->n_lps;
+        r->lp_sent += n;
     } else {
         n = 0;
     }
@@ -843,7 +850,7 @@ static void attach_logprobs(hreq *r, cJSON *choice, bool always)
         return;
     }
     rlai_token_logprobs *lp;
-    int nl = take_logprobs(r, &lp);
+    int nl = take_logprobs(r, &lp, false);
     if (nl || always)
         put_logprobs(r, choice, lp, nl);
     free(lp);
@@ -860,18 +867,8 @@ static cJSON *echo_chunk(hreq *r, int index)
     if (index)
         cJSON_ReplaceItemInObjectCaseSensitive(first_choice(ch), "index", cJSON_CreateNumber(index));
     if (r->lp_mode) {
-        rlai_token_logprobs *lp = NULL;
-        pthread_mutex_lock(&r->mu);
-        int n = 0;
-        while (r->lp_sent + n < r->n_lps && r->lps[r->lp_sent + n].prompt)
-            n++;
-        if (n > 0 && (lp = malloc(sizeof(*lp) * (size_t)n)) != NULL) {
-            memcpy(lp, r->lps + r->lp_sent, sizeof(*lp) * (size_t)n);
-            r->lp_sent += n;
-        } else {
-            n = 0;
-        }
-        pthread_mutex_unlock(&r->mu);
+        rlai_token_logprobs *lp;
+        int n = take_logprobs(r, &lp, true);
         put_logprobs(r, first_choice(ch), lp, n);
         free(lp);
     }
