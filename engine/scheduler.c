@@ -676,6 +676,8 @@ static void plp_emit(rlai_engine *e, rlai_req *r, const float *logits, int n_voc
         lp.prompt = true;
         r->gp.on_logprobs(r->gp.logprobs_user, &lp);
     }
+    if (r->plp_n == 0)
+        return;   /* a decode step */
     plp_job j = { r, logits, n_vocab, r->plp_buf };
     rlai_threadpool_run(r->plp_n > 1 ? e->tp : NULL, plp_rows_run, &j);
     for (int i = 0; i < r->plp_n; i++)
