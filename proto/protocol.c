@@ -1211,6 +1211,29 @@ static double lp_or_floor(double v)
     return isfinite(v) ? v : -9999.0;
 }
 
+/* One logprobs entry {token, logprob, top: [[id, logprob], ...]}; a NaN
+ * logprob (no distribution: a prompt's first token) is nil with no top. */
+static void p_lp_entry(enc *e, const rlai_msg_logprob *lp)
+{
+    bool none = isnan(lp->logprob);
+    msgpack_pack_map(&e->pk, 3);
+    p_key(e, "token");
+    msgpack_pack_int32(&e->pk, lp->token);
+    p_key(e, "logprob");
+    if (none)
+        msgpack_pack_nil(&e->pk);
+    else
+        msgpack_pack_double(&e->pk, lp_or_floor(lp->logprob));
+    p_key(e, "top");
+    uint32_t nt = none ? 0 : lp->n_top < RLAI_PROTO_MAX_TOP_LOGPROBS ? lp->n_top : RLAI_PROTO_MAX_TOP_LOGPROBS;
+    msgpack_pack_array(&e->pk, nt);
+    for (uint32_t k = 0; k < nt; k++) {
+        msgpack_pack_array(&e->pk, 2);
+        msgpack_pack_int32(&e->pk, lp->top_ids[k]);
+        msgpack_pack_double(&e->pk, lp_or_floor(lp->top_logprobs[k]));
+    }
+}
+
 static void p_token(enc *e, uint32_t version, uint64_t id, const char *text, size_t len,
                     const int32_t *tokens, uint32_t n, const rlai_msg_logprob *lp, uint32_t n_lp)
 {
@@ -1224,21 +1247,8 @@ static void p_token(enc *e, uint32_t version, uint64_t id, const char *text, siz
     /* logprobs: one map per token, {token, logprob, top: [[id, logprob], ...]} */
     p_key(e, "logprobs");
     msgpack_pack_array(&e->pk, n_lp);
-    for (uint32_t i = 0; i < n_lp; i++) {
-        msgpack_pack_map(&e->pk, 3);
-        p_key(e, "token");
-        msgpack_pack_int32(&e->pk, lp[i].token);
-        p_key(e, "logprob");
-        msgpack_pack_double(&e->pk, lp_or_floor(lp[i].logprob));
-        p_key(e, "top");
-        uint32_t nt = lp[i].n_top < RLAI_PROTO_MAX_TOP_LOGPROBS ? lp[i].n_top : RLAI_PROTO_MAX_TOP_LOGPROBS;
-        msgpack_pack_array(&e->pk, nt);
-        for (uint32_t k = 0; k < nt; k++) {
-            msgpack_pack_array(&e->pk, 2);
-            msgpack_pack_int32(&e->pk, lp[i].top_ids[k]);
-            msgpack_pack_double(&e->pk, lp_or_floor(lp[i].top_logprobs[k]));
-        }
-    }
+    for (uint32_t i = 0; i < n_lp; i++)
+        p_lp_entry(e, &lp[i]);
 }
 
 /* A str with each byte that does not start a valid UTF-8 sequence (or is
@@ -1472,28 +1482,10 @@ int rlai_proto_encode_prompt_logprobs(rlai_buf *out, uint64_t id, const rlai_msg
     p_str(&e, "", 0);
     p_key(&e, "tokens");
     msgpack_pack_array(&e.pk, 0);
-    /* {token, logprob, top} as in "logprobs"; no distribution: nil, [] */
     p_key(&e, "prompt_logprobs");
     msgpack_pack_array(&e.pk, n_lp);
-    for (uint32_t i = 0; i < n_lp; i++) {
-        msgpack_pack_map(&e.pk, 3);
-        p_key(&e, "token");
-        msgpack_pack_int32(&e.pk, lp[i].token);
-        p_key(&e, "logprob");
-        if (isnan(lp[i].logprob))
-            msgpack_pack_nil(&e.pk);
-        else
-            msgpack_pack_double(&e.pk, lp_or_floor(lp[i].logprob));
-        p_key(&e, "top");
-        uint32_t nt = isnan(lp[i].logprob) ? 0
-                    : lp[i].n_top < RLAI_PROTO_MAX_TOP_LOGPROBS ? lp[i].n_top : RLAI_PROTO_MAX_TOP_LOGPROBS;
-        msgpack_pack_array(&e.pk, nt);
-        for (uint32_t k = 0; k < nt; k++) {
-            msgpack_pack_array(&e.pk, 2);
-            msgpack_pack_int32(&e.pk, lp[i].top_ids[k]);
-            msgpack_pack_double(&e.pk, lp_or_floor(lp[i].top_logprobs[k]));
-        }
-    }
+    for (uint32_t i = 0; i < n_lp; i++)
+        p_lp_entry(&e, &lp[i]);
     return enc_end(&e);
 }
 
