@@ -688,6 +688,23 @@ START_TEST(test_token_logprobs_frame)
 }
 END_TEST
 
+/* The map value of key k in a msgpack map, or NULL. */
+static const msgpack_object *map_get(const msgpack_object *o, const char *k)
+{
+    size_t n = strlen(k);
+    for (uint32_t i = 0; o->type == MSGPACK_OBJECT_MAP && i < o->via.map.size; i++) {
+        const msgpack_object *key = &o->via.map.ptr[i].key;
+        if (key->type == MSGPACK_OBJECT_STR && key->via.str.size == n && !memcmp(key->via.str.ptr, k, n))
+            return &o->via.map.ptr[i].val;
+    }
+    return NULL;
+}
+
+static bool str_is(const msgpack_object *o, const char *s, size_t n)
+{
+    return o && o->type == MSGPACK_OBJECT_STR && o->via.str.size == n && !memcmp(o->via.str.ptr, s, n);
+}
+
 /* A prompt-logprobs frame (PROTOCOL.md 6.1): a token frame with no text
  * and no ids for the C decoder; its "prompt_logprobs" entries as
  * documented, the first (NaN: no distribution) with logprob nil, top []. */
@@ -711,11 +728,7 @@ START_TEST(test_prompt_logprobs_frame)
     msgpack_unpacked up;
     msgpack_unpacked_init(&up);
     ck_assert_int_eq(msgpack_unpack_next(&up, (const char *)b.data, b.len, NULL), MSGPACK_UNPACK_SUCCESS);
-    const msgpack_object_map *mp = &up.data.via.map;
-    const msgpack_object *plps = NULL;
-    for (uint32_t i = 0; i < mp->size; i++)
-        if (mp->ptr[i].key.via.str.size == 15 && !memcmp(mp->ptr[i].key.via.str.ptr, "prompt_logprobs", 15))
-            plps = &mp->ptr[i].val;
+    const msgpack_object *plps = map_get(&up.data, "prompt_logprobs");
     ck_assert_ptr_nonnull(plps);
     ck_assert_uint_eq(plps->via.array.size, 2);
     const msgpack_object_map *e0 = &plps->via.array.ptr[0].via.map, *e1 = &plps->via.array.ptr[1].via.map;
@@ -730,23 +743,6 @@ START_TEST(test_prompt_logprobs_frame)
     rlai_buf_free(&b);
 }
 END_TEST
-
-/* The map value of key k in a msgpack map, or NULL. */
-static const msgpack_object *map_get(const msgpack_object *o, const char *k)
-{
-    size_t n = strlen(k);
-    for (uint32_t i = 0; o->type == MSGPACK_OBJECT_MAP && i < o->via.map.size; i++) {
-        const msgpack_object *key = &o->via.map.ptr[i].key;
-        if (key->type == MSGPACK_OBJECT_STR && key->via.str.size == n && !memcmp(key->via.str.ptr, k, n))
-            return &o->via.map.ptr[i].val;
-    }
-    return NULL;
-}
-
-static bool str_is(const msgpack_object *o, const char *s, size_t n)
-{
-    return o && o->type == MSGPACK_OBJECT_STR && o->via.str.size == n && !memcmp(o->via.str.ptr, s, n);
-}
 
 /* A remote model's token frame (6.1): no ids, text entries; invalid UTF-8
  * in an entry's text becomes U+FFFD, bytes go as bin, and the C decoder
