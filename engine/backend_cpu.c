@@ -291,6 +291,26 @@ typedef struct attn_task {
     int next;                 /* next unit to take (atomic) */
 } attn_task;
 
+/* max(mx, x[0..n)). Eight independent running maxima instead of one
+ * chain of dependent compares (a score row is up to max_ctx long); the
+ * value is the sequential loop's, up to the sign of a zero maximum, which
+ * no later use can tell apart (s - mx and exp(s - mx) are the same). */
+static float max_of(const float *x, int n, float mx)
+{
+    float m[8];
+    for (int l = 0; l < 8; l++)
+        m[l] = mx;
+    int j = 0;
+    for (; j + 8 <= n; j += 8)
+        for (int l = 0; l < 8; l++)
+            m[l] = x[j + l] > m[l] ? x[j + l] : m[l];
+    for (; j < n; j++)
+        m[0] = x[j] > m[0] ? x[j] : m[0];
+    for (int l = 1; l < 8; l++)
+        m[0] = m[l] > m[0] ? m[l] : m[0];
+    return m[0];
+}
+
 /* One query (row i, head h) over its sequence, any cache type: sc is
  * max_ctx floats of scratch. */
 static void attn_one(const attn_task *t, int i, int h, float *sc)
@@ -313,8 +333,7 @@ static void attn_one(const attn_task *t, int i, int h, float *sc)
             int m = n - j0 < RLAI_KV_BLOCK ? n - j0 : RLAI_KV_BLOCK;
             const uint16_t *kr = (const uint16_t *)page_row(kv->k, kv, table, j0) + (size_t)kvh * D;
             rlai_attn_dot_f16(c->k, m, D, kr, stride, q, scale, sc + j0);
-            for (int j = 0; j < m; j++)
-                mx = sc[j0 + j] > mx ? sc[j0 + j] : mx;
+            mx = max_of(sc + j0, m, mx);
         }
         float inv = 1.0f / rlai_vec_exp_sum(c->k, n, sc, mx);
         for (int j = 0; j < n; j++)
@@ -421,10 +440,9 @@ static void attn_unit_f16(const attn_task *t, const attn_unit *u, int ith)
         rlai_attn_dot_f16_multi(c->k, m, D, kr, stride, na, ps, scale, dst);
     }
     for (int qi = 0; qi < nq; qi++) {
-        float *s = sc[qi], mx = -INFINITY;
+        float *s = sc[qi];
         int n = lim[qi];
-        for (int j = 0; j < n; j++)
-            mx = s[j] > mx ? s[j] : mx;
+        float mx = max_of(s, n, -INFINITY);
         float inv = 1.0f / rlai_vec_exp_sum(c->k, n, s, mx);
         for (int j = 0; j < n; j++)
             s[j] *= inv;

@@ -1043,15 +1043,13 @@ void rlai__attn_dot_f16_avx2(int n, int d, const uint16_t *k, size_t stride, con
     }
 }
 
-void rlai__attn_mad_f16_avx2(int n, int d, const uint16_t *v, size_t stride, const float *p, float *y)
+/* y[0..8nv) += sum_j p[j] * v row j, y kept in registers across all rows
+ * (nv <= 16 ymm). Inlined with a constant nv where the caller knows it, so
+ * the inner loop is nv FMAs with no trip-count tests; the arithmetic is the
+ * same for every nv path. */
+AI void mad_f16_rows(const int nv, int n, const uint16_t *v, size_t stride, const float *p, float *y)
 {
-    if (d % 8 != 0 || d > 128) {
-        rlai__attn_mad_f16_scalar(n, d, v, stride, p, y);
-        return;
-    }
-    /* Keep y in registers across all rows (d <= 128: at most 16 ymm). */
     __m256 acc[16];
-    int nv = d / 8;
     for (int c = 0; c < nv; c++)
         acc[c] = _mm256_loadu_ps(y + 8 * c);
     for (int j = 0; j < n; j++) {
@@ -1062,6 +1060,18 @@ void rlai__attn_mad_f16_avx2(int n, int d, const uint16_t *v, size_t stride, con
     }
     for (int c = 0; c < nv; c++)
         _mm256_storeu_ps(y + 8 * c, acc[c]);
+}
+
+void rlai__attn_mad_f16_avx2(int n, int d, const uint16_t *v, size_t stride, const float *p, float *y)
+{
+    if (d % 8 != 0 || d > 128) {
+        rlai__attn_mad_f16_scalar(n, d, v, stride, p, y);
+        return;
+    }
+    if (d == 64)
+        mad_f16_rows(8, n, v, stride, p, y);   /* the usual head size: a constant trip count */
+    else
+        mad_f16_rows(d / 8, n, v, stride, p, y);
 }
 
 /* exp(x) for x <= 0 (softmax inputs): x = k*ln2 + r, |r| <= ln2/2,
@@ -1198,6 +1208,23 @@ void rlai__attn_dot_f16_multi_avx2(int m, int d, const uint16_t *k, size_t strid
     }
 }
 
+/* mad_f16_rows over rows already converted to f32 (8nv floats each,
+ * aligned): the same FMAs on the same values. */
+AI void mad_f32_rows(const int nv, int n, const float *vf, const float *p, float *y)
+{
+    __m256 acc[16];
+    for (int c = 0; c < nv; c++)
+        acc[c] = _mm256_loadu_ps(y + 8 * c);
+    for (int j = 0; j < n; j++) {
+        __m256 pj = _mm256_set1_ps(p[j]);
+        const float *r = vf + (size_t)j * 8 * nv;
+        for (int c = 0; c < nv; c++)
+            acc[c] = _mm256_fmadd_ps(pj, _mm256_load_ps(r + 8 * c), acc[c]);
+    }
+    for (int c = 0; c < nv; c++)
+        _mm256_storeu_ps(y + 8 * c, acc[c]);
+}
+
 void rlai__attn_mad_f16_multi_avx2(int m, int d, const uint16_t *v, size_t stride, int nq, const int *mq,
                                    const float *const *p, float *const *y)
 {
@@ -1216,18 +1243,10 @@ void rlai__attn_mad_f16_multi_avx2(int m, int d, const uint16_t *v, size_t strid
             n = n < mb ? n : mb;
             if (n <= 0)
                 continue;
-            __m256 acc[16];
-            for (int c = 0; c < nv; c++)
-                acc[c] = _mm256_loadu_ps(y[qi] + 8 * c);
-            const float *pq = p[qi] + j0;
-            for (int j = 0; j < n; j++) {
-                __m256 pj = _mm256_set1_ps(pq[j]);
-                const float *r = vf + (size_t)j * d;
-                for (int c = 0; c < nv; c++)
-                    acc[c] = _mm256_fmadd_ps(pj, _mm256_load_ps(r + 8 * c), acc[c]);
-            }
-            for (int c = 0; c < nv; c++)
-                _mm256_storeu_ps(y[qi] + 8 * c, acc[c]);
+            if (nv == 8)
+                mad_f32_rows(8, n, vf, p[qi] + j0, y[qi]);   /* d = 64: constant trip count */
+            else
+                mad_f32_rows(nv, n, vf, p[qi] + j0, y[qi]);
         }
     }
 }

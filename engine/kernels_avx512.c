@@ -423,15 +423,14 @@ void rlai__attn_dot_f16_avx512(int n, int d, const uint16_t *k, size_t stride, c
 
 /* y[e] = fma(p_j, row_j[e], y[e]) for j in order: element-wise, so any
  * width gives the AVX2 helper's results. */
-void rlai__attn_mad_f16_avx512(int n, int d, const uint16_t *v, size_t stride, const float *p, float *y)
+/* y += sum_j p[j] * v row j for d = 16 nv (+ 8 when half), y kept in
+ * registers. Inlined with constant nv / half where the caller knows them,
+ * so the inner loop has no trip-count tests; the arithmetic is the same on
+ * every path. */
+AI void mad_f16_rows16(const int nv, const bool half, int n, const uint16_t *v, size_t stride, const float *p,
+                       float *y)
 {
-    if (d % 8 != 0 || d > 256) {
-        rlai__attn_mad_f16_avx2(n, d, v, stride, p, y);
-        return;
-    }
     __m512 acc[16];
-    const int nv = d / 16;
-    const bool half = d % 16 != 0;
     __m256 acc8 = half ? _mm256_loadu_ps(y + 16 * nv) : _mm256_setzero_ps();
     for (int c = 0; c < nv; c++)
         acc[c] = _mm512_loadu_ps(y + 16 * c);
@@ -449,4 +448,16 @@ void rlai__attn_mad_f16_avx512(int n, int d, const uint16_t *v, size_t stride, c
         _mm512_storeu_ps(y + 16 * c, acc[c]);
     if (half)
         _mm256_storeu_ps(y + 16 * nv, acc8);
+}
+
+void rlai__attn_mad_f16_avx512(int n, int d, const uint16_t *v, size_t stride, const float *p, float *y)
+{
+    if (d % 8 != 0 || d > 256) {
+        rlai__attn_mad_f16_avx2(n, d, v, stride, p, y);
+        return;
+    }
+    if (d == 64)
+        mad_f16_rows16(4, false, n, v, stride, p, y);   /* the usual head size */
+    else
+        mad_f16_rows16(d / 16, d % 16 != 0, n, v, stride, p, y);
 }
