@@ -23,11 +23,12 @@
  *    are 8 vpdpbusd (u8 weight plane x the token's activation dword,
  *    broadcast from memory), with no horizontal reduction; for Q8_0 the
  *    +128 bias is removed exactly by starting the sum at -128 * sum(q_x)
- *    (rlai_act.qsum, built by kernels.c for this level). Up to MM_NT
- *    tokens (decode, batched decode) use the fields straight from
- *    registers (fused_group); more tokens (prefill) store the planes once
- *    per 16-row group and rerun them from L1/L2 for every MM_NT tokens
- *    (pack_group + compute_group).
+ *    (rlai_act.qsum, built by kernels.c for this level). Up to 2 * MM_NT
+ *    tokens (decode, batched decode, verification) use the fields
+ *    straight from registers, redone for each MM_NT tokens (fused_tokens);
+ *    more tokens (prefill) store the planes once per 16-row group and
+ *    rerun them from L1/L2 for every MM_NT tokens (pack_group +
+ *    compute_group).
  *  - floats: each lane then takes the canonical per-output sequence of
  *    kernels_avx2.c,
  *        acc = fma((float)isum, d_w * d_x, acc); acc = fma(m_w, s_x, acc)
@@ -265,11 +266,15 @@ AI void compute_group(const rlai_mm_job *j, bool q8, const packed *p, int64_t r,
         _mm512_mask_storeu_ps(j->y + (size_t)(t + i) * (size_t)j->ldy + (size_t)r, mask, acc[i]);
 }
 
-/* Up to MM_NT tokens (decode and batched decode): pass 2 feeds the dot
- * products directly instead of storing the planes; the same operations
- * as compute_group (bit-identical to it). */
-AI void fused_group(const rlai_mm_job *j, uint32_t type, const packed *p, int64_t r, int nr,
-                    int t, const int NT)
+/* Up to 2 * MM_NT tokens (decode, batched decode, speculative
+ * verification): pass 1 stages the group once, then for every MM_NT
+ * tokens pass 2 feeds the dot products directly from the raw planes
+ * instead of storing the fields; the same operations as compute_group
+ * (bit-identical to it). Redoing the fields for a second chunk of tokens
+ * costs less than storing and reloading them (bench_kernels, 9-16
+ * tokens), which is what a draft of 8 plus the pending token needs. */
+AI void fused_tokens(const rlai_mm_job *j, uint32_t type, const packed *p, int64_t r, int nr,
+                     int t, const int NT)
 {
     const bool q8 = type == RLAI_DT_Q8_0;
     const rlai_act *a = j->act;
@@ -277,7 +282,6 @@ AI void fused_group(const rlai_mm_job *j, uint32_t type, const packed *p, int64_
     const uint8_t *xq = (const uint8_t *)(a->q + (size_t)t * (size_t)cols);
     const float *ds = a->ds + (size_t)t * (size_t)nb * 2;
     const int32_t *qs = q8 ? a->qsum + (size_t)t * (size_t)nb : NULL;
-    stage_group(j, r, nr, p);
     __m512 acc[MM_NT];
 #pragma GCC unroll 8
     for (int i = 0; i < NT; i++)
@@ -313,7 +317,7 @@ AI void fused_group(const rlai_mm_job *j, uint32_t type, const packed *p, int64_
 
 #define FUSED_CASE(n)                                     \
     case n:                                               \
-        fused_group(j, type, &p, r, nr, t0, n);           \
+        fused_tokens(j, type, &p, r, nr, t, n);           \
         break
 #define COMPUTE_CASE(n)                                   \
     case n:                                               \
@@ -326,17 +330,20 @@ AI void mm_q(const rlai_mm_job *j, uint32_t type, int64_t r0, int64_t r1, int t0
     packed p = packed_of(scratch, j->nb);
     for (int64_t r = r0; r < r1; r += MM_ROWS) {
         int nr = (int)(r1 - r < MM_ROWS ? r1 - r : MM_ROWS);
-        if (t1 - t0 <= MM_NT) {
-            switch (t1 - t0) {
-            FUSED_CASE(1);
-            FUSED_CASE(2);
-            FUSED_CASE(3);
-            FUSED_CASE(4);
-            FUSED_CASE(5);
-            FUSED_CASE(6);
-            FUSED_CASE(7);
-            FUSED_CASE(8);
-            default: break;
+        if (t1 - t0 <= 2 * MM_NT) {
+            stage_group(j, r, nr, &p);
+            for (int t = t0; t < t1; t += MM_NT) {
+                switch (t1 - t < MM_NT ? t1 - t : MM_NT) {
+                FUSED_CASE(1);
+                FUSED_CASE(2);
+                FUSED_CASE(3);
+                FUSED_CASE(4);
+                FUSED_CASE(5);
+                FUSED_CASE(6);
+                FUSED_CASE(7);
+                FUSED_CASE(8);
+                default: break;
+                }
             }
             continue;
         }
