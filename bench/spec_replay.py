@@ -15,9 +15,11 @@ tokens over the cost of the steps) and tokens per step of:
 
   engine   the engine's drafter (engine/spec.c): longest suffix match up to
            8 tokens, none for a 1-token match, 1 token for an ambiguous
-           2-token match, with the adaptive draft length and the pausing
-           of rlai_spec_state (cost from --row-cost)
-  3-1      the drafter before 2026-12-04: longest of 3, 2, 1 tokens, same
+           2-token match, at most the match's length unless it continues
+           the passage the last accepted draft was copied from, with the
+           adaptive draft length and the pausing of rlai_spec_state (cost
+           from --row-cost)
+  uncapped the drafter before 2026-12-06 (no cap by match length), same
            adaptive length and pausing
   len-oracle  the engine's choice of match, told the accepted length in
            advance (drafts exactly what will be accepted, nothing else)
@@ -46,8 +48,12 @@ def load(path):
     return cases
 
 
-def draft_engine(t, g):
-    """engine/spec.c rlai_spec_ngram_draft (NGRAM_MAX 8, NGRAM_MIN 2)."""
+NEAR_BEFORE, NEAR_AFTER = 8, 32   # RLAI_SPEC_NEAR_BEFORE / _AFTER
+
+
+def draft_engine(t, g, near=-1, cap=True):
+    """engine/spec.c rlai_spec_ngram_draft (NGRAM_MAX 8, NGRAM_MIN 2):
+    returns (draft, index of its first token in t)."""
     n = len(t)
     last, best, bi, amb = t[-1], 0, -1, False
     for i in range(n - 2, max(n - 8192, 0) - 1, -1):
@@ -61,24 +67,15 @@ def draft_engine(t, g):
         elif L == best and t[i + 1] != t[bi + 1]:
             amb = True
     if best < 2:
-        return []
-    k = min(n - bi - 1, g)
+        return [], -1
+    frm = bi + 1
+    k = min(n - frm, g)
+    copying = near >= 0 and near - NEAR_BEFORE <= frm <= near + NEAR_AFTER
+    if cap and not copying:
+        k = min(k, best)
     if best == 2 and amb:
         k = min(k, 1)
-    return t[bi + 1:bi + 1 + k]
-
-
-def draft_3to1(t, g):
-    """The drafter before 2026-12-04: suffixes of 3, 2, 1 tokens."""
-    n = len(t)
-    for gg in (3, 2, 1):
-        if gg >= n:
-            continue
-        suf = t[n - gg:]
-        for i in range(n - gg - 1, -1, -1):
-            if t[i:i + gg] == suf:
-                return t[i + gg:i + gg + g]
-    return []
+    return t[frm:frm + k], frm
 
 
 class State:
@@ -87,6 +84,7 @@ class State:
     def __init__(self, max_draft):
         self.max_draft, self.gamma = max_draft, min(4, max_draft)
         self.backoff, self.gain, self.pause, self.misses = 4, 1.25, 0, 0
+        self.near = -1
 
     def next_gamma(self):
         if self.pause > 0:
@@ -145,15 +143,23 @@ def replay(prompt, out, row_cost, drafter):
     return n / cost, n / steps
 
 
-def adaptive(fn):
+def adaptive(cap):
+    """The engine's drafter with rlai_spec_state, and the copy position
+    (rlai_spec_near_after) kept across steps."""
     def run(toks, out, i, st):
         g = st.next_gamma()
-        return (fn(toks, g) if g > 0 else []), lambda a, k: k
+        if g <= 0:
+            return [], lambda a, k: k
+        d, frm = draft_engine(toks, g, st.near, cap)
+        a = accepted_len(d, out, i)
+        if a > 0:
+            st.near = frm + a + 1
+        return d, lambda a, k: k
     return run
 
 
 def len_oracle(toks, out, i, st):
-    return draft_engine(toks, HARD_CAP), lambda a, k: a
+    return draft_engine(toks, HARD_CAP, cap=False)[0], lambda a, k: a
 
 
 def oracle(toks, out, i, st):
@@ -174,7 +180,7 @@ def main():
     ap.add_argument('--row-cost', type=float, default=0.33)
     args = ap.parse_args()
     cases = load(args.ids)
-    drafters = [('engine', adaptive(draft_engine)), ('3-1', adaptive(draft_3to1)),
+    drafters = [('engine', adaptive(True)), ('uncapped', adaptive(False)),
                 ('len-oracle', len_oracle), ('oracle', oracle)]
     print(f"replayed speedup (tokens per step), row cost {args.row_cost}")
     print(f"{'case':6s}" + ''.join(f"{d:>18s}" for d, _ in drafters))

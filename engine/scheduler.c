@@ -159,6 +159,8 @@ int rlai_engine_submit(rlai_engine *e, const rlai_request_params *rp, uint64_t *
         rlai_spec_state_init(&r->spec, on ? md : 0);
         rlai_spec_state_init(&r->lspec, on && r->use_draft && e->params.spec_lookup_min > 0 ? md : 0);
     }
+    r->lookup_near = -1;
+    r->draft_from = -1;
     int max_new = r->gp.max_tokens > 0 ? r->gp.max_tokens : e->n_ctx;
     long total = (long)rp->n_prompt + max_new;
     r->total = total > e->n_ctx ? e->n_ctx : (int)total;
@@ -546,7 +548,8 @@ static void step_draft(rlai_engine *e, rlai_req *r)
     if (r->use_draft && r->lspec.max_draft > 0) {
         int32_t cand[RLAI_SPEC_MAX_DRAFT];
         int L = 0;
-        int nc = rlai_spec_ngram_draft(r->toks, r->n_toks, RLAI_SPEC_MAX_DRAFT, cand, &L);
+        int from = -1;
+        int nc = rlai_spec_ngram_draft(r->toks, r->n_toks, RLAI_SPEC_MAX_DRAFT, r->lookup_near, cand, &L, &from);
         if (nc > 0 && L >= e->params.spec_lookup_min) {
             int g = rlai_spec_next_gamma(&r->lspec);
             if (g > room)
@@ -555,6 +558,7 @@ static void step_draft(rlai_engine *e, rlai_req *r)
                 r->n_draft = nc < g ? nc : g;
                 memcpy(r->draft, cand, sizeof(int32_t) * (size_t)r->n_draft);
                 r->draft_lookup = true;
+                r->draft_from = from;
                 return;
             }
         }
@@ -565,7 +569,7 @@ static void step_draft(rlai_engine *e, rlai_req *r)
     if (g <= 0)
         return;
     if (!r->use_draft) {
-        r->n_draft = rlai_spec_ngram_draft(r->toks, r->n_toks, g, r->draft, NULL);
+        r->n_draft = rlai_spec_ngram_draft(r->toks, r->n_toks, g, r->lookup_near, r->draft, NULL, &r->draft_from);
         return;
     }
     double t0 = rlai_clock_ms();
@@ -612,6 +616,8 @@ static int req_verify(rlai_engine *e, rlai_req *r, int32_t tok, float *logits, s
         rlai_spec_feedback(r->draft_lookup ? &r->lspec : &r->spec, nd, acc, cost);
         r->mt.drafted_tokens += nd;
         r->mt.accepted_tokens += acc;
+        if (r->draft_lookup || !r->use_draft)
+            r->lookup_near = rlai_spec_near_after(r->lookup_near, r->draft_from, acc);
         if (r->draft_lookup)
             r->mt.lookup_tokens += nd;
         else if (r->use_draft && rlai_spec_gave_up(&r->spec))

@@ -32,16 +32,30 @@
 #define RLAI_SPEC_SEARCH_WINDOW 8192 /* tokens searched back from the end */
 #define RLAI_SPEC_LOOKUP_MIN 4     /* with a draft model: prompt lookup from this match length */
 
+#define RLAI_SPEC_NEAR_BEFORE 8     /* a match continues the copy from this far before... */
+#define RLAI_SPEC_NEAR_AFTER 32     /* ...to this far after where it left off */
 /* Writes up to max_draft (<= RLAI_SPEC_MAX_DRAFT) tokens into out that
  * followed the most recent earlier occurrence of the longest suffix of
  * toks[0..n) (at most NGRAM_MAX tokens compared). Returns the count: 0
  * when the longest match is shorter than NGRAM_MIN tokens; at most 1 when
  * it is exactly NGRAM_MIN tokens and its occurrences are followed by
- * different tokens. toks and out are caller-owned; *ngram_out (may be
- * NULL) receives the length of the matched suffix (0 when nothing is
- * drafted). Searches the last RLAI_SPEC_SEARCH_WINDOW tokens, one pass.
- * Pure function. */
-int rlai_spec_ngram_draft(const int32_t *toks, int n, int max_draft, int32_t *out, int *ngram_out);
+ * different tokens; at most the match's length unless its continuation
+ * starts within [near - RLAI_SPEC_NEAR_BEFORE, near + RLAI_SPEC_NEAR_AFTER]
+ * (near: the index in toks where the sequence's last accepted lookup
+ * draft's source continues, see rlai_spec_near_after; -1 = none).
+ * toks and out are caller-owned; *ngram_out (may be NULL) receives the
+ * length of the matched suffix (0 when nothing is drafted), *from_out (may
+ * be NULL) the index in toks of the first drafted token (-1 when nothing).
+ * Searches the last RLAI_SPEC_SEARCH_WINDOW tokens, one pass. Pure
+ * function. */
+int rlai_spec_ngram_draft(const int32_t *toks, int n, int max_draft, int near, int32_t *out, int *ngram_out,
+                          int *from_out);
+
+/* Where the copy goes on after a lookup draft taken from toks[from..]
+ * had `accepted` tokens accepted: the source index past the accepted
+ * tokens and the token the model emitted instead of (or after) them.
+ * Returns `near` unchanged when nothing was accepted. */
+int rlai_spec_near_after(int near, int from, int accepted);
 
 /* Per-sequence adaptive state (plain value, zero-initialise then
  * rlai_spec_state_init). */

@@ -25,59 +25,78 @@ START_TEST(ngram_prefers_longest_suffix_and_most_recent_match)
     int g = -1;
     /* suffix "1 2 3" occurred at 0: the draft is what followed it */
     const int32_t a[] = { 1, 2, 3, 4, 5, 6, 9, 1, 2, 3 };
-    int n = rlai_spec_ngram_draft(a, 10, 4, out, &g);
-    ck_assert_int_eq(n, 4);
+    int from = -2;
+    int n = rlai_spec_ngram_draft(a, 10, 4, -1, out, &g, &from);
     ck_assert_int_eq(g, 3);
-    ck_assert(out[0] == 4 && out[1] == 5 && out[2] == 6 && out[3] == 9);
+    ck_assert_int_eq(from, 3);
+    /* no copy in progress: a 3-token match drafts at most 3 tokens */
+    ck_assert_int_eq(n, 3);
+    ck_assert(out[0] == 4 && out[1] == 5 && out[2] == 6);
+    /* continuing the passage an accepted lookup came from (near = the
+     * index where that copy goes on): up to max_draft */
+    for (int near = 0; near <= 3 + RLAI_SPEC_NEAR_BEFORE; near++) {   /* from 3 - NEAR_AFTER < 0 */
+        n = rlai_spec_ngram_draft(a, 10, 4, near, out, &g, NULL);
+        ck_assert_int_eq(n, 4);
+        ck_assert(out[0] == 4 && out[1] == 5 && out[2] == 6 && out[3] == 9);
+    }
+    /* a copy left off elsewhere does not count */
+    ck_assert_int_eq(rlai_spec_ngram_draft(a, 10, 4, 3 + RLAI_SPEC_NEAR_BEFORE + 1, out, &g, NULL), 3);
+    /* where the copy goes on: past the accepted tokens and the one the
+     * model wrote after them; unchanged when nothing was accepted */
+    ck_assert_int_eq(rlai_spec_near_after(-1, 3, 2), 6);
+    ck_assert_int_eq(rlai_spec_near_after(17, 3, 0), 17);
+    ck_assert_int_eq(rlai_spec_near_after(17, -1, 2), 17);
     /* the 3-token suffix beats a more recent 1-token match */
     const int32_t b[] = { 7, 8, 9, 50, 9, 60, 7, 8, 9 };
-    n = rlai_spec_ngram_draft(b, 9, 2, out, &g);
+    n = rlai_spec_ngram_draft(b, 9, 2, -1, out, &g, NULL);
     ck_assert_int_eq(g, 3);
     ck_assert_int_eq(n, 2);
     ck_assert(out[0] == 50 && out[1] == 9);
     /* of two 2-token matches the most recent one wins; they are followed
      * by different tokens (10, 20), so only one token is drafted */
     const int32_t c[] = { 4, 5, 10, 1, 4, 5, 20, 2, 4, 5 };
-    n = rlai_spec_ngram_draft(c, 10, 4, out, &g);
+    n = rlai_spec_ngram_draft(c, 10, 4, -1, out, &g, NULL);
     ck_assert_int_eq(g, 2);
     ck_assert_int_eq(n, 1);
     ck_assert_int_eq(out[0], 20);
     /* two 2-token matches that agree on what follows: drafted in full */
     const int32_t c2[] = { 4, 5, 10, 11, 4, 5, 10, 12, 4, 5 };
-    n = rlai_spec_ngram_draft(c2, 10, 2, out, &g);
+    n = rlai_spec_ngram_draft(c2, 10, 2, -1, out, &g, NULL);
     ck_assert_int_eq(g, 2);
     ck_assert_int_eq(n, 2);
     ck_assert(out[0] == 10 && out[1] == 12);
     /* a 1-token match drafts nothing */
     const int32_t d[] = { 3, 7, 9, 3 };
-    ck_assert_int_eq(rlai_spec_ngram_draft(d, 4, 8, out, &g), 0);
+    ck_assert_int_eq(rlai_spec_ngram_draft(d, 4, 8, -1, out, &g, NULL), 0);
     ck_assert_int_eq(g, 0);
     const int32_t d2[] = { 3, 3 };
-    ck_assert_int_eq(rlai_spec_ngram_draft(d2, 2, 8, out, &g), 0);
+    ck_assert_int_eq(rlai_spec_ngram_draft(d2, 2, 8, -1, out, &g, NULL), 0);
     /* the longest suffix is compared up to RLAI_SPEC_NGRAM_MAX tokens: a
      * 6-token match beats a more recent 3-token one */
     const int32_t l[] = { 1, 2, 3, 4, 5, 6, 70, 71, 9, 4, 5, 6, 80, 81, 1, 2, 3, 4, 5, 6 };
-    n = rlai_spec_ngram_draft(l, 20, 2, out, &g);
+    n = rlai_spec_ngram_draft(l, 20, 2, -1, out, &g, NULL);
     ck_assert_int_eq(g, 6);
     ck_assert_int_eq(n, 2);
     ck_assert(out[0] == 70 && out[1] == 71);
     /* the draft stops at the end of the sequence */
     const int32_t f[] = { 5, 6, 5, 6 };
-    n = rlai_spec_ngram_draft(f, 4, 8, out, &g);
+    n = rlai_spec_ngram_draft(f, 4, 8, -1, out, &g, NULL);
     ck_assert_int_eq(g, 2);
     ck_assert_int_eq(n, 2);
     ck_assert(out[0] == 5 && out[1] == 6);
     /* no earlier occurrence: nothing */
     const int32_t e[] = { 1, 2, 3, 4 };
-    ck_assert_int_eq(rlai_spec_ngram_draft(e, 4, 8, out, &g), 0);
+    ck_assert_int_eq(rlai_spec_ngram_draft(e, 4, 8, -1, out, &g, &from), 0);
     ck_assert_int_eq(g, 0);
-    ck_assert_int_eq(rlai_spec_ngram_draft(a, 10, 0, out, NULL), 0);
-    ck_assert_int_eq(rlai_spec_ngram_draft(a, 1, 4, out, NULL), 0);
+    ck_assert_int_eq(from, -1);
+    ck_assert_int_eq(rlai_spec_ngram_draft(a, 10, 0, -1, out, NULL, NULL), 0);
+    ck_assert_int_eq(rlai_spec_ngram_draft(a, 1, 4, -1, out, NULL, NULL), 0);
     /* max_draft is capped at RLAI_SPEC_MAX_DRAFT */
     int32_t rep[43];
     for (int i = 0; i < 43; i++)
         rep[i] = i % 40;   /* 0..39 then 0 1 2: the match at 0 has 40 tokens after it */
-    ck_assert_int_eq(rlai_spec_ngram_draft(rep, 43, 1000, out, NULL), RLAI_SPEC_MAX_DRAFT);
+    ck_assert_int_eq(rlai_spec_ngram_draft(rep, 43, 1000, -1, out, NULL, NULL), 3);   /* 3-token match */
+    ck_assert_int_eq(rlai_spec_ngram_draft(rep, 43, 1000, 3, out, NULL, NULL), RLAI_SPEC_MAX_DRAFT);
     ck_assert(out[0] == 3 && out[RLAI_SPEC_MAX_DRAFT - 1] == 18);
 }
 END_TEST
