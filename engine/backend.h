@@ -129,7 +129,20 @@ typedef struct rlai_backend_i {
      * n_vocab logits (lowest index on ties), so only ids cross to the host.
      * NULL: the engine downloads the logits and samples on the host. */
     int (*argmax)(rlai_backend *be, const float *logits, int n, int n_vocab, int32_t *out);
+
+    /* OPTIONAL. matmul of n (<= RLAI_MATMUL_N_MAX) weights on the same
+     * input: y[i] = w[i] x, each as matmul computes it (a layer's Q/K/V
+     * and gate/up: the CPU backend quantizes x once and runs the products
+     * in one pass of its pool). NULL: the caller calls matmul n times.
+     * w, y, ldy: n entries, host arrays. */
+    void (*matmul_n)(rlai_backend *be, const rlai_weight *const *w, int n, const float *x, int64_t ldx, int T,
+                     float *const *y, const int64_t *ldy);
 } rlai_backend_i;
+
+/* True when backend table `i` has member `m` (tables only grow by
+ * appending; a table built against an older header is shorter). */
+#define RLAI_BACKEND_HAS(i, m) \
+    ((i)->struct_size >= offsetof(rlai_backend_i, m) + sizeof((i)->m) && (i)->m != NULL)
 
 /* Every backend instance starts with its table. */
 struct rlai_backend {

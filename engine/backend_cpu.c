@@ -102,6 +102,12 @@ static void cpu_matmul(rlai_backend *be, const rlai_weight *w, const float *x, i
     rlai_matmul(cpu(be)->k, cpu(be)->tp, w, x, ldx, T, y, ldy);
 }
 
+static void cpu_matmul_n(rlai_backend *be, const rlai_weight *const *w, int n, const float *x, int64_t ldx, int T,
+                         float *const *y, const int64_t *ldy)
+{
+    rlai_matmul_n(cpu(be)->k, cpu(be)->tp, w, n, x, ldx, T, y, ldy);
+}
+
 static void cpu_add_row(rlai_backend *be, float *x, const float *b, int n, int d)
 {
     (void)be;
@@ -585,6 +591,7 @@ static const rlai_backend_i cpu_iface = {
     .kv_store = cpu_kv_store,
     .attention = cpu_attention,
     .argmax = cpu_argmax,
+    .matmul_n = cpu_matmul_n,
 };
 
 int rlai_backend_cpu_new(rlai_kernels *k, rlai_threadpool *tp, int max_ctx, rlai_backend **out)

@@ -314,11 +314,18 @@ static void qact_token(const struct qact_task *q, int t)
     }
 }
 
+/* Each thread quantizes its share of the real tokens and clears its share
+ * of the padding ones (a split of the padded count gave one thread all the
+ * real tokens of a 9-row verification, while the other cleared padding). */
 static void qact_task_fn(void *arg, int ith, int nth)
 {
     const struct qact_task *q = arg;
-    int Tp = q->act->Tpad;
-    int t0 = (int)((int64_t)Tp * ith / nth), t1 = (int)((int64_t)Tp * (ith + 1) / nth);
+    int T = q->act->T, pad = q->act->Tpad - T;
+    int t0 = (int)((int64_t)T * ith / nth), t1 = (int)((int64_t)T * (ith + 1) / nth);
+    for (int t = t0; t < t1; t++)
+        qact_token(q, t);
+    t0 = T + (int)((int64_t)pad * ith / nth);
+    t1 = T + (int)((int64_t)pad * (ith + 1) / nth);
     for (int t = t0; t < t1; t++)
         qact_token(q, t);
 }
@@ -368,67 +375,66 @@ static void fill_nan(float *y, int64_t ldy, int T, int64_t rows)
             y[(size_t)t * (size_t)ldy + (size_t)r] = NAN;
 }
 
-void rlai_matmul(rlai_kernels *k, rlai_threadpool *tp, const rlai_weight *w,
-                 const float *x, int64_t ldx, int T, float *y, int64_t ldy)
+/* Checks one product's arguments: its weight's row bytes, or 0 when the
+ * product is not computed (rlai_matmul's silent refusals). */
+static size_t mm_row_bytes(const rlai_weight *w, const float *x, int64_t ldx, int T, const float *y, int64_t ldy)
 {
-    if (!k || !w || !x || !y || T <= 0 || w->rows <= 0 || w->cols <= 0 || !w->data)
-        return;
+    if (!w || !x || !y || T <= 0 || w->rows <= 0 || w->cols <= 0 || !w->data)
+        return 0;
     if (!rlai_dtype_supported(w->type) || ldx < w->cols || ldy < w->rows)
-        return;
-    size_t row_bytes = rlai_dtype_row_bytes(w->type, w->cols);
-    if (row_bytes == 0)
-        return;
+        return 0;
+    return rlai_dtype_row_bytes(w->type, w->cols);
+}
 
-    int nth = rlai_threadpool_size(tp);
-    bool quant = !k->precise && rlai__is_quant(w->type);
-    size_t scratch_per = align64(rlai__scratch_bytes(w->cols));
-
-    if (grow(&k->scratch, &k->scratch_cap, (size_t)nth * scratch_per) < 0 ||
-        (quant && grow(&k->actbuf, &k->act_cap, act_bytes(T, w->cols)) < 0)) {
-        fill_nan(y, ldy, T, w->rows);   /* out of memory: poison, never crash */
-        return;
+/* Quantizes the T rows of x for weights of w's type and width into
+ * k->actbuf (grown by the caller) and describes them in *act. */
+static void act_quantize(rlai_kernels *k, rlai_threadpool *tp, int nth, const rlai_weight *w, const float *x,
+                         int64_t ldx, int T, rlai_act *act)
+{
+    int Tp = tok_pad(T);
+    size_t nb = (size_t)(w->cols / RLAI_QK);
+    unsigned char *p = k->actbuf;
+    act->T = T;
+    act->Tpad = Tp;
+    act->cols = w->cols;
+    act->nb = w->cols / RLAI_QK;
+    act->q = (int8_t *)p;
+    p += align64((size_t)Tp * (size_t)w->cols);
+    act->ds = (float *)p;
+    p += align64((size_t)Tp * nb * 2 * sizeof(float));
+    act->dv = act->sv = NULL;
+    act->qsum = NULL;
+    if (T > RLAI_MV_MAX_T && k->isa != RLAI_ISA_SCALAR) {   /* tile layout */
+        act->dv = (float *)p;
+        p += align64((size_t)Tp * nb * sizeof(float));
+        act->sv = (float *)p;
+        p += align64((size_t)Tp * nb * sizeof(float));
     }
+    if (k->isa == RLAI_ISA_AVX512 && w->type == RLAI_DT_Q8_0)   /* VNNI bias term */
+        act->qsum = (int32_t *)(void *)p;
+    struct qact_task qt = { .k = k, .x = x, .ldx = ldx, .act = act };
+    if (Tp <= 2 || nth == 1)
+        qact_task_fn(&qt, 0, 1);
+    else
+        rlai_threadpool_run(tp, qact_task_fn, &qt);
+}
 
-    rlai_mm_job job = {
+/* One product's job and work split: row chunks (multiple of
+ * RLAI_ROW_TILE) x token chunks. */
+static void mm_plan(const rlai_kernels *k, int nth, const rlai_weight *w, size_t row_bytes, const float *x,
+                    int64_t ldx, int T, float *y, int64_t ldy, const rlai_act *act, size_t scratch_per,
+                    rlai_mm_job *job, struct mm_task *m)
+{
+    *job = (rlai_mm_job){
         .type = w->type, .rows = w->rows, .cols = w->cols, .nb = w->cols / RLAI_QK,
-        .w = w->data, .row_bytes = row_bytes, .x = x, .ldx = ldx, .act = NULL,
+        .w = w->data, .row_bytes = row_bytes, .x = x, .ldx = ldx, .act = act,
         .y = y, .ldy = ldy, .T = T, .vnni = g_vnni,
     };
-
-    rlai_act act;
-    if (quant) {
-        int Tp = tok_pad(T);
-        size_t nb = (size_t)job.nb;
-        unsigned char *p = k->actbuf;
-        act.T = T;
-        act.Tpad = Tp;
-        act.cols = w->cols;
-        act.nb = job.nb;
-        act.q = (int8_t *)p;
-        p += align64((size_t)Tp * (size_t)w->cols);
-        act.ds = (float *)p;
-        p += align64((size_t)Tp * nb * 2 * sizeof(float));
-        act.dv = act.sv = NULL;
-        act.qsum = NULL;
-        if (T > RLAI_MV_MAX_T && k->isa != RLAI_ISA_SCALAR) {   /* tile layout */
-            act.dv = (float *)p;
-            p += align64((size_t)Tp * nb * sizeof(float));
-            act.sv = (float *)p;
-            p += align64((size_t)Tp * nb * sizeof(float));
-        }
-        if (k->isa == RLAI_ISA_AVX512 && w->type == RLAI_DT_Q8_0)   /* VNNI bias term */
-            act.qsum = (int32_t *)(void *)p;
-        struct qact_task qt = { .k = k, .x = x, .ldx = ldx, .act = &act };
-        if (Tp <= 2 || nth == 1)
-            qact_task_fn(&qt, 0, 1);
-        else
-            rlai_threadpool_run(tp, qact_task_fn, &qt);
-        job.act = &act;
-    }
-
-    /* Work items: row chunks (multiple of RLAI_ROW_TILE) x token chunks. */
-    struct mm_task m = { .job = &job, .mm = k->mm, .scratch = k->scratch,
-                         .scratch_per = scratch_per };
+    memset(m, 0, sizeof(*m));
+    m->job = job;
+    m->mm = k->mm;
+    m->scratch = k->scratch;
+    m->scratch_per = scratch_per;
     int64_t tiles = (w->rows + RLAI_ROW_TILE - 1) / RLAI_ROW_TILE;
     bool mv = T == 1 || (T <= RLAI_MV_MAX_T && k->isa != RLAI_ISA_SCALAR);
     if (mv) {
@@ -440,30 +446,118 @@ void rlai_matmul(rlai_kernels *k, rlai_threadpool *tp, const rlai_weight *w,
         int64_t per = tiles / ((int64_t)nth * 2);
         if (per < 1) per = 1;
         if (per > 16) per = 16;
-        m.rows_per_item = per * RLAI_ROW_TILE;
+        m->rows_per_item = per * RLAI_ROW_TILE;
     } else {
-        m.rows_per_item = RLAI_ROW_TILE;
+        m->rows_per_item = RLAI_ROW_TILE;
     }
-    m.n_rc = (w->rows + m.rows_per_item - 1) / m.rows_per_item;
-    m.n_tc = 1;
-    m.tok_chunk = T;
-    if (!mv && nth > 1 && m.n_rc < 4 * (int64_t)nth) {
+    m->n_rc = (w->rows + m->rows_per_item - 1) / m->rows_per_item;
+    m->n_tc = 1;
+    m->tok_chunk = T;
+    if (!mv && nth > 1 && m->n_rc < 4 * (int64_t)nth) {
         /* few rows: also split tokens, in multiples of RLAI_TOK_PAD */
-        int64_t want = (4 * (int64_t)nth + m.n_rc - 1) / m.n_rc;
+        int64_t want = (4 * (int64_t)nth + m->n_rc - 1) / m->n_rc;
         int64_t tc = ((int64_t)T + want - 1) / want;
         tc = (tc + RLAI_TOK_PAD - 1) / RLAI_TOK_PAD * RLAI_TOK_PAD;
-        m.tok_chunk = (int)tc;
-        m.n_tc = (int)(((int64_t)T + tc - 1) / tc);
+        m->tok_chunk = (int)tc;
+        m->n_tc = (int)(((int64_t)T + tc - 1) / tc);
     }
-    m.n_items = m.n_rc * m.n_tc;
-    atomic_init(&m.next, 0);
+    m->n_items = m->n_rc * m->n_tc;
+    atomic_init(&m->next, 0);
+}
 
+void rlai_matmul(rlai_kernels *k, rlai_threadpool *tp, const rlai_weight *w,
+                 const float *x, int64_t ldx, int T, float *y, int64_t ldy)
+{
+    size_t row_bytes = k ? mm_row_bytes(w, x, ldx, T, y, ldy) : 0;
+    if (row_bytes == 0)
+        return;
+    int nth = rlai_threadpool_size(tp);
+    bool quant = !k->precise && rlai__is_quant(w->type);
+    size_t scratch_per = align64(rlai__scratch_bytes(w->cols));
+    if (grow(&k->scratch, &k->scratch_cap, (size_t)nth * scratch_per) < 0 ||
+        (quant && grow(&k->actbuf, &k->act_cap, act_bytes(T, w->cols)) < 0)) {
+        fill_nan(y, ldy, T, w->rows);   /* out of memory: poison, never crash */
+        return;
+    }
+    rlai_act act;
+    if (quant)
+        act_quantize(k, tp, nth, w, x, ldx, T, &act);
+    rlai_mm_job job;
+    struct mm_task m;
+    mm_plan(k, nth, w, row_bytes, x, ldx, T, y, ldy, quant ? &act : NULL, scratch_per, &job, &m);
     if (nth == 1 || m.n_items == 1) {
         for (int64_t i = 0; i < m.n_items; i++)
             run_item(&m, i, k->scratch);
     } else {
         rlai_threadpool_run(tp, mm_task_fn, &m);
     }
+}
+
+/* The work items of several products, numbered one after another. */
+struct mm_multi {
+    struct mm_task *t;
+    int n;
+    int64_t n_items;
+    atomic_llong next;
+};
+
+static void mm_multi_fn(void *arg, int ith, int nth)
+{
+    struct mm_multi *mm = arg;
+    (void)nth;
+    void *scr = mm->t[0].scratch + (size_t)ith * mm->t[0].scratch_per;
+    for (;;) {
+        long long i = atomic_fetch_add_explicit(&mm->next, 1, memory_order_relaxed);
+        if (i >= mm->n_items)
+            break;
+        int p = 0;
+        while (i >= mm->t[p].n_items)
+            i -= mm->t[p++].n_items;
+        run_item(&mm->t[p], i, scr);
+    }
+}
+
+void rlai_matmul_n(rlai_kernels *k, rlai_threadpool *tp, const rlai_weight *const *w, int n,
+                   const float *x, int64_t ldx, int T, float *const *y, const int64_t *ldy)
+{
+    if (!k || !w || !y || !ldy || n <= 0)
+        return;
+    size_t row_bytes[RLAI_MATMUL_N_MAX];
+    bool shared = n <= RLAI_MATMUL_N_MAX;
+    for (int i = 0; shared && i < n; i++) {
+        row_bytes[i] = mm_row_bytes(w[i], x, ldx, T, y[i], ldy[i]);
+        shared = row_bytes[i] > 0 && w[i]->type == w[0]->type && w[i]->cols == w[0]->cols;
+    }
+    if (!shared) {
+        for (int i = 0; i < n; i++)
+            rlai_matmul(k, tp, w[i], x, ldx, T, y[i], ldy[i]);
+        return;
+    }
+    int nth = rlai_threadpool_size(tp);
+    bool quant = !k->precise && rlai__is_quant(w[0]->type);
+    size_t scratch_per = align64(rlai__scratch_bytes(w[0]->cols));
+    if (grow(&k->scratch, &k->scratch_cap, (size_t)nth * scratch_per) < 0 ||
+        (quant && grow(&k->actbuf, &k->act_cap, act_bytes(T, w[0]->cols)) < 0)) {
+        for (int i = 0; i < n; i++)
+            fill_nan(y[i], ldy[i], T, w[i]->rows);
+        return;
+    }
+    rlai_act act;
+    if (quant)
+        act_quantize(k, tp, nth, w[0], x, ldx, T, &act);
+    rlai_mm_job jobs[RLAI_MATMUL_N_MAX];
+    struct mm_task tasks[RLAI_MATMUL_N_MAX];
+    struct mm_multi mm = { .t = tasks, .n = n, .n_items = 0 };
+    for (int i = 0; i < n; i++) {
+        mm_plan(k, nth, w[i], row_bytes[i], x, ldx, T, y[i], ldy[i], quant ? &act : NULL, scratch_per,
+                &jobs[i], &tasks[i]);
+        mm.n_items += tasks[i].n_items;
+    }
+    atomic_init(&mm.next, 0);
+    if (nth == 1)
+        mm_multi_fn(&mm, 0, 1);
+    else
+        rlai_threadpool_run(tp, mm_multi_fn, &mm);
 }
 
 void rlai_weight_get_row(const rlai_weight *w, int64_t r, float *dst)

@@ -44,6 +44,16 @@ void rlai_kernels_free(rlai_kernels *k);
 void rlai_matmul(rlai_kernels *k, rlai_threadpool *tp, const rlai_weight *w,
                  const float *x, int64_t ldx, int T, float *y, int64_t ldy);
 
+/* rlai_matmul of n (<= RLAI_MATMUL_N_MAX) weights on the same input x:
+ * y[i] = w[i] x, each output bit-identical to rlai_matmul's. When the
+ * weights share their type and width, x is quantized once and all the
+ * products' work runs in one pass of the pool (a layer's Q/K/V, gate/up);
+ * otherwise it is n rlai_matmul calls. w, y, ldy: n entries, caller-owned;
+ * the y[i] must not overlap x or each other. */
+#define RLAI_MATMUL_N_MAX 4
+void rlai_matmul_n(rlai_kernels *k, rlai_threadpool *tp, const rlai_weight *const *w, int n,
+                   const float *x, int64_t ldx, int T, float *const *y, const int64_t *ldy);
+
 /* Copies row `r` of w, dequantized, into dst (cols floats). */
 void rlai_weight_get_row(const rlai_weight *w, int64_t r, float *dst);
 

@@ -492,6 +492,21 @@ rlai_backend *rlai_model_ctx_backend(const rlai_model_ctx *c) { return c->be; }
 
 /* -------------------------------------------------------------- forward */
 
+/* Products of several weights with one input: one backend call where the
+ * backend has matmul_n (the CPU backend quantizes the input once), else
+ * one matmul each. */
+static void matmul_n(rlai_backend *be, const rlai_weight *const *w, int n, const float *x, int64_t ldx, int T,
+                     float *const *y, const int64_t *ldy)
+{
+    const rlai_backend_i *bi = be->iface;
+    if (RLAI_BACKEND_HAS(bi, matmul_n)) {
+        bi->matmul_n(be, w, n, x, ldx, T, y, ldy);
+        return;
+    }
+    for (int i = 0; i < n; i++)
+        bi->matmul(be, w[i], x, ldx, T, y[i], ldy[i]);
+}
+
 static int forward_chunk(rlai_model_ctx *c, rlai_kv_cache *kv, rlai_kv_seq *const *seqs,
                          const rlai_batch *b, int start, int n, float **logits)
 {
@@ -533,9 +548,12 @@ static int forward_chunk(rlai_model_ctx *c, rlai_kv_cache *kv, rlai_kv_seq *cons
         view.kv_dim = KVD;
 
         bi->rmsnorm(be, c->xn, c->x, L->attn_norm, n, E, hp->norm_eps);
-        bi->matmul(be, &L->wq, c->xn, E, n, c->q, Q);
-        bi->matmul(be, &L->wk, c->xn, E, n, c->kk, KVD);
-        bi->matmul(be, &L->wv, c->xn, E, n, c->vv, KVD);
+        {
+            const rlai_weight *w[3] = { &L->wq, &L->wk, &L->wv };
+            float *const y[3] = { c->q, c->kk, c->vv };
+            const int64_t ldy[3] = { Q, KVD, KVD };
+            matmul_n(be, w, 3, c->xn, E, n, y, ldy);
+        }
         if (L->bq)
             bi->add_row(be, c->q, L->bq, n, Q);
         if (L->bk)
@@ -550,8 +568,12 @@ static int forward_chunk(rlai_model_ctx *c, rlai_kv_cache *kv, rlai_kv_seq *cons
         bi->add(be, c->x, c->o, (size_t)n * E);
 
         bi->rmsnorm(be, c->xn, c->x, L->ffn_norm, n, E, hp->norm_eps);
-        bi->matmul(be, &L->w_gate, c->xn, E, n, c->gate, F);
-        bi->matmul(be, &L->w_up, c->xn, E, n, c->up, F);
+        {
+            const rlai_weight *w[2] = { &L->w_gate, &L->w_up };
+            float *const y[2] = { c->gate, c->up };
+            const int64_t ldy[2] = { F, F };
+            matmul_n(be, w, 2, c->xn, E, n, y, ldy);
+        }
         bi->swiglu(be, c->gate, c->up, (size_t)n * F);
         bi->matmul(be, &L->w_down, c->gate, F, n, c->o, E);
         bi->add(be, c->x, c->o, (size_t)n * E);

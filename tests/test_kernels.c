@@ -864,6 +864,70 @@ START_TEST(test_avx512_vnni_exact)
 }
 END_TEST
 
+/* rlai_matmul_n: several weights on one input give, bit for bit, what
+ * separate rlai_matmul calls give, whatever the ISA, thread count and T
+ * (decode, a 9-row verification, a tiled batch), both when the input is
+ * quantized once for all (same type and width) and when the types differ
+ * (separate calls). Outputs are checked in full, sentinel-filled first. */
+START_TEST(test_matmul_n_identical)
+{
+    const int64_t cols = 96, ldx = cols + 3;
+    const int64_t rows[3] = { 40, 24, 24 };
+    const int Ts[] = { 1, 2, 9, 40 };
+    const uint32_t sets[2][3] = { { RLAI_DT_Q4_1, RLAI_DT_Q4_1, RLAI_DT_Q4_1 },
+                                  { RLAI_DT_Q4_1, RLAI_DT_Q8_0, RLAI_DT_F16 } };
+    rlai_threadpool *tp2 = NULL;
+    ck_assert_int_eq(rlai_threadpool_new(2, &tp2), RLAI_OK);
+    rlai_isa isas[3];
+    int n_isa = isa_list(isas);
+    for (int si = 0; si < 2; si++) {
+        test_weight tw[3];
+        for (int i = 0; i < 3; i++)
+            make_weight(&tw[i], sets[si][i], rows[i], cols);
+        const rlai_weight *w[3] = { &tw[0].w, &tw[1].w, &tw[2].w };
+        for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
+            int T = Ts[ti];
+            float *x = malloc(sizeof(float) * (size_t)(T * ldx));
+            ck_assert(x);
+            for (int64_t i = 0; i < T * ldx; i++)
+                x[i] = rndf(-2.0f, 2.0f);
+            for (int ii = 0; ii < n_isa; ii++) {
+                rlai_kernels *k = NULL;
+                ck_assert_int_eq(rlai_kernels_new(isas[ii], false, &k), RLAI_OK);
+                for (int pi = 0; pi < 2; pi++) {
+                    rlai_threadpool *tp = pi ? tp2 : NULL;
+                    float *ref[3], *got[3];
+                    int64_t ldy[3];
+                    for (int i = 0; i < 3; i++) {
+                        ldy[i] = rows[i] + 2;
+                        ref[i] = malloc(sizeof(float) * (size_t)(T * ldy[i]));
+                        got[i] = malloc(sizeof(float) * (size_t)(T * ldy[i]));
+                        ck_assert(ref[i] && got[i]);
+                        for (int64_t j = 0; j < T * ldy[i]; j++)
+                            ref[i][j] = got[i][j] = SENTINEL;
+                        rlai_matmul(k, tp, w[i], x, ldx, T, ref[i], ldy[i]);
+                    }
+                    rlai_matmul_n(k, tp, w, 3, x, ldx, T, got, ldy);
+                    for (int i = 0; i < 3; i++) {
+                        ck_assert_msg(memcmp(ref[i], got[i], sizeof(float) * (size_t)(T * ldy[i])) == 0,
+                                      "set %d weight %d (%s) T=%d isa %s threads %d differs", si, i,
+                                      rlai_dtype_name(sets[si][i]), T, rlai_isa_name(isas[ii]), pi ? 2 : 1);
+                        ck_assert(isfinite(got[i][0]) && got[i][rows[i]] == SENTINEL);
+                        free(ref[i]);
+                        free(got[i]);
+                    }
+                }
+                rlai_kernels_free(k);
+            }
+            free(x);
+        }
+        for (int i = 0; i < 3; i++)
+            free_weight(&tw[i]);
+    }
+    rlai_threadpool_free(tp2);
+}
+END_TEST
+
 static Suite *kernels_suite(void)
 {
     Suite *s = suite_create("kernels");
@@ -882,6 +946,7 @@ static Suite *kernels_suite(void)
     tcase_add_test(mm, test_matmul_shapes);
     tcase_add_loop_test(mm, test_matmul_batch_invariance, 0, N_TYPES);
     tcase_add_test(mm, test_avx512_vnni_exact);
+    tcase_add_test(mm, test_matmul_n_identical);
     suite_add_tcase(s, mm);
     return s;
 }
