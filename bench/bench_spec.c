@@ -13,16 +13,23 @@
  * spec_lookup_min: 0 = its default, -1 = never) draft by prompt lookup;
  * the "lookup" column counts those drafted tokens.
  *
- * Four chat prompts, formatted with the model's chat template
- * (rlai_engine_tokenize_chat): (a) a LoreMaster dialogue turn (lore in the
- * system prompt, the player asks about a named person), (b) quoting a
- * passage, (c) code editing (rename a variable, return the whole
- * function), (d) free chat with nothing to copy. Each case runs greedy
- * (temperature 0) with speculation OFF and NGRAM, interleaved (OFF, NGRAM,
- * OFF, NGRAM, ...; R runs each) so machine noise falls on both, after one
- * unmeasured warm-up run. The table shows the median decode tok/s of each
- * mode (the engine's own decode_tps: tokens after the first / time after
- * the first), the speedup, and the draft figures of the NGRAM runs.
+ * Four cases of three chat prompts each, formatted with the model's chat
+ * template (rlai_engine_tokenize_chat): (a) LoreMaster dialogue turns (lore
+ * in the system prompt, the player asks about people and factions of it),
+ * (b) quoting or summarising a passage given in the prompt, (c) code
+ * editing (rename a C variable, add a Python docstring, change two values
+ * of a JSON file; each returns the whole text), (d) free chat with nothing
+ * to copy. One prompt per case made a case's figure hang on one greedy
+ * trajectory of a small model: a last-bit change of an activation once
+ * turned (a)'s reply from a repetitive one (2.3x) into one that copies
+ * little (1.1x). Each prompt runs greedy (temperature 0) with speculation
+ * OFF and NGRAM, interleaved (OFF, NGRAM, OFF, NGRAM, ...; R runs each) so
+ * machine noise falls on both, after one unmeasured warm-up run. The first
+ * table shows each prompt's median decode tok/s of each mode (the engine's
+ * own decode_tps: tokens after the first / time after the first), the
+ * speedup, and the draft figures of the NGRAM runs; the last one each
+ * case's: its prompts' decode tokens over their decode time in each rep,
+ * the median over reps, and the issue's target.
  *
  * The bench drives rlai_engine_step() itself so it can count decode steps
  * (forward passes after the one that samples the first token): tok/step is
@@ -88,20 +95,37 @@ static const char LORE_SYSTEM[] =
 
 static const char LORE_USER[] =
     "Mara, tell me everything you know about Elsbeth Marrow and the night the Silver Gull was lost.";
+static const char LORE_USER2[] =
+    "Who is Tobias Wren, and why does the Net Guild meet in the back room of your inn?";
+static const char LORE_USER3[] =
+    "What do the fishermen in the Lantern Inn say about the Saltworks Company and its offer to buy "
+    "their boats?";
 
-/* (b) quoting a passage. */
-static const char QUOTE_USER[] =
-    "Read this passage.\n\n"
-    "The lighthouse at Carrow Point was built in 1821 from granite quarried on the headland itself. "
-    "For most of its life it was kept by a single family, the Pellows, who lived in the cottage at "
-    "its foot and rowed to the village once a week for bread and oil.\n\n"
-    "In the winter of 1887 a storm tore the lantern glass from its frame and the light went dark for "
-    "three nights. Hannah Pellow, who was sixteen, climbed the tower every hour with a ship's lamp "
-    "and held it in the empty frame until her hands froze, and no ship was lost on the point that "
-    "winter.\n\n"
-    "The light was automated in 1954 and the last keeper left the cottage the following spring. "
+/* (b) quoting and summarising a passage given in the prompt. */
+#define PASSAGE                                                                                          \
+    "The lighthouse at Carrow Point was built in 1821 from granite quarried on the headland itself. "  \
+    "For most of its life it was kept by a single family, the Pellows, who lived in the cottage at "    \
+    "its foot and rowed to the village once a week for bread and oil.\n\n"                              \
+    "In the winter of 1887 a storm tore the lantern glass from its frame and the light went dark for " \
+    "three nights. Hannah Pellow, who was sixteen, climbed the tower every hour with a ship's lamp "   \
+    "and held it in the empty frame until her hands froze, and no ship was lost on the point that "    \
+    "winter.\n\n"                                                                                       \
+    "The light was automated in 1954 and the last keeper left the cottage the following spring. "      \
     "Today the tower belongs to a trust that opens it to visitors on summer weekends.\n\n"
-    "Quote the second paragraph exactly, word for word.";
+
+static const char QUOTE_USER[] = "Read this passage.\n\n" PASSAGE "Quote the second paragraph exactly, word for word.";
+static const char QUOTE_USER2[] =
+    "Read this passage.\n\n" PASSAGE "Summarise the passage in a few sentences, keeping its names and dates.";
+static const char QUOTE_USER3[] =
+    "Here is a notice from the harbour office.\n\n"
+    "NOTICE TO ALL BOAT OWNERS\n"
+    "1. Boats must be moored inside the breakwater from the first of November until the end of March.\n"
+    "2. No boat may leave the harbour when the red flag is flying on the tower.\n"
+    "3. Every boat must carry two lamps, a horn and a rope of at least twenty fathoms.\n"
+    "4. Nets left on the quay overnight will be taken to the harbour office.\n"
+    "5. Harbour dues are paid on the first day of each month at the harbour office.\n"
+    "Signed, Peter Hale, Harbour Master.\n\n"
+    "Copy the five rules of this notice exactly, then say who signed it.";
 
 /* (c) code editing: about 40 lines of C using a variable x. */
 static const char CODE_USER[] =
@@ -144,8 +168,51 @@ static const char CODE_USER[] =
     "```\n\n"
     "Rename the variable x to count and return the full function.";
 
+/* (c) more code editing: add a docstring to a Python function; change a
+ * value in a JSON configuration. */
+static const char CODE_USER2[] =
+    "Add a docstring to this Python function and return the whole function.\n\n"
+    "```python\n"
+    "def merge_intervals(intervals):\n"
+    "    if not intervals:\n"
+    "        return []\n"
+    "    intervals = sorted(intervals, key=lambda iv: iv[0])\n"
+    "    merged = [list(intervals[0])]\n"
+    "    for start, end in intervals[1:]:\n"
+    "        last = merged[-1]\n"
+    "        if start <= last[1]:\n"
+    "            last[1] = max(last[1], end)\n"
+    "        else:\n"
+    "            merged.append([start, end])\n"
+    "    return [tuple(iv) for iv in merged]\n"
+    "```";
+static const char CODE_USER3[] =
+    "Change the port to 8080 and the log level to \"debug\" in this configuration, and return the "
+    "whole file.\n\n"
+    "```json\n"
+    "{\n"
+    "  \"server\": {\n"
+    "    \"host\": \"127.0.0.1\",\n"
+    "    \"port\": 5000,\n"
+    "    \"workers\": 4,\n"
+    "    \"timeout_seconds\": 30\n"
+    "  },\n"
+    "  \"logging\": {\n"
+    "    \"level\": \"info\",\n"
+    "    \"file\": \"/var/log/app/server.log\",\n"
+    "    \"rotate_megabytes\": 50\n"
+    "  },\n"
+    "  \"database\": {\n"
+    "    \"url\": \"postgres://app@localhost/app\",\n"
+    "    \"pool_size\": 10\n"
+    "  }\n"
+    "}\n"
+    "```";
+
 /* (d) free chat: nothing in the prompt to copy. */
 static const char FREE_USER[] = "Tell me about your favourite season.";
+static const char FREE_USER2[] = "What should I cook for dinner tonight? Give me one idea.";
+static const char FREE_USER3[] = "Why is the sky blue? Explain it simply.";
 
 typedef struct bench_case {
     const char *name;
@@ -153,11 +220,21 @@ typedef struct bench_case {
     const char *user;
 } bench_case;
 
+/* Three prompts per case; a name starts with its case's letter and the
+ * prompt's number (the id written by --dump). */
 static const bench_case CASES[] = {
-    { "a lore dialogue", LORE_SYSTEM, LORE_USER },
-    { "b quote passage", NULL, QUOTE_USER },
-    { "c code edit", NULL, CODE_USER },
-    { "d free chat", NULL, FREE_USER },
+    { "a1 lore Elsbeth", LORE_SYSTEM, LORE_USER },
+    { "a2 lore Tobias", LORE_SYSTEM, LORE_USER2 },
+    { "a3 lore Company", LORE_SYSTEM, LORE_USER3 },
+    { "b1 quote para", NULL, QUOTE_USER },
+    { "b2 summarise", NULL, QUOTE_USER2 },
+    { "b3 copy notice", NULL, QUOTE_USER3 },
+    { "c1 rename C var", NULL, CODE_USER },
+    { "c2 py docstring", NULL, CODE_USER2 },
+    { "c3 json edit", NULL, CODE_USER3 },
+    { "d1 season", NULL, FREE_USER },
+    { "d2 dinner", NULL, FREE_USER2 },
+    { "d3 sky blue", NULL, FREE_USER3 },
 };
 #define N_CASES ((int)(sizeof(CASES) / sizeof(CASES[0])))
 
@@ -308,7 +385,7 @@ static void usage(void)
             "                  [--draft-model FILE]  (measure DRAFT, that model proposing, not NGRAM)\n"
             "                  [--lookup-min N]  (with --draft-model: prompt lookup from N-token matches;\n"
             "                                     0 = engine default, -1 = draft model only)\n"
-            "                  [--dump FILE]   (each case's prompt and greedy output ids, for\n"
+            "                  [--dump FILE]   (each prompt's ids and greedy output ids, for\n"
             "                                   bench/spec_replay.py)\n"
             "defaults: models/SmolLM2-135M-Instruct.Q4_1.gguf (or $RLAI_MODEL), 2 threads, 128 tokens,\n"
             "3 reps, the engine's max draft (8) and spec max batch (2)\n");
@@ -500,8 +577,8 @@ int main(int argc, char **argv)
             }
         }
         if (df && status == 0) {
-            /* one line per case: its letter, the prompt ids, '|', the output ids */
-            fprintf(df, "%c", CASES[c].name[0]);
+            /* one line per prompt: its id (a1, ...), the prompt ids, '|', the output ids */
+            fprintf(df, "%.*s", (int)strcspn(CASES[c].name, " "), CASES[c].name);
             for (int i = 0; i < n_prompt; i++)
                 fprintf(df, " %d", (int)prompt[i]);
             fprintf(df, " |");
@@ -573,6 +650,45 @@ int main(int argc, char **argv)
         printf("%-16s %9d %11d %12.3f %14.3f %9.2fx %17s %19s%s\n", CASES[c].name, s->off_steps, s->ng_steps, off,
                ng, off > 0 ? ng / off : 0, ro, rn, lk);
     }
+    /* Per case: its prompts' decode tokens over their decode time, rep by
+     * rep (each rep runs every prompt in both modes), then the median. */
+    printf("\nper case (its %d prompts together: their decode tokens over their decode time, each rep):\n",
+           N_CASES / 4);
+    printf("%-6s %7s %10s %11s %8s %7s %9s  %s\n", "case", "tokens", "off tok/s", h_tps, "speedup", "accept",
+           "tok/step", "issue target");
+    for (char g = 'a'; g <= 'd'; g++) {
+        double off_r[MAX_REPS], ng_r[MAX_REPS];
+        long tok = 0, ng_tok = 0, steps = 0, drafted = 0, accepted = 0;
+        for (int rep = 0; rep < reps; rep++) {
+            double t_off = 0, t_ng = 0;
+            long n = 0;
+            for (int c = 0; c < N_CASES; c++) {
+                const case_stats *s = &cs[c];
+                if (CASES[c].name[0] != g || s->gen_tokens < 2 || !(s->off_tps[rep] > 0) ||
+                    !(s->ng_tps[rep] > 0))
+                    continue;
+                t_off += (s->gen_tokens - 1) / s->off_tps[rep];
+                t_ng += (s->ng_tokens - 1) / s->ng_tps[rep];
+                n += s->gen_tokens - 1;
+            }
+            off_r[rep] = t_off > 0 ? n / t_off : 0;
+            ng_r[rep] = t_ng > 0 ? n / t_ng : 0;
+            tok = n;
+        }
+        for (int c = 0; c < N_CASES; c++) {
+            if (CASES[c].name[0] != g)
+                continue;
+            ng_tok += cs[c].ng_tokens - 1;
+            steps += cs[c].ng_steps;
+            drafted += cs[c].drafted;
+            accepted += cs[c].accepted;
+        }
+        double off = median(off_r, reps), ng = median(ng_r, reps), sp = off > 0 ? ng / off : 0;
+        double want = g == 'd' ? 0.95 : 1.60;
+        printf("%-6c %7ld %10.1f %11.1f %7.2fx %6.1f%% %9.2f  >= %.2fx: %s\n", g, tok, off, ng, sp,
+               drafted ? 100.0 * accepted / drafted : 0.0, steps ? (double)ng_tok / steps : 0.0, want,
+               sp >= want ? "met" : "NOT met");
+    }
     printf("\nspeedup = median %s tok/s / median off tok/s (decode only: tokens after the first).\n"
            "accept = accepted / drafted. tok/step = tokens emitted per decode step (1.00 without drafts);\n"
            "draft/step = drafted tokens per decode step, steps without a draft included (the mean draft\n"
@@ -581,7 +697,6 @@ int main(int argc, char **argv)
     if (draft)
         printf("lookup = drafted tokens proposed by prompt lookup (spec_lookup_min %d), not the draft model.\n",
                lookup_min);
-    printf("issue target: >= 1.60x on a-c, >= 0.95x on d.\n");
     for (int c = 0; c < N_CASES; c++) {
         if (cs[c].text)
             printf("\n--- %s: greedy output (%d tokens) ---\n%s\n", CASES[c].name, cs[c].gen_tokens, cs[c].text);

@@ -10,8 +10,9 @@ each case's output is fixed: a drafter is replayed step by step over it,
 a draft is accepted up to its first token that differs from the output,
 and a step that feeds 1 + k rows costs 1 + k * ROW_COST plain decode steps
 (--row-cost: bench_spec's "step cost" column gives it for a machine; 0.33
-on 2 AVX2 cores). It prints, per case, the estimated speedup (output
-tokens over the cost of the steps) and tokens per step of:
+on 2 AVX2 cores). It prints, per prompt (a1..d3) and per case, the
+estimated speedup (output tokens over the cost of the steps) and tokens per
+step of:
 
   engine   the engine's drafter (engine/spec.c): longest suffix match up to
            8 tokens, none for a 1-token match, 1 token for an ambiguous
@@ -25,6 +26,10 @@ tokens over the cost of the steps) and tokens per step of:
            advance (drafts exactly what will be accepted, nothing else)
   oracle   the best continuation among all earlier matches of any length,
            with the exact accepted length: a bound for prompt lookup
+  tree2    a tree draft the engine does not build: the continuations of
+           the two longest matches that start with different tokens, both
+           verified in the step (it pays for the rows of both), the better
+           one accepted
 
 Replaying the drafter of 2026-12-03 gave bench_spec's measured tokens per
 step to within 2 % on three cases and 12 % high on code editing: the
@@ -174,6 +179,38 @@ def oracle(toks, out, i, st):
     return best, lambda a, k: a
 
 
+def _branches(t, g, most):
+    """Continuations of suffix matches (longest match first), at most
+    `most`, each starting with a different token; each at most as long
+    as its match unless the match is the longest (8)."""
+    n, found, firsts = len(t), [], set()
+    for L in range(8, 1, -1):
+        suf = t[n - L:]
+        for j in range(n - L - 1, -1, -1):
+            if t[j:j + L] == suf:
+                d = t[j + L:j + L + (g if L == 8 else min(g, L))]
+                if d and d[0] not in firsts:
+                    firsts.add(d[0])
+                    found.append(d)
+                    if len(found) >= most:
+                        return found
+    return found
+
+
+def tree(most):
+    def run(toks, out, i, st):
+        g = st.next_gamma()
+        if g <= 0:
+            return [], lambda a, k: k
+        bs = _branches(toks, g, most)
+        if not bs:
+            return [], lambda a, k: k
+        best = max(bs, key=lambda d: accepted_len(d, out, i))
+        rows = sum(len(d) for d in bs)
+        return best, lambda a, k: rows
+    return run
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument('ids', help='file written by bench_spec --dump')
@@ -181,15 +218,22 @@ def main():
     args = ap.parse_args()
     cases = load(args.ids)
     drafters = [('engine', adaptive(True)), ('uncapped', adaptive(False)),
-                ('len-oracle', len_oracle), ('oracle', oracle)]
+                ('len-oracle', len_oracle), ('oracle', oracle), ('tree2', tree(2))]
     print(f"replayed speedup (tokens per step), row cost {args.row_cost}")
     print(f"{'case':6s}" + ''.join(f"{d:>18s}" for d, _ in drafters))
+    per_case = {}   # case letter -> drafter -> [tokens, cost]
     for name, p, o in cases:
         row = ''
-        for _, fn in drafters:
+        for dn, fn in drafters:
             sp, tps = replay(p, o, args.row_cost, fn)
             row += f"{sp:11.2f}x ({tps:4.2f})"
+            acc = per_case.setdefault(name[0], {}).setdefault(dn, [0, 0.0])
+            acc[0] += len(o) - 1
+            acc[1] += (len(o) - 1) / sp
         print(f"{name:6s}{row}")
+    print("per case (its prompts together: their tokens over their cost)")
+    for c, by in per_case.items():
+        print((f"{c:6s}" + ''.join(f"{n / cost:11.2f}x{'':7s}" for n, cost in by.values())).rstrip())
     return 0
 
 
