@@ -17,6 +17,7 @@
 
 static const char bench_usage[] =
     "usage: rlai bench [-m FILE] [-p N] [-n N] [-b N] [-r N] [-t N] [--device D] [--kv-type T]\n"
+    "                  [--spec MODE]\n"
     "end-to-end speed of a GGUF model, loaded in this process, as a llama-bench style table\n"
     "(mean ± standard deviation over the repetitions)\n"
     "  -m, --model FILE     GGUF model (default: the default model)\n"
@@ -27,6 +28,8 @@ static const char bench_usage[] =
     "  -t, --threads N      CPU threads (default: all online CPUs)\n"
     "      --device D       auto|cpu|cuda|cuda:N (default auto)\n"
     "      --kv-type T      f16|q8_0 (default f16)\n"
+    "      --spec MODE      off|ngram|auto: speculative decoding in the tg rows (default off, as\n"
+    "                       llama-bench: plain decoding; the runs are greedy, so auto = ngram)\n"
     "rows: ppP (prompt tokens/s), tgN (decode tokens/s), ttft pP (ms to the first token),\n"
     "      tgN xB (B sequences at once: all generated tokens / wall time, tokens/s)\n";
 
@@ -137,12 +140,17 @@ int rlai_bench_cli_main(int argc, char **argv, const char *default_model)
         { "n-gen", required_argument, 0, 'n' }, { "batch", required_argument, 0, 'b' },
         { "repetitions", required_argument, 0, 'r' }, { "threads", required_argument, 0, 't' },
         { "device", required_argument, 0, 'D' }, { "kv-type", required_argument, 0, 'K' },
+        { "spec", required_argument, 0, 'S' },
         { "help", no_argument, 0, 'h' }, { 0, 0, 0, 0 }
     };
     const char *model = default_model;
     int n_prompt = 512, n_gen = 128, batch = 4, reps = 5, c, li = -1, bad = 0;
     rlai_engine_params ep;
     rlai_engine_params_init(&ep);
+    /* The engine's default (auto) drafts for greedy requests, and these
+     * runs are greedy: without this the tg rows would time prompt-lookup
+     * speculation, not the decoding llama-bench's rows time. */
+    ep.spec = RLAI_SPEC_OFF;
     optind = 1;
     while ((c = getopt_long(argc, argv, "m:p:n:b:r:t:h", opts, &li)) != -1) {
         char name[32];
@@ -169,6 +177,20 @@ int rlai_bench_cli_main(int argc, char **argv, const char *default_model)
                 bad = 1;
             }
             break;
+        case 'S': {
+            int sm = rlai_spec_mode_parse(optarg);
+            if (sm == RLAI_SPEC_DRAFT) {
+                fprintf(stderr, "rlai bench: --spec draft needs a draft model, which rlai bench does not load "
+                                "(use off, ngram or auto)\n");
+                bad = 1;
+            } else if (sm < 0) {
+                fprintf(stderr, "rlai bench: --spec %s (got '%s')\n", rlai_spec_mode_error(sm), optarg);
+                bad = 1;
+            } else {
+                ep.spec = (rlai_spec_mode)sm;
+            }
+            break;
+        }
         case 'h': fputs(bench_usage, stdout); return 0;
         default: fputs(bench_usage, stderr); return 2;
         }
@@ -208,6 +230,7 @@ int rlai_bench_cli_main(int argc, char **argv, const char *default_model)
         return 1;
     }
     stat_acc pp = { .n = 0 }, tg = { .n = 0 }, ttft = { .n = 0 }, bt = { .n = 0 };
+    long long tg_drafted = 0, tg_accepted = 0;
     rlai_gen_params gp;
     rlai_gen_params_init(&gp);
     gp.ignore_eos = true;
@@ -232,6 +255,8 @@ int rlai_bench_cli_main(int argc, char **argv, const char *default_model)
             if ((rc = rlai_engine_generate_tokens(e, prompt, 1, &gp, NULL, NULL, &m)) < 0)
                 goto fail;
             acc_add(&tg, m.decode_tps);
+            tg_drafted += m.drafted_tokens;
+            tg_accepted += m.accepted_tokens;
             if (batch > 1) {
                 double tps = run_batch(e, batch, n_gen, mi.n_vocab, &rng);
                 if (tps < 0) {
@@ -312,8 +337,12 @@ int rlai_bench_cli_main(int argc, char **argv, const char *default_model)
     for (int i = 0; i < nr; i++)
         printf("| %-*s | %*s | %*s | %-*s | %*s | %*s | %*s |\n", w[0], mname, w[1], size, w[2], params,
                w[3], backend, w[4], threads, w[5], rows[i].test, w[6] + 1, rows[i].value);
-    printf("\n%d repetitions; prefix cache off; prompts of random token ids; batch row: %d sequences of "
-           "%d tokens at once, 8-token prompts\n", reps, batch, n_gen);
+    printf("\n%d repetitions; prefix cache off; prompts of random token ids", reps);
+    if (n_gen > 0 && batch > 1)
+        printf("; batch row: %d sequences of %d tokens at once, 8-token prompts", batch, n_gen);
+    printf("\nspeculative decoding: %s; tg runs: %lld tokens drafted, %lld accepted\n",
+           ep.spec == RLAI_SPEC_OFF ? "off (--spec ngram to time it)" : ep.spec == RLAI_SPEC_NGRAM ? "ngram" : "auto",
+           tg_drafted, tg_accepted);
     goto out;
 fail:
     fprintf(stderr, "rlai bench: a run failed: %s\n", rlai_strerror(rc));

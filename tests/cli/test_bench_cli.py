@@ -48,3 +48,30 @@ def test_bench_options():
     assert r.returncode == 2 and b"-r: 'zero' is not an integer" in r.stderr
     r = subprocess.run([RLAI, "bench", "-m", "/nonexistent.gguf", "-r", "1"], capture_output=True, timeout=60)
     assert r.returncode == 1 and b"cannot load model" in r.stderr
+
+
+def drafted(stdout):
+    m = re.search(r"^speculative decoding: (\S+).*; tg runs: (\d+) tokens drafted, (\d+) accepted$",
+                  stdout.decode(), re.M)
+    assert m, stdout
+    return m.group(1), int(m.group(2)), int(m.group(3))
+
+
+def test_bench_tg_is_plain_decoding_unless_asked():
+    """The tg rows are greedy runs, and the engine's default (auto) drafts
+    for greedy requests: rlai bench must turn that off itself, or its tg
+    figure times prompt-lookup speculation (which llama-bench's does not).
+    The same runs with --spec ngram do draft, so the zero below is not an
+    artefact of the prompts."""
+    args = [RLAI, "bench", "-m", str(MODEL), "-p", "0", "-n", "96", "-b", "1", "-r", "2", "-t", "2"]
+    r = subprocess.run(args, capture_output=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert drafted(r.stdout) == ("off", 0, 0)
+    r = subprocess.run(args + ["--spec", "ngram"], capture_output=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    mode, d, a = drafted(r.stdout)
+    assert mode == "ngram" and d > 0 and 0 <= a <= d, r.stdout
+    r = subprocess.run([RLAI, "bench", "--spec", "draft", "-r", "1"], capture_output=True, timeout=60)
+    assert r.returncode == 2 and b"needs a draft model" in r.stderr
+    r = subprocess.run([RLAI, "bench", "--spec", "fast", "-r", "1"], capture_output=True, timeout=60)
+    assert r.returncode == 2 and b"--spec must be off, ngram, draft or auto" in r.stderr
