@@ -5,9 +5,10 @@
  * Prints one table: prefill tok/s (512-token prompt) and decode tok/s
  * (128 generated tokens, plain decoding: speculation off) for 1 and 2
  * threads, with the run-time selected SIMD kernels and, as the baseline
- * measured in the same run, the scalar kernels. Also prints the bytes of weights read per decoded token, the
- * effective bandwidth that implies, a plain memory read-bandwidth baseline,
- * and peak resident memory against the file + KV + 64 MiB budget. */
+ * measured in the same run, the scalar kernels. Also prints the bytes of
+ * weights read per decoded token, the effective bandwidth that implies, a
+ * plain memory read-bandwidth baseline, and peak resident memory against
+ * the file + KV + 64 MiB budget. */
 #include "rlai/engine.h"
 
 #include <pthread.h>
