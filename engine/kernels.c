@@ -136,6 +136,7 @@ struct rlai_kernels {
     void (*attn_mad_multi)(int, int, const uint16_t *, size_t, int, const int *, const float *const *,
                            float *const *);
     float (*exp_sum)(int, float *, float);
+    void (*swiglu)(size_t, float *, const float *);
 
     unsigned char *scratch;   /* n threads * scratch_per, 64-aligned */
     size_t scratch_cap;
@@ -174,6 +175,7 @@ static void set_ops(rlai_kernels *k, rlai_isa isa)
         k->attn_dot_multi = rlai__attn_dot_f16_multi_avx2;   /* same results as AVX-512's (canonical order) */
         k->attn_mad_multi = rlai__attn_mad_f16_multi_avx2;
         k->exp_sum = rlai__exp_sum_avx2;
+        k->swiglu = rlai__swiglu_avx512;
         break;
     case RLAI_ISA_AVX2:
         k->mm = rlai__mm_avx2;
@@ -186,6 +188,7 @@ static void set_ops(rlai_kernels *k, rlai_isa isa)
         k->attn_dot_multi = rlai__attn_dot_f16_multi_avx2;
         k->attn_mad_multi = rlai__attn_mad_f16_multi_avx2;
         k->exp_sum = rlai__exp_sum_avx2;
+        k->swiglu = rlai__swiglu_avx2;
         break;
     default:
         k->isa = RLAI_ISA_SCALAR;
@@ -199,6 +202,7 @@ static void set_ops(rlai_kernels *k, rlai_isa isa)
         k->attn_dot_multi = attn_dot_multi_scalar;
         k->attn_mad_multi = attn_mad_multi_scalar;
         k->exp_sum = rlai__exp_sum_scalar;
+        k->swiglu = rlai__swiglu_scalar;
         break;
     }
 }
@@ -641,6 +645,33 @@ void rlai_attn_mad_f16_multi(rlai_kernels *k, int m, int d, const uint16_t *rows
 float rlai_vec_exp_sum(rlai_kernels *k, int n, float *x, float max)
 {
     return n > 0 ? ops_of(k)->exp_sum(n, x, max) : 0.0f;
+}
+
+void rlai_vec_swiglu(rlai_kernels *k, size_t n, float *gate, const float *up)
+{
+    if (n > 0)
+        ops_of(k)->swiglu(n, gate, up);
+}
+
+const uint64_t rlai__expf_tab[32] = {
+    0x3ff0000000000000u, 0x3fefd9b0d3158574u, 0x3fefb5586cf9890fu, 0x3fef9301d0125b51u,
+    0x3fef72b83c7d517bu, 0x3fef54873168b9aau, 0x3fef387a6e756238u, 0x3fef1e9df51fdee1u,
+    0x3fef06fe0a31b715u, 0x3feef1a7373aa9cbu, 0x3feedea64c123422u, 0x3feece086061892du,
+    0x3feebfdad5362a27u, 0x3feeb42b569d4f82u, 0x3feeab07dd485429u, 0x3feea47eb03a5585u,
+    0x3feea09e667f3bcdu, 0x3fee9f75e8ec5f74u, 0x3feea11473eb0187u, 0x3feea589994cce13u,
+    0x3feeace5422aa0dbu, 0x3feeb737b0cdc5e5u, 0x3feec49182a3f090u, 0x3feed503b23e255du,
+    0x3feee89f995ad3adu, 0x3feeff76f2fb5e47u, 0x3fef199bdd85529cu, 0x3fef3720dcef9069u,
+    0x3fef5818dcfba487u, 0x3fef7c97337b9b5fu, 0x3fefa4afa2a490dau, 0x3fefd0765b6e4540u,
+};
+
+/* The scalar level calls libm's expf: on x86-64 glibc 2.28 and later that
+ * is the SIMD levels' function (kernels_impl.h); elsewhere the scalar
+ * level may differ from them in the last bit, as its other helpers would
+ * without the canonical orders. */
+void rlai__swiglu_scalar(size_t n, float *gate, const float *up)
+{
+    for (size_t i = 0; i < n; i++)
+        gate[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
 }
 
 void rlai__attn_dot_f16_scalar(int n, int d, const uint16_t *k, size_t stride, const float *q, float scale,

@@ -94,5 +94,10 @@ void rlai_attn_mad_f16_multi(rlai_kernels *k, int m, int d, const uint16_t *rows
 /* x[i] = exp(x[i] - max) for i < n; returns the sum (relative error of
  * each exp below 2e-7 on the SIMD path). */
 float rlai_vec_exp_sum(rlai_kernels *k, int n, float *x, float max);
+/* gate[i] = silu(gate[i]) * up[i] for i < n, silu(x) = x / (1 + expf(-x)),
+ * with exactly glibc's expf on every level (kernels_impl.h); the same
+ * element gives the same result wherever it sits in the arrays. Both
+ * arrays caller-owned, not overlapping. */
+void rlai_vec_swiglu(rlai_kernels *k, size_t n, float *gate, const float *up);
 
 #endif

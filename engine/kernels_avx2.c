@@ -1250,3 +1250,54 @@ void rlai__attn_mad_f16_multi_avx2(int m, int d, const uint16_t *v, size_t strid
         }
     }
 }
+
+/* ---- SwiGLU with glibc's expf (kernels_impl.h), 4 lanes in double. */
+
+/* e^x for 4 floats in [RLAI_EXPF_LO, RLAI_EXPF_HI], still in double:
+ * rlai__expf_ref's operations lane by lane. */
+AI __m256d expf_pd4(__m128 x)
+{
+    const __m256d inv = _mm256_set1_pd(RLAI_EXPF_INVLN2N), sh = _mm256_set1_pd(RLAI_EXPF_SHIFT);
+    __m256d xd = _mm256_cvtps_pd(x);
+    __m256d kd = _mm256_fmadd_pd(inv, xd, sh);
+    __m256i ki = _mm256_castpd_si256(kd);
+    kd = _mm256_sub_pd(kd, sh);
+    __m256d r = _mm256_fmsub_pd(inv, xd, kd);
+    __m256i idx = _mm256_and_si256(ki, _mm256_set1_epi64x(31));
+    __m256i t = _mm256_i64gather_epi64((const long long *)(const void *)rlai__expf_tab, idx, 8);
+    t = _mm256_add_epi64(t, _mm256_slli_epi64(ki, 47));
+    __m256d p = _mm256_fmadd_pd(_mm256_set1_pd(RLAI_EXPF_C0), r, _mm256_set1_pd(RLAI_EXPF_C1));
+    __m256d r2 = _mm256_mul_pd(r, r);
+    __m256d y = _mm256_fmadd_pd(_mm256_set1_pd(RLAI_EXPF_C2), r, _mm256_set1_pd(1.0));
+    y = _mm256_fmadd_pd(p, r2, y);
+    return _mm256_mul_pd(y, _mm256_castsi256_pd(t));
+}
+
+static void swiglu_ref(size_t n, float *gate, const float *up)
+{
+    for (size_t i = 0; i < n; i++)
+        gate[i] = gate[i] / (1.0f + rlai__expf_ref(-gate[i])) * up[i];
+}
+
+void rlai__swiglu_avx2(size_t n, float *gate, const float *up)
+{
+    const __m256 lo = _mm256_set1_ps(RLAI_EXPF_LO), hi = _mm256_set1_ps(RLAI_EXPF_HI);
+    const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 g = _mm256_loadu_ps(gate + i);
+        __m256 x = _mm256_xor_ps(g, sign);
+        /* NaN, or outside the range of the polynomial path: the reference */
+        __m256 out = _mm256_or_ps(_mm256_cmp_ps(x, lo, _CMP_NGE_UQ), _mm256_cmp_ps(x, hi, _CMP_NLE_UQ));
+        if (_mm256_movemask_ps(out)) {
+            swiglu_ref(8, gate + i, up + i);
+            continue;
+        }
+        __m128 e0 = _mm256_cvtpd_ps(expf_pd4(_mm256_castps256_ps128(x)));
+        __m128 e1 = _mm256_cvtpd_ps(expf_pd4(_mm256_extractf128_ps(x, 1)));
+        __m256 e = _mm256_set_m128(e1, e0);
+        __m256 y = _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)), _mm256_loadu_ps(up + i));
+        _mm256_storeu_ps(gate + i, y);
+    }
+    swiglu_ref(n - i, gate + i, up + i);
+}

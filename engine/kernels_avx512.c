@@ -468,3 +468,53 @@ void rlai__attn_mad_f16_avx512(int n, int d, const uint16_t *v, size_t stride, c
     else
         mad_f16_rows16(d / 16, d % 16 != 0, n, v, stride, p, y);
 }
+
+/* ---- SwiGLU with glibc's expf (kernels_impl.h), 8 lanes in double. */
+
+/* e^x for 8 floats in [RLAI_EXPF_LO, RLAI_EXPF_HI], still in double:
+ * rlai__expf_ref's operations lane by lane (the table lookup is two
+ * two-register permutes and a blend instead of a gather). */
+AI __m512d expf_pd8(__m256 x, const __m512i tab[4])
+{
+    const __m512d inv = _mm512_set1_pd(RLAI_EXPF_INVLN2N), sh = _mm512_set1_pd(RLAI_EXPF_SHIFT);
+    __m512d xd = _mm512_cvtps_pd(x);
+    __m512d kd = _mm512_fmadd_pd(inv, xd, sh);
+    __m512i ki = _mm512_castpd_si512(kd);
+    kd = _mm512_sub_pd(kd, sh);
+    __m512d r = _mm512_fmsub_pd(inv, xd, kd);
+    __m512i t0 = _mm512_permutex2var_epi64(tab[0], ki, tab[1]);   /* entries 0-15 by bits 0-3 */
+    __m512i t1 = _mm512_permutex2var_epi64(tab[2], ki, tab[3]);   /* entries 16-31 */
+    __m512i t = _mm512_mask_blend_epi64(_mm512_test_epi64_mask(ki, _mm512_set1_epi64(16)), t0, t1);
+    t = _mm512_add_epi64(t, _mm512_slli_epi64(ki, 47));
+    __m512d p = _mm512_fmadd_pd(_mm512_set1_pd(RLAI_EXPF_C0), r, _mm512_set1_pd(RLAI_EXPF_C1));
+    __m512d r2 = _mm512_mul_pd(r, r);
+    __m512d y = _mm512_fmadd_pd(_mm512_set1_pd(RLAI_EXPF_C2), r, _mm512_set1_pd(1.0));
+    y = _mm512_fmadd_pd(p, r2, y);
+    return _mm512_mul_pd(y, _mm512_castsi512_pd(t));
+}
+
+void rlai__swiglu_avx512(size_t n, float *gate, const float *up)
+{
+    const __m512 lo = _mm512_set1_ps(RLAI_EXPF_LO), hi = _mm512_set1_ps(RLAI_EXPF_HI);
+    const __m512 one = _mm512_set1_ps(1.0f), sign = _mm512_set1_ps(-0.0f);
+    __m512i tab[4];
+    for (int q = 0; q < 4; q++)
+        tab[q] = _mm512_loadu_si512((const void *)(rlai__expf_tab + 8 * q));
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 g = _mm512_loadu_ps(gate + i);
+        __m512 x = _mm512_xor_ps(g, sign);
+        /* NaN, or outside the range of the polynomial path: the AVX2
+         * level's reference fallback, same results */
+        if (_mm512_cmp_ps_mask(x, lo, _CMP_NGE_UQ) | _mm512_cmp_ps_mask(x, hi, _CMP_NLE_UQ)) {
+            rlai__swiglu_avx2(16, gate + i, up + i);
+            continue;
+        }
+        __m256 e0 = _mm512_cvtpd_ps(expf_pd8(_mm512_castps512_ps256(x), tab));
+        __m256 e1 = _mm512_cvtpd_ps(expf_pd8(_mm512_extractf32x8_ps(x, 1), tab));
+        __m512 e = _mm512_insertf32x8(_mm512_castps256_ps512(e0), e1, 1);
+        __m512 y = _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(one, e)), _mm512_loadu_ps(up + i));
+        _mm512_storeu_ps(gate + i, y);
+    }
+    rlai__swiglu_avx2(n - i, gate + i, up + i);
+}

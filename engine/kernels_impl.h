@@ -111,4 +111,58 @@ float rlai__exp_sum_avx2(int n, float *x, float max);
 void rlai__attn_dot_f16_avx512(int n, int d, const uint16_t *k, size_t stride, const float *q, float scale, float *out);
 void rlai__attn_mad_f16_avx512(int n, int d, const uint16_t *v, size_t stride, const float *p, float *y);
 
+/* ---- SwiGLU, gate[i] = silu(gate[i]) * up[i] with silu(x) = x / (1 + e^-x).
+ * The SIMD levels compute e^-x with the algorithm of glibc's expf (glibc
+ * 2.28 and later; the variant x86-64 glibc selects on CPUs with FMA), in
+ * double precision as it does: x * 32/ln2 = k + r (|r| <= 1/2, rounded by
+ * adding 1.5 * 2^52), 2^(k/32) from a 32-entry table plus k's high bits in
+ * the exponent, 2^(r/32) by a cubic, one rounding to float at the end.
+ * Every float input gives glibc's expf bit for bit (all 2^32 inputs were
+ * compared: tests/test_kernels.c, RLAI_TEST_EXHAUSTIVE=1), so the SIMD
+ * levels, the scalar level (which calls expf) and earlier builds agree and
+ * greedy outputs do not change. The scalar form below is what the SIMD
+ * code does per lane; its fma() calls are instructions only in the files
+ * built with -mfma (kernels_avx2.c, kernels_avx512.c). The bounds and
+ * coefficients are glibc's (sysdeps/ieee754/flt-32, from Arm's optimized
+ * routines); the table was generated here from exp2l and is the same. */
+#define RLAI_EXPF_LO (-0x1.9fe368p6f)  /* below: 0 (glibc's underflow bound) */
+#define RLAI_EXPF_HI 0x1.62e42ep6f     /* above: +inf (overflow) */
+#define RLAI_EXPF_INVLN2N (0x1.71547652b82fep0 * 32)
+#define RLAI_EXPF_SHIFT 0x1.8p52
+#define RLAI_EXPF_C0 (0x1.c6af84b912394p-5 / 32 / 32 / 32)
+#define RLAI_EXPF_C1 (0x1.ebfce50fac4f3p-3 / 32 / 32)
+#define RLAI_EXPF_C2 (0x1.62e42ff0c52d6p-1 / 32)
+/* bits(2^(i/32)) - (i << 47): adding k << 47 to entry k % 32 gives the
+ * bits of 2^(k/32) (k's high bits land in the exponent). */
+extern const uint64_t rlai__expf_tab[32];
+
+static inline float rlai__expf_ref(float x)
+{
+    if (x != x)
+        return x + x;
+    if (x > RLAI_EXPF_HI)
+        return __builtin_inff();
+    if (x < RLAI_EXPF_LO)
+        return 0.0f;
+    double xd = (double)x;
+    double kd = __builtin_fma(RLAI_EXPF_INVLN2N, xd, RLAI_EXPF_SHIFT);
+    uint64_t ki;
+    __builtin_memcpy(&ki, &kd, sizeof ki);
+    kd -= RLAI_EXPF_SHIFT;
+    double r = __builtin_fma(RLAI_EXPF_INVLN2N, xd, -kd);
+    uint64_t t = rlai__expf_tab[ki % 32] + (ki << 47);
+    double s;
+    __builtin_memcpy(&s, &t, sizeof s);
+    double p = __builtin_fma(RLAI_EXPF_C0, r, RLAI_EXPF_C1);
+    double r2 = r * r;
+    double y = __builtin_fma(RLAI_EXPF_C2, r, 1.0);
+    y = __builtin_fma(p, r2, y);
+    return (float)(y * s);
+}
+
+/* n elements, any n; gate and up may not overlap. */
+void rlai__swiglu_scalar(size_t n, float *gate, const float *up);
+void rlai__swiglu_avx2(size_t n, float *gate, const float *up);
+void rlai__swiglu_avx512(size_t n, float *gate, const float *up);
+
 #endif

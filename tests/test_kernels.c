@@ -19,7 +19,9 @@
  * Batch invariance (test_matmul_batch_invariance): bitwise equality of
  * each output across T, position in the batch, batch split and threads. */
 #include <check.h>
+#include <float.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -928,6 +930,87 @@ START_TEST(test_matmul_n_identical)
 }
 END_TEST
 
+/* What the scalar level and builds before rlai_vec_swiglu computed. */
+static float swiglu_libm(float g, float u)
+{
+    return g / (1.0f + expf(-g)) * u;
+}
+
+static bool same_float(float a, float b)
+{
+    return (isnan(a) && isnan(b)) || memcmp(&a, &b, sizeof a) == 0;
+}
+
+/* rlai_vec_swiglu on every level, and its expf, bit for bit against libm
+ * (glibc's expf: kernels_impl.h) over every 997th float bit pattern, the
+ * special values and the edges of the polynomial range, at every start
+ * offset of a 16-lane vector and with ragged tails. RLAI_TEST_EXHAUSTIVE=1
+ * sweeps all 2^32 patterns instead (about a minute). */
+START_TEST(test_swiglu_exact)
+{
+    const uint64_t stride = getenv("RLAI_TEST_EXHAUSTIVE") ? 1 : 997;
+    rlai_isa isas[3];
+    int n_isa = isa_list(isas);
+    rlai_kernels *k[3];
+    for (int ii = 0; ii < n_isa; ii++)
+        ck_assert_int_eq(rlai_kernels_new(isas[ii], false, &k[ii]), RLAI_OK);
+    enum { CH = 4099 };
+    float *in = malloc(CH * sizeof *in), *up = malloc(CH * sizeof *up), *g = malloc(CH * sizeof *g);
+    ck_assert(in && up && g);
+    rng_state = 0x5117u;
+    long checked = 0;
+    /* the specials and edges first, then the sweep */
+    const float edge[] = { 0.0f, -0.0f, INFINITY, -INFINITY, NAN, -NAN, FLT_MAX, -FLT_MAX, FLT_MIN, -FLT_MIN,
+                           0x1p-149f, -0x1p-149f, 1.0f, -1.0f, 88.0f, -88.0f, 103.0f, -103.0f };
+    int n_edge = 0;
+    for (size_t i = 0; i < sizeof edge / sizeof edge[0]; i++)
+        in[n_edge++] = edge[i];
+    const float bound[] = { RLAI_EXPF_LO, RLAI_EXPF_HI, -RLAI_EXPF_LO, -RLAI_EXPF_HI };
+    for (int b = 0; b < 4; b++) {
+        in[n_edge++] = bound[b];
+        in[n_edge++] = nextafterf(bound[b], INFINITY);
+        in[n_edge++] = nextafterf(bound[b], -INFINITY);
+    }
+    uint64_t pat = 0;
+    bool first = true;
+    while (first || pat < 0x100000000ull) {
+        int n = first ? n_edge : 0;
+        for (; n < CH && pat < 0x100000000ull; n++, pat += stride) {
+            uint32_t b = (uint32_t)pat;
+            memcpy(&in[n], &b, sizeof b);
+        }
+        for (int i = 0; i < n; i++) {
+            /* mostly plain values for up, some zeros and negatives */
+            uint64_t r = rnd64();
+            up[i] = (r & 15) == 0 ? 0.0f : (float)((int64_t)(r >> 40) - (1 << 23)) / (float)(1 << 22);
+            float want = expf(in[i]);
+            if (!same_float(rlai__expf_ref(in[i]), want))   /* (a ck_assert per value is slow) */
+                ck_abort_msg("expf(%a): %a, libm %a", (double)in[i], (double)rlai__expf_ref(in[i]),
+                             (double)want);
+        }
+        for (int ii = 0; ii < n_isa; ii++) {
+            int off = (int)(pat / stride % 16);   /* a different lane alignment each chunk */
+            int len = n - off;
+            memcpy(g, in + off, (size_t)len * sizeof *g);
+            rlai_vec_swiglu(k[ii], (size_t)len, g, up + off);
+            for (int i = 0; i < len; i++)
+                if (!same_float(g[i], swiglu_libm(in[off + i], up[off + i])))
+                    ck_abort_msg("%s: swiglu(%a, %a) = %a, libm gives %a", rlai_isa_name(isas[ii]),
+                                 (double)in[off + i], (double)up[off + i], (double)g[i],
+                                 (double)swiglu_libm(in[off + i], up[off + i]));
+            checked += len;
+        }
+        first = false;
+    }
+    ck_assert_int_gt(checked, (long)n_isa * 4000000);
+    free(in);
+    free(up);
+    free(g);
+    for (int ii = 0; ii < n_isa; ii++)
+        rlai_kernels_free(k[ii]);
+}
+END_TEST
+
 static Suite *kernels_suite(void)
 {
     Suite *s = suite_create("kernels");
@@ -939,6 +1022,7 @@ static Suite *kernels_suite(void)
     tcase_add_test(tc, test_attn_helpers);
     tcase_add_test(tc, test_attn_multi_identical);
     tcase_add_test(tc, test_helpers_isa_identical);
+    tcase_add_test(tc, test_swiglu_exact);
     suite_add_tcase(s, tc);
     TCase *mm = tcase_create("matmul");
     tcase_set_timeout(mm, 600);
