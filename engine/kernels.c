@@ -172,8 +172,8 @@ static void set_ops(rlai_kernels *k, rlai_isa isa)
         k->to_f16 = rlai__f32_to_f16_avx2;
         k->attn_dot = rlai__attn_dot_f16_avx512;
         k->attn_mad = rlai__attn_mad_f16_avx512;
-        k->attn_dot_multi = rlai__attn_dot_f16_multi_avx2;   /* same results as AVX-512's (canonical order) */
-        k->attn_mad_multi = rlai__attn_mad_f16_multi_avx2;
+        k->attn_dot_multi = rlai__attn_dot_f16_multi_avx512;
+        k->attn_mad_multi = rlai__attn_mad_f16_multi_avx512;
         k->exp_sum = rlai__exp_sum_avx2;
         k->swiglu = rlai__swiglu_avx512;
         break;

@@ -41,6 +41,7 @@
  * exact float sequences; the other vector helpers are the AVX2 ones. */
 #include "kernels_impl.h"
 #include "dtype.h"
+#include "kernels_x86.h"
 
 #include <immintrin.h>
 #include <string.h>
@@ -393,15 +394,6 @@ void rlai__mm_avx512(const rlai_mm_job *j, int64_t r0, int64_t r1, int t0, int t
 /* ------------------------------------------------------------------ */
 /* attention helpers: the AVX2 helpers' exact float sequences, 16 wide */
 
-/* hsum8 of kernels_avx2.c: (v0+v4 + v2+v6) + (v1+v5 + v3+v7). */
-AI float hsum8(__m256 v)
-{
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
 /* rlai__attn_dot_f16_avx2 keeps two 8-lane sums, s0 over elements
  * 16i..16i+7 and s1 over 16i+8..16i+15 (a last group of 8 goes to s0);
  * one zmm holds [s0 | s1] and takes the same fmas, so the results are
@@ -467,6 +459,134 @@ void rlai__attn_mad_f16_avx512(int n, int d, const uint16_t *v, size_t stride, c
         mad_f16_rows16(4, false, n, v, stride, p, y);   /* the usual head size */
     else
         mad_f16_rows16(d / 16, d % 16 != 0, n, v, stride, p, y);
+}
+
+/* ---- several queries over one f16 KV block (verification rows,
+ * grouped-query heads): kernels_avx2.c's multi helpers with one 16-lane
+ * FMA where they issue two 8-lane ones. The dot's zmm holds [s0 | s1] of
+ * the AVX2 helper (elements 16i..16i+7 | 16i+8..16i+15; a last group of 8
+ * goes to s0) and the mad is element-wise, so every query's results are
+ * bit-identical to rlai__attn_dot_f16_avx2's / _mad_'s on it alone. */
+
+#define MULTI_ROWS 16
+
+/* m rows of d f16 (d % 8 == 0) to f32, d floats apart, 64-byte aligned
+ * when d % 16 == 0. */
+static void block_to_f32_16(int m, int d, const uint16_t *src, size_t stride, float *dst)
+{
+    for (int j = 0; j < m; j++) {
+        const uint16_t *r = src + (size_t)j * stride;
+        float *o = dst + (size_t)j * d;
+        int i = 0;
+        for (; i + 16 <= d; i += 16)
+            _mm512_storeu_ps(o + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(r + i))));
+        if (i < d)
+            _mm256_storeu_ps(o + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(r + i))));
+    }
+}
+
+/* [s0 | s1] of a zmm, plus the last 8 elements' fma into s0, summed as
+ * the AVX2 helper sums them: s0 + s1. */
+AI __m256 halves_sum(__m512 s, const float *r, const float *q, int i, int d)
+{
+    __m256 s0 = _mm512_castps512_ps256(s), s1 = _mm512_extractf32x8_ps(s, 1);
+    if (i < d)
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(r + i), _mm256_loadu_ps(q + i), s0);
+    return _mm256_add_ps(s0, s1);
+}
+
+/* out[j] = scale * dot(q, kf row j) for j < m, kf: m rows of d f32. */
+static void dot_rows_f32_16(int m, int d, const float *kf, const float *q, float scale, float *out)
+{
+    const __m128 sc = _mm_set1_ps(scale);
+    int j = 0;
+    for (; j + 4 <= m; j += 4) {
+        const float *r0 = kf + (size_t)j * d, *r1 = r0 + d, *r2 = r1 + d, *r3 = r2 + d;
+        __m512 a = _mm512_setzero_ps(), b = a, c = a, e = a;
+        int i = 0;
+        for (; i + 16 <= d; i += 16) {
+            __m512 qv = _mm512_loadu_ps(q + i);
+            a = _mm512_fmadd_ps(_mm512_loadu_ps(r0 + i), qv, a);
+            b = _mm512_fmadd_ps(_mm512_loadu_ps(r1 + i), qv, b);
+            c = _mm512_fmadd_ps(_mm512_loadu_ps(r2 + i), qv, c);
+            e = _mm512_fmadd_ps(_mm512_loadu_ps(r3 + i), qv, e);
+        }
+        __m128 s = hsum8x4(halves_sum(a, r0, q, i, d), halves_sum(b, r1, q, i, d), halves_sum(c, r2, q, i, d),
+                           halves_sum(e, r3, q, i, d));
+        _mm_storeu_ps(out + j, _mm_mul_ps(sc, s));
+    }
+    for (; j < m; j++) {
+        const float *r = kf + (size_t)j * d;
+        __m512 a = _mm512_setzero_ps();
+        int i = 0;
+        for (; i + 16 <= d; i += 16)
+            a = _mm512_fmadd_ps(_mm512_loadu_ps(r + i), _mm512_loadu_ps(q + i), a);
+        out[j] = scale * hsum8(halves_sum(a, r, q, i, d));
+    }
+}
+
+void rlai__attn_dot_f16_multi_avx512(int m, int d, const uint16_t *k, size_t stride, int nq,
+                                     const float *const *q, float scale, float *const *out)
+{
+    if (d % 8 != 0 || d > 256 || nq < 2) {
+        for (int qi = 0; qi < nq; qi++)
+            rlai__attn_dot_f16_avx512(m, d, k, stride, q[qi], scale, out[qi]);
+        return;
+    }
+    _Alignas(64) float kf[MULTI_ROWS * 256];
+    for (int j0 = 0; j0 < m; j0 += MULTI_ROWS) {
+        int mb = m - j0 < MULTI_ROWS ? m - j0 : MULTI_ROWS;
+        block_to_f32_16(mb, d, k + (size_t)j0 * stride, stride, kf);
+        for (int qi = 0; qi < nq; qi++)
+            dot_rows_f32_16(mb, d, kf, q[qi], scale, out[qi] + j0);
+    }
+}
+
+/* y += sum_j p[j] * row j over rows already in f32 (d = 16 nv, + 8 when
+ * half): element-wise FMAs in j order, as every mad helper. */
+AI void mad_f32_rows16(const int nv, const bool half, int n, const float *vf, int d, const float *p, float *y)
+{
+    __m512 acc[8];
+    __m256 acc8 = half ? _mm256_loadu_ps(y + 16 * nv) : _mm256_setzero_ps();
+    for (int c = 0; c < nv; c++)
+        acc[c] = _mm512_loadu_ps(y + 16 * c);
+    for (int j = 0; j < n; j++) {
+        __m512 pj = _mm512_set1_ps(p[j]);
+        const float *r = vf + (size_t)j * d;
+        for (int c = 0; c < nv; c++)
+            acc[c] = _mm512_fmadd_ps(pj, _mm512_loadu_ps(r + 16 * c), acc[c]);
+        if (half)
+            acc8 = _mm256_fmadd_ps(_mm512_castps512_ps256(pj), _mm256_loadu_ps(r + 16 * nv), acc8);
+    }
+    for (int c = 0; c < nv; c++)
+        _mm512_storeu_ps(y + 16 * c, acc[c]);
+    if (half)
+        _mm256_storeu_ps(y + 16 * nv, acc8);
+}
+
+void rlai__attn_mad_f16_multi_avx512(int m, int d, const uint16_t *v, size_t stride, int nq, const int *mq,
+                                     const float *const *p, float *const *y)
+{
+    if (d % 8 != 0 || d > 128 || nq < 2) {
+        for (int qi = 0; qi < nq; qi++)
+            rlai__attn_mad_f16_avx512(mq[qi] < m ? mq[qi] : m, d, v, stride, p[qi], y[qi]);
+        return;
+    }
+    _Alignas(64) float vf[MULTI_ROWS * 128];
+    for (int j0 = 0; j0 < m; j0 += MULTI_ROWS) {
+        int mb = m - j0 < MULTI_ROWS ? m - j0 : MULTI_ROWS;
+        block_to_f32_16(mb, d, v + (size_t)j0 * stride, stride, vf);
+        for (int qi = 0; qi < nq; qi++) {
+            int n = (mq[qi] < m ? mq[qi] : m) - j0;
+            n = n < mb ? n : mb;
+            if (n <= 0)
+                continue;
+            if (d == 64)
+                mad_f32_rows16(4, false, n, vf, 64, p[qi] + j0, y[qi]);   /* constant trip count */
+            else
+                mad_f32_rows16(d / 16, d % 16 != 0, n, vf, d, p[qi] + j0, y[qi]);
+        }
+    }
 }
 
 /* ---- SwiGLU with glibc's expf (kernels_impl.h), 8 lanes in double. */

@@ -110,6 +110,10 @@ void rlai__attn_mad_f16_multi_avx2(int m, int d, const uint16_t *v, size_t strid
 float rlai__exp_sum_avx2(int n, float *x, float max);
 void rlai__attn_dot_f16_avx512(int n, int d, const uint16_t *k, size_t stride, const float *q, float scale, float *out);
 void rlai__attn_mad_f16_avx512(int n, int d, const uint16_t *v, size_t stride, const float *p, float *y);
+void rlai__attn_dot_f16_multi_avx512(int m, int d, const uint16_t *k, size_t stride, int nq,
+                                     const float *const *q, float scale, float *const *out);
+void rlai__attn_mad_f16_multi_avx512(int m, int d, const uint16_t *v, size_t stride, int nq, const int *mq,
+                                     const float *const *p, float *const *y);
 
 /* ---- SwiGLU, gate[i] = silu(gate[i]) * up[i] with silu(x) = x / (1 + e^-x).
  * The SIMD levels compute e^-x with the algorithm of glibc's expf (glibc

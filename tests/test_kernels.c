@@ -3,7 +3,8 @@
  * {32,64,576}, single-threaded and with a 2-thread pool, against a
  * double-precision reference; SIMD vs scalar agreement; activation
  * quantizer bit-identity; f16 vector helpers; API edge cases; the AVX-512
- * VNNI kernels bitwise against the scalar reference.
+ * VNNI kernels bitwise against the scalar reference; SwiGLU's SIMD expf
+ * bitwise against libm's.
  *
  * Error measure: for an output y = sum_c w_c x_c we compare against
  * norm = sum_c |w_c x_c| (the condition-aware scale of a dot product).
