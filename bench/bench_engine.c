@@ -106,10 +106,10 @@ static int run_case(const char *model, rlai_isa isa, int threads, int n_prefill,
     rlai_gen_params gp;
     rlai_gen_params_init(&gp);
     gp.ignore_eos = true;
-    /* Plain decoding: the engine's default (auto) drafts for greedy
-     * requests, and this prompt repeats one sentence, so prompt lookup
-     * would predict most tokens and the bandwidth figure below would be
-     * meaningless. bench_spec measures speculation. */
+    /* Plain decoding: the engine's default (auto) drafts, and this prompt
+     * repeats one sentence, so prompt lookup would predict most tokens and
+     * the bandwidth figure below would be meaningless. bench_spec
+     * measures speculation. */
     gp.spec = RLAI_SPEC_OFF;
     res->prefill = res->decode = 0;
     for (int r = 0; r < reps; r++) {

@@ -4,9 +4,9 @@
  * target then verifies in one batched forward (scheduler.c).
  *
  * The proposal is deterministic (the draft's argmax), so the verification
- * rule of prompt-lookup drafts applies unchanged: greedy output equals
- * non-speculative decoding, and the standard rejection rule keeps a sampled
- * request's distribution (sampler.h, rlai_sampler_sample_draft).
+ * rule of prompt-lookup drafts applies unchanged: the output equals
+ * non-speculative decoding token for token, greedy or sampled with a seed
+ * (the coupled rejection rule, sampler.h).
  *
  * Each request has its own draft sequence (rlai_draft_seq): the draft's
  * K/V of the tokens it has been fed, in the draft's own paged cache with its

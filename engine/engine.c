@@ -242,7 +242,7 @@ int rlai_engine_open(const char *path, const rlai_engine_params *params,
         goto fail;
     }
     if (e->params.spec != RLAI_SPEC_OFF && e->params.spec != RLAI_SPEC_NGRAM && e->params.spec != RLAI_SPEC_DRAFT)
-        e->params.spec = RLAI_SPEC_AUTO; /* per request: draft or ngram when greedy (scheduler.c) */
+        e->params.spec = RLAI_SPEC_AUTO; /* per request: draft or ngram (scheduler.c) */
     if (e->params.spec_max_draft <= 0)
         e->params.spec_max_draft = 8;
     if (e->params.spec_max_draft > RLAI_SPEC_MAX_DRAFT)

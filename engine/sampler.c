@@ -445,18 +445,17 @@ static int build_dist(rlai_sampler *s, const float *logits)
     return n;
 }
 
-/* One draw from the weights c[0..n), leaving out token `skip` (-1 = none). */
-static int32_t draw(rlai_sampler *s, const cand *c, int n, int32_t skip)
+/* One draw from the weights c[0..n): exactly one uniform from the RNG. */
+static int32_t draw(rlai_sampler *s, const cand *c, int n)
 {
     double z = 0.0;
     for (int i = 0; i < n; i++)
-        if (c[i].id != skip)
-            z += (double)c[i].logit;
+        z += (double)c[i].logit;
     double r = rng_uniform(s->rng) * z;
     double cum = 0.0;
     int last_pos = -1;
     for (int i = 0; i < n; i++) {
-        if (c[i].logit <= 0.0f || c[i].id == skip)
+        if (c[i].logit <= 0.0f)
             continue;
         last_pos = i;
         cum += (double)c[i].logit;
@@ -496,42 +495,7 @@ int32_t rlai_sampler_sample(rlai_sampler *s, float *logits)
     const cand *c = s->cands;
     if (n == 1)
         return c[0].id;
-    return draw(s, c, n, -1);
-}
-
-/* Speculative verification of a deterministic draft token (q = 1 on
- * `draft`): with p the distribution rlai_sampler_sample draws from (same
- * penalties, filters and temperature), accept draft with probability
- * p(draft); on rejection draw from p with draft removed and renormalised,
- * i.e. norm(max(0, p - q)). The emitted token is therefore distributed
- * exactly as p. Greedy: the argmax (the draft is accepted iff it is the
- * argmax). The result equals `draft` iff the draft was accepted. logits
- * (caller-owned) is modified as by rlai_sampler_sample; nothing is recorded
- * in the history. */
-int32_t rlai_sampler_sample_draft(rlai_sampler *s, float *logits, int32_t draft)
-{
-    if (!s || !logits)
-        return 0;
-    if (!(s->p.temperature > 0.0f))
-        return rlai_sampler_sample(s, logits);
-    apply_penalties(s, logits);
-    int n = build_dist(s, logits);
-    if (n == 0)
-        return 0;
-    const cand *c = s->cands;
-    if (n == 1)
-        return c[0].id;
-    double z = 0.0, wd = 0.0;
-    for (int i = 0; i < n; i++) {
-        z += (double)c[i].logit;
-        if (c[i].id == draft)
-            wd = (double)c[i].logit;
-    }
-    if (wd > 0.0 && rng_uniform(s->rng) * z < wd)
-        return draft;
-    if (wd >= z) /* only the draft has mass: rounding */
-        return draft;
-    return draw(s, c, n, draft);
+    return draw(s, c, n);
 }
 
 /* ---- log-probabilities ------------------------------------------------- */

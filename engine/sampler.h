@@ -15,15 +15,19 @@ void rlai_sampler_free(rlai_sampler *s);
 void rlai_sampler_reset(rlai_sampler *s);
 /* Records a token as part of the history (prompt or generated) for penalties. */
 void rlai_sampler_accept(rlai_sampler *s, int32_t tok);
-/* Picks a token from logits[n_vocab]. The logits array may be modified. */
+/* Picks a token from logits[n_vocab]. The logits array may be modified.
+ * Takes one uniform from the RNG, or none (greedy, or one candidate left):
+ * speculative verification relies on it (below). */
 int32_t rlai_sampler_sample(rlai_sampler *s, float *logits);
-/* Speculative verification of a deterministic draft token: accepts `draft`
- * with probability p(draft) under the distribution rlai_sampler_sample
- * would draw from, else draws from p without draft, renormalised (the
- * standard rejection rule with q = 1 on the draft), so the result is
- * distributed exactly as p. Returns draft iff accepted. Greedy: argmax.
- * logits is modified; the result is not recorded (call accept). */
-int32_t rlai_sampler_sample_draft(rlai_sampler *s, float *logits, int32_t draft);
+/* Speculative verification samples every row with rlai_sampler_sample:
+ * a deterministic draft token (q = 1 on it) is accepted iff the token
+ * sampled at its position equals it. That is the standard rejection rule
+ * for such a draft, coupled: P(accept) = p(draft), and a rejected row's
+ * token is distributed as p without the draft, renormalised. Each emitted
+ * token takes exactly the one uniform draw plain decoding takes at that
+ * position (rejected rows are not sampled), so with a seed and the
+ * batch-invariant logits the output is token for token the output
+ * without drafts, at any temperature. */
 
 /* Log-probabilities of `tok` and of the n_top most probable ids under the
  * log-softmax of raw[n_vocab] (unmodified model logits; see

@@ -143,12 +143,13 @@ int rlai_engine_submit(rlai_engine *e, const rlai_request_params *rp, uint64_t *
     }
     {
         rlai_spec_mode mode = r->gp.spec == RLAI_SPEC_AUTO ? e->params.spec : r->gp.spec;
-        /* The built-in default: drafts for greedy requests only. Their
-         * output does not change (batch-invariant kernels, tests/test_spec.c)
-         * and bench_spec measured 1.1-2.2x on 2 CPU cores (free chat
-         * included); a sampled request keeps the exact draws a seed gives. */
+        /* The built-in default: drafts, greedy or sampled. The output does
+         * not change either way: batch-invariant kernels, and each emitted
+         * token takes the draw plain decoding takes (sampler.h;
+         * tests/test_spec.c); the cost-aware pausing (spec.c) stops drafts
+         * that do not pay. */
         if (mode == RLAI_SPEC_AUTO)
-            mode = r->gp.sampling.temperature > 0.0f ? RLAI_SPEC_OFF : e->draft ? RLAI_SPEC_DRAFT : RLAI_SPEC_NGRAM;
+            mode = e->draft ? RLAI_SPEC_DRAFT : RLAI_SPEC_NGRAM;
         int md = r->gp.spec_max_draft > 0 ? r->gp.spec_max_draft : e->params.spec_max_draft;
         /* Logprobs are taken from the one row each step samples: no drafts.
          * The draft model sees text only: image prompts draft by prompt
@@ -442,8 +443,9 @@ static void sample_rows(void *arg, int ith, int nth)
             j->out[i] = -1;
             continue;
         }
-        j->out[i] = r->n_draft > 0 ? rlai_sampler_sample_draft(r->smp, lg, r->draft[0])
-                                   : rlai_sampler_sample(r->smp, lg);
+        /* a drafting row too: its draft is accepted iff this token equals
+         * it (the coupled rejection rule, sampler.h) */
+        j->out[i] = rlai_sampler_sample(r->smp, lg);
         if (r->lp_on) {
             rlai_logprobs_compute(r->lp_raw, (int)j->n_vocab, j->out[i], r->gp.top_logprobs, &r->lp);
             r->lp_ready = true;
@@ -604,8 +606,7 @@ static int req_verify(rlai_engine *e, rlai_req *r, int32_t tok, float *logits, s
         if (r->done || !hit)
             break;
         float *lg = logits + (size_t)(r->row0 + j + 1) * n_vocab;
-        tok = j + 1 < nd ? rlai_sampler_sample_draft(r->smp, lg, r->draft[j + 1])
-                         : rlai_sampler_sample(r->smp, lg);
+        tok = rlai_sampler_sample(r->smp, lg);   /* checked against draft[j + 1] next */
     }
     if (nd > 0) {
         double cost = rlai_spec_cost_of(&e->spec_cost, 1 + nd);

@@ -147,9 +147,9 @@ int rlai_bench_cli_main(int argc, char **argv, const char *default_model)
     int n_prompt = 512, n_gen = 128, batch = 4, reps = 5, c, li = -1, bad = 0;
     rlai_engine_params ep;
     rlai_engine_params_init(&ep);
-    /* The engine's default (auto) drafts for greedy requests, and these
-     * runs are greedy: without this the tg rows would time prompt-lookup
-     * speculation, not the decoding llama-bench's rows time. */
+    /* The engine's default (auto) drafts: without this the tg rows would
+     * time prompt-lookup speculation, not the decoding llama-bench's rows
+     * time. */
     ep.spec = RLAI_SPEC_OFF;
     optind = 1;
     while ((c = getopt_long(argc, argv, "m:p:n:b:r:t:h", opts, &li)) != -1) {

@@ -14,8 +14,8 @@
  * passes its invariant check and proposes exactly what a fresh sequence
  * fed the same tokens proposes (rollback leaves no stale K/V); a draft with
  * another tokenizer, a missing file, and DRAFT without a draft model are
- * refused with a reason; AUTO drafts with the draft model for greedy
- * requests only; text that repeats an earlier passage is drafted by prompt
+ * refused with a reason; AUTO drafts with the draft model for greedy and
+ * sampled requests, a seeded sample coming out as without drafts; text that repeats an earlier passage is drafted by prompt
  * lookup beside the draft model (spec_lookup_min), and a request whose
  * draft model gives up goes on with prompt lookup. */
 #include <check.h>
@@ -270,12 +270,12 @@ START_TEST(drafts_under_continuous_batching)
 }
 END_TEST
 
-START_TEST(auto_uses_the_draft_model_for_greedy_requests)
+START_TEST(auto_uses_the_draft_model_greedy_and_sampled)
 {
     rlai_engine *e = open_engine(MODEL, RLAI_SPEC_AUTO, 0, -1);
     rlai_token p[256];
     int n = tokenize(e, 3, p);   /* free chat: little for n-gram lookup to copy */
-    static result on, hot, hot2;
+    static result on, cold, hot, hot2;
     rlai_kv_stats ks;
     rlai_draft_kv_stats(e->draft, &ks);
     ck_assert_int_eq(ks.blocks_cached, 0);
@@ -287,15 +287,23 @@ START_TEST(auto_uses_the_draft_model_for_greedy_requests)
     /* the draft model ran: its cache holds the prompt's full blocks */
     rlai_draft_kv_stats(e->draft, &ks);
     ck_assert_int_ge(ks.blocks_cached, n / RLAI_KV_BLOCK);
-    /* sampled AUTO requests do not draft; asked for, DRAFT works sampled too */
+    /* sampled AUTO and DRAFT requests draft too, and with the default seed
+     * they give the sampled output of plain decoding */
+    submit_t(e, p, n, NTOK, RLAI_SPEC_OFF, 0.8f, &cold);
+    run_until_idle(e);
+    ck_assert(cold.done && cold.status == 0 && cold.n == NTOK);
+    ck_assert_int_eq(cold.m.drafted_tokens, 0);
     submit_t(e, p, n, NTOK, RLAI_SPEC_AUTO, 0.8f, &hot);
     run_until_idle(e);
     ck_assert(hot.done && hot.status == 0 && hot.n == NTOK);
-    ck_assert_int_eq(hot.m.drafted_tokens, 0);
+    ck_assert_int_gt(hot.m.drafted_tokens, 0);
+    ck_assert_int_gt(hot.m.accepted_tokens, 0);
+    ck_assert(memcmp(hot.toks, cold.toks, sizeof(rlai_token) * NTOK) == 0);
     submit_t(e, p, n, NTOK, RLAI_SPEC_DRAFT, 0.8f, &hot2);
     run_until_idle(e);
     ck_assert(hot2.done && hot2.status == 0 && hot2.n == NTOK);
     ck_assert_int_gt(hot2.m.drafted_tokens, 0);
+    ck_assert(memcmp(hot2.toks, cold.toks, sizeof(rlai_token) * NTOK) == 0);
     rlai_engine_close(e);
 }
 END_TEST
@@ -371,7 +379,7 @@ int main(void)
     tcase_add_test(tc, a_different_draft_is_verified_and_rolled_back);
     tcase_add_test(tc, rollback_keeps_the_draft_cache_consistent);
     tcase_add_test(tc, drafts_under_continuous_batching);
-    tcase_add_test(tc, auto_uses_the_draft_model_for_greedy_requests);
+    tcase_add_test(tc, auto_uses_the_draft_model_greedy_and_sampled);
     tcase_add_test(tc, repeated_text_is_drafted_by_lookup_beside_the_draft_model);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);

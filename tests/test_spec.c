@@ -1,7 +1,8 @@
 /* test_spec.c - speculative decoding: the n-gram drafter and the adaptive
- * draft length as pure functions; the rejection rule keeps the sampling
- * distribution (chi-square on a fixed seed); and on the real default
- * model, greedy output with speculation is token-for-token the output
+ * draft length as pure functions; the verification rule keeps the
+ * sampling distribution (chi-square on a fixed seed) and takes exactly the
+ * draws of plain decoding; and on the real default model, greedy and
+ * seeded sampled output with speculation is token-for-token the output
  * without it, alone and under continuous batching, with drafts actually
  * accepted, max_tokens honoured exactly and every KV block returned. */
 #include <check.h>
@@ -194,20 +195,40 @@ START_TEST(step_cost_is_learned_from_step_times)
 }
 END_TEST
 
-/* ------------------------------------------------------- rejection rule */
+/* ------------------------------------------------------- verification rule */
 
-/* Draws `trials` tokens with rlai_sampler_sample_draft(draft) and returns
- * Pearson's chi-square of the counts against the expected p. */
+static uint64_t rng_state;
+static uint64_t rnd(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return rng_state;
+}
+
+/* One verified row (sampler.h): the row is sampled as plain decoding
+ * samples it, and the draft is accepted iff the token equals it. */
+static int32_t verify_row(rlai_sampler *s, float *logits, int32_t draft, int *accepted)
+{
+    int32_t tok = rlai_sampler_sample(s, logits);
+    *accepted += tok == draft;
+    return tok;
+}
+
+/* Verifies `draft` on the same logits `trials` times and returns Pearson's
+ * chi-square of the emitted tokens against the expected p; *acc counts
+ * the accepted drafts. */
 static double chi_square(const rlai_sampler_params *sp, const float *logits, int nv, int32_t draft,
-                         const double *p, int trials, int *counts)
+                         const double *p, int trials, int *counts, int *acc)
 {
     rlai_sampler *s = NULL;
     ck_assert_int_eq(rlai_sampler_new(sp, nv, &s), 0);
     float buf[16];
     memset(counts, 0, sizeof(int) * (size_t)nv);
+    *acc = 0;
     for (int t = 0; t < trials; t++) {
         memcpy(buf, logits, sizeof(float) * (size_t)nv);
-        int32_t tok = rlai_sampler_sample_draft(s, buf, draft);
+        int32_t tok = verify_row(s, buf, draft, acc);
         ck_assert(tok >= 0 && tok < nv);
         counts[tok]++;
     }
@@ -224,7 +245,10 @@ static double chi_square(const rlai_sampler_params *sp, const float *logits, int
     return x2;
 }
 
-START_TEST(rejection_rule_keeps_the_distribution)
+/* The emitted token follows p whatever the draft, and a draft is accepted
+ * with probability p(draft): the standard rejection rule for a
+ * deterministic draft. */
+START_TEST(verification_rule_keeps_the_distribution)
 {
     enum { NV = 6, TRIALS = 60000 };
     const float logits[NV] = { 2.0f, 1.0f, 0.5f, 0.0f, -1.0f, -3.0f };
@@ -239,14 +263,18 @@ START_TEST(rejection_rule_keeps_the_distribution)
         z += p[i] = exp(logits[i] / 0.8);
     for (int i = 0; i < NV; i++)
         p[i] /= z;
-    int counts[NV];
+    int counts[NV], acc;
     /* 5 degrees of freedom: 20.5 is the 0.1% critical value. Drafting the
-     * likeliest, a middling and the least likely token. */
+     * likeliest, a middling and the least likely token; acceptance within
+     * 4.5 standard deviations of p(draft). */
     const int32_t drafts[3] = { 0, 2, 5 };
     for (int d = 0; d < 3; d++) {
-        double x2 = chi_square(&sp, logits, NV, drafts[d], p, TRIALS, counts);
+        double x2 = chi_square(&sp, logits, NV, drafts[d], p, TRIALS, counts, &acc);
         ck_assert_msg(x2 < 20.5, "draft %d: chi-square %.2f (counts %d %d %d %d %d %d)", drafts[d], x2,
                       counts[0], counts[1], counts[2], counts[3], counts[4], counts[5]);
+        double pd = p[drafts[d]], sd = sqrt(pd * (1 - pd) / TRIALS);
+        ck_assert_msg(fabs((double)acc / TRIALS - pd) < 4.5 * sd, "draft %d accepted %.4f, p %.4f", drafts[d],
+                      (double)acc / TRIALS, pd);
     }
     /* top_k = 3: a draft outside the kept set is never accepted and the
      * result follows the truncated, renormalised distribution. */
@@ -254,10 +282,11 @@ START_TEST(rejection_rule_keeps_the_distribution)
     double q[NV] = { 0 }, zq = p[0] + p[1] + p[2];
     for (int i = 0; i < 3; i++)
         q[i] = p[i] / zq;
-    double x2 = chi_square(&sp, logits, NV, 5, q, TRIALS, counts);
+    double x2 = chi_square(&sp, logits, NV, 5, q, TRIALS, counts, &acc);
     ck_assert_msg(x2 < 20.5, "top_k 3, draft outside: chi-square %.2f", x2);
     ck_assert_int_eq(counts[5], 0);
-    x2 = chi_square(&sp, logits, NV, 1, q, TRIALS, counts);
+    ck_assert_int_eq(acc, 0);
+    x2 = chi_square(&sp, logits, NV, 1, q, TRIALS, counts, &acc);
     ck_assert_msg(x2 < 20.5, "top_k 3, draft inside: chi-square %.2f", x2);
     /* greedy: the argmax whatever the draft */
     sp.top_k = 0;
@@ -266,8 +295,72 @@ START_TEST(rejection_rule_keeps_the_distribution)
     ck_assert_int_eq(rlai_sampler_new(&sp, NV, &s), 0);
     float buf[NV];
     memcpy(buf, logits, sizeof(buf));
-    ck_assert_int_eq(rlai_sampler_sample_draft(s, buf, 4), 0);
+    acc = 0;
+    ck_assert_int_eq(verify_row(s, buf, 4, &acc), 0);
+    ck_assert_int_eq(acc, 0);
     rlai_sampler_free(s);
+}
+END_TEST
+
+/* A seeded sampler decoding row by row, and the same seed verifying drafts
+ * over the same rows (the scheduler's loop: sample, record, stop at the
+ * first miss; rejected rows are not sampled), emit the same tokens: each
+ * emitted token takes the draw plain decoding takes at its position. With
+ * penalties, top-k/top-p and drafts that are partly right, partly random. */
+START_TEST(verification_takes_the_draws_of_plain_decoding)
+{
+    enum { NV = 12, ROWS = 3000 };
+    static float rows[ROWS][NV];
+    static int32_t plain[ROWS];
+    rng_state = 99;
+    for (int t = 0; t < ROWS; t++)
+        for (int v = 0; v < NV; v++)
+            rows[t][v] = (float)((int)(rnd() % 4000) - 2000) / 700.0f;
+    rlai_sampler_params sp;
+    memset(&sp, 0, sizeof(sp));
+    sp.temperature = 0.9f;
+    sp.top_k = 8;
+    sp.top_p = 0.95f;
+    sp.repeat_penalty = 1.3f;
+    sp.presence_penalty = 0.2f;
+    sp.repeat_last_n = 16;
+    sp.seed = 777;
+    rlai_sampler *a = NULL, *b = NULL;
+    ck_assert_int_eq(rlai_sampler_new(&sp, NV, &a), 0);
+    ck_assert_int_eq(rlai_sampler_new(&sp, NV, &b), 0);
+    float buf[NV];
+    for (int t = 0; t < ROWS; t++) {
+        memcpy(buf, rows[t], sizeof(buf));
+        plain[t] = rlai_sampler_sample(a, buf);
+        rlai_sampler_accept(a, plain[t]);
+    }
+    int t = 0, accepted = 0, rejected = 0, steps = 0;
+    while (t < ROWS) {
+        int32_t draft[8];
+        int nd = (int)(rnd() % 6);
+        for (int k = 0; k < nd; k++)   /* the true continuation, or a guess */
+            draft[k] = (rnd() % 3 && t + k < ROWS) ? plain[t + k] : (int32_t)(rnd() % NV);
+        for (int j = 0; t < ROWS; j++) {
+            memcpy(buf, rows[t], sizeof(buf));
+            int hit = 0;
+            int32_t tok = verify_row(b, buf, j < nd ? draft[j] : -1, &hit);
+            rlai_sampler_accept(b, tok);
+            ck_assert_msg(tok == plain[t], "position %d: %d with drafts, %d without", t, tok, plain[t]);
+            t++;
+            if (!hit) {
+                rejected += j < nd;
+                break;
+            }
+            accepted++;
+        }
+        steps++;
+    }
+    /* both outcomes happened many times */
+    ck_assert_int_gt(accepted, 500);
+    ck_assert_int_gt(rejected, 300);
+    ck_assert_int_lt(steps, ROWS);
+    rlai_sampler_free(a);
+    rlai_sampler_free(b);
 }
 END_TEST
 
@@ -287,8 +380,9 @@ static rlai_engine *open_engine(rlai_spec_mode spec, int spec_max_batch)
     return e;
 }
 
-static void submit(rlai_engine *e, const rlai_token *p, int n, int max_tokens, rlai_spec_mode spec,
-                   result *r)
+/* sp: the request's sampling, NULL = the default (greedy) */
+static void submit_s(rlai_engine *e, const rlai_token *p, int n, int max_tokens, rlai_spec_mode spec,
+                     const rlai_sampler_params *sp, result *r)
 {
     rlai_request_params rp;
     memset(&rp, 0, sizeof(rp));
@@ -299,11 +393,35 @@ static void submit(rlai_engine *e, const rlai_token *p, int n, int max_tokens, r
     rp.gen.max_tokens = max_tokens;
     rp.gen.ignore_eos = true;
     rp.gen.spec = spec;
+    if (sp)
+        rp.gen.sampling = *sp;
     rp.on_token = collect;
     rp.on_done = done_cb;
     rp.user = r;
     uint64_t id = 0;
     ck_assert_int_eq(rlai_engine_submit(e, &rp, &id), 0);
+}
+
+static void submit(rlai_engine *e, const rlai_token *p, int n, int max_tokens, rlai_spec_mode spec,
+                   result *r)
+{
+    submit_s(e, p, n, max_tokens, spec, NULL, r);
+}
+
+/* The product's default sampling (docs/DEFAULTS.md: temperature 0.8,
+ * top-k 40, top-p 0.95, min-p 0.05), seeded per prompt. */
+static rlai_sampler_params hot_sampling(int i)
+{
+    rlai_sampler_params sp;
+    memset(&sp, 0, sizeof(sp));
+    sp.temperature = 0.8f;
+    sp.top_k = 40;
+    sp.top_p = 0.95f;
+    sp.min_p = 0.05f;
+    sp.repeat_penalty = 1.0f;
+    sp.repeat_last_n = 64;
+    sp.seed = 4242u + (uint64_t)i;
+    return sp;
 }
 
 static void run_until_idle(rlai_engine *e)
@@ -405,6 +523,25 @@ START_TEST(speculation_under_continuous_batching)
         drafted += r[i].m.drafted_tokens;
     }
     ck_assert_int_gt(drafted, 0);
+    /* sampled, seeded: the same again */
+    static result alone_hot[4], r_hot[4];
+    rlai_sampler_params hot[4];
+    for (int i = 0; i < 4; i++) {
+        hot[i] = hot_sampling(i);
+        submit_s(e, p[i], n[i], NTOK, RLAI_SPEC_OFF, &hot[i], &alone_hot[i]);
+        run_until_idle(e);
+    }
+    for (int i = 0; i < 4; i++)
+        submit_s(e, p[i], n[i], NTOK, RLAI_SPEC_NGRAM, &hot[i], &r_hot[i]);
+    run_until_idle(e);
+    drafted = 0;
+    for (int i = 0; i < 4; i++) {
+        ck_assert(r_hot[i].done && r_hot[i].status == 0 && r_hot[i].n == NTOK);
+        ck_assert_msg(memcmp(r_hot[i].toks, alone_hot[i].toks, sizeof(rlai_token) * NTOK) == 0,
+                      "prompt %d: batched sampled speculative output differs from the lone plain run", i);
+        drafted += r_hot[i].m.drafted_tokens;
+    }
+    ck_assert_int_gt(drafted, 0);
     rlai_engine_close(e);
 
     /* the default batch limit (2): with four sequences decoding no one drafts */
@@ -420,15 +557,16 @@ START_TEST(speculation_under_continuous_batching)
 }
 END_TEST
 
-/* The built-in default (engine AUTO): greedy requests draft and give the
- * plain output; sampled ones do not draft, so a seed keeps its draws. */
-START_TEST(auto_drafts_for_greedy_requests_only)
+/* The built-in default (engine AUTO) drafts for greedy and sampled
+ * requests alike, and neither output changes: a seed gives the same text
+ * with and without drafts. */
+START_TEST(auto_drafts_and_keeps_every_output)
 {
     rlai_engine *e = open_engine(RLAI_SPEC_AUTO, 0);
     rlai_token p[256];
     int n = rlai_engine_tokenize(e, prompts[0], strlen(prompts[0]), true, true, p, 256);
     ck_assert_int_gt(n, 0);
-    static result off, on, hot;
+    static result off, on;
     submit(e, p, n, NTOK, RLAI_SPEC_OFF, &off);
     run_until_idle(e);
     submit(e, p, n, NTOK, RLAI_SPEC_AUTO, &on);
@@ -439,23 +577,26 @@ START_TEST(auto_drafts_for_greedy_requests_only)
     ck_assert_int_gt(on.m.drafted_tokens, 0);
     ck_assert_int_gt(on.m.accepted_tokens, 0);
 
-    rlai_request_params rp;
-    memset(&rp, 0, sizeof(rp));
-    memset(&hot, 0, sizeof(hot));
-    rp.prompt = p;
-    rp.n_prompt = n;
-    rlai_gen_params_init(&rp.gen);
-    rp.gen.max_tokens = NTOK;
-    rp.gen.ignore_eos = true;
-    rp.gen.sampling.temperature = 0.8f;
-    rp.on_token = collect;
-    rp.on_done = done_cb;
-    rp.user = &hot;
-    uint64_t id;
-    ck_assert_int_eq(rlai_engine_submit(e, &rp, &id), 0);
-    run_until_idle(e);
-    ck_assert(hot.done && hot.status == 0 && hot.n == NTOK);
-    ck_assert_int_eq(hot.m.drafted_tokens, 0);
+    /* sampled: every prompt, seeded, with and without */
+    long drafted = 0, accepted = 0;
+    for (int i = 0; i < 4; i++) {
+        rlai_sampler_params hot = hot_sampling(i);
+        n = rlai_engine_tokenize(e, prompts[i], strlen(prompts[i]), true, true, p, 256);
+        submit_s(e, p, n, NTOK, RLAI_SPEC_OFF, &hot, &off);
+        run_until_idle(e);
+        submit_s(e, p, n, NTOK, RLAI_SPEC_AUTO, &hot, &on);
+        run_until_idle(e);
+        ck_assert(off.done && off.status == 0 && off.n == NTOK);
+        ck_assert(on.done && on.status == 0 && on.n == NTOK);
+        ck_assert_int_eq(off.m.drafted_tokens, 0);
+        for (int k = 0; k < NTOK; k++)
+            ck_assert_msg(on.toks[k] == off.toks[k], "sampled prompt %d: token %d differs (%d vs %d)", i, k,
+                          on.toks[k], off.toks[k]);
+        drafted += on.m.drafted_tokens;
+        accepted += on.m.accepted_tokens;
+    }
+    ck_assert_int_gt(drafted, 0);
+    ck_assert_int_gt(accepted, NTOK / 4);
     rlai_engine_close(e);
 }
 END_TEST
@@ -508,9 +649,10 @@ int main(void)
     tcase_add_test(tc, adaptive_gamma_grows_shrinks_and_pauses);
     tcase_add_test(tc, adaptive_gamma_weighs_the_step_cost);
     tcase_add_test(tc, step_cost_is_learned_from_step_times);
-    tcase_add_test(tc, rejection_rule_keeps_the_distribution);
+    tcase_add_test(tc, verification_rule_keeps_the_distribution);
+    tcase_add_test(tc, verification_takes_the_draws_of_plain_decoding);
     tcase_add_test(tc, spec_modes_parse_and_bad_values_are_refused);
-    tcase_add_test(tc, auto_drafts_for_greedy_requests_only);
+    tcase_add_test(tc, auto_drafts_and_keeps_every_output);
     tcase_add_test(tc, greedy_output_is_identical_with_and_without_speculation);
     tcase_add_test(tc, speculation_under_continuous_batching);
     suite_add_tcase(s, tc);

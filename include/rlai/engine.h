@@ -44,11 +44,10 @@ typedef enum rlai_kv_type {
 } rlai_kv_type;
 
 /* Speculative decoding (docs/SPECULATIVE.md). In engine params AUTO means
- * the built-in default: for greedy requests (temperature 0; their output is
- * the same token for token) DRAFT when a draft model is loaded, else NGRAM;
- * OFF for sampled ones (with drafts a seeded sample would depend on the
- * step timings that pause drafting). In gen params AUTO means "as the
- * engine". */
+ * the built-in default: DRAFT when a draft model is loaded, else NGRAM,
+ * for greedy and sampled requests alike (the output is the same token for
+ * token with or without drafts; a seed gives the same text either way).
+ * In gen params AUTO means "as the engine". */
 typedef enum rlai_spec_mode {
     RLAI_SPEC_AUTO = 0,
     RLAI_SPEC_OFF = 1,
@@ -84,7 +83,7 @@ typedef struct rlai_engine_params {
                              "cuda" or "cuda:N" (fails with RLAI_ERR_UNSUPPORTED
                              and a message when CUDA cannot be used). Copied.
                              `isa` applies to the CPU backend. */
-    rlai_spec_mode spec;  /* speculative decoding (AUTO = ngram when greedy) */
+    rlai_spec_mode spec;  /* speculative decoding (AUTO = draft with a draft model, else ngram) */
     int spec_max_draft;   /* longest draft per step; 0 = 8, at most 16 */
     int spec_max_batch;   /* drafting only while at most this many sequences
                              decode in a step; 0 = 2, < 0 = no limit */

@@ -58,8 +58,8 @@ def drafted(stdout):
 
 
 def test_bench_tg_is_plain_decoding_unless_asked():
-    """The tg rows are greedy runs, and the engine's default (auto) drafts
-    for greedy requests: rlai bench must turn that off itself, or its tg
+    """The engine's default (auto) drafts (the tg rows are greedy runs):
+    rlai bench must turn that off itself, or its tg
     figure times prompt-lookup speculation (which llama-bench's does not).
     The same runs with --spec ngram do draft, so the zero below is not an
     artefact of the prompts."""
