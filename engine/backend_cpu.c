@@ -81,19 +81,72 @@ static void cpu_get_rows(rlai_backend *be, const rlai_weight *w, const int32_t *
         rlai_weight_get_row(w, ids[i], dst + (size_t)i * (size_t)w->cols);
 }
 
-static void cpu_rmsnorm(rlai_backend *be, float *dst, const float *x, const float *w, int n, int d, float eps)
+/* ---- element-wise ops over many rows (prefill, verification) run on the
+ * pool: each row's or element's arithmetic is the serial loop's, so the
+ * results do not depend on the split. */
+
+typedef void (*range_fn)(void *arg, size_t i0, size_t i1);
+
+typedef struct range_task {
+    range_fn fn;
+    void *arg;
+    size_t n;
+} range_task;
+
+static void range_worker(void *arg, int ith, int nth)
 {
-    (void)be;
-    for (int r = 0; r < n; r++) {
-        const float *xr = x + (size_t)r * d;
-        float *yr = dst + (size_t)r * d;
+    range_task *t = arg;
+    size_t i0 = t->n * (size_t)ith / (size_t)nth, i1 = t->n * (size_t)(ith + 1) / (size_t)nth;
+    if (i1 > i0)
+        t->fn(t->arg, i0, i1);
+}
+
+/* fn over [0, n): split over the pool's threads when n >= par_min, else
+ * here (a hand-off costs a few microseconds). */
+static void run_ranges(cpu_backend *c, range_fn fn, void *arg, size_t n, size_t par_min)
+{
+    if (n >= par_min && c->n_threads > 1) {
+        range_task t = { fn, arg, n };
+        rlai_threadpool_run(c->tp, range_worker, &t);
+    } else if (n > 0) {
+        fn(arg, 0, n);
+    }
+}
+
+/* Rows from which a row-wise op is split: an RMSNorm row of 576 is about
+ * 1 us (its sum of squares is one dependent chain, in double). */
+#define ROWS_PAR_MIN 8
+/* Elements from which an add or SwiGLU is split: one row of SmolLM2's
+ * 1536 takes under 1 us with the SIMD expf, less than a hand-off. */
+#define ELEMS_PAR_MIN 16384
+
+typedef struct rmsnorm_args {
+    float *dst;
+    const float *x, *w;
+    int d;
+    float eps;
+} rmsnorm_args;
+
+static void rmsnorm_rows(void *arg, size_t r0, size_t r1)
+{
+    const rmsnorm_args *a = arg;
+    int d = a->d;
+    for (size_t r = r0; r < r1; r++) {
+        const float *xr = a->x + r * (size_t)d;
+        float *yr = a->dst + r * (size_t)d;
         double ss = 0.0;
         for (int i = 0; i < d; i++)
             ss += (double)xr[i] * xr[i];
-        float scale = (float)(1.0 / sqrt(ss / d + eps));
+        float scale = (float)(1.0 / sqrt(ss / d + a->eps));
         for (int i = 0; i < d; i++)
-            yr[i] = xr[i] * scale * w[i];
+            yr[i] = xr[i] * scale * a->w[i];
     }
+}
+
+static void cpu_rmsnorm(rlai_backend *be, float *dst, const float *x, const float *w, int n, int d, float eps)
+{
+    rmsnorm_args a = { dst, x, w, d, eps };
+    run_ranges(cpu(be), rmsnorm_rows, &a, n > 0 ? (size_t)n : 0, ROWS_PAR_MIN);
 }
 
 static void cpu_matmul(rlai_backend *be, const rlai_weight *w, const float *x, int64_t ldx, int T,
@@ -118,38 +171,40 @@ static void cpu_add_row(rlai_backend *be, float *x, const float *b, int n, int d
     }
 }
 
-static void cpu_add(rlai_backend *be, float *x, const float *y, size_t n)
+typedef struct add_args {
+    float *x;
+    const float *y;
+} add_args;
+
+static void add_elems(void *arg, size_t j0, size_t j1)
 {
-    (void)be;
-    for (size_t j = 0; j < n; j++)
-        x[j] += y[j];
+    const add_args *a = arg;
+    for (size_t j = j0; j < j1; j++)
+        a->x[j] += a->y[j];
 }
 
-typedef struct swiglu_task {
+static void cpu_add(rlai_backend *be, float *x, const float *y, size_t n)
+{
+    add_args a = { x, y };
+    run_ranges(cpu(be), add_elems, &a, n, ELEMS_PAR_MIN);
+}
+
+typedef struct swiglu_args {
     rlai_kernels *k;
     float *gate;
     const float *up;
-    size_t n;
-} swiglu_task;
+} swiglu_args;
 
-static void swiglu_worker(void *arg, int ith, int nth)
+static void swiglu_elems(void *arg, size_t j0, size_t j1)
 {
-    swiglu_task *t = arg;
-    size_t j0 = t->n * (size_t)ith / (size_t)nth, j1 = t->n * (size_t)(ith + 1) / (size_t)nth;
-    rlai_vec_swiglu(t->k, j1 - j0, t->gate + j0, t->up + j0);
+    const swiglu_args *a = arg;
+    rlai_vec_swiglu(a->k, j1 - j0, a->gate + j0, a->up + j0);
 }
-
-/* Split over the threads from this many elements: one row of SmolLM2's
- * 1536 takes under 1 us with the SIMD expf, less than a hand-off. */
-#define SWIGLU_PAR_MIN 16384
 
 static void cpu_swiglu(rlai_backend *be, float *gate, const float *up, size_t n)
 {
-    swiglu_task t = { cpu(be)->k, gate, up, n };
-    if (n >= SWIGLU_PAR_MIN && cpu(be)->n_threads > 1)
-        rlai_threadpool_run(cpu(be)->tp, swiglu_worker, &t);
-    else
-        swiglu_worker(&t, 0, 1);
+    swiglu_args a = { cpu(be)->k, gate, up };
+    run_ranges(cpu(be), swiglu_elems, &a, n, ELEMS_PAR_MIN);
 }
 
 /* cs[0], cs[1] = cos, sin of pos * freq. */
@@ -224,23 +279,38 @@ static const float *rope_table(cpu_backend *c, int n, int n_rot, const float *in
     return c->rope_cs;
 }
 
+typedef struct rope_args {
+    float *x;
+    size_t stride;
+    int n_heads, head_dim, n_rot;
+    rlai_rope_mode mode;
+    const float *cs;
+} rope_args;
+
+static void rope_rows(void *arg, size_t i0, size_t i1)
+{
+    const rope_args *a = arg;
+    for (size_t i = i0; i < i1; i++)
+        rope_row(a->x + i * a->stride, a->n_heads, a->head_dim, a->n_rot, a->mode, a->cs + i * (size_t)a->n_rot);
+}
+
 static void cpu_rope(rlai_backend *be, float *x, int n, int n_heads, int head_dim, int n_rot,
                      rlai_rope_mode mode, const float *inv_freq, const int32_t *pos)
 {
     size_t stride = (size_t)n_heads * head_dim;
     const float *cs = rope_table(cpu(be), n, n_rot, inv_freq, pos);
-    for (int i = 0; i < n; i++) {
-        if (cs) {
-            rope_row(x + (size_t)i * stride, n_heads, head_dim, n_rot, mode, cs + (size_t)i * (size_t)n_rot);
-            continue;
-        }
-        /* out of memory for the table: the same angles, a pair at a time */
+    if (cs) {
+        rope_args a = { x, stride, n_heads, head_dim, n_rot, mode, cs };
+        run_ranges(cpu(be), rope_rows, &a, n > 0 ? (size_t)n : 0, ROWS_PAR_MIN);
+        return;
+    }
+    /* out of memory for the table: the same angles, a pair at a time */
+    for (int i = 0; i < n; i++)
         for (int k = 0; k < n_rot / 2; k++) {
             float cs1[2];
             rope_angle(pos[i], inv_freq[k], cs1);
             rope_pair(x + (size_t)i * stride, n_heads, head_dim, n_rot, mode, k, cs1[0], cs1[1]);
         }
-    }
 }
 
 static inline char *page_row(void *base, const rlai_kv_layer_view *kv, const int32_t *table, int pos)
