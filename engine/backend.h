@@ -99,7 +99,11 @@ typedef struct rlai_backend_i {
      * on the CPU reference). dst may equal x. */
     void (*rmsnorm)(rlai_backend *be, float *dst, const float *x, const float *w, int n, int d, float eps);
     /* y[t*ldy + r] = sum_c W[r][c] * x[t*ldx + c] for t < T: the quantized
-     * matrix product (matrix-vector at T = 1, matrix-matrix for prefill). */
+     * matrix product (matrix-vector at T = 1, matrix-matrix for prefill).
+     * Batch-invariant: token t's outputs must have the same bits whatever T
+     * and the other tokens are (speculative decoding's exactness and a
+     * sequence's independence from its batch rest on it; checked by
+     * tests/test_backend_ops.c), and so must attention's per row. */
     void (*matmul)(rlai_backend *be, const rlai_weight *w, const float *x, int64_t ldx, int T,
                    float *y, int64_t ldy);
     /* x[i*d + j] += b[j] for n rows (bias). */

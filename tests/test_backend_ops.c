@@ -24,6 +24,9 @@
  *   attention vs double softmax over the stored rows (cache rounding
  *       excluded): |y - ref| <= 1e-4 * max|v| + 1e-6
  *   argmax: exact, lowest index on ties.
+ *   batch invariance (matmul on every backend, attention on the f16 cache
+ *       on the CPU's default mode and CUDA): a row computed in a batch is
+ *       bit-identical to the row computed alone.
  * Shapes are random (seeded, printed on failure) over all weight types. */
 #include <check.h>
 #include <math.h>
@@ -402,6 +405,63 @@ START_TEST(test_matmul_all_types)
 }
 END_TEST
 
+/* Batch invariance of matmul (with the attention's below, what makes
+ * speculative decoding exact and a sequence's output independent of the
+ * others decoding beside it): each token of a T-token call gives the same
+ * bits as the token multiplied alone (T = 1), for T shaped like a
+ * verification (pending token + 8 drafts = 9, two sequences' = 18) and
+ * like prefill chunks (40, 70), on every weight type and every backend:
+ * the CPU at each level in both modes, and CUDA (one fixed per-output
+ * instruction sequence whatever T, backend_cuda.cu k_matmul). */
+START_TEST(test_matmul_batch_invariant)
+{
+    open_all();
+    const int Ts[] = { 2, 9, 18, 40, 70 };
+    for (int ti = 0; ti < N_WTYPES; ti++) {
+        uint32_t type = wtypes[ti];
+        int rows = irand(20, 90), cols = 32 * irand(1, 12);
+        rlai_weight w;
+        float *deq;
+        make_weight(type, rows, cols, &w, &deq);
+        for (int tt = 0; tt < (int)(sizeof(Ts) / sizeof(Ts[0])); tt++) {
+            int T = Ts[tt];
+            size_t NX = (size_t)T * cols, NY = (size_t)T * rows;
+            float *x = malloc(NX * sizeof(float)), *y = malloc(NY * sizeof(float));
+            float *y1 = malloc((size_t)rows * sizeof(float));
+            for (size_t i = 0; i < NX; i++) x[i] = frand() * 2;
+            for (int bi = 0; bi < n_bk; bi++) {
+                rlai_backend *be = bks[bi].be;
+                rlai_weight dw;
+                weight_on(be, &w, &dw);
+                float *dx = dev_copy(be, x, NX), *dy = dev_zeros(be, NY);
+                be->iface->matmul(be, &dw, dx, cols, T, dy, rows);
+                dev_read(be, dy, y, NY);
+                float *dx1 = dev_zeros(be, (size_t)cols), *dy1 = dev_zeros(be, (size_t)rows);
+                for (int t = 0; t < T; t++) {
+                    ck_assert_int_eq(be->iface->upload(be, dx1, 0, x + (size_t)t * cols, sizeof(float) * (size_t)cols), 0);
+                    be->iface->matmul(be, &dw, dx1, cols, 1, dy1, rows);
+                    dev_read(be, dy1, y1, (size_t)rows);
+                    for (int r = 0; r < rows; r++)
+                        ck_assert_msg(memcmp(&y[(size_t)t * rows + r], &y1[r], sizeof(float)) == 0,
+                                      "matmul %s on %s: token %d of %d, row %d: %.9g, alone %.9g",
+                                      rlai_dtype_name(type), bks[bi].name, t, T, r,
+                                      (double)y[(size_t)t * rows + r], (double)y1[r]);
+                }
+                be->iface->buffer_free(be, dx);
+                be->iface->buffer_free(be, dy);
+                be->iface->buffer_free(be, dx1);
+                be->iface->buffer_free(be, dy1);
+                weight_off(be, &dw);
+            }
+            free(x); free(y); free(y1);
+        }
+        free((void *)w.data);
+        free(deq);
+    }
+    close_all();
+}
+END_TEST
+
 /* Paged attention: sequences with shuffled, non-contiguous block tables. */
 START_TEST(test_kv_store_attention_paged)
 {
@@ -513,8 +573,8 @@ START_TEST(test_kv_store_attention_paged)
 }
 END_TEST
 
-/* Batch invariance of the CPU attention on the f16 cache (what makes
- * speculative decoding exact): a batch shaped like verification steps --
+/* Batch invariance of the attention on the f16 cache, CPU and CUDA (what
+ * makes speculative decoding exact): a batch shaped like verification steps --
  * several consecutive rows of one sequence (pending token + draft), single
  * rows of other sequences -- gives bit-identical outputs to attending each
  * row alone, whatever grouping of rows and grouped-query heads the backend
@@ -554,8 +614,8 @@ START_TEST(test_attention_batch_invariant)
         for (size_t i = 0; i < (size_t)total * KVD; i++) { k[i] = frand(); v[i] = frand() * 3; }
         for (size_t i = 0; i < (size_t)n * H * D; i++) q[i] = frand() * 2;
         for (int bi = 0; bi < n_bk; bi++) {
-            if (bks[bi].gpu || bks[bi].precise)
-                continue;   /* the f16 cache of fast mode (the engine's default) */
+            if (bks[bi].precise && !bks[bi].gpu)
+                continue;   /* the CPU's fast mode (the engine's default); CUDA has one mode */
             rlai_backend *be = bks[bi].be;
             rlai_kv_cache *kv;
             ck_assert_int_eq(rlai_kv_cache_new_on(be, 1, KVD, n_blocks, RLAI_DT_F16, &kv), 0);
@@ -687,6 +747,7 @@ static Suite *suite(void)
     tcase_add_test(tc, test_elementwise);
     tcase_add_test(tc, test_rope_both_modes);
     tcase_add_test(tc, test_matmul_all_types);
+    tcase_add_test(tc, test_matmul_batch_invariant);
     tcase_add_test(tc, test_kv_store_attention_paged);
     tcase_add_test(tc, test_attention_batch_invariant);
     tcase_add_test(tc, test_argmax);

@@ -316,72 +316,58 @@ __global__ void k_rmsnorm(float *dst, const float *x, const float *w, int d, flo
         yr[i] = __fmul_rn(__fmul_rn(xr[i], scale), w[i]);
 }
 
-/* Matrix-vector for small T: one warp per output row, lanes stride the
- * columns (adjacent lanes read adjacent bytes of a block), up to MV_T
- * tokens per pass. */
-#define MV_T 8
-__global__ void k_matvec(uint32_t t, const uint8_t *w, size_t rb, int64_t rows, int64_t cols,
+/* Matmul, every T: one warp per R output rows (R = 1 for decode-sized T,
+ * 4 for prefill), lanes stride the columns (adjacent lanes read adjacent
+ * bytes of a block), MM_T tokens per warp (blockIdx.y picks the tokens).
+ * Every output (token t, row r) is computed by the same instruction
+ * sequence whatever T, the row group or the token chunk it falls in: lane l
+ * sums w[r][c] * x[t][c] over c = l, l + 32, ... in order with one fma per
+ * term, then the warp's xor-butterfly adds the 32 partial sums. So a row's
+ * result does not depend on the other rows of the batch (batch invariance:
+ * speculative verification, continuous batching and prefill give the same
+ * bits as decoding the token alone), as on the CPU. */
+#define MM_T 8
+#define MM_WARPS 8
+template <int R>
+__global__ void k_matmul(uint32_t t, const uint8_t *w, size_t rb, int64_t rows, int64_t cols,
                          const float *x, int64_t ldx, int T, float *y, int64_t ldy)
 {
-    int64_t r = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    int64_t r0 = ((int64_t)blockIdx.x * MM_WARPS + (threadIdx.x >> 5)) * R;
     int lane = threadIdx.x & 31;
-    if (r >= rows)
-        return;
-    const uint8_t *row = w + (size_t)r * rb;
-    for (int t0 = 0; t0 < T; t0 += MV_T) {
-        int nt = T - t0 < MV_T ? T - t0 : MV_T;
-        float acc[MV_T];
-        for (int k = 0; k < MV_T; k++) acc[k] = 0.0f;
-        for (int64_t c = lane; c < cols; c += 32) {
-            float wv = deq1(t, row, c);
+    int t0 = blockIdx.y * MM_T;
+    if (r0 >= rows || t0 >= T)
+        return;                                   /* the whole warp: same r0 and t0 */
+    int nt = T - t0 < MM_T ? T - t0 : MM_T;
+    const uint8_t *row[R];
 #pragma unroll
-            for (int k = 0; k < MV_T; k++)
-                if (k < nt) acc[k] += wv * x[(size_t)(t0 + k) * ldx + c];
-        }
-        for (int k = 0; k < nt; k++) {
-            float s = warp_sum(acc[k]);
-            if (lane == 0) y[(size_t)(t0 + k) * ldy + r] = s;
-        }
+    for (int i = 0; i < R; i++)
+        row[i] = w + (size_t)(r0 + i < rows ? r0 + i : rows - 1) * rb;   /* past the end: computed, not stored */
+    const float *xt = x + (size_t)t0 * ldx;
+    float acc[R][MM_T];
+#pragma unroll
+    for (int i = 0; i < R; i++)
+#pragma unroll
+        for (int k = 0; k < MM_T; k++) acc[i][k] = 0.0f;
+    for (int64_t c = lane; c < cols; c += 32) {
+        float wv[R];
+#pragma unroll
+        for (int i = 0; i < R; i++) wv[i] = deq1(t, row[i], c);
+#pragma unroll
+        for (int k = 0; k < MM_T; k++)
+            if (k < nt) {
+                float xv = xt[(size_t)k * ldx + c];
+#pragma unroll
+                for (int i = 0; i < R; i++) acc[i][k] = __fmaf_rn(wv[i], xv, acc[i][k]);
+            }
     }
-}
-
-/* Tiled matrix-matrix for prefill: a TILE x TILE block of (token, row)
- * outputs; weight tiles dequantized into shared memory. */
-#define TILE 32
-#define TK 32
-__global__ void k_matmul_tiled(uint32_t t, const uint8_t *w, size_t rb, int64_t rows, int64_t cols,
-                               const float *x, int64_t ldx, int T, float *y, int64_t ldy)
-{
-    __shared__ float ws[TILE][TK + 1];
-    __shared__ float xs[TILE][TK + 1];
-    int tx = threadIdx.x, ty = threadIdx.y;        /* blockDim (32, 8) */
-    int64_t r0 = (int64_t)blockIdx.x * TILE;
-    int t0 = blockIdx.y * TILE;
-    float acc[TILE / 8];
-    for (int k = 0; k < TILE / 8; k++) acc[k] = 0.0f;
-    for (int64_t c0 = 0; c0 < cols; c0 += TK) {
-        for (int k = ty; k < TILE; k += 8) {
-            int64_t r = r0 + k, c = c0 + tx;
-            ws[k][tx] = r < rows && c < cols ? deq1(t, w + (size_t)r * rb, c) : 0.0f;
-            int tt = t0 + k;
-            xs[k][tx] = tt < T && c < cols ? x[(size_t)tt * ldx + c] : 0.0f;
-        }
-        __syncthreads();
-        /* thread (tx, ty): row r0 + tx, tokens t0 + ty + 8*k */
-#pragma unroll 4
-        for (int kk = 0; kk < TK; kk++) {
-            float wv = ws[tx][kk];
-            for (int k = 0; k < TILE / 8; k++)
-                acc[k] += wv * xs[ty + 8 * k][kk];
-        }
-        __syncthreads();
-    }
-    int64_t r = r0 + tx;
-    if (r < rows)
-        for (int k = 0; k < TILE / 8; k++) {
-            int tt = t0 + ty + 8 * k;
-            if (tt < T) y[(size_t)tt * ldy + r] = acc[k];
-        }
+#pragma unroll
+    for (int i = 0; i < R; i++)
+#pragma unroll
+        for (int k = 0; k < MM_T; k++)
+            if (k < nt) {
+                float s = warp_sum(acc[i][k]);
+                if (lane == 0 && r0 + i < rows) y[(size_t)(t0 + k) * ldy + r0 + i] = s;
+            }
 }
 
 __global__ void k_add_row(float *x, const float *b, int n, int d)
@@ -679,14 +665,19 @@ static void cu_matmul(rlai_backend *be, const rlai_weight *w, const float *x, in
     if (T <= 0 || w->rows <= 0)
         return;
     size_t rb = row_bytes_of(w->type, w->cols);
-    if (T <= MV_T) {
-        unsigned warps = 8;
-        k_matvec<<<blocks_for((size_t)w->rows, warps), warps * 32, 0, c->stream>>>(
-            w->type, (const uint8_t *)w->data, rb, w->rows, w->cols, x, ldx, T, y, ldy);
+    /* decode-sized batches (one token, a verification, a few sequences):
+     * a warp per row, most warps in flight; larger T: 4 rows per warp,
+     * each weight element dequantized once per 8 tokens for 4 outputs.
+     * Same arithmetic per output either way (k_matmul). */
+    unsigned tchunks = (unsigned)((T + MM_T - 1) / MM_T);
+    if (T <= 2 * MM_T) {
+        dim3 grid(blocks_for((size_t)w->rows, MM_WARPS), tchunks);
+        k_matmul<1><<<grid, MM_WARPS * 32, 0, c->stream>>>(w->type, (const uint8_t *)w->data, rb, w->rows,
+                                                           w->cols, x, ldx, T, y, ldy);
     } else {
-        dim3 grid(blocks_for((size_t)w->rows, TILE), blocks_for((size_t)T, TILE));
-        k_matmul_tiled<<<grid, dim3(32, 8), 0, c->stream>>>(w->type, (const uint8_t *)w->data, rb, w->rows,
-                                                             w->cols, x, ldx, T, y, ldy);
+        dim3 grid(blocks_for((size_t)w->rows, MM_WARPS * 4), tchunks);
+        k_matmul<4><<<grid, MM_WARPS * 32, 0, c->stream>>>(w->type, (const uint8_t *)w->data, rb, w->rows,
+                                                           w->cols, x, ldx, T, y, ldy);
     }
     note_launch(c);
 }

@@ -9,9 +9,10 @@
 #   3. rlai-gpucheck on the default model: CUDA vs CPU logits at every
 #      position of three prompts (relative L2 per position <= 2e-2 in the
 #      default mode, <= 1e-3 in precise mode; top-1 agreement where the CPU's
-#      top-2 gap >= 0.05), 64 greedy tokens identical (precise mode), then
-#      prefill tok/s (512 tokens), TTFT (22 tokens), decode tok/s at batch 1
-#      and 8;
+#      top-2 gap >= 0.05), 64 greedy tokens identical (precise mode),
+#      speculative decoding on the GPU identical to plain decoding (alone and
+#      beside three other sequences), then prefill tok/s (512 tokens), TTFT
+#      (22 tokens), decode tok/s at batch 1 and 8;
 #   4. prints the table and appends it to bench/RESULTS.md with the date and
 #      the GPU name (nvidia-smi).
 # CUDA graphs are not implemented yet: the table says so.

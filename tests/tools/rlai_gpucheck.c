@@ -13,6 +13,13 @@
  *   2. 64 greedy tokens (EOS ignored) from one prompt: identical in precise
  *      mode; in default mode the count of matching leading tokens is
  *      printed (the CPU's 8-bit activations may diverge legitimately).
+ *   3. speculative decoding on the device, default mode: 96 greedy tokens
+ *      of a quoting prompt with prompt-lookup drafts (spec ngram) identical
+ *      to the same request without drafts, and drafts accepted (the
+ *      backend's batch invariance: a verification row gives the bits of
+ *      the token decoded alone); then the same request decoding beside
+ *      three others (continuous batching, prefill chunks in the same
+ *      steps) identical too.
  * Timings (CUDA, default mode, printed as a markdown table): prefill tok/s
  * of a 512-token prompt, TTFT of a 22-token prompt (best of 5), decode
  * tok/s over 128 tokens at batch 1 and batch 8 (continuous batching,
@@ -162,6 +169,90 @@ static void compare_greedy(rlai_engine *ref, rlai_engine *dev, const char *mode,
 
 typedef struct res { bool done; int status; rlai_gen_metrics m; } res;
 
+static const char *quote_prompt =
+    "<|im_start|>user\nCopy this notice word for word:\n\nThe harbour is closed to all boats from "
+    "sunset on Friday until the tide turns on Sunday morning, while the north wall is repaired. "
+    "Nets left on the quay will be moved to the fish market. Questions go to the harbour master "
+    "at the Lantern Inn.<|im_end|>\n<|im_start|>assistant\n";
+
+/* 96 greedy tokens of quote_prompt with drafting `spec`, alone. */
+static int quote(rlai_engine *e, rlai_spec_mode spec, toks *out, rlai_gen_metrics *m)
+{
+    rlai_token ids[256];
+    int n = rlai_engine_tokenize(e, quote_prompt, strlen(quote_prompt), true, true, ids, 256);
+    rlai_gen_params gp;
+    rlai_gen_params_init(&gp);
+    gp.max_tokens = 96;
+    gp.ignore_eos = true;
+    gp.spec = spec;
+    out->n = 0;
+    return n > 0 ? rlai_engine_generate_tokens(e, ids, n, &gp, collect, out, m) : -1;
+}
+
+typedef struct streamed { res r; toks t; } streamed;   /* r first: on_done's user */
+
+static int on_tok(void *user, rlai_token tok, const char *text, size_t len)
+{
+    return collect(&((streamed *)user)->t, tok, text, len);
+}
+
+static void on_done(void *user, uint64_t id, int status, const rlai_gen_metrics *m);
+
+static void compare_spec(rlai_engine *dev)
+{
+    toks off, on;
+    rlai_gen_metrics m_off, m_on;
+    if (quote(dev, RLAI_SPEC_OFF, &off, &m_off) < 0 || quote(dev, RLAI_SPEC_NGRAM, &on, &m_on) < 0) {
+        printf("speculative: generation failed  FAIL\n");
+        failures++;
+        return;
+    }
+    bool same = off.n == 96 && on.n == 96 && !memcmp(off.t, on.t, sizeof(rlai_token) * 96);
+    bool ok = same && m_on.accepted_tokens > 0;
+    printf("speculative (ngram) 96 tokens: %s, %d drafted, %d accepted  %s\n",
+           same ? "identical to plain decoding" : "DIFFERENT from plain decoding", m_on.drafted_tokens,
+           m_on.accepted_tokens, ok ? "ok" : "FAIL");
+    failures += !ok;
+
+    /* the same request beside three others that are still in prefill or
+     * decoding: its rows share steps (and matmuls) with theirs */
+    rlai_token ids[256], other[200];
+    int n = rlai_engine_tokenize(dev, quote_prompt, strlen(quote_prompt), true, true, ids, 256);
+    streamed s[4];
+    memset(s, 0, sizeof(s));
+    bool sub = n > 0;
+    for (int i = 0; i < 4 && sub; i++) {
+        rlai_request_params rp;
+        memset(&rp, 0, sizeof(rp));
+        rlai_gen_params_init(&rp.gen);
+        rp.gen.ignore_eos = true;
+        rp.gen.spec = RLAI_SPEC_NGRAM;
+        rp.on_token = on_tok;
+        rp.on_done = on_done;
+        rp.user = &s[i];
+        if (i == 0) {
+            rp.prompt = ids;
+            rp.n_prompt = n;
+            rp.gen.max_tokens = 96;
+        } else {
+            for (int k = 0; k < 200; k++)
+                other[k] = (rlai_token)(100 + (k * 53 + i * 7) % 4000);
+            rp.prompt = other;
+            rp.n_prompt = 40 + 80 * i;   /* prefill still running while 0 decodes */
+            rp.gen.max_tokens = 48;
+        }
+        sub = rlai_engine_submit(dev, &rp, NULL) >= 0;
+    }
+    while (sub && rlai_engine_step(dev) > 0) {
+    }
+    bool same_b = sub && s[0].r.done && s[0].r.status == 0 && s[0].t.n == 96 &&
+                  !memcmp(s[0].t.t, off.t, sizeof(rlai_token) * 96);
+    printf("speculative (ngram) beside 3 others: %s  %s\n",
+           same_b ? "identical to plain decoding alone" : "DIFFERENT from plain decoding alone",
+           same_b ? "ok" : "FAIL");
+    failures += !same_b;
+}
+
 static void on_done(void *user, uint64_t id, int status, const rlai_gen_metrics *m)
 {
     (void)id;
@@ -225,6 +316,7 @@ int main(int argc, char **argv)
     printf("device under test: %s\n", mi.device);
     compare_logits(cpu, dev, "default", 2e-2);
     compare_greedy(cpu, dev, "default", false);
+    compare_spec(dev);
     rlai_engine *cpu_p = open_engine("cpu", true), *dev_p = open_engine(device, true);
     if (!cpu_p || !dev_p)
         return 1;
