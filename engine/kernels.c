@@ -166,7 +166,7 @@ static void set_ops(rlai_kernels *k, rlai_isa isa)
     switch (isa) {
     case RLAI_ISA_AVX512:
         k->mm = rlai__mm_avx512;
-        k->qact = rlai__quant_act_avx2;
+        k->qact = rlai__quant_act_avx512;
         k->dot_f16 = rlai__dot_f16_f32_avx2;
         k->mad_f16 = rlai__mad_f16_avx2;
         k->to_f16 = rlai__f32_to_f16_avx2;

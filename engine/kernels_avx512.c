@@ -392,6 +392,87 @@ void rlai__mm_avx512(const rlai_mm_job *j, int64_t r0, int64_t r1, int t0, int t
 }
 
 /* ------------------------------------------------------------------ */
+/* activation quantization (bit-identical to rlai__quant_act_scalar)   */
+
+/* Rounds half away from zero (roundf) lane by lane: trunc, then one more
+ * step away from zero where the dropped fraction is >= 0.5 (exact). */
+AI __m512 round_half_away16(__m512 v)
+{
+    const __m512 sign = _mm512_set1_ps(-0.0f);
+    __m512 t = _mm512_roundscale_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    __m512 f = _mm512_andnot_ps(sign, _mm512_sub_ps(v, t));
+    __mmask16 up = _mm512_cmp_ps_mask(f, _mm512_set1_ps(0.5f), _CMP_GE_OQ);
+    __m512 one = _mm512_or_ps(_mm512_and_ps(v, sign), _mm512_set1_ps(1.0f));
+    return _mm512_mask_add_ps(t, up, t, one);
+}
+
+/* Block b's 32 values as quantized int8 with reciprocal scale id; returns
+ * their exact sum. */
+AI int quant_block16(const float *x, float id, int8_t *q)
+{
+    const __m512 lim = _mm512_set1_ps(127.0f), nlim = _mm512_set1_ps(-127.0f);
+    __m512 vid = _mm512_set1_ps(id);
+    __m512i qi[2];
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; h++) {
+        __m512 s = _mm512_mul_ps(_mm512_loadu_ps(x + 16 * h), vid);
+        __mmask16 ord = _mm512_cmp_ps_mask(s, s, _CMP_ORD_Q);
+        __m512 r = round_half_away16(s);
+        r = _mm512_min_ps(_mm512_max_ps(r, nlim), lim);
+        qi[h] = _mm512_maskz_cvtps_epi32(ord, r);                      /* NaN -> 0 */
+    }
+    _mm_storeu_si128((__m128i *)(void *)q, _mm512_cvtepi32_epi8(qi[0]));
+    _mm_storeu_si128((__m128i *)(void *)(q + 16), _mm512_cvtepi32_epi8(qi[1]));
+    return _mm512_reduce_add_epi32(_mm512_add_epi32(qi[0], qi[1]));
+}
+
+/* max |x| of a block; a NaN lane keeps the running maximum, like the
+ * scalar `a > amax` (vmaxps returns its second operand on a NaN). */
+AI float block_amax16(const float *x)
+{
+    const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FFFFFFF));
+    __m512 mx = _mm512_max_ps(_mm512_and_ps(_mm512_loadu_ps(x), absmask), _mm512_setzero_ps());
+    mx = _mm512_max_ps(_mm512_and_ps(_mm512_loadu_ps(x + 16), absmask), mx);
+    return _mm512_reduce_max_ps(mx);   /* no NaN left: any order gives the maximum */
+}
+
+/* The scalar steps per block: amax, d = amax / 127, id = 1 / d (0 when d
+ * is 0), q = round-half-away(x * id) clamped to +-127 (NaN -> 0), the
+ * exact int sum, ds = (d, d * sum). Sixteen blocks at a time, the two
+ * divisions of all sixteen in one vdivps each (the same IEEE operations
+ * lane by lane): done one block at a time, their latency bounded the
+ * loop. */
+void rlai__quant_act_avx512(const float *x, int64_t n, int8_t *q, float *ds)
+{
+    const int64_t nb = n / RLAI_QK;
+    int64_t b = 0;
+    for (; b + 16 <= nb; b += 16) {
+        const float *xb = x + b * RLAI_QK;
+        float am[16] __attribute__((aligned(64))), dv[16] __attribute__((aligned(64)));
+        float iv[16] __attribute__((aligned(64)));
+        for (int j = 0; j < 16; j++)
+            am[j] = block_amax16(xb + j * RLAI_QK);
+        __m512 d = _mm512_div_ps(_mm512_load_ps(am), _mm512_set1_ps(127.0f));
+        __mmask16 nz = _mm512_cmp_ps_mask(d, _mm512_setzero_ps(), _CMP_NEQ_UQ);
+        __m512 id = _mm512_maskz_div_ps(nz, _mm512_set1_ps(1.0f), d);
+        _mm512_store_ps(dv, d);
+        _mm512_store_ps(iv, id);
+        for (int j = 0; j < 16; j++) {
+            int sum = quant_block16(xb + j * RLAI_QK, iv[j], q + (b + j) * RLAI_QK);
+            ds[2 * (b + j)] = dv[j];
+            ds[2 * (b + j) + 1] = dv[j] * (float)sum;
+        }
+    }
+    for (; b < nb; b++) {
+        float d = block_amax16(x + b * RLAI_QK) / 127.0f;
+        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        int sum = quant_block16(x + b * RLAI_QK, id, q + b * RLAI_QK);
+        ds[2 * b] = d;
+        ds[2 * b + 1] = d * (float)sum;
+    }
+}
+
+/* ------------------------------------------------------------------ */
 /* attention helpers: the AVX2 helpers' exact float sequences, 16 wide */
 
 /* rlai__attn_dot_f16_avx2 keeps two 8-lane sums, s0 over elements

@@ -90,6 +90,7 @@ void rlai__mm_avx512(const rlai_mm_job *j, int64_t r0, int64_t r1, int t0, int t
 
 void rlai__quant_act_scalar(const float *x, int64_t n, int8_t *q, float *ds);
 void rlai__quant_act_avx2(const float *x, int64_t n, int8_t *q, float *ds);
+void rlai__quant_act_avx512(const float *x, int64_t n, int8_t *q, float *ds);
 
 float rlai__dot_f16_f32_scalar(int n, const uint16_t *a, const float *b);
 void rlai__mad_f16_scalar(int n, float *y, const uint16_t *x, float s);

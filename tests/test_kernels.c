@@ -421,8 +421,9 @@ START_TEST(test_matmul_shapes)
 }
 END_TEST
 
-/* The SIMD activation quantizer must be bit-identical to the scalar one
- * (roundf ties away from zero, NaN -> 0, zero blocks). */
+/* The SIMD activation quantizers (AVX2, AVX-512) must be bit-identical to
+ * the scalar one (roundf ties away from zero, NaN -> 0, infinities, zero
+ * blocks). */
 START_TEST(test_quant_act_bitexact)
 {
     rng_state = 7;
@@ -443,10 +444,21 @@ START_TEST(test_quant_act_bitexact)
         x[70] = NAN;
         x[100] = INFINITY;
         x[130] = -0.0f;
+        /* the same past the AVX-512 level's groups of 16 blocks (40 = 2 x 16 + 8) */
+        x[32 * 33 + 5] = NAN;
+        x[32 * 35 + 9] = -INFINITY;
+        for (int j = 32 * 37; j < 32 * 38; j++)
+            x[j] = 0.0f;
         rlai__quant_act_scalar(x, N, q1, ds1);
         rlai__quant_act_avx2(x, N, q2, ds2);
         ck_assert(memcmp(q1, q2, N) == 0);
         ck_assert(memcmp(ds1, ds2, sizeof(float) * (N / 32) * 2) == 0);
+        if (rlai_kernels_available() & (1u << RLAI_ISA_AVX512)) {
+            memset(q2, 0x55, sizeof(q2));
+            rlai__quant_act_avx512(x, N, q2, ds2);
+            ck_assert(memcmp(q1, q2, N) == 0);
+            ck_assert(memcmp(ds1, ds2, sizeof(float) * (N / 32) * 2) == 0);
+        }
     }
     /* the tie handling itself */
     ck_assert_int_eq(q1[1], -15);   /* -14.5 -> -15 (away from zero) */
