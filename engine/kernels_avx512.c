@@ -38,7 +38,8 @@
  * Q5_0 / Q5_1, the f32 (precise) path and F32/F16/BF16 weights use the
  * AVX2 kernels (valid on every CPU this level is selected for). The
  * attention dot/mad helpers are 16-wide versions with the AVX2 helpers'
- * exact float sequences; the other vector helpers are the AVX2 ones. */
+ * exact float sequences; the activation quantizer and SwiGLU give the
+ * scalar reference's bits; the other vector helpers are the AVX2 ones. */
 #include "kernels_impl.h"
 #include "dtype.h"
 #include "kernels_x86.h"
