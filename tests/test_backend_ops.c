@@ -310,6 +310,17 @@ static void weight_off(rlai_backend *be, rlai_weight *dev)
         be->iface->weight_free(be, dev);
 }
 
+/* y (T x rows, host) = dw x (T x cols, host) on backend be. */
+static void matmul_on(rlai_backend *be, const rlai_weight *dw, const float *x, int cols, int T, int rows, float *y)
+{
+    size_t NX = (size_t)T * cols, NY = (size_t)T * rows;
+    float *dx = dev_copy(be, x, NX), *dy = dev_zeros(be, NY);
+    be->iface->matmul(be, dw, dx, cols, T, dy, rows);
+    dev_read(be, dy, y, NY);
+    be->iface->buffer_free(be, dx);
+    be->iface->buffer_free(be, dy);
+}
+
 START_TEST(test_matmul_all_types)
 {
     open_all();
@@ -343,9 +354,7 @@ START_TEST(test_matmul_all_types)
                 rlai_backend *be = bks[bi].be;
                 rlai_weight dw;
                 weight_on(be, &w, &dw);
-                float *dx = dev_copy(be, x, NX), *dy = dev_zeros(be, NY);
-                be->iface->matmul(be, &dw, dx, cols, T, dy, rows);
-                dev_read(be, dy, y, NY);
+                matmul_on(be, &dw, x, cols, T, rows, y);
                 int mode = bks[bi].precise;
                 if (bks[bi].isa == RLAI_ISA_SCALAR && !bks[bi].gpu)
                     memcpy(y_scalar[mode], y, NY * sizeof(float));
@@ -374,8 +383,6 @@ START_TEST(test_matmul_all_types)
                                       (double)y_scalar[0][i]);
                     }
                 }
-                be->iface->buffer_free(be, dx);
-                be->iface->buffer_free(be, dy);
                 weight_off(be, &dw);
             }
             free(x); free(y); free(y_scalar[0]); free(y_scalar[1]); free(ref); free(norm);
@@ -425,32 +432,23 @@ START_TEST(test_matmul_batch_invariant)
         make_weight(type, rows, cols, &w, &deq);
         for (int tt = 0; tt < (int)(sizeof(Ts) / sizeof(Ts[0])); tt++) {
             int T = Ts[tt];
-            size_t NX = (size_t)T * cols, NY = (size_t)T * rows;
-            float *x = malloc(NX * sizeof(float)), *y = malloc(NY * sizeof(float));
+            size_t NX = (size_t)T * cols;
+            float *x = malloc(NX * sizeof(float)), *y = malloc((size_t)T * rows * sizeof(float));
             float *y1 = malloc((size_t)rows * sizeof(float));
             for (size_t i = 0; i < NX; i++) x[i] = frand() * 2;
             for (int bi = 0; bi < n_bk; bi++) {
                 rlai_backend *be = bks[bi].be;
                 rlai_weight dw;
                 weight_on(be, &w, &dw);
-                float *dx = dev_copy(be, x, NX), *dy = dev_zeros(be, NY);
-                be->iface->matmul(be, &dw, dx, cols, T, dy, rows);
-                dev_read(be, dy, y, NY);
-                float *dx1 = dev_zeros(be, (size_t)cols), *dy1 = dev_zeros(be, (size_t)rows);
+                matmul_on(be, &dw, x, cols, T, rows, y);
                 for (int t = 0; t < T; t++) {
-                    ck_assert_int_eq(be->iface->upload(be, dx1, 0, x + (size_t)t * cols, sizeof(float) * (size_t)cols), 0);
-                    be->iface->matmul(be, &dw, dx1, cols, 1, dy1, rows);
-                    dev_read(be, dy1, y1, (size_t)rows);
+                    matmul_on(be, &dw, x + (size_t)t * cols, cols, 1, rows, y1);
                     for (int r = 0; r < rows; r++)
                         ck_assert_msg(memcmp(&y[(size_t)t * rows + r], &y1[r], sizeof(float)) == 0,
                                       "matmul %s on %s: token %d of %d, row %d: %.9g, alone %.9g",
                                       rlai_dtype_name(type), bks[bi].name, t, T, r,
                                       (double)y[(size_t)t * rows + r], (double)y1[r]);
                 }
-                be->iface->buffer_free(be, dx);
-                be->iface->buffer_free(be, dy);
-                be->iface->buffer_free(be, dx1);
-                be->iface->buffer_free(be, dy1);
                 weight_off(be, &dw);
             }
             free(x); free(y); free(y1);
