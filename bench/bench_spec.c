@@ -13,13 +13,15 @@
  * spec_lookup_min: 0 = its default, -1 = never) draft by prompt lookup;
  * the "lookup" column counts those drafted tokens.
  *
- * Four cases of three chat prompts each, formatted with the model's chat
+ * Five cases of three chat prompts each, formatted with the model's chat
  * template (rlai_engine_tokenize_chat): (a) LoreMaster dialogue turns (lore
  * in the system prompt, the player asks about people and factions of it),
  * (b) quoting or summarising a passage given in the prompt, (c) code
  * editing (rename a C variable, add a Python docstring, change two values
  * of a JSON file; each returns the whole text), (d) free chat with nothing
- * to copy. One prompt per case made a case's figure hang on one greedy
+ * to copy, (e) structured output: extraction into a JSON schema, the
+ * answer held to it by the grammar (not one of issue 14's four cases; it
+ * shows drafting under a grammar). One prompt per case made a case's figure hang on one greedy
  * trajectory of a small model: a last-bit change of an activation once
  * turned (a)'s reply from a repetitive one (2.3x) into one that copies
  * little (1.1x). Each prompt runs greedy (temperature 0) with speculation
@@ -49,6 +51,7 @@
  * with the first OFF run; any difference is printed and the exit status
  * is 1. --show prints each case's greedy output after the tables. */
 #include "rlai/engine.h"
+#include "rlai/grammar.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -219,28 +222,64 @@ static const char FREE_USER[] = "Tell me about your favourite season.";
 static const char FREE_USER2[] = "What should I cook for dinner tonight? Give me one idea.";
 static const char FREE_USER3[] = "Why is the sky blue? Explain it simply.";
 
+/* (e) structured output: extraction into a JSON schema, the answer held
+ * to the schema by the grammar (docs/STRUCTURED.md) */
+static const char JSON_SYSTEM[] = "You reply with JSON only.";
+static const char JSON_USER[] =
+    "Copy the title and the first sentence of this notice into JSON.\n\n"
+    "Title: Harbour closing hours\n"
+    "The harbour gates of Port Elsmere close at nine in the evening from the first of October until the end "
+    "of March. Boats that arrive later must wait at the outer buoy.";
+static const char JSON_SCHEMA[] =
+    "{\"type\":\"object\",\"properties\":{\"title\":{\"type\":\"string\"},\"first_sentence\":{\"type\":"
+    "\"string\"}},\"required\":[\"title\",\"first_sentence\"],\"additionalProperties\":false}";
+static const char JSON_USER2[] =
+    "Fill in a character sheet in JSON for the person in this text. Copy the description word for word.\n\n"
+    "Mira Calloway is the blacksmith of Oakvale. She forged the silver key that opens the north gate, and she "
+    "never speaks of the night the old forge burned down.";
+static const char JSON_SCHEMA2[] =
+    "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\"},\"home\":{\"type\":\"string\"},"
+    "\"trade\":{\"type\":\"string\"},\"description\":{\"type\":\"string\"}},\"required\":[\"name\",\"home\","
+    "\"trade\",\"description\"],\"additionalProperties\":false}";
+static const char JSON_USER3[] =
+    "Turn this inventory list into JSON, one object per line, copying each note exactly.\n\n"
+    "- Iron sword, 1, chipped near the hilt\n"
+    "- Healing potion, 3, brewed by the witch of Fen Hollow\n"
+    "- Rope, 2, fifty feet each\n"
+    "- Lantern, 1, needs oil before nightfall";
+static const char JSON_SCHEMA3[] =
+    "{\"type\":\"object\",\"properties\":{\"items\":{\"type\":\"array\",\"items\":{\"type\":\"object\","
+    "\"properties\":{\"name\":{\"type\":\"string\"},\"count\":{\"type\":\"integer\"},\"note\":{\"type\":"
+    "\"string\"}},\"required\":[\"name\",\"count\",\"note\"],\"additionalProperties\":false}}},"
+    "\"required\":[\"items\"],\"additionalProperties\":false}";
+
 typedef struct bench_case {
     const char *name;
     const char *system;   /* NULL: the template's default */
     const char *user;
+    const char *schema;   /* NULL: free text; else the answer's JSON schema */
 } bench_case;
 
 /* Three prompts per case; a name starts with its case's letter and the
  * prompt's number (the id written by --dump). */
 static const bench_case CASES[] = {
-    { "a1 lore Elsbeth", LORE_SYSTEM, LORE_USER },
-    { "a2 lore Tobias", LORE_SYSTEM, LORE_USER2 },
-    { "a3 lore Company", LORE_SYSTEM, LORE_USER3 },
-    { "b1 quote para", NULL, QUOTE_USER },
-    { "b2 summarise", NULL, QUOTE_USER2 },
-    { "b3 copy notice", NULL, QUOTE_USER3 },
-    { "c1 rename C var", NULL, CODE_USER },
-    { "c2 py docstring", NULL, CODE_USER2 },
-    { "c3 json edit", NULL, CODE_USER3 },
-    { "d1 season", NULL, FREE_USER },
-    { "d2 dinner", NULL, FREE_USER2 },
-    { "d3 sky blue", NULL, FREE_USER3 },
+    { "a1 lore Elsbeth", LORE_SYSTEM, LORE_USER, NULL },
+    { "a2 lore Tobias", LORE_SYSTEM, LORE_USER2, NULL },
+    { "a3 lore Company", LORE_SYSTEM, LORE_USER3, NULL },
+    { "b1 quote para", NULL, QUOTE_USER, NULL },
+    { "b2 summarise", NULL, QUOTE_USER2, NULL },
+    { "b3 copy notice", NULL, QUOTE_USER3, NULL },
+    { "c1 rename C var", NULL, CODE_USER, NULL },
+    { "c2 py docstring", NULL, CODE_USER2, NULL },
+    { "c3 json edit", NULL, CODE_USER3, NULL },
+    { "d1 season", NULL, FREE_USER, NULL },
+    { "d2 dinner", NULL, FREE_USER2, NULL },
+    { "d3 sky blue", NULL, FREE_USER3, NULL },
+    { "e1 json notice", JSON_SYSTEM, JSON_USER, JSON_SCHEMA },
+    { "e2 json sheet", JSON_SYSTEM, JSON_USER2, JSON_SCHEMA2 },
+    { "e3 json items", JSON_SYSTEM, JSON_USER3, JSON_SCHEMA3 },
 };
+#define PROMPTS_PER_CASE 3
 #define N_CASES ((int)(sizeof(CASES) / sizeof(CASES[0])))
 
 /* ------------------------------------------------------------ one run */
@@ -277,8 +316,8 @@ static float g_temp;   /* --temp: 0 = greedy */
 
 /* Generates from `prompt` with the given spec mode, stepping the engine
  * here so decode steps can be counted. r->toks must hold r->cap ids. */
-static int run_once(rlai_engine *e, const rlai_token *prompt, int n_prompt, rlai_spec_mode spec,
-                    int max_tokens, bool ignore_eos, run_result *r)
+static int run_once(rlai_engine *e, const rlai_token *prompt, int n_prompt, const rlai_grammar *g,
+                    rlai_spec_mode spec, int max_tokens, bool ignore_eos, run_result *r)
 {
     r->n = 0;
     r->done = false;
@@ -300,6 +339,7 @@ static int run_once(rlai_engine *e, const rlai_token *prompt, int n_prompt, rlai
     rp.gen.max_tokens = max_tokens;
     rp.gen.ignore_eos = ignore_eos;
     rp.gen.spec = spec;
+    rp.gen.grammar = g;
     rp.on_token = on_token;
     rp.on_done = on_done;
     rp.user = r;
@@ -550,12 +590,20 @@ int main(int argc, char **argv)
             status = 1;
             break;
         }
+        rlai_grammar *g = NULL;
+        if (CASES[c].schema &&
+            (rc = rlai_grammar_from_json_schema(CASES[c].schema, strlen(CASES[c].schema), &g, err, sizeof(err))) < 0) {
+            fprintf(stderr, "bench_spec: case %s: schema: %s\n", CASES[c].name, err);
+            free(prompt);
+            status = 1;
+            break;
+        }
         case_stats *s = &cs[c];
         s->n_prompt = n_prompt;
         s->diff = -1;
         /* warm-up: faults in the weights, puts the prompt in the prefix cache
          * for every measured run alike */
-        if ((rc = run_once(e, prompt, n_prompt, RLAI_SPEC_OFF, 8, ignore_eos, &cur)) < 0) {
+        if ((rc = run_once(e, prompt, n_prompt, g, RLAI_SPEC_OFF, 8, ignore_eos, &cur)) < 0) {
             fprintf(stderr, "bench_spec: case %s: %s\n", CASES[c].name, rlai_strerror(rc));
             status = 1;
         }
@@ -563,7 +611,7 @@ int main(int argc, char **argv)
             for (int mode = 0; mode < 2 && status == 0; mode++) {
                 bool ng = mode == 1;
                 run_result *r = !ng && rep == 0 ? &ref : &cur;
-                rc = run_once(e, prompt, n_prompt, ng ? spec_on : RLAI_SPEC_OFF, tokens, ignore_eos, r);
+                rc = run_once(e, prompt, n_prompt, g, ng ? spec_on : RLAI_SPEC_OFF, tokens, ignore_eos, r);
                 if (rc < 0) {
                     fprintf(stderr, "bench_spec: case %s: %s\n", CASES[c].name, rlai_strerror(rc));
                     status = 1;
@@ -607,6 +655,7 @@ int main(int argc, char **argv)
             fprintf(df, "\n");
         }
         free(prompt);
+        rlai_grammar_unref(g);
         if (show && status == 0) {
             int len = rlai_engine_detokenize(e, ref.toks, ref.n, false, NULL, 0);
             if (len >= 0 && (s->text = malloc((size_t)len + 1)))
@@ -673,10 +722,10 @@ int main(int argc, char **argv)
     /* Per case: its prompts' decode tokens over their decode time, rep by
      * rep (each rep runs every prompt in both modes), then the median. */
     printf("\nper case (its %d prompts together: their decode tokens over their decode time, each rep):\n",
-           N_CASES / 4);
+           PROMPTS_PER_CASE);
     printf("%-6s %7s %10s %11s %8s %7s %9s  %s\n", "case", "tokens", "off tok/s", h_tps, "speedup", "accept",
            "tok/step", "issue target");
-    for (char g = 'a'; g <= 'd'; g++) {
+    for (char g = 'a'; g <= 'e'; g++) {
         double off_r[MAX_REPS], ng_r[MAX_REPS];
         long tok = 0, ng_tok = 0, steps = 0, drafted = 0, accepted = 0;
         for (int rep = 0; rep < reps; rep++) {
@@ -705,9 +754,13 @@ int main(int argc, char **argv)
         }
         double off = median(off_r, reps), ng = median(ng_r, reps), sp = off > 0 ? ng / off : 0;
         double want = g == 'd' ? 0.95 : 1.60;
-        printf("%-6c %7ld %10.1f %11.1f %7.2fx %6.1f%% %9.2f  >= %.2fx: %s\n", g, tok, off, ng, sp,
-               drafted ? 100.0 * accepted / drafted : 0.0, steps ? (double)ng_tok / steps : 0.0, want,
-               sp >= want ? "met" : "NOT met");
+        char target[40];
+        if (g == 'e')   /* structured output: measured, not one of the issue's cases */
+            snprintf(target, sizeof(target), "none (under a JSON schema)");
+        else
+            snprintf(target, sizeof(target), ">= %.2fx: %s", want, sp >= want ? "met" : "NOT met");
+        printf("%-6c %7ld %10.1f %11.1f %7.2fx %6.1f%% %9.2f  %s\n", g, tok, off, ng, sp,
+               drafted ? 100.0 * accepted / drafted : 0.0, steps ? (double)ng_tok / steps : 0.0, target);
     }
     printf("\nspeedup = median %s tok/s / median off tok/s (decode only: tokens after the first).\n"
            "accept = accepted / drafted. tok/step = tokens emitted per decode step (1.00 without drafts);\n"

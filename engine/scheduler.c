@@ -151,11 +151,12 @@ int rlai_engine_submit(rlai_engine *e, const rlai_request_params *rp, uint64_t *
         if (mode == RLAI_SPEC_AUTO)
             mode = e->draft ? RLAI_SPEC_DRAFT : RLAI_SPEC_NGRAM;
         int md = r->gp.spec_max_draft > 0 ? r->gp.spec_max_draft : e->params.spec_max_draft;
-        /* Logprobs are taken from the one row each step samples: no drafts.
+        /* Grammar and logprobs requests draft too: each verification row
+         * is masked and scored as its plain decoding step (sample_row).
          * The draft model sees text only: image prompts draft by prompt
          * lookup (unless that is off with the draft model too). */
         r->use_draft = mode == RLAI_SPEC_DRAFT && rp->n_images == 0;
-        bool on = (mode == RLAI_SPEC_NGRAM || mode == RLAI_SPEC_DRAFT) && !r->lp_on &&
+        bool on = (mode == RLAI_SPEC_NGRAM || mode == RLAI_SPEC_DRAFT) &&
                   !(mode == RLAI_SPEC_DRAFT && rp->n_images > 0 && e->params.spec_lookup_min < 0);
         rlai_spec_state_init(&r->spec, on ? md : 0);
         rlai_spec_state_init(&r->lspec, on && r->use_draft && e->params.spec_lookup_min > 0 ? md : 0);
@@ -431,25 +432,45 @@ static bool grammar_allows(const rlai_req *r, int32_t tok)
     return tok >= 0 && ((r->gmask[tok >> 5] >> (tok & 31)) & 1);
 }
 
+/* Samples request r's next token from its logits row lg (modified): the
+ * grammar mask of the matcher's present state first, then the sampling
+ * chain, then the token's logprobs from the raw row. A drafting row too:
+ * its draft is accepted iff this token equals it (the coupled rejection
+ * rule, sampler.h), and each later verification row is sampled the same
+ * way once the tokens before it are accepted (req_verify), so masks and
+ * logprobs are those of plain decoding. Returns -1 when the grammar gives
+ * no token (r->gerr says why). */
+static int32_t sample_row(const rlai_gvocab *gv, rlai_req *r, float *lg, size_t n_vocab)
+{
+    if (r->lp_on)
+        memcpy(r->lp_raw, lg, sizeof(float) * n_vocab);   /* the sampler modifies lg */
+    if (r->gm && grammar_mask(gv, r, lg, n_vocab) < 0)
+        return -1;
+    int32_t tok = rlai_sampler_sample(r->smp, lg);
+    if (r->gm && !grammar_allows(r, tok)) {
+        /* every allowed logit was -inf (or NaN): take the first allowed token */
+        int32_t t = 0, nv = rlai_gvocab_n_vocab(gv);
+        while (t < nv && !grammar_allows(r, t))
+            t++;
+        if (t >= nv) {
+            r->gerr = RLAI_ERR_INVALID_ARG;
+            return -1;
+        }
+        tok = t;
+    }
+    if (r->lp_on) {
+        rlai_logprobs_compute(r->lp_raw, (int)n_vocab, tok, r->gp.top_logprobs, &r->lp);
+        r->lp_ready = true;
+    }
+    return tok;
+}
+
 static void sample_rows(void *arg, int ith, int nth)
 {
     sample_job *j = arg;
     for (int i = ith; i < j->n_rows; i += nth) {
         rlai_req *r = j->rows[i];
-        float *lg = (float *)j->logits + (size_t)r->row0 * j->n_vocab;
-        if (r->lp_on)
-            memcpy(r->lp_raw, lg, sizeof(float) * j->n_vocab);   /* the sampler modifies lg */
-        if (r->gm && grammar_mask(j->gv, r, lg, j->n_vocab) < 0) {
-            j->out[i] = -1;
-            continue;
-        }
-        /* a drafting row too: its draft is accepted iff this token equals
-         * it (the coupled rejection rule, sampler.h) */
-        j->out[i] = rlai_sampler_sample(r->smp, lg);
-        if (r->lp_on) {
-            rlai_logprobs_compute(r->lp_raw, (int)j->n_vocab, j->out[i], r->gp.top_logprobs, &r->lp);
-            r->lp_ready = true;
-        }
+        j->out[i] = sample_row(j->gv, r, (float *)j->logits + (size_t)r->row0 * j->n_vocab, j->n_vocab);
     }
 }
 
@@ -459,13 +480,6 @@ static void req_sample(rlai_engine *e, rlai_req *r, int32_t tok)
     if (r->t_first == 0)
         r->t_first = rlai_clock_ms();
     if (r->gm) {
-        if (tok >= 0 && !grammar_allows(r, tok)) {
-            /* every allowed logit was -inf: take the first allowed token */
-            int32_t t = 0, nv = rlai_gvocab_n_vocab(e->gvocab);
-            while (t < nv && !grammar_allows(r, t))
-                t++;
-            tok = t < nv ? t : -1;
-        }
         int grc = tok < 0 ? (r->gerr ? r->gerr : RLAI_ERR_INVALID_ARG)
                           : rlai_grammar_matcher_accept_token(r->gm, e->gvocab, tok);
         if (grc < 0) {
@@ -605,8 +619,8 @@ static int req_verify(rlai_engine *e, rlai_req *r, int32_t tok, float *logits, s
         acc += hit;   /* a right draft counts even when its token ends the request */
         if (r->done || !hit)
             break;
-        float *lg = logits + (size_t)(r->row0 + j + 1) * n_vocab;
-        tok = rlai_sampler_sample(r->smp, lg);   /* checked against draft[j + 1] next */
+        /* checked against draft[j + 1] next */
+        tok = sample_row(e->gvocab, r, logits + (size_t)(r->row0 + j + 1) * n_vocab, n_vocab);
     }
     if (nd > 0) {
         double cost = rlai_spec_cost_of(&e->spec_cost, 1 + nd);
@@ -736,7 +750,7 @@ static int step_locked(rlai_engine *e)
             continue;
         r->n_draft = 0;
         int t = step_take(r, &budget);
-        if (t == 1 && r->n_toks > r->n_prompt && spec_ok && !r->gm) {
+        if (t == 1 && r->n_toks > r->n_prompt && spec_ok) {
             step_draft(e, r);
         }
         n += t + r->n_draft;

@@ -504,6 +504,61 @@ START_TEST(logprobs_match_log_softmax_one_shot)
 }
 END_TEST
 
+/* Logprobs requests draft too: each verification row is scored as its
+ * plain decoding step, so with and without drafts the tokens and every
+ * reported number are the same, bit for bit (batch-invariant kernels),
+ * greedy and sampled. */
+START_TEST(logprobs_are_the_same_with_drafts)
+{
+    rlai_token toks[128];
+    const char *text = "<|im_start|>user\nRepeat this sentence twice: The keeper of Harrow Bay lighthouse "
+                       "counted forty ships every night.<|im_end|>\n<|im_start|>assistant\n";
+    int n = rlai_engine_tokenize(E, text, strlen(text), true, true, toks, 128);
+    ck_assert_int_gt(n, 0);
+    long drafted = 0, accepted = 0;
+    const float temps[2] = { 0.0f, 0.8f };
+    for (int k = 0; k < 2; k++) {
+        lp_sink l[2] = { { .n = 0 }, { .n = 0 } };
+        sink s[2];
+        rlai_gen_metrics m[2];
+        memset(s, 0, sizeof(s));
+        for (int on = 0; on < 2; on++) {
+            rlai_gen_params gp;
+            rlai_gen_params_init(&gp);
+            gp.max_tokens = 40;
+            gp.ignore_eos = true;
+            gp.sampling.temperature = temps[k];
+            gp.sampling.seed = 5;
+            gp.top_logprobs = 5;
+            gp.on_logprobs = lp_cb;
+            gp.logprobs_user = &l[on];
+            gp.spec = on ? RLAI_SPEC_NGRAM : RLAI_SPEC_OFF;
+            ck_assert_int_eq(rlai_engine_generate_tokens(E, toks, n, &gp, sink_cb, &s[on], &m[on]), 0);
+            ck_assert_int_eq(s[on].n_toks, 40);
+            ck_assert_int_eq(l[on].n, 40);
+        }
+        ck_assert_int_eq(m[0].drafted_tokens, 0);
+        ck_assert_mem_eq(s[0].toks, s[1].toks, sizeof(rlai_token) * 40);
+        for (int i = 0; i < 40; i++) {
+            const rlai_token_logprobs *a = &l[0].lp[i], *b = &l[1].lp[i];
+            ck_assert_int_eq(a->token, s[0].toks[i]);
+            ck_assert_int_eq(b->token, a->token);
+            ck_assert_msg(memcmp(&a->logprob, &b->logprob, sizeof(float)) == 0, "token %d: logprob %.9g vs %.9g",
+                          i, a->logprob, b->logprob);
+            ck_assert_int_eq(b->n_top, 5);
+            ck_assert_int_eq(a->n_top, 5);
+            ck_assert_mem_eq(a->top_ids, b->top_ids, sizeof(rlai_token) * 5);
+            ck_assert_mem_eq(a->top_logprobs, b->top_logprobs, sizeof(float) * 5);
+        }
+        ck_assert_int_le(m[1].accepted_tokens, m[1].drafted_tokens);
+        drafted += m[1].drafted_tokens;
+        accepted += m[1].accepted_tokens;
+    }
+    ck_assert_int_gt(drafted, 0);
+    ck_assert_int_gt(accepted, 10);   /* the repeated sentence came from drafts */
+}
+END_TEST
+
 typedef struct done_flag { bool done; int status; } done_flag;
 
 static void done_cb(void *user, uint64_t id, int status, const rlai_gen_metrics *m)
@@ -726,6 +781,7 @@ int main(void)
     tcase_add_test(tc, q8_0_kv_cache_answers);
     tcase_add_test(tc, logprobs_match_log_softmax_one_shot);
     tcase_add_test(tc, logprobs_match_log_softmax_batched);
+    tcase_add_test(tc, logprobs_are_the_same_with_drafts);
     tcase_add_test(tc, prompt_logprobs_match_log_softmax);
     tcase_add_test(tc, embed_is_normalised_and_meaningful);
     suite_add_tcase(s, tc);

@@ -74,6 +74,43 @@ def test_chat_logprobs_streamed_equal_blocking(engine):
     check_chat_entries(got, 2)
 
 
+NOTICE = [{"role": "system", "content": "You reply with JSON only."},
+          {"role": "user", "content": "Copy the title and the first sentence of this notice into JSON.\n\n"
+           "Title: Harbour closing hours\nThe harbour gates of Port Elsmere close at nine in the evening from "
+           "the first of October until the end of March. Boats that arrive later must wait at the outer buoy."}]
+NOTICE_FORMAT = {"type": "json_schema", "json_schema": {"name": "notice", "schema": {
+    "type": "object", "properties": {"title": {"type": "string"}, "first_sentence": {"type": "string"}},
+    "required": ["title", "first_sentence"], "additionalProperties": False}}}
+
+
+def test_structured_output_with_logprobs_drafts(engine):
+    """A json_schema request with logprobs drafts (docs/SPECULATIVE.md): the
+    content and every logprob are those of the same request with spec off,
+    streamed too, and the copied sentence was mostly accepted drafts."""
+    c = engine.client()
+    kw = dict(model=MODEL_ID, messages=NOTICE, max_tokens=120, temperature=0, logprobs=True, top_logprobs=3,
+              response_format=NOTICE_FORMAT)
+    off = c.chat.completions.create(extra_body={"spec": "off"}, **kw)
+    on = c.chat.completions.create(extra_body={"spec": "ngram"}, **kw)
+    assert set(json.loads(on.choices[0].message.content)) == {"title", "first_sentence"}
+    assert on.choices[0].message.content == off.choices[0].message.content
+    assert on.choices[0].finish_reason == off.choices[0].finish_reason == "stop"
+    lo, ln = off.choices[0].logprobs.content, on.choices[0].logprobs.content
+    assert [(e.token, e.logprob, [(t.token, t.logprob) for t in e.top_logprobs]) for e in ln] == \
+        [(e.token, e.logprob, [(t.token, t.logprob) for t in e.top_logprobs]) for e in lo]
+    check_chat_entries(ln, 3)
+    assert off.usage.completion_tokens_details.accepted_prediction_tokens == 0
+    assert on.usage.completion_tokens_details.accepted_prediction_tokens > 10, on.usage
+    got, text = [], ""
+    for ch in c.chat.completions.create(stream=True, extra_body={"spec": "ngram"}, **kw):
+        if ch.choices and ch.choices[0].logprobs and ch.choices[0].logprobs.content:
+            got += ch.choices[0].logprobs.content
+        if ch.choices and ch.choices[0].delta.content:
+            text += ch.choices[0].delta.content
+    assert text == off.choices[0].message.content
+    assert [(e.token, e.logprob) for e in got] == [(e.token, e.logprob) for e in lo]
+
+
 def test_chat_logprobs_errors(engine):
     for body, param in [({"logprobs": "yes"}, "logprobs"),
                         ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),

@@ -411,3 +411,25 @@ def test_response_format_json_schema(client):
         client.chat(FRANCE, max_tokens=8, response_format={"type": "json_schema", "json_schema": {
             "name": "x", "schema": {"type": "string", "pattern": "a"}}})
     assert "'pattern' is not supported" in str(ei.value)
+
+
+def test_drafts_under_a_schema_and_with_logprobs(client):
+    """Structured output and logprobs requests draft too (docs/SPECULATIVE.md):
+    over the wire the text, and every logprob, are the same with and without
+    speculation, and a copying answer is mostly drafted."""
+    notice = ("Copy the title and the first sentence of this notice into JSON.\n\nTitle: Harbour closing hours\n"
+              "The harbour gates of Port Elsmere close at nine in the evening from the first of October until "
+              "the end of March. Boats that arrive later must wait at the outer buoy.")
+    schema = {"type": "object", "properties": {"title": {"type": "string"}, "first_sentence": {"type": "string"}},
+              "required": ["title", "first_sentence"], "additionalProperties": False}
+    task = [{"role": "system", "content": "You reply with JSON only."}, {"role": "user", "content": notice}]
+    rf = {"type": "json_schema", "json_schema": {"name": "notice", "schema": schema}}
+    runs = {spec: client.chat(task, max_tokens=120, temperature=0, response_format=rf, top_logprobs=2, spec=spec)
+            for spec in ("off", "ngram")}
+    off, on = runs["off"], runs["ngram"]
+    assert off.stop == on.stop == "eog"
+    assert set(json.loads(on.text)) == {"title", "first_sentence"}
+    assert on.text == off.text and on.tokens == off.tokens
+    assert on.logprobs == off.logprobs and len(on.logprobs) == len(on.tokens)
+    assert off.metrics.drafted_tokens == 0
+    assert 10 < on.metrics.accepted_tokens <= on.metrics.drafted_tokens
