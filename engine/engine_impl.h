@@ -61,6 +61,7 @@ typedef struct rlai_req {
     int n_draft;                 /* draft tokens fed this step */
     bool use_draft;              /* drafts come from the draft model (RLAI_SPEC_DRAFT) */
     bool draft_lookup;           /* ... but this step's came from prompt lookup */
+    bool draft_forced;           /* ... or is the grammar's forced text (no feedback) */
     int draft_from;              /* a lookup draft: index in toks of its first token */
     int lookup_near;             /* where the copy of accepted lookups goes on (-1: none; spec.h) */
     double draft_ms;             /* what proposing this step's draft took */

@@ -1407,6 +1407,38 @@ bool rlai_grammar_matcher_can_end(const rlai_grammar_matcher *cm)
     return state_can_end(m, m->st);
 }
 
+int rlai_grammar_matcher_forced(rlai_grammar_matcher *m, char *buf, int cap)
+{
+    if (!m || cap < 0 || (!buf && cap > 0))
+        return RLAI_ERR_INVALID_ARG;
+    areset(&m->scratch);
+    m->oom = false;
+    const gstate *s = m->st;
+    int n = 0;
+    while (n < cap && !state_can_end(m, s)) {
+        const gstate *only = NULL;
+        int b1 = -1;
+        for (int b = 0; b < 256; b++) {
+            const gstate *ns = step(m, &m->scratch, s, (unsigned char)b);
+            if (m->oom)
+                return RLAI_ERR_NOMEM;
+            if (!ns)
+                continue;
+            if (b1 >= 0) {   /* a second byte: the continuation branches here */
+                b1 = -2;
+                break;
+            }
+            b1 = b;
+            only = ns;
+        }
+        if (b1 < 0)
+            break;
+        buf[n++] = (char)b1;
+        s = only;
+    }
+    return n;
+}
+
 bool rlai_grammar_matcher_done(const rlai_grammar_matcher *m)
 {
     return m && m->st->acc && m->st->n == 0;

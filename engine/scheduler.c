@@ -552,14 +552,46 @@ static void draft_fallback(rlai_engine *e, rlai_req *r)
  * passage of at least spec_lookup_min tokens (lore, quotes, code being
  * edited) is drafted by prompt lookup, for free, with its own adaptive
  * length (r->lspec); the draft model proposes the rest (r->spec). */
+/* Grammar-forced draft: the text every continuation of the grammar's
+ * state starts with (a required property's key, the rest of a literal),
+ * tokenized, without its last token (the model may join it to the bytes
+ * that follow, as in `":`). Nearly always accepted, so it skips the
+ * adaptive length: at most max_draft tokens, and room. True when there is
+ * one. */
+static bool forced_draft(rlai_engine *e, rlai_req *r, int room)
+{
+    char fb[96];
+    int nb = rlai_grammar_matcher_forced(r->gm, fb, (int)sizeof(fb));
+    if (nb < 2)
+        return false;
+    int32_t ids[96];
+    int nt = rlai_tokenizer_encode(e->tok, fb, (size_t)nb, false, false, ids, 96);
+    if (nt < 2 || nt > 96)
+        return false;
+    int n = nt - 1;
+    if (n > r->spec.max_draft)
+        n = r->spec.max_draft;
+    if (n > room)
+        n = room;
+    if (n <= 0)
+        return false;
+    memcpy(r->draft, ids, sizeof(int32_t) * (size_t)n);
+    r->n_draft = n;
+    r->draft_forced = true;
+    return true;
+}
+
 static void step_draft(rlai_engine *e, rlai_req *r)
 {
     /* it may still emit total - n_toks tokens (the pending one was emitted
      * already) and a step emits at most the draft plus one */
     int room = r->total - r->n_toks - 1;
     r->draft_lookup = false;
+    r->draft_forced = false;
     r->draft_ms = 0;
     if (room <= 0)
+        return;
+    if (r->gm && r->spec.max_draft > 0 && forced_draft(e, r, room))
         return;
     if (r->use_draft && r->lspec.max_draft > 0) {
         int32_t cand[RLAI_SPEC_MAX_DRAFT];
@@ -623,20 +655,22 @@ static int req_verify(rlai_engine *e, rlai_req *r, int32_t tok, float *logits, s
         tok = sample_row(e->gvocab, r, logits + (size_t)(r->row0 + j + 1) * n_vocab, n_vocab);
     }
     if (nd > 0) {
-        double cost = rlai_spec_cost_of(&e->spec_cost, 1 + nd);
-        /* A draft model's forwards come on top, in the same units: the
-         * verification's time stands for `cost` plain steps. */
-        if (r->use_draft && fwd_ms > 0)
-            cost *= 1.0 + r->draft_ms / fwd_ms;
-        rlai_spec_feedback(r->draft_lookup ? &r->lspec : &r->spec, nd, acc, cost);
         r->mt.drafted_tokens += nd;
         r->mt.accepted_tokens += acc;
-        if (r->draft_lookup || !r->use_draft)
-            r->lookup_near = rlai_spec_near_after(r->lookup_near, r->draft_from, acc);
-        if (r->draft_lookup)
-            r->mt.lookup_tokens += nd;
-        else if (r->use_draft && rlai_spec_gave_up(&r->spec))
-            draft_fallback(e, r);   /* the draft model does not pay for this request */
+        if (!r->draft_forced) {   /* the grammar's own text does not teach the drafters */
+            double cost = rlai_spec_cost_of(&e->spec_cost, 1 + nd);
+            /* A draft model's forwards come on top, in the same units: the
+             * verification's time stands for `cost` plain steps. */
+            if (r->use_draft && fwd_ms > 0)
+                cost *= 1.0 + r->draft_ms / fwd_ms;
+            rlai_spec_feedback(r->draft_lookup ? &r->lspec : &r->spec, nd, acc, cost);
+            if (r->draft_lookup || !r->use_draft)
+                r->lookup_near = rlai_spec_near_after(r->lookup_near, r->draft_from, acc);
+            if (r->draft_lookup)
+                r->mt.lookup_tokens += nd;
+            else if (r->use_draft && rlai_spec_gave_up(&r->spec))
+                draft_fallback(e, r);   /* the draft model does not pay for this request */
+        }
         if (!r->done) {
             /* positions p0..p0+acc hold the fed token and the accepted
              * drafts; everything after is rejected */

@@ -260,6 +260,21 @@ static void walk_compare(rlai_grammar *g, int steps)
         ck_assert_int_gt(nf, 0);
         ck_assert(!memcmp(fast, slow, sizeof(uint32_t) * (size_t)w));
         compared++;
+        /* the forced text: every allowed token agrees with it (is a prefix
+         * of it or starts with it), and no EOG is allowed before it */
+        char fz[64];
+        int nfz = rlai_grammar_matcher_forced(m, fz, (int)sizeof(fz));
+        ck_assert_int_ge(nfz, 0);
+        for (int32_t t = 0; nfz > 0 && t < nv; t++) {
+            if (!bit(fast, t))
+                continue;
+            ck_assert(!rlai_tokenizer_is_eog(TK, t));
+            char pc[64];
+            int l = rlai_tokenizer_token_to_piece(TK, t, false, pc, sizeof(pc));
+            int k = l < nfz ? l : nfz;
+            ck_assert_msg(l > 0 && l <= (int)sizeof(pc) && !memcmp(pc, fz, (size_t)k),
+                          "token %d (%.*s) allowed against forced %.*s", t, l, pc, nfz, fz);
+        }
         /* pick: every allowed token once in a while, mostly single bytes */
         int32_t pick = -1;
         char one[2] = { 0, 0 };
@@ -457,6 +472,87 @@ START_TEST(model_greedy_under_schema_is_valid)
 }
 END_TEST
 
+/* The forced text of a state: what every continuation starts with. */
+START_TEST(forced_text_of_keys_and_literals)
+{
+    rlai_grammar *g = schema("{\"type\":\"object\",\"properties\":{\"character_name\":{\"type\":\"string\"},"
+                             "\"level\":{\"type\":\"integer\"},\"class\":{\"enum\":[\"paladin of dawn\"]}},"
+                             "\"required\":[\"character_name\",\"level\",\"class\"],\"additionalProperties\":false}");
+    rlai_grammar_matcher *m = NULL;
+    ck_assert_int_eq(rlai_grammar_matcher_new(g, &m), 0);
+    static const struct { const char *feed, *forced; } steps[] = {
+        { "", "{" },                           /* the object's brace */
+        { "{", "" },                           /* whitespace or a quote */
+        { "\"", "character_name\"" },          /* the first required key, to its quote */
+        { "character_name\": \"Ab", "" },      /* inside free text */
+        { "c\",", "" },
+        { " \"", "level\"" },
+        { "level\":", "" },
+        { "3, \"class\": \"", "paladin of dawn\"" },   /* the enum's only value */
+        { "paladin of dawn\"", "" },            /* "}" or whitespace */
+        { "}", "" },                           /* complete */
+    };
+    char buf[64];
+    for (size_t i = 0; i < sizeof(steps) / sizeof(steps[0]); i++) {
+        const char *f = steps[i].feed;
+        ck_assert_int_eq(rlai_grammar_matcher_feed(m, f, strlen(f)), 0);
+        int n = rlai_grammar_matcher_forced(m, buf, (int)sizeof(buf));
+        ck_assert_msg(n == (int)strlen(steps[i].forced) && !memcmp(buf, steps[i].forced, (size_t)n),
+                      "after \"%s\": forced %.*s (%d), want %s", f, n > 0 ? n : 0, buf, n, steps[i].forced);
+    }
+    ck_assert(rlai_grammar_matcher_done(m));
+    rlai_grammar_matcher_free(m);
+    /* cap bounds it; the state does not move */
+    ck_assert_int_eq(rlai_grammar_matcher_new(g, &m), 0);
+    ck_assert_int_eq(rlai_grammar_matcher_feed(m, "{\"", 2), 0);
+    ck_assert_int_eq(rlai_grammar_matcher_forced(m, buf, 4), 4);
+    ck_assert(!memcmp(buf, "char", 4));
+    ck_assert_int_eq(rlai_grammar_matcher_forced(m, buf, 0), 0);
+    ck_assert_int_eq(rlai_grammar_matcher_forced(m, buf, (int)sizeof(buf)), 15);
+    ck_assert_int_eq(rlai_grammar_matcher_feed(m, "x", 1), RLAI_ERR_INVALID_ARG);
+    ck_assert_int_eq(rlai_grammar_matcher_forced(m, NULL, 4), RLAI_ERR_INVALID_ARG);
+    ck_assert_int_eq(rlai_grammar_matcher_forced(NULL, buf, 4), RLAI_ERR_INVALID_ARG);
+    ck_assert_int_eq(rlai_grammar_matcher_forced(m, buf, -1), RLAI_ERR_INVALID_ARG);
+    rlai_grammar_matcher_free(m);
+    rlai_grammar_unref(g);
+}
+END_TEST
+
+/* Keys a schema requires are drafted from the grammar itself: a forced
+ * key is proposed as one draft (tokenized, its last token left out) and
+ * the output stays the plain decoding's. The keys appear nowhere in the
+ * prompt, so prompt lookup alone accepts far fewer (13 here, against 39
+ * with the keys). */
+START_TEST(model_schema_keys_are_drafted)
+{
+    const char *sch = "{\"type\":\"object\",\"properties\":{\"hero_full_name\":{\"type\":\"string\",\"maxLength\":40},"
+                      "\"favourite_weapon_of_the_hero\":{\"type\":\"string\",\"maxLength\":40},"
+                      "\"number_of_dragons_defeated\":{\"type\":\"integer\"}},\"required\":[\"hero_full_name\","
+                      "\"favourite_weapon_of_the_hero\",\"number_of_dragons_defeated\"],\"additionalProperties\":false}";
+    rlai_grammar *g = schema(sch);
+    rlai_engine_params ep;
+    rlai_engine_params_init(&ep);
+    ep.n_threads = 2;
+    rlai_engine *e = NULL;
+    char err[256];
+    ck_assert_int_eq(rlai_engine_open(MODEL, &ep, &e, err, sizeof(err)), 0);
+    collect *a = malloc(sizeof(collect)), *b = malloc(sizeof(collect));
+    rlai_gen_metrics ma, mb;
+    run_chat(e, g, "Invent a hero for my game.", 0, RLAI_SPEC_OFF, a, &ma);
+    run_chat(e, g, "Invent a hero for my game.", 0, RLAI_SPEC_NGRAM, b, &mb);
+    ck_assert_msg(ma.stop == RLAI_STOP_EOG && rlai_grammar_accepts(g, a->text, a->len), "%s", a->text);
+    ck_assert_msg(a->n == b->n && !memcmp(a->toks, b->toks, sizeof(rlai_token) * (size_t)a->n),
+                  "output differs with drafts:\n%s\n%s", a->text, b->text);
+    fprintf(stderr, "schema keys: %d tokens, %d drafted, %d accepted\n", b->n, mb.drafted_tokens, mb.accepted_tokens);
+    ck_assert_int_le(mb.accepted_tokens, mb.drafted_tokens);
+    ck_assert_int_ge(mb.accepted_tokens, 25);
+    rlai_grammar_unref(g);
+    rlai_engine_close(e);
+    free(a);
+    free(b);
+}
+END_TEST
+
 /* Structured output that copies its context (extraction) is where prompt
  * lookup pays: under a schema the drafts are verified row by row against
  * the grammar's mask of that row's state, and the output is the plain
@@ -513,6 +609,7 @@ int main(void)
     tcase_add_test(tc, json_object_accepts_objects_only);
     tcase_add_test(tc, schema_objects_and_types);
     tcase_add_test(tc, schema_refusals);
+    tcase_add_test(tc, forced_text_of_keys_and_literals);
     suite_add_tcase(s, tc);
     TCase *tv = tcase_create("vocab");
     tcase_add_checked_fixture(tv, vocab_setup, vocab_teardown);
@@ -524,6 +621,7 @@ int main(void)
     tcase_set_timeout(tm, 600);
     tcase_add_test(tm, model_greedy_under_schema_is_valid);
     tcase_add_test(tm, model_schema_drafts_copying);
+    tcase_add_test(tm, model_schema_keys_are_drafted);
     suite_add_tcase(s, tm);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

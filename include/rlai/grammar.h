@@ -70,6 +70,12 @@ int rlai_grammar_matcher_feed(rlai_grammar_matcher *m, const char *bytes, size_t
 bool rlai_grammar_matcher_can_end(const rlai_grammar_matcher *m);
 /* Complete and no byte can follow (generation stops here). */
 bool rlai_grammar_matcher_done(const rlai_grammar_matcher *m);
+/* The bytes every accepted continuation of the present state starts with
+ * (a required property's key, the rest of a literal): up to cap of them
+ * are written to buf (caller-owned); stops where two bytes could follow or
+ * the text could end. The state is unchanged. Returns the count (0..cap)
+ * or RLAI_ERR_INVALID_ARG / RLAI_ERR_NOMEM. */
+int rlai_grammar_matcher_forced(rlai_grammar_matcher *m, char *buf, int cap);
 
 #ifdef __cplusplus
 }
