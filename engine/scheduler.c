@@ -547,11 +547,6 @@ static void draft_fallback(rlai_engine *e, rlai_req *r)
     r->spec = r->lspec;   /* drafting off when prompt lookup is (max_draft 0) */
 }
 
-/* Chooses request r's draft for this step (r->n_draft tokens in r->draft;
- * 0 = none). With the draft model, a context that repeats an earlier
- * passage of at least spec_lookup_min tokens (lore, quotes, code being
- * edited) is drafted by prompt lookup, for free, with its own adaptive
- * length (r->lspec); the draft model proposes the rest (r->spec). */
 /* Grammar-forced draft: the text every continuation of the grammar's
  * state starts with (a required property's key, the rest of a literal),
  * tokenized, without its last token (the model may join it to the bytes
@@ -581,6 +576,12 @@ static bool forced_draft(rlai_engine *e, rlai_req *r, int room)
     return true;
 }
 
+/* Chooses request r's draft for this step (r->n_draft tokens in r->draft;
+ * 0 = none). With the draft model, a context that repeats an earlier
+ * passage of at least spec_lookup_min tokens (lore, quotes, code being
+ * edited) is drafted by prompt lookup, for free, with its own adaptive
+ * length (r->lspec); the draft model proposes the rest (r->spec). A
+ * grammar request whose state forces text drafts that first. */
 static void step_draft(rlai_engine *e, rlai_req *r)
 {
     /* it may still emit total - n_toks tokens (the pending one was emitted
