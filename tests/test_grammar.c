@@ -509,7 +509,9 @@ START_TEST(forced_text_of_keys_and_literals)
     ck_assert(!memcmp(buf, "char", 4));
     ck_assert_int_eq(rlai_grammar_matcher_forced(m, buf, 0), 0);
     ck_assert_int_eq(rlai_grammar_matcher_forced(m, buf, (int)sizeof(buf)), 15);
-    ck_assert_int_eq(rlai_grammar_matcher_feed(m, "x", 1), RLAI_ERR_INVALID_ARG);
+    ck_assert_int_eq(rlai_grammar_matcher_feed(m, "x", 1), RLAI_ERR_INVALID_ARG);   /* not the key */
+    ck_assert_int_eq(rlai_grammar_matcher_forced(m, buf, (int)sizeof(buf)), 15);
+    ck_assert_int_eq(rlai_grammar_matcher_feed(m, "character_name\"", 15), 0);
     ck_assert_int_eq(rlai_grammar_matcher_forced(m, NULL, 4), RLAI_ERR_INVALID_ARG);
     ck_assert_int_eq(rlai_grammar_matcher_forced(NULL, buf, 4), RLAI_ERR_INVALID_ARG);
     ck_assert_int_eq(rlai_grammar_matcher_forced(m, buf, -1), RLAI_ERR_INVALID_ARG);
