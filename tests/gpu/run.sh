@@ -11,7 +11,8 @@
 #      default mode, <= 1e-3 in precise mode; top-1 agreement where the CPU's
 #      top-2 gap >= 0.05), 64 greedy tokens identical (precise mode),
 #      speculative decoding on the GPU identical to plain decoding (alone and
-#      beside three other sequences), then prefill tok/s (512 tokens), TTFT
+#      beside three other sequences; a JSON-schema request with logprobs:
+#      tokens and logprobs bit-identical), then prefill tok/s (512 tokens), TTFT
 #      (22 tokens), decode tok/s at batch 1 and 8;
 #   4. prints the table and appends it to bench/RESULTS.md with the date and
 #      the GPU name (nvidia-smi).
