@@ -406,6 +406,18 @@ static void run_chat(rlai_engine *e, rlai_grammar *g, const char *user, float te
     free(toks);
 }
 
+/* The default model on 2 threads, the engine's defaults otherwise. */
+static rlai_engine *open_model(void)
+{
+    rlai_engine_params ep;
+    rlai_engine_params_init(&ep);
+    ep.n_threads = 2;
+    rlai_engine *e = NULL;
+    char err[256];
+    ck_assert_msg(rlai_engine_open(MODEL, &ep, &e, err, sizeof(err)) == 0, "%s", err);
+    return e;
+}
+
 static void run_model(rlai_engine *e, rlai_grammar *g, rlai_spec_mode spec, collect *c, rlai_gen_metrics *mt)
 {
     run_chat(e, g, "Describe a cat named Tom who is 3 years old, with two hobbies.", 0, spec, c, mt);
@@ -418,12 +430,8 @@ START_TEST(model_greedy_under_schema_is_valid)
                       "\"maxLength\":24},\"minItems\":2,\"maxItems\":2}},\"required\":[\"name\",\"age\",\"hobbies\"],"
                       "\"additionalProperties\":false}";
     rlai_grammar *g = schema(sch);
-    rlai_engine_params ep;
-    rlai_engine_params_init(&ep);
-    ep.n_threads = 2;
-    rlai_engine *e = NULL;
+    rlai_engine *e = open_model();
     char err[256];
-    ck_assert_int_eq(rlai_engine_open(MODEL, &ep, &e, err, sizeof(err)), 0);
     collect *a = malloc(sizeof(collect)), *b = malloc(sizeof(collect));
     rlai_gen_metrics ma, mb;
     run_model(e, g, RLAI_SPEC_OFF, a, &ma);
@@ -532,12 +540,7 @@ START_TEST(model_schema_keys_are_drafted)
                       "\"number_of_dragons_defeated\":{\"type\":\"integer\"}},\"required\":[\"hero_full_name\","
                       "\"favourite_weapon_of_the_hero\",\"number_of_dragons_defeated\"],\"additionalProperties\":false}";
     rlai_grammar *g = schema(sch);
-    rlai_engine_params ep;
-    rlai_engine_params_init(&ep);
-    ep.n_threads = 2;
-    rlai_engine *e = NULL;
-    char err[256];
-    ck_assert_int_eq(rlai_engine_open(MODEL, &ep, &e, err, sizeof(err)), 0);
+    rlai_engine *e = open_model();
     collect *a = malloc(sizeof(collect)), *b = malloc(sizeof(collect));
     rlai_gen_metrics ma, mb;
     run_chat(e, g, "Invent a hero for my game.", 0, RLAI_SPEC_OFF, a, &ma);
@@ -569,12 +572,7 @@ START_TEST(model_schema_drafts_copying)
                        "The harbour gates of Port Elsmere close at nine in the evening from the first of "
                        "October until the end of March. Boats that arrive later must wait at the outer buoy.";
     rlai_grammar *g = schema(sch);
-    rlai_engine_params ep;
-    rlai_engine_params_init(&ep);
-    ep.n_threads = 2;
-    rlai_engine *e = NULL;
-    char err[256];
-    ck_assert_int_eq(rlai_engine_open(MODEL, &ep, &e, err, sizeof(err)), 0);
+    rlai_engine *e = open_model();
     collect *a = malloc(sizeof(collect)), *b = malloc(sizeof(collect));
     rlai_gen_metrics ma, mb;
     long drafted = 0, accepted = 0;
