@@ -528,11 +528,31 @@ START_TEST(forced_text_of_keys_and_literals)
 }
 END_TEST
 
+/* `user`'s answer under g without drafts, then with prompt-lookup drafts:
+ * the first is complete and valid, the second the same tokens. *mb: the
+ * drafted run's metrics; a and b hold the two outputs. */
+static void same_with_drafts(rlai_engine *e, rlai_grammar *g, const char *user, float temp, collect *a, collect *b,
+                             rlai_gen_metrics *mb)
+{
+    rlai_gen_metrics ma;
+    run_chat(e, g, user, temp, RLAI_SPEC_OFF, a, &ma);
+    ck_assert_int_eq(ma.drafted_tokens, 0);
+    ck_assert_msg(ma.stop == RLAI_STOP_EOG, "temp %g: stop %d, text %s", temp, ma.stop, a->text);
+    ck_assert_msg(rlai_grammar_accepts(g, a->text, a->len), "not valid: %s", a->text);
+    run_chat(e, g, user, temp, RLAI_SPEC_NGRAM, b, mb);
+    ck_assert_int_eq(mb->stop, ma.stop);
+    ck_assert_msg(a->n == b->n && !memcmp(a->toks, b->toks, sizeof(rlai_token) * (size_t)a->n),
+                  "temp %g: output differs with drafts:\n%s\n%s", temp, a->text, b->text);
+    ck_assert_int_le(mb->accepted_tokens, mb->drafted_tokens);
+    fprintf(stderr, "schema, temp %.1f: %d tokens, %d drafted, %d accepted: %s\n", temp, b->n, mb->drafted_tokens,
+            mb->accepted_tokens, b->text);
+}
+
 /* Keys a schema requires are drafted from the grammar itself: a forced
  * key is proposed as one draft (tokenized, its last token left out) and
  * the output stays the plain decoding's. The keys appear nowhere in the
  * prompt, so prompt lookup alone accepts far fewer (13 here, against 39
- * with the keys). */
+ * with the keys); same_with_drafts() runs both and compares. */
 START_TEST(model_schema_keys_are_drafted)
 {
     const char *sch = "{\"type\":\"object\",\"properties\":{\"hero_full_name\":{\"type\":\"string\",\"maxLength\":40},"
@@ -542,14 +562,8 @@ START_TEST(model_schema_keys_are_drafted)
     rlai_grammar *g = schema(sch);
     rlai_engine *e = open_model();
     collect *a = malloc(sizeof(collect)), *b = malloc(sizeof(collect));
-    rlai_gen_metrics ma, mb;
-    run_chat(e, g, "Invent a hero for my game.", 0, RLAI_SPEC_OFF, a, &ma);
-    run_chat(e, g, "Invent a hero for my game.", 0, RLAI_SPEC_NGRAM, b, &mb);
-    ck_assert_msg(ma.stop == RLAI_STOP_EOG && rlai_grammar_accepts(g, a->text, a->len), "%s", a->text);
-    ck_assert_msg(a->n == b->n && !memcmp(a->toks, b->toks, sizeof(rlai_token) * (size_t)a->n),
-                  "output differs with drafts:\n%s\n%s", a->text, b->text);
-    fprintf(stderr, "schema keys: %d tokens, %d drafted, %d accepted\n", b->n, mb.drafted_tokens, mb.accepted_tokens);
-    ck_assert_int_le(mb.accepted_tokens, mb.drafted_tokens);
+    rlai_gen_metrics mb;
+    same_with_drafts(e, g, "Invent a hero for my game.", 0, a, b, &mb);
     ck_assert_int_ge(mb.accepted_tokens, 25);
     rlai_grammar_unref(g);
     rlai_engine_close(e);
@@ -574,21 +588,11 @@ START_TEST(model_schema_drafts_copying)
     rlai_grammar *g = schema(sch);
     rlai_engine *e = open_model();
     collect *a = malloc(sizeof(collect)), *b = malloc(sizeof(collect));
-    rlai_gen_metrics ma, mb;
+    rlai_gen_metrics mb;
     long drafted = 0, accepted = 0;
     const float temps[2] = { 0.0f, 0.8f };
     for (int k = 0; k < 2; k++) {
-        run_chat(e, g, user, temps[k], RLAI_SPEC_OFF, a, &ma);
-        ck_assert_int_eq(ma.drafted_tokens, 0);
-        ck_assert_msg(ma.stop == RLAI_STOP_EOG, "temp %g: stop %d, text %s", temps[k], ma.stop, a->text);
-        ck_assert_msg(rlai_grammar_accepts(g, a->text, a->len), "not valid: %s", a->text);
-        run_chat(e, g, user, temps[k], RLAI_SPEC_NGRAM, b, &mb);
-        ck_assert_int_eq(mb.stop, ma.stop);
-        ck_assert_msg(a->n == b->n && !memcmp(a->toks, b->toks, sizeof(rlai_token) * (size_t)a->n),
-                      "temp %g: output differs with drafts:\n%s\n%s", temps[k], a->text, b->text);
-        ck_assert_int_le(mb.accepted_tokens, mb.drafted_tokens);
-        fprintf(stderr, "schema, temp %.1f: %d tokens, %d drafted, %d accepted: %s\n", temps[k], b->n,
-                mb.drafted_tokens, mb.accepted_tokens, b->text);
+        same_with_drafts(e, g, user, temps[k], a, b, &mb);
         drafted += mb.drafted_tokens;
         accepted += mb.accepted_tokens;
     }
