@@ -30,6 +30,9 @@ step of:
            the two longest matches that start with different tokens, both
            verified in the step (it pays for the rows of both), the better
            one accepted
+  ev       the engine's match with its length chosen by expected value
+           from acceptance rates the request learns per kind of match
+           (expected_value()), without the adaptive length or pausing
 
 Replaying the drafter of 2026-12-03 gave bench_spec's measured tokens per
 step to within 2 % on three cases and 12 % high on code editing: the
@@ -56,9 +59,11 @@ def load(path):
 NEAR_BEFORE, NEAR_AFTER = 8, 32   # RLAI_SPEC_NEAR_BEFORE / _AFTER
 
 
-def draft_engine(t, g, near=-1, cap=True):
-    """engine/spec.c rlai_spec_ngram_draft (NGRAM_MAX 8, NGRAM_MIN 2):
-    returns (draft, index of its first token in t)."""
+def longest_match(t, near=-1):
+    """The scan of engine/spec.c rlai_spec_ngram_draft (NGRAM_MAX 8,
+    NGRAM_MIN 2): (match length, index of the continuation's first token,
+    whether occurrences of that length disagree on it, whether it continues
+    the passage being copied), or None below 2 tokens."""
     n = len(t)
     last, best, bi, amb = t[-1], 0, -1, False
     for i in range(n - 2, max(n - 8192, 0) - 1, -1):
@@ -72,10 +77,20 @@ def draft_engine(t, g, near=-1, cap=True):
         elif L == best and t[i + 1] != t[bi + 1]:
             amb = True
     if best < 2:
-        return [], -1
+        return None
     frm = bi + 1
-    k = min(n - frm, g)
     copying = near >= 0 and near - NEAR_BEFORE <= frm <= near + NEAR_AFTER
+    return best, frm, amb, copying
+
+
+def draft_engine(t, g, near=-1, cap=True):
+    """engine/spec.c rlai_spec_ngram_draft: returns (draft, index of its
+    first token in t)."""
+    m = longest_match(t, near)
+    if m is None:
+        return [], -1
+    best, frm, amb, copying = m
+    k = min(len(t) - frm, g)
     if cap and not copying:
         k = min(k, best)
     if best == 2 and amb:
@@ -211,21 +226,58 @@ def tree(most):
     return run
 
 
+def expected_value(row_cost):
+    """The engine's match, its length chosen by expected value: per
+    (copying, match length 2 / 3-4 / 5-7 / 8, ambiguous 2-gram) cell the
+    request learns how often a draft's first token is accepted and how
+    often a later token is once the ones before it were (Beta(1, 1) and
+    Beta(2, 1) priors), and drafts token j while the chance that tokens
+    1..j are all accepted exceeds the row cost."""
+    def make():
+        stats, near = {}, [-1]
+
+        def run(toks, out, i, st):
+            m = longest_match(toks, near[0])
+            if m is None:
+                return [], lambda a, k: k
+            L, frm, amb, cop = m
+            cell = (cop, 0 if L == 2 else 1 if L <= 4 else 2 if L < 8 else 3, amb and L == 2)
+            s = stats.setdefault(cell, [[1.0, 1.0], [2.0, 1.0]])
+            p, k = 1.0, 0
+            while k < min(len(toks) - frm, HARD_CAP):
+                yes, no = s[0 if k == 0 else 1]
+                p *= yes / (yes + no)
+                if p <= row_cost:
+                    break
+                k += 1
+            d = toks[frm:frm + k]
+            a = accepted_len(d, out, i)
+            for j in range(min(k, a + 1)):
+                s[0 if j == 0 else 1][0 if j < a else 1] += 1
+            if a > 0:
+                near[0] = frm + a + 1
+            return d, lambda a, k: k
+        return run
+    return make
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument('ids', help='file written by bench_spec --dump')
     ap.add_argument('--row-cost', type=float, default=0.33)
     args = ap.parse_args()
     cases = load(args.ids)
-    drafters = [('engine', adaptive(True)), ('uncapped', adaptive(False)),
-                ('len-oracle', len_oracle), ('oracle', oracle), ('tree2', tree(2))]
+    ev = expected_value(args.row_cost)
+    drafters = [('engine', lambda: adaptive(True)), ('uncapped', lambda: adaptive(False)),
+                ('len-oracle', lambda: len_oracle), ('oracle', lambda: oracle), ('tree2', lambda: tree(2)),
+                ('ev', ev)]
     print(f"replayed speedup (tokens per step), row cost {args.row_cost}")
     print(f"{'case':6s}" + ''.join(f"{d:>18s}" for d, _ in drafters))
     per_case = {}   # case letter -> drafter -> [tokens, cost]
     for name, p, o in cases:
         row = ''
-        for dn, fn in drafters:
-            sp, tps = replay(p, o, args.row_cost, fn)
+        for dn, make in drafters:
+            sp, tps = replay(p, o, args.row_cost, make())
             row += f"{sp:11.2f}x ({tps:4.2f})"
             acc = per_case.setdefault(name[0], {}).setdefault(dn, [0, 0.0])
             acc[0] += len(o) - 1
