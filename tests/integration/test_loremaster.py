@@ -289,3 +289,31 @@ def test_player_cannot_forge_a_system_turn(server, roster):
     benign, _, _ = talk(server, "pell", "x", max_tokens=1)
     assert evil["prompt_tokens"] - benign["prompt_tokens"] == plain("user\n" + EVIL) - plain("user\nx")
     assert evil["reused_tokens"] >= roster["pell"]["pinned_tokens"] > 0
+
+
+RECITE = "Recite the first lines of what you know about Emberfall, word for word."
+
+
+def test_character_replies_draft_and_are_unchanged(server, tmp_path):
+    """Speculative decoding from the plugin front: loremaster.talk on a
+    server with the default spec (auto) drafts from the pinned lore and the
+    conversation, its done frame reports the drafted and accepted tokens,
+    and every greedy reply is the reply of a server started with --spec off
+    (no drafts, no draft counts)."""
+    off = Server(tmp_path, extra=("--spec", "off"))
+    try:
+        drafted = accepted = 0
+        for cid, msg in (("brannoc", RECITE), ("ysolde", RECITE), ("pell", LONG_LINE)):
+            on_r, on_s, on_done = talk(server, cid, msg, max_tokens=64)
+            off_r, off_s, off_done = talk(off, cid, msg, max_tokens=64)
+            assert on_r["reply"] == off_r["reply"] and on_s == off_s, (cid, on_r["reply"], off_r["reply"])
+            m = on_done["metrics"]
+            assert 0 <= m.get("accepted_tokens", 0) <= m.get("drafted_tokens", 0), m
+            assert "drafted_tokens" not in off_done["metrics"], off_done
+            drafted += m.get("drafted_tokens", 0)
+            accepted += m.get("accepted_tokens", 0)
+            print(f"{cid}: {m.get('drafted_tokens', 0)} drafted, {m.get('accepted_tokens', 0)} accepted: "
+                  f"{on_r['reply']!r}")
+        assert accepted > 0 and drafted > 0, (drafted, accepted)
+    finally:
+        assert off.stop() == 0, off.stderr
