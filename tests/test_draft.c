@@ -17,7 +17,9 @@
  * refused with a reason; AUTO drafts with the draft model for greedy and
  * sampled requests, a seeded sample coming out as without drafts; text that repeats an earlier passage is drafted by prompt
  * lookup beside the draft model (spec_lookup_min), and a request whose
- * draft model gives up goes on with prompt lookup. */
+ * draft model gives up goes on with prompt lookup; randomized requests
+ * ending mid-draft (stop string, max_tokens, EOS, context end, a
+ * cancelling client) end exactly as without drafts. */
 #include <check.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,6 +27,7 @@
 
 #include "engine_impl.h"
 #include "gen_capture.h"
+#include "spec_endings.h"
 
 #define MODEL RLAI_MODELS_DIR "/SmolLM2-135M-Instruct.Q4_1.gguf"
 #define LAYERS8 RLAI_DRAFT_DATA "/layers8.gguf"
@@ -308,6 +311,36 @@ START_TEST(auto_uses_the_draft_model_greedy_and_sampled)
 }
 END_TEST
 
+/* Randomized requests that end mid-draft, every way a request can end
+ * (spec_endings.h), give with the 8-layer draft model and prompt lookup
+ * beside it exactly what they give without, several decoding at once;
+ * afterwards no target or draft block is in use and the draft cache
+ * passes its check (run_until_idle). */
+START_TEST(random_requests_end_the_same_with_the_draft_model)
+{
+    rlai_engine *big = open_engine(LAYERS8, RLAI_SPEC_OFF, -1, 0);
+    rlai_engine_params sp;
+    rlai_engine_params_init(&sp);
+    sp.n_threads = 2;
+    sp.n_ctx = 112;   /* the prompts take 40-90 tokens */
+    sp.spec = RLAI_SPEC_OFF;
+    sp.spec_max_batch = -1;
+    sp.draft_model = LAYERS8;
+    rlai_engine *small = NULL;
+    char err[768];
+    ck_assert_msg(rlai_engine_open(MODEL, &sp, &small, err, sizeof(err)) == 0, "%s", err);
+    static rlai_token p[4][256];
+    int n[4];
+    for (int i = 0; i < 4; i++) {
+        n[i] = tokenize(big, i, p[i]);
+        ck_assert_int_lt(n[i], sp.n_ctx);
+    }
+    ck_assert_int_gt(spec_endings_check(big, small, p, n, RLAI_SPEC_DRAFT, run_until_idle), 0);
+    rlai_engine_close(big);
+    rlai_engine_close(small);
+}
+END_TEST
+
 /* With the draft model, text that repeats an earlier passage is drafted
  * by prompt lookup (spec_lookup_min), the rest by the draft model; the
  * output stays the plain greedy output. The 8-layer draft's own proposals
@@ -381,6 +414,7 @@ int main(void)
     tcase_add_test(tc, drafts_under_continuous_batching);
     tcase_add_test(tc, auto_uses_the_draft_model_greedy_and_sampled);
     tcase_add_test(tc, repeated_text_is_drafted_by_lookup_beside_the_draft_model);
+    tcase_add_test(tc, random_requests_end_the_same_with_the_draft_model);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

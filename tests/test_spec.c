@@ -17,6 +17,7 @@
 #include "sampler.h"
 #include "spec.h"
 #include "gen_capture.h"
+#include "spec_endings.h"
 
 #define MODEL RLAI_MODELS_DIR "/SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -603,67 +604,11 @@ START_TEST(auto_drafts_and_keeps_every_output)
 }
 END_TEST
 
-/* One request of the randomized comparison: its ids and streamed text,
- * and the token count after which its on_token cancels it (0 = never). */
-typedef struct rand_req {
-    result r;   /* first: done_cb takes the same user pointer */
-    char text[4096];
-    size_t tlen;
-    int cancel_at;
-} rand_req;
-
-static int collect_text(void *user, rlai_token tok, const char *text, size_t len)
-{
-    rand_req *q = user;
-    collect(&q->r, tok, text, len);
-    ck_assert_uint_lt(q->tlen + len, sizeof(q->text));
-    memcpy(q->text + q->tlen, text, len);
-    q->tlen += len;
-    q->text[q->tlen] = '\0';
-    return q->cancel_at > 0 && q->r.n >= q->cancel_at;
-}
-
-/* What one randomized request asks (the same with and without drafts). */
-typedef struct rand_case {
-    int prompt, max_tokens, max_draft, cancel_at;
-    bool ignore_eos, hot, small_ctx;
-    char stop[8];   /* "" = none */
-} rand_case;
-
-static void submit_case(rlai_engine *e, const rlai_token *p, int n, const rand_case *c, rlai_spec_mode spec,
-                        int i, rand_req *q)
-{
-    memset(q, 0, sizeof(*q));
-    q->cancel_at = c->cancel_at;
-    const char *stops[2] = { c->stop, NULL };
-    rlai_request_params rp;
-    memset(&rp, 0, sizeof(rp));
-    rp.prompt = p;
-    rp.n_prompt = n;
-    rlai_gen_params_init(&rp.gen);
-    rp.gen.max_tokens = c->max_tokens;
-    rp.gen.ignore_eos = c->ignore_eos;
-    rp.gen.stop = c->stop[0] ? stops : NULL;   /* copied by submit */
-    rp.gen.spec = spec;
-    rp.gen.spec_max_draft = spec == RLAI_SPEC_OFF ? 0 : c->max_draft;
-    if (c->hot)
-        rp.gen.sampling = hot_sampling(100 + i);
-    rp.on_token = collect_text;
-    rp.on_done = done_cb;
-    rp.user = q;
-    uint64_t id = 0;
-    ck_assert_int_eq(rlai_engine_submit(e, &rp, &id), 0);
-}
-
-/* Randomized requests that end mid-draft, every way a request can end: a
- * stop string taken from the plain output, max_tokens, EOS, the end of a
- * small context, and a client cancelling after a random token; greedy or
- * sampled with a seed, with any draft cap, several decoding at once. Each
- * gives with drafts exactly what it gives without: ids, streamed text,
- * stop reason and status, and every KV block comes back. */
+/* Randomized requests that end mid-draft, every way a request can end
+ * (spec_endings.h), give with prompt-lookup drafts exactly what they give
+ * without, several decoding at once, and every KV block comes back. */
 START_TEST(random_requests_end_the_same_with_drafts)
 {
-    enum { N = 15 };
     rlai_engine *big = open_engine(RLAI_SPEC_NGRAM, -1);   /* every decoding sequence drafts */
     rlai_engine_params sp;
     rlai_engine_params_init(&sp);
@@ -681,78 +626,7 @@ START_TEST(random_requests_end_the_same_with_drafts)
         ck_assert_int_gt(n[i], 0);
         ck_assert_int_lt(n[i], sp.n_ctx);
     }
-    static rand_case cs[N];
-    static rand_req off[N], on[N], probe;
-    uint64_t x = 0x5EC0DE5EED1234ull;
-#define NEXT() (x ^= x << 13, x ^= x >> 7, x ^= x << 17, x)
-    for (int i = 0; i < N; i++) {
-        /* the ending it is drawn for: i % 5 (the others may come first) */
-        rand_case *c = &cs[i];
-        memset(c, 0, sizeof(*c));
-        c->prompt = (int)(NEXT() % 4);
-        c->max_draft = 1 + (int)(NEXT() % RLAI_SPEC_MAX_DRAFT);
-        c->hot = NEXT() % 2;
-        c->ignore_eos = true;
-        c->max_tokens = 48;
-        switch (i % 5) {
-        case 0: {   /* a stop string: a few bytes of the plain output's second half */
-            c->ignore_eos = NEXT() % 2;
-            submit_case(big, p[c->prompt], n[c->prompt], c, RLAI_SPEC_OFF, i, &probe);
-            run_until_idle(big);
-            if (probe.tlen > 12) {
-                size_t len = 2 + NEXT() % 5, at = probe.tlen / 2 + NEXT() % (probe.tlen / 2 - len + 1);
-                memcpy(c->stop, probe.text + at, len);
-                c->stop[len] = '\0';
-            }
-            break;
-        }
-        case 1: c->max_tokens = 1 + (int)(NEXT() % 48); break;
-        case 2: c->small_ctx = true; c->max_tokens = 0; break;   /* until the context's end */
-        case 3: c->cancel_at = 1 + (int)(NEXT() % 40); break;
-        default: c->ignore_eos = false; c->max_tokens = 64; break;   /* EOS or max_tokens */
-        }
-    }
-    /* plain, one at a time */
-    for (int i = 0; i < N; i++) {
-        rlai_engine *e = cs[i].small_ctx ? small : big;
-        submit_case(e, p[cs[i].prompt], n[cs[i].prompt], &cs[i], RLAI_SPEC_OFF, i, &off[i]);
-        run_until_idle(e);
-    }
-    /* with drafts, four at a time */
-    for (int i0 = 0; i0 < N; i0 += 4) {
-        for (int i = i0; i < i0 + 4 && i < N; i++)
-            submit_case(cs[i].small_ctx ? small : big, p[cs[i].prompt], n[cs[i].prompt], &cs[i], RLAI_SPEC_NGRAM,
-                        i, &on[i]);
-        run_until_idle(big);
-        run_until_idle(small);
-    }
-    int drafted = 0, ends[8] = { 0 };
-    for (int i = 0; i < N; i++) {
-        const rand_case *c = &cs[i];
-        ck_assert(off[i].r.done && on[i].r.done);
-        ck_assert_int_eq(off[i].r.m.drafted_tokens, 0);
-        ck_assert_msg(on[i].r.status == off[i].r.status && on[i].r.m.stop == off[i].r.m.stop,
-                      "request %d: status %d stop %d with drafts, %d %d without", i, on[i].r.status,
-                      (int)on[i].r.m.stop, off[i].r.status, (int)off[i].r.m.stop);
-        ck_assert_msg(on[i].r.n == off[i].r.n && !memcmp(on[i].r.toks, off[i].r.toks, sizeof(rlai_token) * (size_t)off[i].r.n),
-                      "request %d (prompt %d, max_tokens %d, draft %d, stop \"%s\", cancel %d): %d tokens with drafts, %d without",
-                      i, c->prompt, c->max_tokens, c->max_draft, c->stop, c->cancel_at, on[i].r.n, off[i].r.n);
-        ck_assert_msg(on[i].tlen == off[i].tlen && !memcmp(on[i].text, off[i].text, off[i].tlen),
-                      "request %d: text differs:\n%s\n%s", i, on[i].text, off[i].text);
-        ck_assert_int_le(on[i].r.m.accepted_tokens, on[i].r.m.drafted_tokens);
-        drafted += on[i].r.m.drafted_tokens;
-        ends[on[i].r.m.stop & 7]++;
-    }
-    fprintf(stderr, "random requests: %d drafted; ends: eog %d, max_tokens %d, stop string %d, context %d, cancelled %d\n",
-            drafted, ends[RLAI_STOP_EOG], ends[RLAI_STOP_MAX_TOKENS], ends[RLAI_STOP_STRING], ends[RLAI_STOP_CONTEXT],
-            ends[RLAI_STOP_CANCELLED]);
-    /* the draw covers what it is for */
-    ck_assert_int_gt(drafted, 0);
-    ck_assert_int_gt(ends[RLAI_STOP_STRING], 0);
-    ck_assert_int_gt(ends[RLAI_STOP_MAX_TOKENS], 0);
-    ck_assert_int_gt(ends[RLAI_STOP_CONTEXT], 0);
-    ck_assert_int_gt(ends[RLAI_STOP_CANCELLED], 0);
-#undef NEXT
+    ck_assert_int_gt(spec_endings_check(big, small, p, n, RLAI_SPEC_NGRAM, run_until_idle), 0);
     rlai_engine_close(big);
     rlai_engine_close(small);
 }
