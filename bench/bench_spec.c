@@ -3,7 +3,7 @@
  *
  *   bench_spec [--model FILE] [--threads N] [--tokens N] [--reps R]
  *              [--max-draft N] [--spec-max-batch N] [--ignore-eos] [--show]
- *              [--draft-model FILE] [--lookup-min N]
+ *              [--draft-model FILE] [--lookup-min N] [--device auto|cpu|cuda]
  *
  * With --draft-model the speculative mode measured is DRAFT (the draft
  * model proposes; its forwards are part of the timed decode) instead of
@@ -438,6 +438,8 @@ static void usage(void)
             "                  [--draft-model FILE]  (measure DRAFT, that model proposing, not NGRAM)\n"
             "                  [--lookup-min N]  (with --draft-model: prompt lookup from N-token matches;\n"
             "                                     0 = engine default, -1 = draft model only)\n"
+            "                  [--device D]  (auto|cpu|cuda|cuda:N; default auto: CUDA when a GPU and\n"
+            "                                 the CUDA module are found, else the CPU)\n"
             "                  [--temp T]  (sample at T with top-k 40, top-p 0.95, min-p 0.05, seed\n"
             "                               1234; default 0 = greedy)\n"
             "                  [--dump FILE]   (each prompt's ids and greedy output ids, for\n"
@@ -474,7 +476,7 @@ int main(int argc, char **argv)
         model = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
     int threads = 2, tokens = 128, reps = 3, max_draft = 0, spec_max_batch = 0, lookup_min = 0;
     bool ignore_eos = false, show = false;
-    const char *dump = NULL, *draft = NULL;
+    const char *dump = NULL, *draft = NULL, *device = NULL;
     static const struct option opts[] = {
         { "draft-model", required_argument, 0, 'M' }, { "lookup-min", required_argument, 0, 'L' },
         { "model", required_argument, 0, 'm' },     { "threads", required_argument, 0, 't' },
@@ -482,11 +484,11 @@ int main(int argc, char **argv)
         { "max-draft", required_argument, 0, 'd' }, { "spec-max-batch", required_argument, 0, 'b' },
         { "ignore-eos", no_argument, 0, 'e' },      { "show", no_argument, 0, 's' },
         { "dump", required_argument, 0, 'D' },      { "help", no_argument, 0, 'h' },
-        { "temp", required_argument, 0, 'T' },
+        { "temp", required_argument, 0, 'T' },      { "device", required_argument, 0, 'V' },
         { 0, 0, 0, 0 },
     };
     int o;
-    while ((o = getopt_long(argc, argv, "m:t:n:r:d:b:eshD:M:L:T:", opts, NULL)) != -1) {
+    while ((o = getopt_long(argc, argv, "m:t:n:r:d:b:eshD:M:L:T:V:", opts, NULL)) != -1) {
         switch (o) {
         case 'm': model = optarg; break;
         case 't': threads = atoi(optarg); break;
@@ -500,6 +502,7 @@ int main(int argc, char **argv)
         case 'M': draft = optarg; break;
         case 'L': lookup_min = atoi(optarg); break;
         case 'T': g_temp = (float)atof(optarg); break;
+        case 'V': device = optarg; break;
         default: usage(); return o == 'h' ? 0 : 2;
         }
     }
@@ -518,6 +521,7 @@ int main(int argc, char **argv)
     rlai_engine_params_init(&ep);
     ep.n_threads = threads;
     ep.n_ctx = 2048;
+    ep.device = device;                   /* NULL = auto: CUDA when a GPU and the module are there */
     ep.spec = RLAI_SPEC_OFF;              /* each request says OFF or NGRAM / DRAFT */
     ep.draft_model = draft;
     const rlai_spec_mode spec_on = draft ? RLAI_SPEC_DRAFT : RLAI_SPEC_NGRAM;

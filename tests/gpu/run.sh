@@ -14,8 +14,10 @@
 #      beside three other sequences; a JSON-schema request with logprobs:
 #      tokens and logprobs bit-identical), then prefill tok/s (512 tokens), TTFT
 #      (22 tokens), decode tok/s at batch 1 and 8;
-#   4. prints the table and appends it to bench/RESULTS.md with the date and
-#      the GPU name (nvidia-smi).
+#   4. bench_spec on the device (issue 14's cases at batch 1, speculation
+#      off and on, greedy output compared; 3 reps);
+#   5. prints the tables and appends them to bench/RESULTS.md with the date
+#      and the GPU name (nvidia-smi).
 # CUDA graphs are not implemented yet: the table says so.
 #
 #   tests/gpu/run.sh            the full check (needs nvcc, a driver, a GPU)
@@ -31,7 +33,8 @@ BUILD=${RLAI_GPU_BUILD:-build-gpu}
 MODEL=${RLAI_MODEL:-$ROOT/models/SmolLM2-135M-Instruct.Q4_1.gguf}
 JOBS=$(nproc 2>/dev/null || echo 4)
 LOG=$(mktemp)
-trap 'rm -f "$LOG"' EXIT
+SPEC_LOG=$(mktemp)
+trap 'rm -f "$LOG" "$SPEC_LOG"' EXIT
 
 [ -f "$MODEL" ] || { echo "run.sh: model $MODEL not found" >&2; exit 1; }
 if [ $DRY = 0 ]; then
@@ -48,7 +51,7 @@ t0=$(date +%s)
 if [ ! -f "$BUILD/build.ninja" ]; then
     meson setup "$BUILD" --buildtype=release $CUDA_OPT >/dev/null
 fi
-targets="tests/test_backend_ops tests/rlai-gpucheck"
+targets="tests/test_backend_ops tests/rlai-gpucheck bench/bench_spec"
 if grep -q rlai-backend-cuda "$BUILD/build.ninja"; then
     targets="$targets engine/backend-cuda/rlai-backend-cuda.so"
 elif [ $DRY = 0 ]; then
@@ -71,6 +74,14 @@ dev_args=()
 [ $DRY = 1 ] && dev_args=(--cpu-only)
 status=0
 timeout 240 "$BUILD/tests/rlai-gpucheck" "$MODEL" "${dev_args[@]}" | tee "$LOG" || status=$?
+
+echo "== bench_spec (speculative decoding, issue 14's cases, on the device)"
+spec_args=(--device cuda --reps 3)
+[ $DRY = 1 ] && spec_args=(--device cpu --reps 1 --tokens 16)
+spec_status=0
+timeout 240 "$BUILD/bench/bench_spec" --model "$MODEL" "${spec_args[@]}" 2>/dev/null | tee "$SPEC_LOG" ||
+    spec_status=$?
+[ $spec_status = 0 ] || { echo "run.sh: bench_spec exit $spec_status" >&2; [ $status != 0 ] || status=$spec_status; }
 t2=$(date +%s)
 echo "== total: $((t2 - t0)) s"
 
@@ -83,6 +94,12 @@ if [ $DRY = 0 ]; then
         echo "Checks: $(grep -c ' ok$' "$LOG") passed, $(grep -c ' FAIL$' "$LOG") failed (rlai-gpucheck exit $status)."
         echo
         grep '^|' "$LOG"
+        echo
+        echo "Speculative decoding on the device (\`bench_spec --device cuda --reps 3\`, exit $spec_status):"
+        echo
+        echo '```'
+        awk '/^model:/ || /^greedy,/; /^per case/ { f = 1 } f && /^$/ { exit } f' "$SPEC_LOG"
+        echo '```'
     } >> bench/RESULTS.md
     echo "== appended to bench/RESULTS.md"
 fi
