@@ -354,10 +354,17 @@ typedef struct session {
     int n_threads;
 } session;
 
-static void print_metrics(int prompt, double ttft, double pre, double dec, int gen, const char *where)
+/* The metrics line after an answer; the speculative part only when the
+ * request drafted. */
+static void print_metrics(int prompt, double ttft, double pre, double dec, int gen, int drafted, int accepted,
+                          const char *where)
 {
-    fprintf(stderr, "[prompt %d tok | TTFT %.1f ms | prefill %.1f tok/s | decode %.1f tok/s | %d tok | %s]\n",
-            prompt, ttft, pre, dec, gen, where);
+    char spec[96] = "";
+    if (drafted > 0)
+        snprintf(spec, sizeof(spec), "drafted %d, accepted %d (%.0f%%) | ", drafted, accepted,
+                 100.0 * accepted / drafted);
+    fprintf(stderr, "[prompt %d tok | TTFT %.1f ms | prefill %.1f tok/s | decode %.1f tok/s | %d tok | %s%s]\n",
+            prompt, ttft, pre, dec, gen, spec, where);
 }
 
 /* Streams one answer over the client connection; appends the text to
@@ -434,7 +441,7 @@ static int remote_generate(session *ss, const char *raw_prompt, const rlai_chat_
             snprintf(where, sizeof(where), "engine, queued %.1f ms, stop %s", mt->queue_ms,
                      f.u.done.stop ? f.u.done.stop : "");
             print_metrics((int)mt->prompt_tokens, mt->ttft_ms, mt->prefill_tps, mt->decode_tps,
-                          (int)mt->gen_tokens, where);
+                          (int)mt->gen_tokens, (int)mt->drafted_tokens, (int)mt->accepted_tokens, where);
             rlai_msg_free(&f);
             return 0;
         } else if (f.type == RLAI_MSG_ERROR && cancel_sent) {
@@ -505,7 +512,8 @@ static int local_generate(session *ss, const char *raw_prompt, const rlai_chat_m
     }
     char where[64];
     snprintf(where, sizeof(where), "in-process, %s, %d threads", ss->isa_name, ss->n_threads);
-    print_metrics(m.prompt_tokens, m.ttft_ms, m.prefill_tps, m.decode_tps, m.gen_tokens, where);
+    print_metrics(m.prompt_tokens, m.ttft_ms, m.prefill_tps, m.decode_tps, m.gen_tokens, m.drafted_tokens,
+                  m.accepted_tokens, where);
     return 0;
 }
 

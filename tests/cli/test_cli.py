@@ -123,6 +123,11 @@ def test_spec_flag():
     on = run("run", "--local", "-m", str(MODEL), "--temp", "0", "--spec", "ngram", "--spec-max-draft", "4", "-n", "24", prompt)
     assert off.returncode == 0 and on.returncode == 0, (off.stderr, on.stderr)
     assert on.stdout == off.stdout
+    # the metrics line says what was drafted, only when something was
+    m = re.search(rb"\| drafted (\d+), accepted (\d+) \((\d+)%\) \|", on.stderr.splitlines()[-1])
+    assert m and 0 < int(m.group(2)) <= int(m.group(1)), on.stderr
+    assert int(m.group(3)) == round(100 * int(m.group(2)) / int(m.group(1))), on.stderr
+    assert b"drafted" not in off.stderr, off.stderr
     r = run("run", "--local", "-m", str(MODEL), "--spec", "draft", "-n", "4", "Hi")
     assert r.returncode == 2 and b"--spec draft needs a draft model" in r.stderr, r.stderr
     r = run("run", "--local", "-m", str(MODEL), "--spec", "self", "-n", "4", "Hi")
