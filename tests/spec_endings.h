@@ -8,8 +8,9 @@
  * each way a request ends: a stop string taken from the second half of
  * the plain output, max_tokens, the end of the small engine's context, a
  * client whose on_token cancels after a random token, and EOS (or
- * max_tokens); greedy or seeded sampling with the product's filters, any
- * draft cap 1..16. The plain runs go one at a time, the drafted ones four
+ * max_tokens); greedy or seeded sampling with the product's filters,
+ * repetition, presence and frequency penalties or none, any draft cap
+ * 1..16. The plain runs go one at a time, the drafted ones four
  * at a time. With drafts each request must give the plain run's ids,
  * streamed text, stop reason and status. */
 #ifndef RLAI_TESTS_SPEC_ENDINGS_H
@@ -45,7 +46,7 @@ static inline int spec_endings_collect(void *user, rlai_token tok, const char *t
 /* What one request asks (the same with and without drafts). */
 typedef struct spec_ending_case {
     int prompt, max_tokens, max_draft, cancel_at;
-    bool ignore_eos, hot, small_ctx;
+    bool ignore_eos, hot, small_ctx, penalties;
     char stop[8];   /* "" = none */
 } spec_ending_case;
 
@@ -67,6 +68,12 @@ static inline void spec_endings_submit(rlai_engine *e, const rlai_token *p, int 
     rp.gen.spec_max_draft = spec == RLAI_SPEC_OFF ? 0 : c->max_draft;
     if (c->hot)
         rlai_sampler_params_product(&rp.gen.sampling, 100 + (uint64_t)i);
+    if (c->penalties) {   /* they read the tokens accepted before each verification row */
+        rp.gen.sampling.repeat_penalty = 1.3f;
+        rp.gen.sampling.presence_penalty = 0.8f;
+        rp.gen.sampling.frequency_penalty = 0.5f;
+        rp.gen.sampling.repeat_last_n = 16 + i % 3 * 24;
+    }
     rp.on_token = spec_endings_collect;
     rp.on_done = done_cb;
     rp.user = q;
@@ -97,6 +104,7 @@ static inline long spec_endings_check(rlai_engine *big, rlai_engine *small, rlai
         c->prompt = (int)(SPEC_ENDINGS_NEXT() % 4);
         c->max_draft = 1 + (int)(SPEC_ENDINGS_NEXT() % RLAI_SPEC_MAX_DRAFT);
         c->hot = SPEC_ENDINGS_NEXT() % 2;
+        c->penalties = SPEC_ENDINGS_NEXT() % 2;
         c->ignore_eos = true;
         c->max_tokens = 48;
         switch (i % 5) {
