@@ -82,10 +82,30 @@ static inline void spec_endings_submit(rlai_engine *e, const rlai_token *p, int 
 }
 
 #define SPEC_ENDINGS_N 15
+#define SPEC_ENDINGS_SMALL_CTX 112   /* the prompts take 40-90 tokens */
+
+/* The small engine of spec_endings_check: `model` with a context of
+ * SPEC_ENDINGS_SMALL_CTX tokens, 2 threads, every decoding sequence
+ * drafting, with `spec` and `draft_model` (NULL = none) as engine
+ * settings. Owned by the caller (rlai_engine_close). */
+static inline rlai_engine *spec_endings_small_engine(const char *model, rlai_spec_mode spec, const char *draft_model)
+{
+    rlai_engine_params sp;
+    rlai_engine_params_init(&sp);
+    sp.n_threads = 2;
+    sp.n_ctx = SPEC_ENDINGS_SMALL_CTX;
+    sp.spec = spec;
+    sp.spec_max_batch = -1;
+    sp.draft_model = draft_model;
+    rlai_engine *e = NULL;
+    char err[768];
+    ck_assert_msg(rlai_engine_open(model, &sp, &e, err, sizeof(err)) == 0, "%s", err);
+    return e;
+}
 
 /* big and small: engines of the same model with drafting on for every
- * decoding sequence (spec_max_batch -1), small's context shorter than
- * every prompt plus 48 tokens; prompts p[0..4) of n[i] tokens; spec: the
+ * decoding sequence (spec_max_batch -1), small from
+ * spec_endings_small_engine; prompts p[0..4) of n[i] tokens; spec: the
  * mode the drafted runs ask for; run_idle steps an engine until it is
  * idle (and checks what the caller's file checks then). Returns the
  * drafted tokens of all requests. */
@@ -95,6 +115,8 @@ static inline long spec_endings_check(rlai_engine *big, rlai_engine *small, rlai
     enum { N = SPEC_ENDINGS_N };
     static spec_ending_case cs[N];
     static spec_ending_req off[N], on[N], probe;
+    for (int i = 0; i < 4; i++)
+        ck_assert_int_lt(n[i], SPEC_ENDINGS_SMALL_CTX);
     uint64_t x = 0x5EC0DE5EED1234ull;
 #define SPEC_ENDINGS_NEXT() (x ^= x << 13, x ^= x >> 7, x ^= x << 17, x)
     for (int i = 0; i < N; i++) {
