@@ -15,21 +15,25 @@
 # with its SHA-256, one half per device call.
 #
 #   tests/gpu/pack.sh     build dir: $RLAI_GPU_BUILD, default build-gpu
-#                         (configured with -Dcuda=enabled when missing)
+#                         (configured with -Dcuda=enabled when missing);
+#                         output: $RLAI_GPU_CARRY, default .gpu-carry;
+#                         RLAI_GPU_NO_BUILD=1: take the programs as built
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${RLAI_GPU_BUILD:-build-gpu}
 MODEL=${RLAI_MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
-CARRY=.gpu-carry
+CARRY=${RLAI_GPU_CARRY:-.gpu-carry}
 
 [ -f "$MODEL" ] || { echo "pack.sh: model $MODEL not found (scripts/setup.sh fetches it)" >&2; exit 1; }
-if [ ! -f "$BUILD/build.ninja" ]; then
-    meson setup "$BUILD" --buildtype=release -Dcuda=enabled >/dev/null
-fi
-grep -q rlai-backend-cuda "$BUILD/build.ninja" ||
-    { echo "pack.sh: $BUILD has no CUDA module (configure it with -Dcuda=enabled; nvcc needed)" >&2; exit 1; }
 progs="tests/test_backend_ops tests/rlai-gpucheck bench/bench_spec"
-ninja -C "$BUILD" $progs engine/backend-cuda/rlai-backend-cuda.so >/dev/null
+if [ "${RLAI_GPU_NO_BUILD:-0}" != 1 ]; then
+    if [ ! -f "$BUILD/build.ninja" ]; then
+        meson setup "$BUILD" --buildtype=release -Dcuda=enabled >/dev/null
+    fi
+    grep -q rlai-backend-cuda "$BUILD/build.ninja" ||
+        { echo "pack.sh: $BUILD has no CUDA module (configure it with -Dcuda=enabled; nvcc needed)" >&2; exit 1; }
+    ninja -C "$BUILD" $progs engine/backend-cuda/rlai-backend-cuda.so >/dev/null
+fi
 
 rm -rf "$CARRY"
 mkdir -p "$CARRY/bin"

@@ -29,6 +29,7 @@
 #                     .gpu-carry/model.part00 in $RLAI_GPU_STASH (/tmp/rlai-gpu)
 #     --stage 2       steps 3-5; without the model, joins the kept part00 and
 #                     .gpu-carry/model.part01 and checks the SHA-256
+#                     ($RLAI_GPU_CARRY: another folder than .gpu-carry)
 #     --dry-run       the CPU-only parts (build without CUDA when nvcc is
 #                     absent, the tools against the CPU, nothing appended) -
 #                     to check the script itself
@@ -51,6 +52,7 @@ while [ $# -gt 0 ]; do
 done
 case "$STAGE" in 1 | 2 | all) ;; *) usage ;; esac
 BUILD=${RLAI_GPU_BUILD:-build-gpu}
+CARRY=${RLAI_GPU_CARRY:-.gpu-carry}   # where pack.sh's model halves arrive
 STASH=${RLAI_GPU_STASH:-/tmp/rlai-gpu}
 MODEL=${RLAI_MODEL:-$ROOT/models/SmolLM2-135M-Instruct.Q4_1.gguf}
 JOBS=$(nproc 2>/dev/null || echo 4)
@@ -102,9 +104,9 @@ fi
 
 status=0
 if [ "$STAGE" != 2 ]; then
-    if [ -f .gpu-carry/model.part00 ]; then   # the first half of the model, for stage 2
+    if [ -f "$CARRY/model.part00" ]; then   # the first half of the model, for stage 2
         mkdir -p "$STASH"
-        cp .gpu-carry/model.part00 .gpu-carry/model.sha256 .gpu-carry/model.name "$STASH/"
+        cp "$CARRY/model.part00" "$CARRY/model.sha256" "$CARRY/model.name" "$STASH/"
         echo "== model part 1 kept in $STASH for stage 2"
     fi
     echo "== test_backend_ops (every op, every backend present)"
@@ -121,11 +123,11 @@ if [ "$STAGE" != 2 ]; then
 fi
 
 if [ "$STAGE" != 1 ]; then
-    if [ ! -f "$MODEL" ] && [ -f .gpu-carry/model.part01 ]; then
+    if [ ! -f "$MODEL" ] && [ -f "$CARRY/model.part01" ]; then
         [ -f "$STASH/model.part00" ] ||
             die "$STASH/model.part00 missing: the machine was given back after stage 1; run stage 1 again"
         MODEL=$STASH/$(cat "$STASH/model.name")
-        cat "$STASH/model.part00" .gpu-carry/model.part01 > "$MODEL"
+        cat "$STASH/model.part00" "$CARRY/model.part01" > "$MODEL"
         [ "$(sha256sum < "$MODEL" | cut -d' ' -f1)" = "$(cat "$STASH/model.sha256")" ] ||
             die "the joined model's SHA-256 is not the packed model's (parts from different packs?)"
         echo "== model joined: $MODEL"
@@ -134,7 +136,7 @@ if [ "$STAGE" != 1 ]; then
 
     echo "== rlai-gpucheck"
     dev_args=()
-    [ $DRY = 1 ] && dev_args=(--cpu-only)
+    [ $DRY = 1 ] && dev_args=(--cpu-only --checks-only)   # a dry run times nothing
     timeout 240 "$T_CHECK" "$MODEL" "${dev_args[@]}" | tee "$LOG" || status=$?
     [ -n "${OUT:-}" ] && cp "$LOG" "$OUT/gpucheck.log"
 
