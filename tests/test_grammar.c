@@ -530,10 +530,11 @@ END_TEST
 
 /* `user`'s answer under g without drafts, then with prompt-lookup drafts:
  * the first is complete and valid, the second the same tokens. *mb: the
- * drafted run's metrics; a and b hold the two outputs. */
-static void same_with_drafts(rlai_engine *e, rlai_grammar *g, const char *user, float temp, collect *a, collect *b,
-                             rlai_gen_metrics *mb)
+ * drafted run's metrics. */
+static void same_with_drafts(rlai_engine *e, rlai_grammar *g, const char *user, float temp, rlai_gen_metrics *mb)
 {
+    collect *a = malloc(sizeof(collect)), *b = malloc(sizeof(collect));
+    ck_assert(a && b);
     rlai_gen_metrics ma;
     run_chat(e, g, user, temp, RLAI_SPEC_OFF, a, &ma);
     ck_assert_int_eq(ma.drafted_tokens, 0);
@@ -546,6 +547,8 @@ static void same_with_drafts(rlai_engine *e, rlai_grammar *g, const char *user, 
     ck_assert_int_le(mb->accepted_tokens, mb->drafted_tokens);
     fprintf(stderr, "schema, temp %.1f: %d tokens, %d drafted, %d accepted: %s\n", temp, b->n, mb->drafted_tokens,
             mb->accepted_tokens, b->text);
+    free(a);
+    free(b);
 }
 
 /* Keys a schema requires are drafted from the grammar itself: a forced
@@ -561,14 +564,11 @@ START_TEST(model_schema_keys_are_drafted)
                       "\"favourite_weapon_of_the_hero\",\"number_of_dragons_defeated\"],\"additionalProperties\":false}";
     rlai_grammar *g = schema(sch);
     rlai_engine *e = open_model();
-    collect *a = malloc(sizeof(collect)), *b = malloc(sizeof(collect));
     rlai_gen_metrics mb;
-    same_with_drafts(e, g, "Invent a hero for my game.", 0, a, b, &mb);
+    same_with_drafts(e, g, "Invent a hero for my game.", 0, &mb);
     ck_assert_int_ge(mb.accepted_tokens, 25);
     rlai_grammar_unref(g);
     rlai_engine_close(e);
-    free(a);
-    free(b);
 }
 END_TEST
 
@@ -587,12 +587,11 @@ START_TEST(model_schema_drafts_copying)
                        "October until the end of March. Boats that arrive later must wait at the outer buoy.";
     rlai_grammar *g = schema(sch);
     rlai_engine *e = open_model();
-    collect *a = malloc(sizeof(collect)), *b = malloc(sizeof(collect));
     rlai_gen_metrics mb;
     long drafted = 0, accepted = 0;
     const float temps[2] = { 0.0f, 0.8f };
     for (int k = 0; k < 2; k++) {
-        same_with_drafts(e, g, user, temps[k], a, b, &mb);
+        same_with_drafts(e, g, user, temps[k], &mb);
         drafted += mb.drafted_tokens;
         accepted += mb.accepted_tokens;
     }
@@ -601,8 +600,6 @@ START_TEST(model_schema_drafts_copying)
     ck_assert_int_gt(accepted, 15);
     rlai_grammar_unref(g);
     rlai_engine_close(e);
-    free(a);
-    free(b);
 }
 END_TEST
 
