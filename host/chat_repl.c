@@ -383,7 +383,9 @@ int rlai_chat_repl_run(const rlai_chat_repl_params *p)
             status = 1;
             break;
         }
-        g_sigint = 0;
+        /* g_sigint is not cleared here: a Ctrl-C that lands after Enter but
+         * before the reply starts (reader_get cleared it when the line
+         * began) stops that reply at its first token. */
         char *reply = NULL;
         int rc = p->generate(p->user, cv.m, cv.n, &reply);
         bool stopped = g_sigint != 0;

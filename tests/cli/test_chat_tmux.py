@@ -87,7 +87,10 @@ def test_chat_in_a_terminal(chat, tmp_path):
     t.wait_for(lambda s: n_metrics(s) == 1, what="the first reply")
     # Ctrl-C mid-reply: stops that reply, keeps the conversation
     t.type_line("Write a very long story about a dragon and a knight.")
-    t.wait_for(lambda s: len(s.split("dragon and a knight.")[-1].strip()) > 40, what="the reply to start")
+    # (the typed line must be on screen first: without it the split is the
+    # whole screen, and Ctrl-C would go out before the reply began)
+    t.wait_for(lambda s: "dragon and a knight." in s and len(s.split("dragon and a knight.")[-1].strip()) > 40,
+               what="the reply to start")
     t.keys("C-c")
     s = t.wait_for(lambda s: "reply stopped" in s, what="the stop note")
     assert "RLAI-EXIT" not in s and "stop" in s
@@ -120,6 +123,20 @@ def test_chat_in_a_terminal(chat, tmp_path):
     t.type_line(f"/save {saved}")
     t.wait_for(lambda s: "saved 1 messages" in s, what="/save after reset")
     assert json.loads(saved.read_text())["messages"] == [{"role": "system", "content": "You are terse."}]
+    # Enter then Ctrl-C at once: wherever the Ctrl-C lands (still reading
+    # the line, between Enter and the first token, or mid-reply) there is
+    # no full reply: the line is dropped, or the reply is stopped and kept.
+    stops = t.screen().count("reply stopped")
+    t.type_line("Tell me a very long story about a castle.")
+    t.keys("C-c")
+    t.type_line(f"/save {saved}")   # read once the prompt is back
+    s = t.wait_for(lambda s: "castle." in s and "saved 1 messages" in s.split("castle.")[-1]
+                   or "saved 3 messages" in s,
+                   what="/save after Enter and Ctrl-C")
+    if "saved 3 messages" in s:
+        assert s.count("reply stopped") == stops + 1, s
+        msgs = json.loads(saved.read_text())["messages"]
+        assert msgs[1]["content"] == "Tell me a very long story about a castle." and msgs[2]["role"] == "assistant"
     # Ctrl-C at an empty prompt quits, status 0
     t.keys("C-c")
     s = t.wait_for(lambda s: "RLAI-EXIT=" in s, what="exit")
