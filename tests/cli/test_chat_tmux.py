@@ -1,7 +1,9 @@
 """`rlai chat` driven the way a person uses it: in a terminal (tmux
 send-keys / capture-pane). History recall with Up, Ctrl-C mid-reply keeps
 the conversation, /reset asks first, an empty line does not quit, Ctrl-C
-at an empty prompt quits. The model runs in-process (--local)."""
+at an empty prompt quits, Enter then Ctrl-C leaves no full reply. The
+model runs in-process (--local), and over a running `rlai serve`, where
+Ctrl-C sends a cancel."""
 import json
 import os
 import shutil
@@ -77,6 +79,24 @@ def n_metrics(screen):
     return screen.count("[prompt ")
 
 
+def enter_then_ctrl_c(t, saved, before):
+    """Enter then Ctrl-C at once: wherever the Ctrl-C lands (still reading
+    the line, which it may flush unread; between Enter and the first token;
+    mid-reply) there is no full reply: the line is dropped, or the reply is
+    stopped and kept. `before`: the roles of the conversation so far."""
+    stops = t.screen().count("reply stopped")
+    t.type_line("Tell me a very long story about a castle.")
+    t.keys("C-c")
+    t.type_line(f"/save {saved}")   # read once the prompt is back
+    s = t.wait_for(lambda s: f"to {saved})" in s, what="/save after Enter and Ctrl-C")
+    msgs = json.loads(saved.read_text())["messages"]
+    assert [m["role"] for m in msgs] in (before, before + ["user", "assistant"]), msgs
+    if len(msgs) > len(before):
+        assert s.count("reply stopped") == stops + 1, s
+        assert msgs[-2]["content"] == "Tell me a very long story about a castle."
+    return s
+
+
 def test_chat_in_a_terminal(chat, tmp_path):
     t = chat
     # an empty line does not quit
@@ -123,21 +143,7 @@ def test_chat_in_a_terminal(chat, tmp_path):
     t.type_line(f"/save {saved}")
     t.wait_for(lambda s: "saved 1 messages" in s, what="/save after reset")
     assert json.loads(saved.read_text())["messages"] == [{"role": "system", "content": "You are terse."}]
-    # Enter then Ctrl-C at once: wherever the Ctrl-C lands (still reading
-    # the line, which it may flush unread; between Enter and the first
-    # token; mid-reply) there is no full reply: the line is dropped, or
-    # the reply is stopped and kept.
-    stops = t.screen().count("reply stopped")
-    t.type_line("Tell me a very long story about a castle.")
-    t.keys("C-c")
-    saved2 = tmp_path / "conv2.json"
-    t.type_line(f"/save {saved2}")   # read once the prompt is back
-    s = t.wait_for(lambda s: f"to {saved2})" in s, what="/save after Enter and Ctrl-C")
-    msgs = json.loads(saved2.read_text())["messages"]
-    assert len(msgs) in (1, 3), msgs
-    if len(msgs) == 3:
-        assert s.count("reply stopped") == stops + 1, s
-        assert msgs[1]["content"] == "Tell me a very long story about a castle." and msgs[2]["role"] == "assistant"
+    enter_then_ctrl_c(t, tmp_path / "conv2.json", ["system"])
     # Ctrl-C at an empty prompt quits, status 0
     t.keys("C-c")
     s = t.wait_for(lambda s: "RLAI-EXIT=" in s, what="exit")
@@ -147,6 +153,54 @@ def test_chat_in_a_terminal(chat, tmp_path):
     assert stat.S_IMODE(hist.stat().st_mode) == 0o600
     text = hist.read_text()
     assert "Ada" in text and "/reset" in text
+
+
+@pytest.fixture
+def engine_rt(tmp_path):
+    """A running `rlai serve` (no plugins, no HTTP) whose sockets are under
+    the returned XDG_RUNTIME_DIR, where `rlai chat` looks by default."""
+    rt = tmp_path / "rt"
+    rt.mkdir(mode=0o700)
+    env = dict(os.environ, XDG_RUNTIME_DIR=str(rt), XDG_CONFIG_HOME=str(tmp_path / "cfg"))
+    log = open(tmp_path / "serve.log", "wb")
+    p = subprocess.Popen([RLAI, "serve", "-m", str(MODEL), "-t", "2", "-c", "2048", "--no-plugins", "--http", ""],
+                         env=env, stdout=subprocess.DEVNULL, stderr=log)
+    deadline = time.time() + 120
+    while b"ready" not in (tmp_path / "serve.log").read_bytes():
+        assert p.poll() is None and time.time() < deadline, (tmp_path / "serve.log").read_text()
+        time.sleep(0.1)
+    yield rt
+    p.terminate()
+    assert p.wait(timeout=60) == 0, (tmp_path / "serve.log").read_text()
+    log.close()
+
+
+def test_chat_over_the_engine_ctrl_c_cancels(engine_rt, tmp_path):
+    """Over the engine (no --local), Ctrl-C mid-reply sends a cancel: the
+    reply ends with `stop cancelled`, the conversation keeps the partial
+    reply, and Enter-then-Ctrl-C leaves no full reply either."""
+    env = {"XDG_STATE_HOME": str(tmp_path / "state"), "XDG_RUNTIME_DIR": str(engine_rt), "TERM": "xterm"}
+    t = Term(tmp_path, [RLAI, "chat", "--temp", "0", "-n", "1500"], env)
+    try:
+        t.wait_for(lambda s: "rlai chat:" in s and s.rstrip().endswith(">"), what="the first prompt")
+        t.type_line("Write a very long story about a dragon and a knight.")
+        t.wait_for(lambda s: "dragon and a knight." in s and len(s.split("dragon and a knight.")[-1].strip()) > 40,
+                   what="the reply to start")
+        t.keys("C-c")
+        s = t.wait_for(lambda s: "reply stopped" in s, what="the stop note")
+        assert "stop cancelled" in s or "[stopped: " in s, s
+        assert "RLAI-EXIT" not in s and "1500 tok" not in s
+        saved = tmp_path / "conv.json"
+        t.type_line(f"/save {saved}")
+        t.wait_for(lambda s: f"to {saved})" in s, what="/save")
+        msgs = json.loads(saved.read_text())["messages"]
+        assert [m["role"] for m in msgs] == ["user", "assistant"] and msgs[1]["content"], msgs
+        enter_then_ctrl_c(t, tmp_path / "conv2.json", ["user", "assistant"])
+        t.keys("C-c")
+        s = t.wait_for(lambda s: "RLAI-EXIT=" in s, what="exit")
+        assert "RLAI-EXIT=0" in s
+    finally:
+        t.close()
 
 
 def test_chat_without_a_terminal_reads_lines(tmp_path):
