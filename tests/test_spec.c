@@ -453,15 +453,21 @@ static const char *prompts[4] = {
 
 #define NTOK 64
 
+/* The four prompts tokenized into p[i] (n[i] tokens each). */
+static void tokenize_prompts(rlai_engine *e, rlai_token p[4][256], int n[4])
+{
+    for (int i = 0; i < 4; i++) {
+        n[i] = rlai_engine_tokenize(e, prompts[i], strlen(prompts[i]), true, true, p[i], 256);
+        ck_assert_int_gt(n[i], 0);
+    }
+}
+
 START_TEST(greedy_output_is_identical_with_and_without_speculation)
 {
     rlai_engine *e = open_engine(RLAI_SPEC_NGRAM, 0);
     rlai_token p[4][256];
     int n[4];
-    for (int i = 0; i < 4; i++) {
-        n[i] = rlai_engine_tokenize(e, prompts[i], strlen(prompts[i]), true, true, p[i], 256);
-        ck_assert_int_gt(n[i], 0);
-    }
+    tokenize_prompts(e, p, n);
     result off[4], on;
     long drafted = 0, accepted = 0;
     for (int i = 0; i < 4; i++) {
@@ -509,8 +515,7 @@ START_TEST(speculation_under_continuous_batching)
     result alone[4], r[4];
     /* no batch limit: four sequences draft in the same steps */
     rlai_engine *e = open_engine(RLAI_SPEC_NGRAM, -1);
-    for (int i = 0; i < 4; i++)
-        n[i] = rlai_engine_tokenize(e, prompts[i], strlen(prompts[i]), true, true, p[i], 256);
+    tokenize_prompts(e, p, n);
     for (int i = 0; i < 4; i++) {
         submit(e, p[i], n[i], NTOK, RLAI_SPEC_OFF, &alone[i]);
         run_until_idle(e);
@@ -622,8 +627,7 @@ START_TEST(penalties_see_each_accepted_draft_token)
     rlai_engine *e = open_engine(RLAI_SPEC_NGRAM, -1);
     rlai_token p[4][256];
     int n[4];
-    for (int i = 0; i < 4; i++)
-        n[i] = rlai_engine_tokenize(e, prompts[i], strlen(prompts[i]), true, true, p[i], 256);
+    tokenize_prompts(e, p, n);
     long drafted = 0, accepted = 0;
     for (size_t c = 0; c < sizeof(cfg) / sizeof(cfg[0]); c++) {
         rlai_sampler_params sp;
@@ -663,10 +667,7 @@ START_TEST(random_requests_end_the_same_with_drafts)
     rlai_engine *small = spec_endings_small_engine(MODEL, RLAI_SPEC_NGRAM, NULL);
     rlai_token p[4][256];
     int n[4];
-    for (int i = 0; i < 4; i++) {
-        n[i] = rlai_engine_tokenize(big, prompts[i], strlen(prompts[i]), true, true, p[i], 256);
-        ck_assert_int_gt(n[i], 0);
-    }
+    tokenize_prompts(big, p, n);
     ck_assert_int_gt(spec_endings_check(big, small, p, n, RLAI_SPEC_NGRAM, run_until_idle), 0);
     rlai_engine_close(big);
     rlai_engine_close(small);

@@ -79,6 +79,18 @@ def n_metrics(screen):
     return screen.count("[prompt ")
 
 
+def ctrl_c_mid_reply(t):
+    """Asks for a long reply, presses Ctrl-C once it has started, and
+    returns the screen with the stop note."""
+    t.type_line("Write a very long story about a dragon and a knight.")
+    # (the typed line must be on screen first: without it the split is the
+    # whole screen, and Ctrl-C would go out before the reply began)
+    t.wait_for(lambda s: "dragon and a knight." in s and len(s.split("dragon and a knight.")[-1].strip()) > 40,
+               what="the reply to start")
+    t.keys("C-c")
+    return t.wait_for(lambda s: "reply stopped" in s, what="the stop note")
+
+
 def enter_then_ctrl_c(t, saved, before):
     """Enter then Ctrl-C at once: wherever the Ctrl-C lands (still reading
     the line, which it may flush unread; between Enter and the first token;
@@ -106,13 +118,7 @@ def test_chat_in_a_terminal(chat, tmp_path):
     t.type_line("My name is Ada. Say hello.")
     t.wait_for(lambda s: n_metrics(s) == 1, what="the first reply")
     # Ctrl-C mid-reply: stops that reply, keeps the conversation
-    t.type_line("Write a very long story about a dragon and a knight.")
-    # (the typed line must be on screen first: without it the split is the
-    # whole screen, and Ctrl-C would go out before the reply began)
-    t.wait_for(lambda s: "dragon and a knight." in s and len(s.split("dragon and a knight.")[-1].strip()) > 40,
-               what="the reply to start")
-    t.keys("C-c")
-    s = t.wait_for(lambda s: "reply stopped" in s, what="the stop note")
+    s = ctrl_c_mid_reply(t)
     assert "RLAI-EXIT" not in s and "stop" in s
     # history: Up recalls the last line; Ctrl-C on a non-empty line only drops it
     t.wait_for(lambda s: s.rstrip().endswith(">"), what="a prompt")
@@ -183,11 +189,7 @@ def test_chat_over_the_engine_ctrl_c_cancels(engine_rt, tmp_path):
     t = Term(tmp_path, [RLAI, "chat", "--temp", "0", "-n", "1500"], env)
     try:
         t.wait_for(lambda s: "rlai chat:" in s and s.rstrip().endswith(">"), what="the first prompt")
-        t.type_line("Write a very long story about a dragon and a knight.")
-        t.wait_for(lambda s: "dragon and a knight." in s and len(s.split("dragon and a knight.")[-1].strip()) > 40,
-                   what="the reply to start")
-        t.keys("C-c")
-        s = t.wait_for(lambda s: "reply stopped" in s, what="the stop note")
+        s = ctrl_c_mid_reply(t)
         assert "stop cancelled" in s or "[stopped: " in s, s
         assert "RLAI-EXIT" not in s and "1500 tok" not in s
         saved = tmp_path / "conv.json"
