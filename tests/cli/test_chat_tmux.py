@@ -168,17 +168,21 @@ def engine_rt(tmp_path):
     rt = tmp_path / "rt"
     rt.mkdir(mode=0o700)
     env = dict(os.environ, XDG_RUNTIME_DIR=str(rt), XDG_CONFIG_HOME=str(tmp_path / "cfg"))
-    log = open(tmp_path / "serve.log", "wb")
-    p = subprocess.Popen([RLAI, "serve", "-m", str(MODEL), "-t", "2", "-c", "2048", "--no-plugins", "--http", ""],
-                         env=env, stdout=subprocess.DEVNULL, stderr=log)
-    deadline = time.time() + 120
-    while b"ready" not in (tmp_path / "serve.log").read_bytes():
-        assert p.poll() is None and time.time() < deadline, (tmp_path / "serve.log").read_text()
-        time.sleep(0.1)
-    yield rt
-    p.terminate()
-    assert p.wait(timeout=60) == 0, (tmp_path / "serve.log").read_text()
-    log.close()
+    log_path = tmp_path / "serve.log"
+    with open(log_path, "wb") as log:
+        p = subprocess.Popen([RLAI, "serve", "-m", str(MODEL), "-t", "2", "-c", "2048", "--no-plugins", "--http", ""],
+                             env=env, stdout=subprocess.DEVNULL, stderr=log)
+    try:
+        deadline = time.time() + 120
+        while b"ready" not in log_path.read_bytes():
+            assert p.poll() is None and time.time() < deadline, log_path.read_text()
+            time.sleep(0.1)
+        yield rt
+    finally:
+        # also when the engine never got ready: no `rlai serve` outlives the test
+        p.terminate()
+        rc = p.wait(timeout=60)
+    assert rc == 0, log_path.read_text()
 
 
 def test_chat_over_the_engine_ctrl_c_cancels(engine_rt, tmp_path):
