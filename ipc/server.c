@@ -10,9 +10,13 @@
  * max_frame is refused by libzmq itself (ZMQ_MAXMSGSIZE): the peer's
  * connection is closed by libzmq and on_message never sees it. Routing ids
  * map to rlai_conn handles; a peer is known gone when a send to it fails
- * (ZMQ_ROUTER_MANDATORY -> EHOSTUNREACH) or when another peer's message
+ * (ZMQ_ROUTER_MANDATORY -> EHOSTUNREACH) or when a newer peer's message
  * arrives over the file descriptor it last used (the descriptor was closed
- * and reused, so its connection is over).
+ * and reused, so its connection is over). Which of two peers is the newer
+ * is told by libzmq's own routing ids, never by the order their messages
+ * are read in: the ROUTER fair-queues its peers, so the last message of a
+ * peer that left can be read after the first message of the peer that got
+ * its descriptor (see zmq_note_fd).
  *
  * Unix socket: 4-byte big-endian length + payload in both directions,
  * non-blocking; output that the peer does not read is buffered (up to
@@ -626,32 +630,61 @@ static conn *zmq_conn_for(rlai_server *s, const void *rid, size_t rid_len)
     return c;
 }
 
-/* Records that c's last message came over fd; a different conn that last
- * used the same descriptor is gone (the descriptor was closed and reused). */
-static void zmq_note_fd(rlai_server *s, conn *c, int fd)
+/* Which of two ROUTER peers connected later, when that can be known. A peer
+ * that chose no routing id of its own (every rlai client) is named by
+ * libzmq 0x00 + a big-endian 32-bit counter that the ROUTER increments for
+ * each new connection, so the larger counter (serial-number arithmetic: it
+ * may wrap) is the newer connection. Returns > 0 when a is newer than b,
+ * < 0 when older, 0 when unknown (a routing id a peer chose itself). */
+static int zmq_conn_order(const conn *a, const conn *b)
+{
+    if (a->rid_len != 5 || b->rid_len != 5 || a->rid[0] != 0 || b->rid[0] != 0)
+        return 0;
+    uint32_t x = (uint32_t)a->rid[1] << 24 | (uint32_t)a->rid[2] << 16 | (uint32_t)a->rid[3] << 8 | a->rid[4];
+    uint32_t y = (uint32_t)b->rid[1] << 24 | (uint32_t)b->rid[2] << 16 | (uint32_t)b->rid[3] << 8 | b->rid[4];
+    uint32_t d = x - y;
+    return d == 0 ? 0 : d < 0x80000000u ? 1 : -1;
+}
+
+/* Records that c's message came over fd. Another conn that last used the
+ * same descriptor is over (the descriptor was closed and reused), unless c
+ * is the older of the two: then the message is the late last one of a
+ * peer that has left, read after the first message of the peer that now
+ * has its descriptor (the ROUTER fair-queues its peers). Returns true when
+ * the message is to be delivered, false when c was dropped instead. When
+ * the order cannot be known (a routing id a peer chose), neither conn is
+ * dropped: a gone peer is then found at the next send to it. */
+static bool zmq_note_fd(rlai_server *s, conn *c, int fd)
 {
     if (fd < 0 || c->srcfd == fd)
-        return;
+        return true;
     if ((size_t)fd >= s->fdmap_cap) {
         size_t ncap = s->fdmap_cap ? s->fdmap_cap : 64;
         while (ncap <= (size_t)fd)
             ncap *= 2;
         conn **nm = realloc(s->fdmap, ncap * sizeof *nm);
         if (!nm)
-            return;
+            return true;
         memset(nm + s->fdmap_cap, 0, (ncap - s->fdmap_cap) * sizeof *nm);
         s->fdmap = nm;
         s->fdmap_cap = ncap;
     }
+    conn *old = s->fdmap[fd];
+    if (old && old != c) {
+        int order = zmq_conn_order(c, old);
+        if (order < 0) {
+            conn_drop(s, c, true);   /* c left; old has its descriptor now */
+            return false;
+        }
+        old->srcfd = -1;
+        if (order > 0)
+            conn_drop(s, old, true); /* old left; c has its descriptor */
+    }
     if (c->srcfd >= 0 && (size_t)c->srcfd < s->fdmap_cap && s->fdmap[c->srcfd] == c)
         s->fdmap[c->srcfd] = NULL;
-    conn *old = s->fdmap[fd];
     s->fdmap[fd] = c;
     c->srcfd = fd;
-    if (old && old != c) {
-        old->srcfd = -1;
-        conn_drop(s, old, true);
-    }
+    return true;
 }
 
 static void zmq_read(rlai_server *s)
@@ -693,8 +726,7 @@ static void zmq_read(rlai_server *s)
             conn *c = zmq_conn_for(s, zmq_msg_data(&rid), zmq_msg_size(&rid));
             if (c) {
                 c->delim = delim;
-                zmq_note_fd(s, c, zmq_msg_get(&part, ZMQ_SRCFD));
-                if (!c->closing && s->cb.on_message)
+                if (zmq_note_fd(s, c, zmq_msg_get(&part, ZMQ_SRCFD)) && !c->closing && s->cb.on_message)
                     s->cb.on_message(s->cb.user, c->id, zmq_msg_data(&part), zmq_msg_size(&part));
             }
         }

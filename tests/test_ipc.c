@@ -72,6 +72,8 @@ typedef struct echo {
     int n_msgs, n_disc, n_ferr;
     rlai_conn last_conn, last_disc, last_ferr;
     bool hello_mode;   /* answer protocol hellos with a done frame */
+    /* "STALL" holds the server's I/O thread in on_message until released */
+    bool stalled, release;
 } echo;
 
 static echo E;
@@ -158,6 +160,13 @@ static void on_message(void *user, rlai_conn conn, const void *data, size_t len)
     pthread_mutex_lock(&e->mu);
     e->n_msgs++;
     e->last_conn = conn;
+    if (len == 5 && memcmp(data, "STALL", 5) == 0) {
+        e->stalled = true;
+        pthread_cond_broadcast(&e->cv);
+        while (!e->release)
+            pthread_cond_wait(&e->cv, &e->mu);
+        e->stalled = false;
+    }
     pthread_mutex_unlock(&e->mu);
     if (e->mode == 0) {
         reply(e, conn, data, len);
@@ -858,6 +867,93 @@ START_TEST(test_zmq_fd_reuse)
 }
 END_TEST
 
+/* The ROUTER fair-queues its peers, so the last message of a peer that left
+ * can be read after the first message of the peer that was given its file
+ * descriptor. The old peer is the one known gone then, never the new one
+ * (which lost its replies before: the soak test saw it). A child process
+ * plays both peers while the server's I/O thread is held in on_message, so
+ * both messages wait in libzmq beside `burst` messages of a third peer.
+ * libzmq processes its pending commands (attaching the two new peers) every
+ * 100 receive calls; when the third peer has just been emptied then, the
+ * new peer is swapped in front of the old one and read first. The rounds
+ * cover a few bursts around that point (STALL + 49 others: the 100th
+ * receive call is the last message's body); with another libzmq the
+ * common order is still checked. The child's exit status says whether the
+ * new peer got its answer. */
+static int fd_reuse_child(const char *ep, int ready_fd)
+{
+    void *ctx = zmq_ctx_new();
+    if (!ctx)
+        return 10;
+    int v = 1000;
+    void *a = zmq_socket(ctx, ZMQ_DEALER);
+    zmq_setsockopt(a, ZMQ_LINGER, &v, sizeof v);
+    if (zmq_connect(a, ep) != 0 || zmq_send(a, "old", 3, 0) != 3)
+        return 11;
+    sleep_ms(150);       /* delivered into the server's pipe */
+    zmq_close(a);        /* and gone: the server's libzmq closes its fd */
+    sleep_ms(150);
+    void *b = zmq_socket(ctx, ZMQ_DEALER);
+    v = 0;
+    zmq_setsockopt(b, ZMQ_LINGER, &v, sizeof v);
+    v = 5000;
+    zmq_setsockopt(b, ZMQ_RCVTIMEO, &v, sizeof v);
+    if (zmq_connect(b, ep) != 0 || zmq_send(b, "new", 3, 0) != 3)
+        return 12;
+    sleep_ms(150);
+    char c = 1;
+    if (write(ready_fd, &c, 1) != 1)
+        return 13;
+    char buf[16];
+    int n = zmq_recv(b, buf, sizeof buf, 0);
+    return n == 3 && memcmp(buf, "new", 3) == 0 ? 0 : 1;
+}
+
+START_TEST(test_zmq_fd_reuse_late_message)
+{
+    char err[256];
+    ck_assert_msg(start_echo(zmq_ep, NULL, NULL, 0, 0, err, sizeof err) == 0, "%s", err);
+    void *s = zdealer(zmq_ep);
+    char buf[16];
+    for (int burst = 46; burst <= 52; burst++) {
+        pthread_mutex_lock(&E.mu);
+        E.release = false;
+        pthread_mutex_unlock(&E.mu);
+        ck_assert_int_eq(zmq_send(s, "STALL", 5, 0), 5);
+        pthread_mutex_lock(&E.mu);
+        while (!E.stalled)
+            pthread_cond_wait(&E.cv, &E.mu);
+        pthread_mutex_unlock(&E.mu);
+        for (int i = 1; i < burst; i++)
+            ck_assert_int_eq(zmq_send(s, "x", 1, 0), 1);
+        int pfd[2];
+        ck_assert_int_eq(pipe(pfd), 0);
+        pid_t pid = fork();
+        ck_assert_int_ge(pid, 0);
+        if (pid == 0) {
+            close(pfd[0]);
+            _exit(fd_reuse_child(zmq_ep, pfd[1]));
+        }
+        close(pfd[1]);
+        struct pollfd p = {.fd = pfd[0], .events = POLLIN};
+        ck_assert_int_eq(poll(&p, 1, 10000), 1);
+        close(pfd[0]);
+        pthread_mutex_lock(&E.mu);
+        E.release = true;
+        pthread_cond_broadcast(&E.cv);
+        pthread_mutex_unlock(&E.mu);
+        ck_assert_int_eq(zrecv(s, buf, sizeof buf), 5);    /* the STALL echo */
+        for (int i = 1; i < burst; i++)
+            ck_assert_int_eq(zrecv(s, buf, sizeof buf), 1);
+        int st = 0;
+        ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+        ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0,
+                      "burst %d: the new peer got no answer (child status %d)", burst, st);
+    }
+    zmq_close(s);
+}
+END_TEST
+
 /* Replies to a peer that does not read are buffered in order (ZeroMQ:
  * past the HWM, retried; Unix socket: up to the cap, then dropped). */
 START_TEST(test_backpressure)
@@ -1513,6 +1609,7 @@ static Suite *ipc_suite(bool with_client)
     tcase_add_test(tc, test_disconnect_uds);
     tcase_add_test(tc, test_disconnect_zmq);
     tcase_add_test(tc, test_zmq_fd_reuse);
+    tcase_add_test(tc, test_zmq_fd_reuse_late_message);
     tcase_add_test(tc, test_backpressure);
     tcase_add_test(tc, test_stale_socket_replaced);
     tcase_add_test(tc, test_live_socket_refused);
