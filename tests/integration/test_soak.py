@@ -45,7 +45,7 @@ pytestmark = [
     pytest.mark.skipif(not TEST_PLUGINS, reason="RLAI_TEST_PLUGINS not set (run through meson test)"),
 ]
 
-STORM_S = 20          # how long the attacks run
+STORM_S = int(os.environ.get("RLAI_SOAK_SECONDS", "20"))   # how long the attacks run
 SLOW_CONNS = 96       # slowloris connections (the HTTP cap below is 48)
 QUESTIONS = [
     "What is the capital of France? Answer in one word.",
@@ -54,7 +54,8 @@ QUESTIONS = [
 ]
 MAX_TOKENS = 16
 # Thousands of connections come and go in the storm, so a leak of one
-# descriptor or thread per connection or call shows far above these.
+# descriptor or thread per connection or call shows far above these. (The
+# test waits up to 30 s for the exact counts of before, then allows these.)
 FD_SLACK = 4
 THREAD_SLACK = 1
 
@@ -518,7 +519,7 @@ def test_every_attack_at_once_while_good_clients_stream(tmp_path):
             fds, threads = proc_counts(e.proc.pid)
             settled = (st["requests_inflight"] == 0 and health["running"] == 0 and
                        st["kv_blocks"]["used"] <= rest["kv_blocks"]["used"] and
-                       fds <= fds0 + FD_SLACK and threads <= threads0 + THREAD_SLACK)
+                       fds <= fds0 and threads <= threads0)
             if settled or time.time() > end:
                 break
             time.sleep(0.25)
