@@ -33,6 +33,7 @@ enum { GE_END = 0, GE_CHARS, GE_REP, GE_STR, GE_REF };
 #define G_MAX_ELEMS (1 << 20)
 #define G_MAX_SCHEMA_DEPTH 64
 #define G_MAX_REPEAT 1024   /* minItems / maxItems / minLength bound */
+#define G_MAX_LIT_BRANCH 1024 /* enum values: parting points along one value */
 
 typedef struct gelem {
     uint8_t kind;
@@ -495,16 +496,129 @@ static int get_count(sc *c, const cJSON *s, const char *key, int dflt, int *out)
     return 0;
 }
 
-/* Literal alternatives (enum / const): each value printed compactly. */
-static int literal_alt(sc *c, int r, const cJSON *v)
+/* Literal values (enum / const), each printed compactly, compiled as a
+ * prefix tree: one rule per point where the values part, so the matcher
+ * follows one path through them instead of keeping a head per value (the
+ * heads of a state are capped at G_MAX_HEADS: an enum of 300 strings used
+ * to lose all but its first 128 values without a word). */
+typedef struct lit {
+    char *s;
+    size_t n;
+} lit;
+
+typedef struct lits {
+    lit *v;
+    int n, cap;
+} lits;
+
+static int lits_add(lits *L, const cJSON *v)
 {
+    if (L->n == L->cap) {
+        int nc = L->cap ? L->cap * 2 : 16;
+        lit *nv = realloc(L->v, sizeof(lit) * (size_t)nc);
+        if (!nv)
+            return RLAI_ERR_NOMEM;
+        L->v = nv;
+        L->cap = nc;
+    }
     char *text = cJSON_PrintUnformatted(v);
     if (!text)
         return RLAI_ERR_NOMEM;
-    gseq s = { 0 };
-    seq_lit(c->g, &s, text, strlen(text));
-    free(text);
-    return rule_alt(c->g, r, &s);
+    L->v[L->n++] = (lit){ text, strlen(text) };
+    return 0;
+}
+
+static void lits_free(lits *L)
+{
+    for (int i = 0; i < L->n; i++)
+        free(L->v[i].s);
+    free(L->v);
+}
+
+static int lit_cmp(const void *a, const void *b)
+{
+    const lit *x = a, *y = b;
+    int c = memcmp(x->s, y->s, x->n < y->n ? x->n : y->n);
+    return c ? c : (x->n > y->n) - (x->n < y->n);
+}
+
+/* The rule matching the rest, from byte pos, of the sorted values
+ * L[lo..hi), which share their first pos bytes. */
+static int lit_trie(sc *c, const lit *L, int lo, int hi, size_t pos, int depth)
+{
+    rlai_grammar *g = c->g;
+    if (depth > G_MAX_LIT_BRANCH)
+        return sc_fail(c, RLAI_ERR_TOO_LARGE, "'enum' values that part at more than %d points along one value",
+                       G_MAX_LIT_BRANCH);
+    int r = rule_new(g), rc;
+    if (r < 0)
+        return r;
+    int i = lo;
+    if (L[i].n == pos) {               /* a value ends here (sorted first) */
+        gseq q = { 0 };
+        if ((rc = rule_alt(g, r, &q)) < 0)
+            return rc;
+        while (i < hi && L[i].n == pos)
+            i++;                       /* and its duplicates */
+    }
+    while (i < hi) {
+        unsigned char b = (unsigned char)L[i].s[pos];
+        int j = i + 1;
+        while (j < hi && (unsigned char)L[j].s[pos] == b)
+            j++;
+        /* the group's common prefix: that of its first and last value */
+        const lit *f = &L[i], *l = &L[j - 1];
+        size_t end = pos + 1, lim = f->n < l->n ? f->n : l->n;
+        while (end < lim && f->s[end] == l->s[end])
+            end++;
+        gseq q = { 0 };
+        seq_lit(g, &q, f->s + pos, end - pos);
+        if (l->n > end) {              /* else all of them end at end */
+            int child = lit_trie(c, L, i, j, end, depth + 1);
+            if (child < 0) {
+                free(q.e);
+                return child;
+            }
+            seq_ref(&q, child);
+        }
+        if ((rc = rule_alt(g, r, &q)) < 0)
+            return rc;
+        i = j;
+    }
+    return r;
+}
+
+static int lits_rule(sc *c, lits *L)
+{
+    qsort(L->v, (size_t)L->n, sizeof(lit), lit_cmp);
+    return lit_trie(c, L->v, 0, L->n, 0, 0);
+}
+
+/* Adds the values of schema s to L when s is only an enum or a const
+ * (annotations aside). Returns 1 (added), 0 (s is something else) or an
+ * error. */
+static int lits_of(const cJSON *s, lits *L)
+{
+    if (!cJSON_IsObject(s))
+        return 0;
+    const cJSON *en = NULL, *cn = NULL;
+    for (const cJSON *k = s->child; k; k = k->next) {
+        if (!strcmp(k->string, "enum"))
+            en = k;
+        else if (!strcmp(k->string, "const"))
+            cn = k;
+        else if (!kw_in(k->string, kw_annotation))
+            return 0;
+    }
+    if ((en && cn) || (!en && !cn) || (en && (!cJSON_IsArray(en) || !en->child)))
+        return 0;
+    int rc;
+    if (cn)
+        return (rc = lits_add(L, cn)) < 0 ? rc : 1;
+    for (const cJSON *v = en->child; v; v = v->next)
+        if ((rc = lits_add(L, v)) < 0)
+            return rc;
+    return 1;
 }
 
 static int compile_array(sc *c, const cJSON *s, int depth)
@@ -865,14 +979,15 @@ static int compile_node(sc *c, const cJSON *s, int depth)
     if (en || cn) {
         if (en && (!cJSON_IsArray(en) || !en->child))
             return sc_fail(c, RLAI_ERR_INVALID_ARG, "'enum' must be a non-empty array");
-        int r = rule_new(g);
-        if (r < 0)
-            return r;
+        lits L = { 0 };
+        rc = 0;
         if (cn)
-            return (rc = literal_alt(c, r, cn)) < 0 ? rc : r;
-        for (const cJSON *v = en->child; v; v = v->next)
-            if ((rc = literal_alt(c, r, v)) < 0)
-                return rc;
+            rc = lits_add(&L, cn);
+        else
+            for (const cJSON *v = en->child; v && (rc = lits_add(&L, v)) >= 0; v = v->next)
+                ;
+        int r = rc < 0 ? rc : lits_rule(c, &L);
+        lits_free(&L);
         return r;
     }
     const cJSON *any = cJSON_GetObjectItemCaseSensitive(s, "anyOf");
@@ -881,6 +996,23 @@ static int compile_node(sc *c, const cJSON *s, int depth)
     if (any) {
         if (!cJSON_IsArray(any) || !any->child)
             return sc_fail(c, RLAI_ERR_INVALID_ARG, "'%s' must be a non-empty array of schemas", any->string);
+        /* alternatives that are all enums or consts (a documented list of
+         * values): one prefix tree of their values */
+        lits L = { 0 };
+        rc = 1;
+        for (const cJSON *v = any->child; v && rc == 1; v = v->next)
+            rc = lits_of(v, &L);
+        if (rc != 0) {
+            int r = rc < 0 ? rc : lits_rule(c, &L);
+            lits_free(&L);
+            return r;
+        }
+        lits_free(&L);
+        int n_alt = cJSON_GetArraySize(any);
+        if (n_alt > G_MAX_HEADS)
+            return sc_fail(c, RLAI_ERR_TOO_LARGE,
+                           "'%s' with more than %d alternatives is not supported (only enums and consts may be more)",
+                           any->string, G_MAX_HEADS);
         int r = rule_new(g);
         if (r < 0)
             return r;
@@ -1089,6 +1221,7 @@ struct rlai_grammar_matcher {
     int ki;
     arena scratch;               /* states of a feed or a mask walk */
     bool oom;
+    bool over;                   /* a state needed more than G_MAX_HEADS heads */
     const gstate **walk;         /* per-depth states of the trie walk */
     int walk_cap;
 };
@@ -1114,7 +1247,11 @@ static const gframe *frame_new(rlai_grammar_matcher *m, arena *a, int ei, int au
     return f;
 }
 
-static void push_head(hbuf *o, const gframe *f)
+/* Adds head f to o unless o holds it already. A state with more heads than
+ * G_MAX_HEADS is not cut short (that would drop valid continuations without
+ * a word): m->over is set, and the feed or mask fails with
+ * RLAI_ERR_TOO_LARGE. */
+static void push_head(rlai_grammar_matcher *m, hbuf *o, const gframe *f)
 {
     if (!f)
         return;
@@ -1125,10 +1262,20 @@ static void push_head(hbuf *o, const gframe *f)
     }
     if (o->n < G_MAX_HEADS)
         o->h[o->n++] = f;
+    else
+        m->over = true;
 }
 
-/* Adds the heads reachable from position ei (with return frame parent). */
-static void expand(rlai_grammar_matcher *m, arena *a, int ei, const gframe *parent, hbuf *o, int guard)
+static void step_head(rlai_grammar_matcher *m, arena *a, const gframe *h, unsigned char b, hbuf *o, int guard);
+
+/* Adds the heads reachable from position ei (with return frame parent) to
+ * o; or, when b >= 0, what each of them becomes after byte b (sguard: the
+ * caller's step depth). Stepping them as they are found needs no buffer of
+ * the heads in between, so only a state's own heads count against
+ * G_MAX_HEADS (a byte that ends an array of many alternatives never holds
+ * them all). */
+static void expand_b(rlai_grammar_matcher *m, arena *a, int ei, const gframe *parent, hbuf *o, int guard, int b,
+                     int sguard)
 {
     const rlai_grammar *g = m->g;
     if (guard > 64)
@@ -1136,10 +1283,12 @@ static void expand(rlai_grammar_matcher *m, arena *a, int ei, const gframe *pare
     const gelem *e = &g->el[ei];
     switch (e->kind) {
     case GE_END:
-        if (!parent)
-            o->acc = true;
-        else
-            expand(m, a, parent->ei + 1, parent->parent, o, guard + 1);
+        if (!parent) {
+            if (b < 0)
+                o->acc = true;   /* (no byte can follow the end) */
+        } else {
+            expand_b(m, a, parent->ei + 1, parent->parent, o, guard + 1, b, sguard);
+        }
         return;
     case GE_REF: {
         const gframe *ret = parent;
@@ -1151,12 +1300,54 @@ static void expand(rlai_grammar_matcher *m, arena *a, int ei, const gframe *pare
         }
         const grule *ru = &g->rules[e->a];
         for (int i = 0; i < ru->n; i++)
-            expand(m, a, ru->alt[i], ret, o, guard + 1);
+            expand_b(m, a, ru->alt[i], ret, o, guard + 1, b, sguard);
         return;
     }
-    default:
-        push_head(o, frame_new(m, a, ei, 0, 0, parent));
+    default: {
+        const gframe *f = frame_new(m, a, ei, 0, 0, parent);
+        if (b < 0)
+            push_head(m, o, f);
+        else if (f)
+            step_head(m, a, f, (unsigned char)b, o, sguard + 1);
         return;
+    }
+    }
+}
+
+static void expand(rlai_grammar_matcher *m, arena *a, int ei, const gframe *parent, hbuf *o, int guard)
+{
+    expand_b(m, a, ei, parent, o, guard, -1, 0);
+}
+
+/* Whether the text can end at position ei (with return frame parent)
+ * without another byte. */
+static bool can_end_from(rlai_grammar_matcher *m, arena *a, int ei, const gframe *parent, int guard)
+{
+    const rlai_grammar *g = m->g;
+    if (guard > 64)
+        return false;
+    const gelem *e = &g->el[ei];
+    switch (e->kind) {
+    case GE_END:
+        return !parent || can_end_from(m, a, parent->ei + 1, parent->parent, guard + 1);
+    case GE_REF: {
+        const gframe *ret = parent;
+        if (g->el[ei + 1].kind != GE_END) {
+            if (parent && parent->depth >= G_MAX_STACK)
+                return false;
+            if (!(ret = frame_new(m, a, ei, 0, 0, parent)))
+                return false;
+        }
+        const grule *ru = &g->rules[e->a];
+        for (int i = 0; i < ru->n; i++)
+            if (can_end_from(m, a, ru->alt[i], ret, guard + 1))
+                return true;
+        return false;
+    }
+    case GE_REP:
+        return e->a == 0 && can_end_from(m, a, ei + 1, parent, guard + 1);
+    default:
+        return false;
     }
 }
 
@@ -1165,16 +1356,9 @@ static bool in_set(const rlai_grammar *g, int set, unsigned char b)
     return (g->sets[set][b >> 6] >> (b & 63)) & 1;
 }
 
-static void step_head(rlai_grammar_matcher *m, arena *a, const gframe *h, unsigned char b, hbuf *o, int guard);
-
 static void step_exit(rlai_grammar_matcher *m, arena *a, const gframe *h, unsigned char b, hbuf *o, int guard)
 {
-    hbuf t;
-    t.n = 0;
-    t.acc = false;
-    expand(m, a, h->ei + 1, h->parent, &t, 0);
-    for (int i = 0; i < t.n; i++)
-        step_head(m, a, t.h[i], b, o, guard + 1);
+    expand_b(m, a, h->ei + 1, h->parent, o, 0, b, guard);
 }
 
 static void step_head(rlai_grammar_matcher *m, arena *a, const gframe *h, unsigned char b, hbuf *o, int guard)
@@ -1191,9 +1375,9 @@ static void step_head(rlai_grammar_matcher *m, arena *a, const gframe *h, unsign
     case GE_REP:
         if (h->cnt < e->b && in_set(g, e->set, b)) {
             if (e->b == G_INF && h->cnt >= e->a)
-                push_head(o, h);
+                push_head(m, o, h);
             else
-                push_head(o, frame_new(m, a, h->ei, 0, h->cnt + 1, h->parent));
+                push_head(m, o, frame_new(m, a, h->ei, 0, h->cnt + 1, h->parent));
         }
         if (h->cnt >= e->a)
             step_exit(m, a, h, b, o, guard);
@@ -1206,33 +1390,33 @@ static void step_head(rlai_grammar_matcher *m, arena *a, const gframe *h, unsign
                     expand(m, a, h->ei + 1, h->parent, o, 0);
             } else if (b == '\\') {
                 if (cnt < max)
-                    push_head(o, frame_new(m, a, h->ei, 10, cnt, h->parent));
+                    push_head(m, o, frame_new(m, a, h->ei, 10, cnt, h->parent));
             } else if (b < 0x20) {
                 return;
             } else if (b < 0x80) {
                 if (cnt < max) {
                     if (max == G_INF && cnt >= min)
-                        push_head(o, h);
+                        push_head(m, o, h);
                     else
-                        push_head(o, frame_new(m, a, h->ei, 0, cnt + 1, h->parent));
+                        push_head(m, o, frame_new(m, a, h->ei, 0, cnt + 1, h->parent));
                 }
             } else {
                 int need = b >= 0xC2 && b <= 0xDF ? 1 : b >= 0xE0 && b <= 0xEF ? 2 : b >= 0xF0 && b <= 0xF4 ? 3 : 0;
                 if (need && cnt < max)
-                    push_head(o, frame_new(m, a, h->ei, need, cnt + 1, h->parent));
+                    push_head(m, o, frame_new(m, a, h->ei, need, cnt + 1, h->parent));
             }
         } else if (aux <= 3) {
             if (b >= 0x80 && b <= 0xBF)
-                push_head(o, frame_new(m, a, h->ei, aux - 1, cnt, h->parent));
+                push_head(m, o, frame_new(m, a, h->ei, aux - 1, cnt, h->parent));
         } else if (aux == 10) {
             if (b && strchr("\"\\/bfnrt", b))
-                push_head(o, frame_new(m, a, h->ei, 0, cnt + 1, h->parent));
+                push_head(m, o, frame_new(m, a, h->ei, 0, cnt + 1, h->parent));
             else if (b == 'u')
-                push_head(o, frame_new(m, a, h->ei, 11, cnt, h->parent));
+                push_head(m, o, frame_new(m, a, h->ei, 11, cnt, h->parent));
         } else {
             bool hex = (b >= '0' && b <= '9') || (b >= 'a' && b <= 'f') || (b >= 'A' && b <= 'F');
             if (hex)
-                push_head(o, frame_new(m, a, h->ei, aux == 14 ? 0 : aux + 1, aux == 14 ? cnt + 1 : cnt, h->parent));
+                push_head(m, o, frame_new(m, a, h->ei, aux == 14 ? 0 : aux + 1, aux == 14 ? cnt + 1 : cnt, h->parent));
         }
         return;
     }
@@ -1241,21 +1425,10 @@ static void step_head(rlai_grammar_matcher *m, arena *a, const gframe *h, unsign
     }
 }
 
-static bool head_can_end(rlai_grammar_matcher *m, arena *a, const gframe *h, int guard)
+static bool head_can_end(rlai_grammar_matcher *m, arena *a, const gframe *h)
 {
     const gelem *e = &m->g->el[h->ei];
-    if (e->kind != GE_REP || h->cnt < e->a || guard > 32)
-        return false;
-    hbuf t;
-    t.n = 0;
-    t.acc = false;
-    expand(m, a, h->ei + 1, h->parent, &t, 0);
-    if (t.acc)
-        return true;
-    for (int i = 0; i < t.n; i++)
-        if (head_can_end(m, a, t.h[i], guard + 1))
-            return true;
-    return false;
+    return e->kind == GE_REP && h->cnt >= e->a && can_end_from(m, a, h->ei + 1, h->parent, 0);
 }
 
 static bool state_can_end(rlai_grammar_matcher *m, const gstate *s)
@@ -1263,7 +1436,7 @@ static bool state_can_end(rlai_grammar_matcher *m, const gstate *s)
     if (s->acc)
         return true;
     for (int i = 0; i < s->n; i++)
-        if (head_can_end(m, &m->scratch, s->h[i], 0))
+        if (head_can_end(m, &m->scratch, s->h[i]))
             return true;
     return false;
 }
@@ -1348,6 +1521,10 @@ int rlai_grammar_matcher_new(const rlai_grammar *g, rlai_grammar_matcher **out)
     const grule *ru = &g->rules[g->root];
     for (int i = 0; i < ru->n; i++)
         expand(m, &m->keep[0], ru->alt[i], NULL, &o, 0);
+    if (m->over) {
+        rlai_grammar_matcher_free(m);
+        return RLAI_ERR_TOO_LARGE;
+    }
     gstate *s = aalloc(&m->keep[0], sizeof(gstate) + sizeof(o.h[0]) * (size_t)o.n);
     if (!s || m->oom) {
         rlai_grammar_matcher_free(m);
@@ -1381,11 +1558,14 @@ int rlai_grammar_matcher_feed(rlai_grammar_matcher *m, const char *bytes, size_t
         return 0;
     areset(&m->scratch);
     m->oom = false;
+    m->over = false;
     const gstate *s = m->st;
     for (size_t i = 0; i < n && s; i++)
         s = step(m, &m->scratch, s, (unsigned char)bytes[i]);
     if (m->oom)
         return RLAI_ERR_NOMEM;
+    if (m->over)
+        return RLAI_ERR_TOO_LARGE;
     if (!s)
         return RLAI_ERR_INVALID_ARG;
     int ki = 1 - m->ki;
@@ -1413,15 +1593,19 @@ int rlai_grammar_matcher_forced(rlai_grammar_matcher *m, char *buf, int cap)
         return RLAI_ERR_INVALID_ARG;
     areset(&m->scratch);
     m->oom = false;
+    m->over = false;
     const gstate *s = m->st;
     int n = 0;
     while (n < cap && !state_can_end(m, s)) {
         const gstate *only = NULL;
         int b1 = -1;
         for (int b = 0; b < 256; b++) {
+            m->over = false;
             const gstate *ns = step(m, &m->scratch, s, (unsigned char)b);
             if (m->oom)
                 return RLAI_ERR_NOMEM;
+            if (m->over)         /* not representable: not offered by the mask either */
+                continue;
             if (!ns)
                 continue;
             if (b1 >= 0) {   /* a second byte: the continuation branches here */
@@ -1681,9 +1865,10 @@ static int walk(rlai_grammar_matcher *m, const rlai_gvocab *v, const trie *t, ui
     const tnode *nd = t->n;
     for (int i = 0; i < t->count;) {
         const gstate *s = step(m, &m->scratch, st[nd[i].depth - 1], nd[i].byte);
-        if (!s) {
-            if (m->oom)
-                return RLAI_ERR_NOMEM;
+        if (m->oom)
+            return RLAI_ERR_NOMEM;
+        if (!s || m->over) {     /* refused, or past G_MAX_HEADS: not offered */
+            m->over = false;
             i = nd[i].end;
             continue;
         }
@@ -1716,6 +1901,7 @@ int rlai_grammar_matcher_mask(rlai_grammar_matcher *m, const rlai_gvocab *v, uin
         return RLAI_ERR_INVALID_ARG;
     areset(&m->scratch);
     m->oom = false;
+    m->over = false;
     memset(mask, 0, sizeof(uint32_t) * (size_t)v->words);
     /* Inside an unbounded string every plain token is text: take them all
      * at once and walk only the tokens holding a quote, backslash, control
@@ -1754,12 +1940,13 @@ int rlai_grammar_matcher_mask_slow(rlai_grammar_matcher *m, const rlai_gvocab *v
             continue;
         areset(&m->scratch);
         m->oom = false;
+        m->over = false;
         const gstate *s = m->st;
-        for (int i = 0; i < v->len[t] && s; i++)
+        for (int i = 0; i < v->len[t] && s && !m->over; i++)
             s = step(m, &m->scratch, s, v->blob[v->off[t] + i]);
         if (m->oom)
             return RLAI_ERR_NOMEM;
-        if (s)
+        if (s && !m->over)   /* a token past G_MAX_HEADS is not offered */
             mask[t >> 5] |= 1u << (t & 31);
     }
     areset(&m->scratch);

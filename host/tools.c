@@ -145,6 +145,11 @@ int rlai_tools_parse(const cJSON *body, rlai_tools *t, char *err, size_t errlen,
     }
     if (!cJSON_IsArray(tools))
         return failf(err, errlen, RLAI_ERR_INVALID_ARG, "'tools' must be an array of {\"type\": \"function\", ...}");
+    /* each tool is an alternative of the call grammar, which follows at
+     * most 128 at once (docs/STRUCTURED.md, "Open alternatives") */
+    if (cJSON_GetArraySize(tools) > RLAI_TOOLS_MAX)
+        return failf(err, errlen, RLAI_ERR_TOO_LARGE, "at most %d tools are supported, %d were given", RLAI_TOOLS_MAX,
+                     cJSON_GetArraySize(tools));
     rlai_tool_mode mode = RLAI_TOOLS_AUTO;
     const char *named = NULL;
     if (choice && !cJSON_IsNull(choice)) {

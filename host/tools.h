@@ -39,6 +39,10 @@ typedef struct rlai_tools {
     rlai_grammar *grammar;   /* call grammar (owned), NULL when OFF */
 } rlai_tools;
 
+/* The most tools one request may give: each is an alternative of the call
+ * grammar, whose matcher follows at most 128 alternatives at once. */
+#define RLAI_TOOLS_MAX 128
+
 /* Reads "tools" and "tool_choice" of a chat body into *t (zeroed first;
  * mode OFF when there are no tools or tool_choice is "none"). Returns 0, or
  * a negative code with a message for a 400 in err and the offending

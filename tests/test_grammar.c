@@ -212,6 +212,125 @@ START_TEST(schema_refusals)
 }
 END_TEST
 
+/* enum / const values go through a prefix tree: every value of a long enum
+ * is reachable (the matcher keeps at most 128 heads, and one head per value
+ * used to lose all values past the 128th without a word), values that are
+ * prefixes of others and duplicates work, and nothing else is accepted. */
+START_TEST(long_enums_keep_every_value)
+{
+    static char sch[64 * 1024], val[128];
+    int n = 300;
+    size_t o = (size_t)snprintf(sch, sizeof sch, "{\"enum\":[");
+    for (int i = 0; i < n; i++)
+        o += (size_t)snprintf(sch + o, sizeof sch - o, "%s\"item_%03d_of_the_list\"", i ? "," : "", i);
+    snprintf(sch + o, sizeof sch - o, "]}");
+    rlai_grammar *g = schema(sch);
+    for (int i = 0; i < n; i++) {
+        snprintf(val, sizeof val, "\"item_%03d_of_the_list\"", i);
+        ck_assert_msg(acc(g, val), "value %d refused", i);
+    }
+    ck_assert(!acc(g, "\"item_300_of_the_list\""));
+    ck_assert(!acc(g, "\"item_001_of_the\""));
+    ck_assert(!acc(g, "\"item_001_of_the_list\"x"));
+    rlai_grammar_unref(g);
+
+    /* numbers that are prefixes of each other, duplicates, mixed types */
+    g = schema("{\"enum\":[1,12,123,12,-1,1.5,null,true,\"a\",\"ab\",\"a\",[1,2],{\"k\":[]},{\"k\":1}]}");
+    const char *yes[] = { "1", "12", "123", "-1", "1.5", "null", "true", "\"a\"", "\"ab\"", "[1,2]",
+                          "{\"k\":[]}", "{\"k\":1}" };
+    for (size_t i = 0; i < sizeof yes / sizeof yes[0]; i++)
+        ck_assert_msg(acc(g, yes[i]), "%s refused", yes[i]);
+    const char *no[] = { "1234", "2", "-", "1.", "nul", "false", "\"\"", "\"abc\"", "[1]", "{\"k\":2}", "13" };
+    for (size_t i = 0; i < sizeof no / sizeof no[0]; i++)
+        ck_assert_msg(!acc(g, no[i]), "%s accepted", no[i]);
+    rlai_grammar_unref(g);
+
+    /* anyOf / oneOf of consts and enums (a documented list of values):
+     * one tree too, however many */
+    o = (size_t)snprintf(sch, sizeof sch, "{\"oneOf\":[");
+    for (int i = 0; i < n; i++)
+        o += (size_t)snprintf(sch + o, sizeof sch - o, "%s{\"const\":\"v%d\",\"description\":\"value %d\"}",
+                              i ? "," : "", i, i);
+    snprintf(sch + o, sizeof sch - o, ",{\"enum\":[7,8]}]}");
+    g = schema(sch);
+    for (int i = 0; i < n; i++) {
+        snprintf(val, sizeof val, "\"v%d\"", i);
+        ck_assert_msg(acc(g, val), "%s refused", val);
+    }
+    ck_assert(acc(g, "7") && acc(g, "8") && !acc(g, "9") && !acc(g, "\"v300\""));
+    rlai_grammar_unref(g);
+}
+END_TEST
+
+/* More alternatives open at once than the matcher holds (128) is an error
+ * said out loud, never a silently narrower grammar: an anyOf of more than
+ * 128 schemas is refused at compile time; a state that would pass 128 heads
+ * later (nested anyOfs) fails the feed with RLAI_ERR_TOO_LARGE, and the
+ * mask does not offer the tokens that lead there. */
+START_TEST(too_many_open_alternatives_is_an_error)
+{
+    static char sch[64 * 1024];
+    size_t o = (size_t)snprintf(sch, sizeof sch, "{\"anyOf\":[");
+    for (int i = 0; i < 129; i++)
+        o += (size_t)snprintf(sch + o, sizeof sch - o, "%s{\"type\":\"string\",\"maxLength\":%d}", i ? "," : "", i + 1);
+    snprintf(sch + o, sizeof sch - o, "]}");
+    refused(sch, RLAI_ERR_TOO_LARGE, "more than 128 alternatives");
+    /* 128 is fine, and a 100-character string is still open to the longer ones */
+    o = (size_t)snprintf(sch, sizeof sch, "{\"anyOf\":[");
+    for (int i = 0; i < 128; i++)
+        o += (size_t)snprintf(sch + o, sizeof sch - o, "%s{\"type\":\"string\",\"maxLength\":%d}", i ? "," : "", i + 1);
+    snprintf(sch + o, sizeof sch - o, "]}");
+    rlai_grammar *g = schema(sch);
+    char text[140];
+    memset(text, 'a', sizeof text);
+    text[0] = '"';
+    text[101] = '"';
+    ck_assert(rlai_grammar_accepts(g, text, 102));
+    text[129] = '"';
+    ck_assert(!rlai_grammar_accepts(g, text, 130));   /* 128 characters: over every maxLength */
+    rlai_grammar_unref(g);
+
+    /* 12 x 12 string alternatives inside an array: 144 heads after '["' */
+    o = (size_t)snprintf(sch, sizeof sch, "{\"type\":\"array\",\"items\":{\"anyOf\":[");
+    for (int i = 0; i < 12; i++) {
+        o += (size_t)snprintf(sch + o, sizeof sch - o, "%s{\"anyOf\":[", i ? "," : "");
+        for (int j = 0; j < 12; j++)
+            o += (size_t)snprintf(sch + o, sizeof sch - o, "%s{\"type\":\"string\",\"maxLength\":%d}", j ? "," : "",
+                                  i * 12 + j + 1);
+        o += (size_t)snprintf(sch + o, sizeof sch - o, "]}");
+    }
+    snprintf(sch + o, sizeof sch - o, "]}}");
+    g = schema(sch);
+    rlai_grammar_matcher *m = NULL;
+    ck_assert_int_eq(rlai_grammar_matcher_new(g, &m), 0);
+    ck_assert_int_eq(rlai_grammar_matcher_feed(m, "[\"", 2), RLAI_ERR_TOO_LARGE);
+    ck_assert(!acc(g, "[\"a\"]"));
+    /* passing by them is fine: "[" holds two heads, "]" steps past them all */
+    ck_assert_int_eq(rlai_grammar_matcher_feed(m, "[", 1), 0);
+    ck_assert_int_eq(rlai_grammar_matcher_feed(m, "]", 1), 0);
+    ck_assert(rlai_grammar_matcher_done(m) || rlai_grammar_matcher_can_end(m));
+    ck_assert(acc(g, "[]") && acc(g, "[ ]"));
+    rlai_grammar_matcher_free(m);
+    rlai_grammar_unref(g);
+
+    /* at the start: the matcher cannot be made */
+    o = (size_t)snprintf(sch, sizeof sch, "{\"anyOf\":[");
+    for (int i = 0; i < 12; i++) {
+        o += (size_t)snprintf(sch + o, sizeof sch - o, "%s{\"anyOf\":[", i ? "," : "");
+        for (int j = 0; j < 12; j++)
+            o += (size_t)snprintf(sch + o, sizeof sch - o, "%s{\"type\":\"string\",\"maxLength\":%d}", j ? "," : "",
+                                  i * 12 + j + 1);
+        o += (size_t)snprintf(sch + o, sizeof sch - o, "]}");
+    }
+    snprintf(sch + o, sizeof sch - o, "]}");
+    g = schema(sch);
+    m = (rlai_grammar_matcher *)1;
+    ck_assert_int_eq(rlai_grammar_matcher_new(g, &m), RLAI_ERR_TOO_LARGE);
+    ck_assert_ptr_null(m);
+    rlai_grammar_unref(g);
+}
+END_TEST
+
 /* ------------------------------------------------- masks on the real vocab */
 
 static rlai_gvocab *V;
@@ -319,6 +438,50 @@ START_TEST(fast_mask_equals_brute_force)
                "\"required\":[\"name\",\"kind\",\"xs\"]}");
     for (int r = 0; r < 4; r++)
         walk_compare(g, 40);
+    rlai_grammar_unref(g);
+    /* an enum's prefix tree; a state past 128 heads is not offered */
+    static char sch[16 * 1024];
+    size_t o = (size_t)snprintf(sch, sizeof sch, "{\"type\":\"array\",\"maxItems\":3,\"items\":{\"enum\":[");
+    for (int i = 0; i < 200; i++)
+        o += (size_t)snprintf(sch + o, sizeof sch - o, "%s\"%s %d\"", i ? "," : "", i % 2 ? "north" : "no", i);
+    snprintf(sch + o, sizeof sch - o, "]}}");
+    g = schema(sch);
+    for (int r = 0; r < 4; r++)
+        walk_compare(g, 30);
+    rlai_grammar_unref(g);
+    o = (size_t)snprintf(sch, sizeof sch, "{\"type\":\"array\",\"items\":{\"anyOf\":[");
+    for (int i = 0; i < 12; i++) {
+        o += (size_t)snprintf(sch + o, sizeof sch - o, "%s{\"anyOf\":[", i ? "," : "");
+        for (int j = 0; j < 12; j++)
+            o += (size_t)snprintf(sch + o, sizeof sch - o, "%s{\"type\":\"string\",\"maxLength\":%d}", j ? "," : "",
+                                  i * 12 + j + 1);
+        o += (size_t)snprintf(sch + o, sizeof sch - o, "]}");
+    }
+    snprintf(sch + o, sizeof sch - o, "]}}");
+    g = schema(sch);
+    {
+        int w = rlai_gvocab_mask_words(V), nv = rlai_gvocab_n_vocab(V);
+        uint32_t *fast = malloc(sizeof(uint32_t) * (size_t)w), *slow = malloc(sizeof(uint32_t) * (size_t)w);
+        rlai_grammar_matcher *m = NULL;
+        ck_assert_int_eq(rlai_grammar_matcher_new(g, &m), 0);
+        ck_assert_int_eq(rlai_grammar_matcher_feed(m, "[", 1), 0);
+        int nf = rlai_grammar_matcher_mask(m, V, fast);
+        ck_assert_int_eq(nf, rlai_grammar_matcher_mask_slow(m, V, slow));
+        ck_assert(!memcmp(fast, slow, sizeof(uint32_t) * (size_t)w));
+        int closing = 0;
+        for (int32_t t = 0; t < nv; t++) {
+            if (!bit(fast, t))
+                continue;
+            char pc[64];
+            int l = rlai_tokenizer_token_to_piece(TK, t, false, pc, sizeof(pc));
+            ck_assert_msg(l > 0 && !memchr(pc, '"', (size_t)l), "token %.*s opens a string past 128 heads", l, pc);
+            closing += pc[l - 1] == ']';
+        }
+        ck_assert_int_gt(closing, 0);
+        rlai_grammar_matcher_free(m);
+        free(fast);
+        free(slow);
+    }
     rlai_grammar_unref(g);
     const char *call = "{\"properties\":{\"name\":{\"const\":\"get_weather\"},\"arguments\":{\"type\":\"object\"}},"
                        "\"required\":[\"name\",\"arguments\"]}";
@@ -610,6 +773,8 @@ int main(void)
     tcase_add_test(tc, json_object_accepts_objects_only);
     tcase_add_test(tc, schema_objects_and_types);
     tcase_add_test(tc, schema_refusals);
+    tcase_add_test(tc, long_enums_keep_every_value);
+    tcase_add_test(tc, too_many_open_alternatives_is_an_error);
     tcase_add_test(tc, forced_text_of_keys_and_literals);
     suite_add_tcase(s, tc);
     TCase *tv = tcase_create("vocab");

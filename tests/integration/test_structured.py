@@ -192,6 +192,33 @@ def test_tools_errors(engine):
     assert "tools[0].function.parameters" in str(ei.value) and "'pattern'" in str(ei.value)
 
 
+def test_more_than_128_tools_is_a_clear_400(engine):
+    tools = [{"type": "function", "function": {"name": f"f{i}", "parameters": {"type": "object"}}} for i in range(129)]
+    with pytest.raises(openai.BadRequestError) as ei:
+        chat(engine, messages=[{"role": "user", "content": "hi"}], tools=tools)
+    assert "at most 128 tools" in str(ei.value) and ei.value.body["param"] == "tools"
+    # 128 are taken: here their descriptions overflow this engine's 1000-token
+    # prompt limit, which is the refusal then, not the count
+    with pytest.raises(openai.BadRequestError) as ei:
+        chat(engine, messages=[{"role": "user", "content": "Call f127."}], tools=tools[:128],
+             tool_choice={"type": "function", "function": {"name": "f127"}}, max_tokens=24)
+    assert ei.value.body["code"] == "context_length_exceeded", ei.value.body
+
+
+def test_enum_of_300_values_reaches_the_last_ones(engine):
+    """Every value of a long enum stays reachable (the matcher kept one head
+    per value and dropped those past the 128th): asked for a colour, the
+    model picks one of the 100 colours after 200 values it has no reason to
+    pick."""
+    values = [f"zz-never-{i}" for i in range(200)] + [f"colour {i}" for i in range(100)]
+    schema = {"type": "object", "properties": {"pick": {"enum": values}}, "required": ["pick"]}
+    r = chat(engine, messages=[{"role": "user", "content": "Pick a colour."}], max_tokens=40,
+             response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}})
+    pick = json.loads(r.choices[0].message.content)["pick"]
+    # the greedy answer is "colour 1" here; before, only "zz-never-0".."zz-never-127" could be written
+    assert pick in values[200:], pick
+
+
 def test_langchain_bind_tools_and_structured_output(engine):
     lc = pytest.importorskip("langchain_openai")
     pydantic = pytest.importorskip("pydantic")
