@@ -7,7 +7,8 @@ cross-site and unauthenticated HTTP requests, invalid JSON and UTF-8,
 oversized bodies and prompts, clients that hang up mid-stream, cancel
 storms and plugin calls that outlive their deadline. Meanwhile good
 clients on the pipe, ZeroMQ ipc://, ZeroMQ tcp://, HTTP and HTTP SSE ask
-greedy questions again and again, and a plugin client calls a healthy
+greedy questions again and again, another asks for JSON under a schema
+(a 153-value enum among its fields), and a plugin client calls a healthy
 command.
 
 What must hold: every good answer is the exact text the same question got
@@ -117,6 +118,21 @@ def http_chat(e, q, stream):
         for ch in json.loads(ev).get("choices", []):
             text += ch.get("delta", {}).get("content") or ""
     return text
+
+
+SCHEMA = {"type": "object", "properties": {
+    "colour": {"enum": [f"shade {i}" for i in range(150)] + ["red", "green", "blue"]},
+    "count": {"type": "integer"}, "note": {"type": "string", "maxLength": 24}},
+    "required": ["colour", "count", "note"]}
+
+
+def http_structured(e):
+    """A JSON-schema answer (grammar masks beside everyone's steps)."""
+    body = {"messages": msgs("Describe a flag as JSON."), "max_tokens": 48, "temperature": 0,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "flag", "schema": SCHEMA}}}
+    st, raw = http_call(e, "POST", "/v1/chat/completions", body, timeout=120)
+    assert st == 200, raw[:300]
+    return json.loads(raw)["choices"][0]["message"]["content"]
 
 
 def raw_http(e, data, timeout=10):
@@ -398,7 +414,7 @@ def stuck_plugin(storm):
 
 # ---------------------------------------------------------------- good clients
 
-def good_clients(storm, want):
+def good_clients(storm, want, want_json):
     e = storm.e
     key = e.api_key
     seq = {"n": 0}
@@ -433,6 +449,11 @@ def good_clients(storm, want):
             check("http stream" if stream else "http", i, http_chat(e, QUESTIONS[i], stream))
         return once
 
+    def structured_once():
+        got = http_structured(e)
+        if got != want_json:
+            storm.fail(f"structured: {got!r}, before the storm {want_json!r}")
+
     def plugin_once():
         t0 = time.monotonic()
         z = ZmqClient(f"ipc://{e.zmq_path}")
@@ -452,6 +473,7 @@ def good_clients(storm, want):
     storm.loop("good http", http_once(False))
     storm.loop("good http stream", http_once(True))
     storm.loop("good plugin", plugin_once)
+    storm.loop("good structured", structured_once)
 
 
 # ---------------------------------------------------------------- the test
@@ -479,6 +501,8 @@ def test_every_attack_at_once_while_good_clients_stream(tmp_path):
         z.request("chat", 1, messages=msgs(QUESTIONS[0]), max_tokens=MAX_TOKENS)
         assert wire_text(z.collect(1), 1) == want[0]
         z.close()
+        want_json = http_structured(e)
+        json.loads(want_json)
         rest = engine_stats(e)
         fds0, threads0 = proc_counts(e.proc.pid)
 
@@ -491,7 +515,7 @@ def test_every_attack_at_once_while_good_clients_stream(tmp_path):
         storm.loop("http hostile", http_hostile(storm))
         storm.loop("hang-ups", hang_ups(storm))
         storm.loop("stuck plugin", stuck_plugin(storm))
-        good_clients(storm, want)
+        good_clients(storm, want, want_json)
         storm.stop.wait(STORM_S)
         storm.stop.set()
         for s in held:
@@ -507,7 +531,8 @@ def test_every_attack_at_once_while_good_clients_stream(tmp_path):
         for name in ("malformed pipe", "malformed zmq", "pipe bad lengths", "zmq wrong password",
                      "http hostile", "hang-ups", "stuck plugin"):
             assert storm.counts.get(name, 0) >= 1, (name, storm.counts)
-        for name in ("good pipe", "good zmq ipc", "good zmq tcp", "good http", "good http stream", "good plugin"):
+        for name in ("good pipe", "good zmq ipc", "good zmq tcp", "good http", "good http stream", "good plugin",
+                     "good structured"):
             assert storm.counts.get(name, 0) >= 2, (name, storm.counts)
         assert storm.counts.get("slowloris dropped", 0) >= 1, storm.counts
 
