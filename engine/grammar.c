@@ -34,6 +34,7 @@ enum { GE_END = 0, GE_CHARS, GE_REP, GE_STR, GE_REF };
 #define G_MAX_SCHEMA_DEPTH 64
 #define G_MAX_REPEAT 1024   /* minItems / maxItems / minLength bound */
 #define G_MAX_LIT_BRANCH 1024 /* enum values: parting points along one value */
+#define G_MAX_OPTIONAL_RUN 120  /* optional properties in a row (each an open alternative) */
 
 typedef struct gelem {
     uint8_t kind;
@@ -772,6 +773,22 @@ static int compile_object(sc *c, const cJSON *s, int depth)
     if (ap && cJSON_IsObject(ap) && ap->child)
         return sc_fail(c, RLAI_ERR_UNSUPPORTED,
                        "JSON Schema 'additionalProperties' as a schema together with 'properties' is not supported");
+    /* Each optional property that may be left out is one more alternative
+     * open at that point (its key, or what follows it): a run of them is
+     * bounded by the heads a matcher state holds. */
+    int run = 0;
+    for (const cJSON *p = props->child; p; p = p->next) {
+        bool required = false;
+        for (const cJSON *x = req ? req->child : NULL; x; x = x->next)
+            if (!strcmp(x->valuestring, p->string))
+                required = true;
+        run = required ? 0 : run + 1;
+        if (run > G_MAX_OPTIONAL_RUN)
+            return sc_fail(c, RLAI_ERR_TOO_LARGE,
+                           "more than %d optional properties in a row (before property '%s') are not supported: "
+                           "make some of them required",
+                           G_MAX_OPTIONAL_RUN, p->string);
+    }
     /* Properties in schema order; optional ones may be left out.
      * L[k][f]: properties k.. where f = nothing written yet. */
     int *L = malloc(sizeof(int) * 2 * (size_t)(n + 1));
@@ -1091,6 +1108,105 @@ int rlai_grammar_from_json_schema(const char *schema, size_t len, rlai_grammar *
     return rlai_grammar_from_json_schema_flags(schema, len, 0, out, err, errlen);
 }
 
+/* A rule that can reach itself without a byte in between (a '$ref' that
+ * leads back to itself through anyOf / $ref alone, e.g. {"anyOf":
+ * [{"$ref": "#"}, ...]}) would make the matcher expand it for ever: such a
+ * grammar is refused. Rules that can match nothing are found first (a
+ * fixpoint); then an edge r -> s for each reference to s that only
+ * nullable elements precede in an alternative of r, and a depth-first
+ * search (with its own stack: a grammar may have many rules) for a cycle. */
+static bool elem_nullable(const gelem *e, const bool *nullable)
+{
+    return (e->kind == GE_REP && e->a == 0) || (e->kind == GE_REF && nullable[e->a]);
+}
+
+static int check_left_cycles(sc *c)
+{
+    rlai_grammar *g = c->g;
+    int n = g->n_rules, rc = 0;
+    bool *nullable = calloc((size_t)n + 1, sizeof(bool));
+    int *start = calloc((size_t)n + 1, sizeof(int));
+    int *edges = NULL, n_edges = 0, cap_edges = 0;
+    unsigned char *color = calloc((size_t)n + 1, 1);
+    int *stk = malloc(sizeof(int) * 2 * ((size_t)n + 1));
+    if (!nullable || !start || !color || !stk) {
+        rc = RLAI_ERR_NOMEM;
+        goto out;
+    }
+    for (bool changed = true; changed;) {
+        changed = false;
+        for (int r = 0; r < n; r++) {
+            for (int a = 0; a < g->rules[r].n && !nullable[r]; a++) {
+                const gelem *e = &g->el[g->rules[r].alt[a]];
+                while (e->kind != GE_END && elem_nullable(e, nullable))
+                    e++;
+                if (e->kind == GE_END)
+                    nullable[r] = changed = true;
+            }
+        }
+    }
+    for (int r = 0; r < n; r++) {
+        start[r] = n_edges;
+        for (int a = 0; a < g->rules[r].n; a++) {
+            for (const gelem *e = &g->el[g->rules[r].alt[a]]; e->kind != GE_END; e++) {
+                if (e->kind == GE_REF) {
+                    if (n_edges == cap_edges) {
+                        int nc = cap_edges ? cap_edges * 2 : 256;
+                        int *ne = realloc(edges, sizeof(int) * (size_t)nc);
+                        if (!ne) {
+                            rc = RLAI_ERR_NOMEM;
+                            goto out;
+                        }
+                        edges = ne;
+                        cap_edges = nc;
+                    }
+                    edges[n_edges++] = e->a;
+                }
+                if (!elem_nullable(e, nullable))
+                    break;
+            }
+        }
+    }
+    start[n] = n_edges;
+    /* colour 0: not seen, 1: on the search path, 2: done */
+    for (int r0 = 0; r0 < n && rc == 0; r0++) {
+        if (color[r0])
+            continue;
+        int sp = 0;
+        stk[sp++] = r0;
+        stk[sp++] = start[r0];
+        color[r0] = 1;
+        while (sp > 0) {
+            int r = stk[sp - 2], i = stk[sp - 1];
+            if (i == start[r + 1]) {
+                color[r] = 2;
+                sp -= 2;
+                continue;
+            }
+            stk[sp - 1] = i + 1;
+            int t = edges[i];
+            if (color[t] == 1) {
+                rc = sc_fail(c, RLAI_ERR_UNSUPPORTED,
+                             "the schema refers back to itself before any text ('$ref' / 'anyOf' recursion that "
+                             "writes nothing first), which is not supported");
+                break;
+            }
+            if (color[t] == 0) {
+                color[t] = 1;
+                stk[sp++] = t;
+                stk[sp++] = start[t];
+            }
+        }
+    }
+out:
+    free(nullable);
+    free(start);
+    free(edges);
+    free(color);
+    free(stk);
+    return rc;
+}
+
 int rlai_grammar_from_json_schema_flags(const char *schema, size_t len, unsigned flags, rlai_grammar **out,
                                         char *err, size_t errlen)
 {
@@ -1114,6 +1230,11 @@ int rlai_grammar_from_json_schema_flags(const char *schema, size_t len, unsigned
     int rc = c.g ? compile(&c, root, 0) : RLAI_ERR_NOMEM;
     if (rc >= 0 && (flags & RLAI_GRAMMAR_OR_TEXT))
         rc = or_text(c.g, rc);
+    if (rc >= 0) {
+        int crc = check_left_cycles(&c);
+        if (crc < 0)
+            rc = crc;
+    }
     if (rc < 0 && c.err && c.errlen && !c.err[0])
         sc_fail(&c, rc, "%s", rlai_strerror(rc));
     if (rc >= 0)
@@ -1224,7 +1345,65 @@ struct rlai_grammar_matcher {
     bool over;                   /* a state needed more than G_MAX_HEADS heads */
     const gstate **walk;         /* per-depth states of the trie walk */
     int walk_cap;
+    /* Expansion memo of one operation (a byte over a state, the start
+     * state, an end check; generation xgen): the (rule, return frame, byte)
+     * triples already expanded, and the return frames made, so that equal
+     * frames are one pointer. Alternatives that lead to the same rule
+     * (anyOf branches referring to one definition) are then expanded once,
+     * not once per path: 30 levels of two such branches were 2^30
+     * expansions. Full tables only forgo the saving. */
+    struct xmemo {
+        uint32_t gen;
+        int32_t rule, b;
+        const gframe *ret;
+    } *xm;
+    struct xframe {
+        uint32_t gen;
+        int32_t ei;
+        const gframe *parent, *f;
+    } *xf;
+    uint32_t xgen;
 };
+
+#define G_XMEMO 4096                /* entries of each memo table (a power of 2) */
+#define G_EXPAND_DEPTH 2048         /* rules followed without a byte (> G_MAX_PROPS) */
+
+static uint32_t xhash(uint32_t a, uint32_t b, const void *p)
+{
+    uint64_t h = (uint64_t)(uintptr_t)p * 0x9E3779B97F4A7C15ull ^ (uint64_t)a * 0xC2B2AE3D27D4EB4Full ^
+                 (uint64_t)b * 0x165667B19E3779F9ull;
+    return (uint32_t)(h >> 40);
+}
+
+/* Whether (rule, ret, b) was expanded already in this operation; records it
+ * when not. */
+static bool xm_seen(rlai_grammar_matcher *m, int rule, const gframe *ret, int b)
+{
+    if (!m->xm)
+        return false;
+    uint32_t h = xhash((uint32_t)rule, (uint32_t)b, ret);
+    for (int k = 0; k < 16; k++) {
+        struct xmemo *x = &m->xm[(h + (uint32_t)k) & (G_XMEMO - 1)];
+        if (x->gen != m->xgen) {
+            *x = (struct xmemo){ m->xgen, rule, b, ret };
+            return false;
+        }
+        if (x->rule == rule && x->b == b && x->ret == ret)
+            return true;
+    }
+    return false;
+}
+
+static void xm_next(rlai_grammar_matcher *m)
+{
+    if (++m->xgen == 0) {            /* wrapped: clear the stamps */
+        if (m->xm)
+            memset(m->xm, 0, sizeof(struct xmemo) * G_XMEMO);
+        if (m->xf)
+            memset(m->xf, 0, sizeof(struct xframe) * G_XMEMO);
+        m->xgen = 1;
+    }
+}
 
 typedef struct hbuf {
     int n;
@@ -1251,6 +1430,29 @@ static const gframe *frame_new(rlai_grammar_matcher *m, arena *a, int ei, int au
  * G_MAX_HEADS is not cut short (that would drop valid continuations without
  * a word): m->over is set, and the feed or mask fails with
  * RLAI_ERR_TOO_LARGE. */
+/* A return frame (ei, parent) of this operation: the one made already, or
+ * a new one. */
+static const gframe *ret_frame(rlai_grammar_matcher *m, arena *a, int ei, const gframe *parent)
+{
+    if (!m->xf)
+        return frame_new(m, a, ei, 0, 0, parent);
+    uint32_t h = xhash((uint32_t)ei, 0x5eed, parent);
+    struct xframe *slot = NULL;
+    for (int k = 0; k < 16; k++) {
+        struct xframe *x = &m->xf[(h + (uint32_t)k) & (G_XMEMO - 1)];
+        if (x->gen != m->xgen) {
+            slot = x;
+            break;
+        }
+        if (x->ei == ei && x->parent == parent)
+            return x->f;
+    }
+    const gframe *f = frame_new(m, a, ei, 0, 0, parent);
+    if (f && slot)
+        *slot = (struct xframe){ m->xgen, ei, parent, f };
+    return f;
+}
+
 static void push_head(rlai_grammar_matcher *m, hbuf *o, const gframe *f)
 {
     if (!f)
@@ -1278,8 +1480,10 @@ static void expand_b(rlai_grammar_matcher *m, arena *a, int ei, const gframe *pa
                      int sguard)
 {
     const rlai_grammar *g = m->g;
-    if (guard > 64)
+    if (guard > G_EXPAND_DEPTH) {
+        m->over = true;          /* not cut short without a word */
         return;
+    }
     const gelem *e = &g->el[ei];
     switch (e->kind) {
     case GE_END:
@@ -1295,9 +1499,11 @@ static void expand_b(rlai_grammar_matcher *m, arena *a, int ei, const gframe *pa
         if (g->el[ei + 1].kind != GE_END) {
             if (parent && parent->depth >= G_MAX_STACK)
                 return;
-            if (!(ret = frame_new(m, a, ei, 0, 0, parent)))
+            if (!(ret = ret_frame(m, a, ei, parent)))
                 return;
         }
+        if (xm_seen(m, e->a, ret, b))
+            return;              /* the same heads again */
         const grule *ru = &g->rules[e->a];
         for (int i = 0; i < ru->n; i++)
             expand_b(m, a, ru->alt[i], ret, o, guard + 1, b, sguard);
@@ -1324,7 +1530,7 @@ static void expand(rlai_grammar_matcher *m, arena *a, int ei, const gframe *pare
 static bool can_end_from(rlai_grammar_matcher *m, arena *a, int ei, const gframe *parent, int guard)
 {
     const rlai_grammar *g = m->g;
-    if (guard > 64)
+    if (guard > G_EXPAND_DEPTH)
         return false;
     const gelem *e = &g->el[ei];
     switch (e->kind) {
@@ -1335,9 +1541,11 @@ static bool can_end_from(rlai_grammar_matcher *m, arena *a, int ei, const gframe
         if (g->el[ei + 1].kind != GE_END) {
             if (parent && parent->depth >= G_MAX_STACK)
                 return false;
-            if (!(ret = frame_new(m, a, ei, 0, 0, parent)))
+            if (!(ret = ret_frame(m, a, ei, parent)))
                 return false;
         }
+        if (xm_seen(m, e->a, ret, 256))
+            return false;        /* searched already, without an end */
         const grule *ru = &g->rules[e->a];
         for (int i = 0; i < ru->n; i++)
             if (can_end_from(m, a, ru->alt[i], ret, guard + 1))
@@ -1365,8 +1573,10 @@ static void step_head(rlai_grammar_matcher *m, arena *a, const gframe *h, unsign
 {
     const rlai_grammar *g = m->g;
     const gelem *e = &g->el[h->ei];
-    if (guard > 32)
+    if (guard > 32) {
+        m->over = true;          /* not cut short without a word */
         return;
+    }
     switch (e->kind) {
     case GE_CHARS:
         if (in_set(g, e->set, b))
@@ -1435,6 +1645,7 @@ static bool state_can_end(rlai_grammar_matcher *m, const gstate *s)
 {
     if (s->acc)
         return true;
+    xm_next(m);
     for (int i = 0; i < s->n; i++)
         if (head_can_end(m, &m->scratch, s->h[i]))
             return true;
@@ -1448,6 +1659,7 @@ static const gstate *step(rlai_grammar_matcher *m, arena *a, const gstate *s, un
     hbuf o;
     o.n = 0;
     o.acc = false;
+    xm_next(m);
     for (int i = 0; i < s->n; i++)
         step_head(m, a, s->h[i], b, &o, 0);
     if (o.n == 0 && !o.acc)
@@ -1515,6 +1727,13 @@ int rlai_grammar_matcher_new(const rlai_grammar *g, rlai_grammar_matcher **out)
     if (!m)
         return RLAI_ERR_NOMEM;
     m->g = rlai_grammar_ref(g);
+    m->xm = calloc(G_XMEMO, sizeof(struct xmemo));
+    m->xf = calloc(G_XMEMO, sizeof(struct xframe));
+    if (!m->xm || !m->xf) {
+        rlai_grammar_matcher_free(m);
+        return RLAI_ERR_NOMEM;
+    }
+    xm_next(m);
     hbuf o;
     o.n = 0;
     o.acc = false;
@@ -1546,6 +1765,8 @@ void rlai_grammar_matcher_free(rlai_grammar_matcher *m)
     afree(&m->keep[1]);
     afree(&m->scratch);
     free(m->walk);
+    free(m->xm);
+    free(m->xf);
     rlai_grammar_unref(m->g);
     free(m);
 }

@@ -40,7 +40,8 @@ run_fuzzer() {
     corpus_src="tests/fuzz/corpus/${name#fuzz_}"
     work=$(mktemp -d)
     [ -d "$corpus_src" ] && cp -r "$corpus_src"/. "$work"/
-    if ! "$fz" -max_total_time="$FUZZ_SECONDS" -print_final_stats=1 "$work" >"$work.log" 2>&1; then
+    # -timeout: an input that takes over 10 s (a hang) is a failure too
+    if ! "$fz" -max_total_time="$FUZZ_SECONDS" -timeout=10 -print_final_stats=1 "$work" >"$work.log" 2>&1; then
         echo "== $name for ${FUZZ_SECONDS}s"
         tail -n 40 "$work.log"
         echo "$name found a crash"

@@ -331,6 +331,65 @@ START_TEST(too_many_open_alternatives_is_an_error)
 }
 END_TEST
 
+/* Schemas whose expansion never ended or grew exponentially, and objects
+ * whose later optional properties were cut off:
+ * - a '$ref' back to itself before any text hung the matcher (for ever:
+ *   the expansion guard was 64 levels of two branches each): refused;
+ * - 30 levels of anyOf [$ref next, $ref next] were 2^30 expansions: now
+ *   each (rule, return frame) once per byte;
+ * - with more than 64 optional properties, "{}" and the later properties
+ *   were refused (the guard again): now up to 120 in a row work and more
+ *   are refused with a message. */
+START_TEST(recursion_and_long_optional_runs)
+{
+    refused("{\"anyOf\":[{\"$ref\":\"#\"},{\"$ref\":\"#\"}]}", RLAI_ERR_UNSUPPORTED, "refers back to itself");
+    refused("{\"anyOf\":[{\"$ref\":\"#\"},{\"type\":\"string\"}]}", RLAI_ERR_UNSUPPORTED, "refers back to itself");
+    refused("{\"$defs\":{\"a\":{\"$ref\":\"#/$defs/b\"},\"b\":{\"anyOf\":[{\"type\":\"null\"},{\"$ref\":\"#/$defs/a\"}]}},"
+            "\"$ref\":\"#/$defs/a\"}", RLAI_ERR_UNSUPPORTED, "refers back to itself");
+    /* recursion after text is fine */
+    rlai_grammar *g = schema("{\"$defs\":{\"n\":{\"anyOf\":[{\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/n\"}},"
+                             "{\"type\":\"string\"}]}},\"$ref\":\"#/$defs/n\"}");
+    ck_assert(acc(g, "[[\"a\"],[],\"b\"]") && !acc(g, "[1]"));
+    rlai_grammar_unref(g);
+    g = schema("{\"type\":\"object\",\"properties\":{\"child\":{\"$ref\":\"#\"}}}");
+    ck_assert(acc(g, "{\"child\":{\"child\":{}}}") && !acc(g, "{\"child\":1}"));
+    rlai_grammar_unref(g);
+
+    static char sch[64 * 1024];
+    size_t o = (size_t)snprintf(sch, sizeof sch, "{\"$defs\":{");
+    for (int i = 0; i < 30; i++)
+        o += (size_t)snprintf(sch + o, sizeof sch - o, "\"a%d\":{\"anyOf\":[{\"$ref\":\"#/$defs/a%d\"},"
+                              "{\"$ref\":\"#/$defs/a%d\"}]},", i, i + 1, i + 1);
+    snprintf(sch + o, sizeof sch - o, "\"a30\":{\"type\":\"string\"}},\"$ref\":\"#/$defs/a0\"}");
+    g = schema(sch);
+    ck_assert(acc(g, "\"deep\"") && !acc(g, "3"));   /* (did not return before the test's timeout) */
+    rlai_grammar_unref(g);
+
+    o = (size_t)snprintf(sch, sizeof sch, "{\"type\":\"object\",\"properties\":{");
+    for (int i = 0; i < 120; i++)
+        o += (size_t)snprintf(sch + o, sizeof sch - o, "%s\"k%d\":{\"type\":\"integer\"}", i ? "," : "", i);
+    snprintf(sch + o, sizeof sch - o, "}}");
+    g = schema(sch);
+    ck_assert(acc(g, "{}"));
+    ck_assert(acc(g, "{\"k119\":1}"));
+    ck_assert(acc(g, "{\"k0\":1,\"k70\":2,\"k119\":3}"));
+    ck_assert(!acc(g, "{\"k70\":2,\"k0\":1}"));     /* schema order */
+    rlai_grammar_unref(g);
+    o = (size_t)snprintf(sch, sizeof sch, "{\"type\":\"object\",\"required\":[\"k100\"],\"properties\":{");
+    for (int i = 0; i < 200; i++)
+        o += (size_t)snprintf(sch + o, sizeof sch - o, "%s\"k%d\":{\"type\":\"integer\"}", i ? "," : "", i);
+    snprintf(sch + o, sizeof sch - o, "}}");
+    g = schema(sch);                                    /* runs of 100 and 99 */
+    ck_assert(acc(g, "{\"k100\":1}") && acc(g, "{\"k99\":1,\"k100\":1,\"k199\":1}") && !acc(g, "{}"));
+    rlai_grammar_unref(g);
+    o = (size_t)snprintf(sch, sizeof sch, "{\"type\":\"object\",\"properties\":{");
+    for (int i = 0; i < 121; i++)
+        o += (size_t)snprintf(sch + o, sizeof sch - o, "%s\"k%d\":{\"type\":\"integer\"}", i ? "," : "", i);
+    snprintf(sch + o, sizeof sch - o, "}}");
+    refused(sch, RLAI_ERR_TOO_LARGE, "more than 120 optional properties in a row");
+}
+END_TEST
+
 /* ------------------------------------------------- masks on the real vocab */
 
 static rlai_gvocab *V;
@@ -775,6 +834,7 @@ int main(void)
     tcase_add_test(tc, schema_refusals);
     tcase_add_test(tc, long_enums_keep_every_value);
     tcase_add_test(tc, too_many_open_alternatives_is_an_error);
+    tcase_add_test(tc, recursion_and_long_optional_runs);
     tcase_add_test(tc, forced_text_of_keys_and_literals);
     suite_add_tcase(s, tc);
     TCase *tv = tcase_create("vocab");

@@ -93,6 +93,7 @@ def test_completions_json_schema(engine):
     ({"type": "string", "pattern": "^a"}, "'pattern' is not supported"),
     ({"type": "wat"}, "unknown JSON Schema type 'wat'"),
     ({"$ref": "#/$defs/none"}, "not found"),
+    ({"anyOf": [{"$ref": "#"}, {"type": "string"}]}, "refers back to itself"),   # hung its thread before
 ])
 def test_bad_schema_is_400(engine, schema, needle):
     with pytest.raises(openai.BadRequestError) as ei:
