@@ -785,7 +785,7 @@ static int compile_object(sc *c, const cJSON *s, int depth)
         run = required ? 0 : run + 1;
         if (run > G_MAX_OPTIONAL_RUN)
             return sc_fail(c, RLAI_ERR_TOO_LARGE,
-                           "more than %d optional properties in a row (before property '%s') are not supported: "
+                           "more than %d optional properties in a row (the next one: '%s') are not supported: "
                            "make some of them required",
                            G_MAX_OPTIONAL_RUN, p->string);
     }
