@@ -212,6 +212,21 @@ START_TEST(schema_refusals)
 }
 END_TEST
 
+/* Writes into buf {"anyOf": [12 x {"anyOf": [12 strings of maxLength 1..144]}]}
+ * (as an array's items when in_array): 144 heads once a string opens. */
+static void nested_anyof_144(char *buf, size_t cap, bool in_array)
+{
+    size_t o = (size_t)snprintf(buf, cap, "%s{\"anyOf\":[", in_array ? "{\"type\":\"array\",\"items\":" : "");
+    for (int i = 0; i < 12; i++) {
+        o += (size_t)snprintf(buf + o, cap - o, "%s{\"anyOf\":[", i ? "," : "");
+        for (int j = 0; j < 12; j++)
+            o += (size_t)snprintf(buf + o, cap - o, "%s{\"type\":\"string\",\"maxLength\":%d}", j ? "," : "",
+                                  i * 12 + j + 1);
+        o += (size_t)snprintf(buf + o, cap - o, "]}");
+    }
+    snprintf(buf + o, cap - o, "]}%s", in_array ? "}" : "");
+}
+
 /* enum / const values go through a prefix tree: every value of a long enum
  * is reachable (the matcher keeps at most 128 heads, and one head per value
  * used to lose all values past the 128th without a word), values that are
@@ -291,15 +306,7 @@ START_TEST(too_many_open_alternatives_is_an_error)
     rlai_grammar_unref(g);
 
     /* 12 x 12 string alternatives inside an array: 144 heads after '["' */
-    o = (size_t)snprintf(sch, sizeof sch, "{\"type\":\"array\",\"items\":{\"anyOf\":[");
-    for (int i = 0; i < 12; i++) {
-        o += (size_t)snprintf(sch + o, sizeof sch - o, "%s{\"anyOf\":[", i ? "," : "");
-        for (int j = 0; j < 12; j++)
-            o += (size_t)snprintf(sch + o, sizeof sch - o, "%s{\"type\":\"string\",\"maxLength\":%d}", j ? "," : "",
-                                  i * 12 + j + 1);
-        o += (size_t)snprintf(sch + o, sizeof sch - o, "]}");
-    }
-    snprintf(sch + o, sizeof sch - o, "]}}");
+    nested_anyof_144(sch, sizeof sch, true);
     g = schema(sch);
     rlai_grammar_matcher *m = NULL;
     ck_assert_int_eq(rlai_grammar_matcher_new(g, &m), 0);
@@ -314,15 +321,7 @@ START_TEST(too_many_open_alternatives_is_an_error)
     rlai_grammar_unref(g);
 
     /* at the start: the matcher cannot be made */
-    o = (size_t)snprintf(sch, sizeof sch, "{\"anyOf\":[");
-    for (int i = 0; i < 12; i++) {
-        o += (size_t)snprintf(sch + o, sizeof sch - o, "%s{\"anyOf\":[", i ? "," : "");
-        for (int j = 0; j < 12; j++)
-            o += (size_t)snprintf(sch + o, sizeof sch - o, "%s{\"type\":\"string\",\"maxLength\":%d}", j ? "," : "",
-                                  i * 12 + j + 1);
-        o += (size_t)snprintf(sch + o, sizeof sch - o, "]}");
-    }
-    snprintf(sch + o, sizeof sch - o, "]}");
+    nested_anyof_144(sch, sizeof sch, false);
     g = schema(sch);
     m = (rlai_grammar_matcher *)1;
     ck_assert_int_eq(rlai_grammar_matcher_new(g, &m), RLAI_ERR_TOO_LARGE);
@@ -508,15 +507,7 @@ START_TEST(fast_mask_equals_brute_force)
     for (int r = 0; r < 4; r++)
         walk_compare(g, 30);
     rlai_grammar_unref(g);
-    o = (size_t)snprintf(sch, sizeof sch, "{\"type\":\"array\",\"items\":{\"anyOf\":[");
-    for (int i = 0; i < 12; i++) {
-        o += (size_t)snprintf(sch + o, sizeof sch - o, "%s{\"anyOf\":[", i ? "," : "");
-        for (int j = 0; j < 12; j++)
-            o += (size_t)snprintf(sch + o, sizeof sch - o, "%s{\"type\":\"string\",\"maxLength\":%d}", j ? "," : "",
-                                  i * 12 + j + 1);
-        o += (size_t)snprintf(sch + o, sizeof sch - o, "]}");
-    }
-    snprintf(sch + o, sizeof sch - o, "]}}");
+    nested_anyof_144(sch, sizeof sch, true);
     g = schema(sch);
     {
         int w = rlai_gvocab_mask_words(V), nv = rlai_gvocab_n_vocab(V);

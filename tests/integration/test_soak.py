@@ -34,7 +34,7 @@ import msgpack
 import pytest
 import zmq
 
-from test_daemon import PipeClient, ZmqClient, malformed_frames
+from test_daemon import PipeClient, ZmqClient, malformed_frames, stats as engine_stats
 from test_http import Engine, MAX_FRAME, MAX_PROMPT, MODEL, RLAI
 from wire import free_port
 
@@ -158,17 +158,6 @@ def raw_http(e, data, timeout=10):
         s.close()
 
 
-def engine_stats(e):
-    c = PipeClient(e.sock_path)
-    try:
-        c.request("stats", 1)
-        frames = c.collect(1, timeout=30)
-        assert frames[-1]["type"] == "done"
-        return frames[0]["data"]
-    finally:
-        c.close()
-
-
 def proc_counts(pid):
     fds = len(os.listdir(f"/proc/{pid}/fd"))
     threads = int(next(l.split()[1] for l in Path(f"/proc/{pid}/status").read_text().splitlines()
@@ -189,6 +178,18 @@ class Storm:
         self.failures = []
         self.counts = {}
         self.threads = []
+        self.held = []       # slowloris sockets
+
+    def end(self):
+        """Stops the loops and closes the slowloris sockets (again: no-op)."""
+        self.stop.set()
+        with self.lock:
+            held, self.held = self.held, []
+        for s in held:
+            try:
+                s.close()
+            except OSError:
+                pass
 
     def count(self, what, n=1):
         with self.lock:
@@ -217,7 +218,7 @@ class Storm:
         return [t.name for t in self.threads if t.is_alive()]
 
 
-def slowloris(storm, held):
+def slowloris(storm):
     """One header byte a second; reconnects when dropped."""
     e = storm.e
 
@@ -226,11 +227,12 @@ def slowloris(storm, held):
             try:
                 s = socket.create_connection(("127.0.0.1", e.port), timeout=5)
                 with storm.lock:
-                    held.append(s)
+                    storm.held.append(s)
                 s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nX-a: ")
                 while not storm.stop.is_set():
                     s.sendall(b"a")
                     storm.stop.wait(1.0)
+                s.close()        # (one made as the storm ended is not in the list end() closed)
             except OSError:
                 storm.count("slowloris dropped")
                 storm.stop.wait(0.5)
@@ -488,7 +490,6 @@ def test_every_attack_at_once_while_good_clients_stream(tmp_path):
     e.zmq_port = zmq_port
     e.zmq_path = e.dir / "rlai" / "engine.zmq"
     storm = Storm(e)
-    held = []
     try:
         # Before the storm: each question's greedy answer, and the engine's
         # resting state (after one request on every transport, so lazily
@@ -507,7 +508,7 @@ def test_every_attack_at_once_while_good_clients_stream(tmp_path):
         fds0, threads0 = proc_counts(e.proc.pid)
 
         for _ in range(SLOW_CONNS):
-            slowloris(storm, held)
+            slowloris(storm)
         storm.loop("malformed pipe", wire_malformed(storm, "pipe"))
         storm.loop("malformed zmq", wire_malformed(storm, "zmq"))
         storm.loop("pipe bad lengths", pipe_bad_lengths(storm))
@@ -517,12 +518,7 @@ def test_every_attack_at_once_while_good_clients_stream(tmp_path):
         storm.loop("stuck plugin", stuck_plugin(storm))
         good_clients(storm, want, want_json)
         storm.stop.wait(STORM_S)
-        storm.stop.set()
-        for s in held:
-            try:
-                s.close()
-            except OSError:
-                pass
+        storm.end()
         alive = storm.join()
         assert not alive, f"loops still running 180 s after the storm: {alive}"
         assert e.proc.poll() is None, "the engine died during the storm: " + e.read_log()[-3000:]
@@ -563,12 +559,7 @@ def test_every_attack_at_once_while_good_clients_stream(tmp_path):
         z.close()
         print("soak counts:", dict(sorted(storm.counts.items())), f"fds {fds0}->{fds} threads {threads0}->{threads}")
     finally:
-        storm.stop.set()
-        for s in held:
-            try:
-                s.close()
-            except OSError:
-                pass
+        storm.end()
         rc = e.stop()
     log = e.read_log()
     assert rc == 0, log[-3000:]
