@@ -99,6 +99,11 @@ def enter_then_ctrl_c(t, saved, before):
     stops = t.screen().count("reply stopped")
     t.type_line("Tell me a very long story about a castle.")
     t.keys("C-c")
+    # Typing on at once raced the interrupt: once (CI, 2026-12-07) the
+    # Ctrl-C was taken while "/save" was already being read, and that line
+    # was the one dropped. The point here is where the Ctrl-C lands
+    # relative to the Enter just before it, so let it land first.
+    time.sleep(0.5)
     t.type_line(f"/save {saved}")   # read once the prompt is back
     s = t.wait_for(lambda s: f"to {saved})" in s, what="/save after Enter and Ctrl-C")
     msgs = json.loads(saved.read_text())["messages"]
