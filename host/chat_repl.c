@@ -5,24 +5,52 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <langinfo.h>
 #include <limits.h>
+#include <locale.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <wchar.h>
 
 #ifdef RLAI_HAVE_LIBEDIT
 #include <histedit.h>
 #endif
 
+/* Ctrl-C: the flag, and a self-pipe that wakes the line reader. The
+ * handler may run on any thread of the process (the in-process engine's
+ * workers too), so a blocked read() on the main thread is not reliably
+ * interrupted; and a SIGINT that lands while the reader is between reads
+ * (drawing the prompt, echoing a key) interrupts nothing at all. Both
+ * used to leave the flag set until the next Enter, which then dropped the
+ * line just typed. The reader polls stdin and the pipe instead. */
 static volatile sig_atomic_t g_sigint;
+static int g_sigpipe[2] = { -1, -1 };
 
 static void on_sigint(int sig)
 {
     (void)sig;
+    int saved = errno;
     g_sigint = 1;
+    if (g_sigpipe[1] >= 0) {
+        ssize_t w = write(g_sigpipe[1], "i", 1);   /* non-blocking; a full pipe already wakes */
+        (void)w;
+    }
+    errno = saved;
+}
+
+/* Forgets a Ctrl-C: the flag and any bytes in the pipe. */
+static void sigint_clear(void)
+{
+    g_sigint = 0;
+    char junk[64];
+    if (g_sigpipe[0] >= 0)
+        while (read(g_sigpipe[0], junk, sizeof(junk)) > 0) {
+        }
 }
 
 bool rlai_chat_repl_interrupted(void)
@@ -118,9 +146,76 @@ typedef struct reader {
     char *buf;                 /* plain mode: getline buffer */
     size_t cap;
     const char *prompt;
+    char *old_ctype;           /* LC_CTYPE to put back, or NULL */
 } reader;
 
 #ifdef RLAI_HAVE_LIBEDIT
+/* libedit's character source: one character from stdin, decoded in the
+ * current locale, or -1 with errno EINTR as soon as a Ctrl-C is pending,
+ * whenever it landed (the built-in source only sees a SIGINT that
+ * interrupts its read()). */
+static int tty_getc(EditLine *el, wchar_t *wc)
+{
+    (void)el;
+    char buf[MB_LEN_MAX];
+    size_t n = 0;
+    for (;;) {
+        if (g_sigint) {
+            errno = EINTR;
+            return -1;
+        }
+        struct pollfd pf[2] = { { STDIN_FILENO, POLLIN, 0 }, { g_sigpipe[0], POLLIN, 0 } };
+        int r = poll(pf, g_sigpipe[0] >= 0 ? 2 : 1, -1);
+        if (r < 0 && errno != EINTR)
+            return -1;
+        if (r <= 0)
+            continue;
+        if (pf[1].revents && !g_sigint)
+            sigint_clear();    /* a stale byte: the flag was cleared without it */
+        if (!pf[0].revents || g_sigint)
+            continue;
+        ssize_t got = read(STDIN_FILENO, buf + n, 1);
+        if (got < 0 && (errno == EINTR || errno == EAGAIN))
+            continue;
+        if (got < 0)
+            return -1;
+        if (got == 0) {
+            *wc = 0;
+            return 0;
+        }
+        n++;
+        mbstate_t st;
+        memset(&st, 0, sizeof(st));
+        size_t k = mbrtowc(wc, buf, n, &st);
+        if (k == (size_t)-2 && n < sizeof(buf))
+            continue;          /* a multibyte character goes on */
+        if (k == (size_t)-1 || k == (size_t)-2) {
+            n = 0;             /* not a character here: dropped, as libedit does */
+            continue;
+        }
+        return 1;
+    }
+}
+
+/* Line editing needs the terminal's characters decoded: in the "C" locale
+ * (no LANG, a bare ssh session or container) libedit dropped every byte
+ * above 127, so "héllo" reached the model as "hllo". Text in rlai is
+ * UTF-8 throughout, so LC_CTYPE is the user's when that is UTF-8, else
+ * C.UTF-8. Only LC_CTYPE, and only while the loop runs. */
+static void reader_locale(reader *r)
+{
+    const char *cur = setlocale(LC_CTYPE, NULL);
+    r->old_ctype = cur ? strdup(cur) : NULL;
+    if (setlocale(LC_CTYPE, "") && !strcmp(nl_langinfo(CODESET), "UTF-8"))
+        return;
+    if (setlocale(LC_CTYPE, "C.UTF-8") && !strcmp(nl_langinfo(CODESET), "UTF-8"))
+        return;
+    if (setlocale(LC_CTYPE, "C.utf8") && !strcmp(nl_langinfo(CODESET), "UTF-8"))
+        return;
+    if (r->old_ctype)
+        setlocale(LC_CTYPE, r->old_ctype);   /* no UTF-8 locale here: as before */
+}
+
 static char *el_prompt(EditLine *el)
 {
     void *data = NULL;
@@ -139,6 +234,7 @@ static void reader_open(reader *r)
 #ifdef RLAI_HAVE_LIBEDIT
     if (!isatty(STDIN_FILENO) || !isatty(STDOUT_FILENO))
         return;
+    reader_locale(r);
     r->el = el_init("rlai", stdin, stdout, stderr);
     r->hist = history_init();
     if (!r->el || !r->hist) {
@@ -158,6 +254,7 @@ static void reader_open(reader *r)
     el_set(r->el, EL_PROMPT, el_prompt);
     el_set(r->el, EL_HIST, history, r->hist);
     el_set(r->el, EL_SIGNAL, 0);
+    el_set(r->el, EL_GETCFN, tty_getc);
     if (r->history[0])
         history(r->hist, &ev, H_LOAD, r->history);
     r->edit = true;
@@ -194,6 +291,9 @@ static void reader_close(reader *r)
     if (r->hist)
         history_end(r->hist);
 #endif
+    if (r->old_ctype)
+        setlocale(LC_CTYPE, r->old_ctype);
+    free(r->old_ctype);
     free(r->buf);
 }
 
@@ -203,7 +303,7 @@ static in_status reader_get(reader *r, const char *prompt, const char **out, boo
 {
     r->prompt = prompt;
     *had_text = false;
-    g_sigint = 0;
+    sigint_clear();
 #ifdef RLAI_HAVE_LIBEDIT
     if (r->edit) {
         int count = 0;
@@ -214,7 +314,7 @@ static in_status reader_get(reader *r, const char *prompt, const char **out, boo
             el_reset(r->el);
             fputc('\n', stdout);
             fflush(stdout);
-            g_sigint = 0;
+            sigint_clear();
             return IN_INTR;
         }
         if (!line || count <= 0)
@@ -238,7 +338,7 @@ static in_status reader_get(reader *r, const char *prompt, const char **out, boo
     if (got < 0 && (g_sigint || errno == EINTR)) {
         clearerr(stdin);
         fputc('\n', stderr);
-        g_sigint = 0;
+        sigint_clear();
         return IN_INTR;
     }
     if (got <= 0)
@@ -325,6 +425,14 @@ int rlai_chat_repl_run(const rlai_chat_repl_params *p)
     sa.sa_handler = on_sigint;
     sigemptyset(&sa.sa_mask);
     sa.sa_flags = 0;   /* no SA_RESTART: a blocked read returns EINTR */
+    if (pipe(g_sigpipe) < 0) {
+        g_sigpipe[0] = g_sigpipe[1] = -1;   /* then a Ctrl-C wakes only a read it interrupts */
+    } else {
+        for (int i = 0; i < 2; i++) {
+            fcntl(g_sigpipe[i], F_SETFL, fcntl(g_sigpipe[i], F_GETFL) | O_NONBLOCK);
+            fcntl(g_sigpipe[i], F_SETFD, FD_CLOEXEC);
+        }
+    }
     sigaction(SIGINT, &sa, &old);
 
     reader rd;
@@ -389,7 +497,7 @@ int rlai_chat_repl_run(const rlai_chat_repl_params *p)
         char *reply = NULL;
         int rc = p->generate(p->user, cv.m, cv.n, &reply);
         bool stopped = g_sigint != 0;
-        g_sigint = 0;
+        sigint_clear();
         if (rc < 0) {
             free(reply);
             free((char *)cv.m[--cv.n].content);
@@ -406,5 +514,10 @@ int rlai_chat_repl_run(const rlai_chat_repl_params *p)
     free(cv.m);
     reader_close(&rd);
     sigaction(SIGINT, &old, NULL);
+    int fds[2] = { g_sigpipe[0], g_sigpipe[1] };
+    g_sigpipe[0] = g_sigpipe[1] = -1;   /* before close: a late handler must not write to a reused fd */
+    for (int i = 0; i < 2; i++)
+        if (fds[i] >= 0)
+            close(fds[i]);
     return status;
 }

@@ -11,8 +11,12 @@
  * History: $XDG_STATE_HOME/rlai/chat_history, else
  * ~/.local/state/rlai/chat_history, mode 0600 (folders made 0700).
  *
- * Threads: one thread; installs a SIGINT handler for the time of the loop
- * and puts the previous one back at the end. */
+ * Terminal input is decoded as UTF-8: LC_CTYPE is set to the user's locale
+ * when that is UTF-8, else to C.UTF-8, for the time of the loop.
+ *
+ * Threads: one thread; installs a SIGINT handler (and a self-pipe that
+ * wakes the line reader, whichever thread takes the signal) for the time
+ * of the loop and puts the previous handler back at the end. */
 #ifndef RLAI_CHAT_REPL_H
 #define RLAI_CHAT_REPL_H
 

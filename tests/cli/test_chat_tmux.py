@@ -4,8 +4,11 @@ the conversation, /reset asks first, an empty line does not quit, Ctrl-C
 at an empty prompt quits, Enter then Ctrl-C leaves no full reply. The
 model runs in-process (--local), and over a running `rlai serve`, where
 Ctrl-C sends a cancel."""
+import ctypes
 import json
 import os
+import platform
+import signal
 import shutil
 import stat
 import subprocess
@@ -75,6 +78,26 @@ def chat(tmp_path):
     t.close()
 
 
+def pane_rlai_pid(t):
+    """The pid of the rlai process in the pane (the pane's shell's child)."""
+    out = subprocess.run(["tmux", "-L", t.sock, "list-panes", "-t", "t", "-F", "#{pane_pid}"],
+                         capture_output=True, check=True, text=True).stdout
+    sh = int(out.split()[0])
+    kids = Path(f"/proc/{sh}/task/{sh}/children").read_text().split()
+    assert kids, "no process in the pane"
+    return int(kids[0])
+
+
+TGKILL = {"x86_64": 234, "aarch64": 131}.get(platform.machine())
+
+
+def sigint_to_thread(pid, tid):
+    """SIGINT to one thread (tgkill): what the kernel does when it picks a
+    thread other than the main one for a terminal's Ctrl-C."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    assert libc.syscall(TGKILL, pid, tid, signal.SIGINT) == 0, os.strerror(ctypes.get_errno())
+
+
 def n_metrics(screen):
     return screen.count("[prompt ")
 
@@ -99,11 +122,9 @@ def enter_then_ctrl_c(t, saved, before):
     stops = t.screen().count("reply stopped")
     t.type_line("Tell me a very long story about a castle.")
     t.keys("C-c")
-    # Typing on at once raced the interrupt: once (CI, 2026-12-07) the
-    # Ctrl-C was taken while "/save" was already being read, and that line
-    # was the one dropped. The point here is where the Ctrl-C lands
-    # relative to the Enter just before it, so let it land first.
-    time.sleep(0.5)
+    # typed at once: a Ctrl-C taken between two reads of the line reader
+    # (echoing a key) once made this line the one dropped; see
+    # test_chat_ctrl_c_on_another_thread
     t.type_line(f"/save {saved}")   # read once the prompt is back
     s = t.wait_for(lambda s: f"to {saved})" in s, what="/save after Enter and Ctrl-C")
     msgs = json.loads(saved.read_text())["messages"]
@@ -164,6 +185,61 @@ def test_chat_in_a_terminal(chat, tmp_path):
     assert stat.S_IMODE(hist.stat().st_mode) == 0o600
     text = hist.read_text()
     assert "Ada" in text and "/reset" in text
+
+
+@pytest.mark.skipif(TGKILL is None, reason="tgkill number unknown for this machine")
+def test_chat_ctrl_c_on_another_thread(chat, tmp_path):
+    """A Ctrl-C acts at once even when its handler does not interrupt the
+    line reader's read(): here it runs on a worker thread of the in-process
+    engine (the kernel may pick any thread that does not block SIGINT; a
+    SIGINT taken while the reader echoes a key is the same case). Before,
+    the flag waited for the next Enter and dropped the line just typed."""
+    t = chat
+    pid = pane_rlai_pid(t)
+    workers = [int(x) for x in os.listdir(f"/proc/{pid}/task") if int(x) != pid]
+    if not workers:
+        pytest.skip("the in-process engine has no worker thread here")
+    # Ctrl-C on a line being typed drops it at once: a new prompt, no Enter
+    dropped = tmp_path / "dropped.json"
+    t.keys("-l", f"/save {dropped}")
+    t.wait_for(lambda s: s.rstrip().endswith(f"> /save {dropped}"), what="the typed line")
+    sigint_to_thread(pid, workers[0])
+    t.wait_for(lambda s: prompts(s) and s.rstrip().endswith(">") and f"/save {dropped}" in s,
+               timeout=10, what="the line dropped and a new prompt")
+    kept = tmp_path / "kept.json"
+    t.type_line(f"/save {kept}")
+    t.wait_for(lambda s: f"to {kept})" in s, what="/save on the next line")
+    assert not dropped.exists() and kept.exists()
+    # Ctrl-C at an empty prompt quits at once
+    sigint_to_thread(pid, workers[0])
+    s = t.wait_for(lambda s: "RLAI-EXIT=" in s, timeout=10, what="exit on Ctrl-C at an empty prompt")
+    assert "RLAI-EXIT=0" in s
+
+
+def test_chat_reads_non_ascii_in_the_c_locale(tmp_path):
+    """Typed UTF-8 reaches the model whole, also with LC_ALL=C (a bare ssh
+    session or container): libedit used to drop every byte above 127 there,
+    so "Héllo" became "Hllo"."""
+    env = {"XDG_STATE_HOME": str(tmp_path / "state"), "XDG_RUNTIME_DIR": str(tmp_path), "TERM": "xterm",
+           "LC_ALL": "C"}
+    t = Term(tmp_path, [RLAI, "chat", "--local", "-m", str(MODEL), "--temp", "0", "-n", "4", "-t", "2"], env)
+    try:
+        t.wait_for(lambda s: "rlai chat:" in s and s.rstrip().endswith(">"), what="the first prompt")
+        text = "Héllo wörld, ça va? Привет 你好 🐉"
+        t.type_line(text)
+        t.wait_for(lambda s: n_metrics(s) == 1, what="the reply")
+        # editing works on characters: Backspace removes the whole 🐉
+        t.keys("-l", "x🐉")
+        t.keys("BSpace")
+        t.keys("Enter")
+        t.wait_for(lambda s: n_metrics(s) == 2, what="the second reply")
+        saved = tmp_path / "c.json"
+        t.type_line(f"/save {saved}")
+        t.wait_for(lambda s: f"to {saved})" in s, what="/save")
+        msgs = json.loads(saved.read_text(encoding="utf-8"))["messages"]
+        assert [m["content"] for m in msgs if m["role"] == "user"] == [text, "x"], msgs
+    finally:
+        t.close()
 
 
 @pytest.fixture
