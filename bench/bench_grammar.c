@@ -3,7 +3,7 @@
  * Schema, measured in the same run, plus the time of one token mask.
  *
  *   bench_grammar [--model FILE] [--threads N] [--tokens N] [--reps R]
- *                 [--show]
+ *                 [--schema FILE] [--show]
  *
  * One chat prompt asking for a JSON description of a person (formatted with
  * the model's chat template), greedy. Modes run interleaved (free, object,
@@ -16,7 +16,10 @@
  * through a matcher on the same vocabulary index and time
  * rlai_grammar_matcher_mask alone at every step (mean and max µs): the
  * mask is computed on the scheduler's thread pool per request, before the
- * sampling chain. */
+ * sampling chain. --schema FILE: the json_schema mode uses that schema
+ * instead of the built-in person schema (e.g. bench/schemas/heavy128.json,
+ * 128 strings of different maxLength: every open alternative costs mask
+ * time). */
 #include "rlai/engine.h"
 #include "rlai/grammar.h"
 #include "grammar.h"
@@ -74,19 +77,22 @@ static int cmp_d(const void *a, const void *b)
 int main(int argc, char **argv)
 {
     const char *model = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+    const char *schema_file = NULL;
     int threads = 2, tokens = 128, reps = 3, show = 0;
     static struct option lo[] = { { "model", 1, 0, 'm' }, { "threads", 1, 0, 't' }, { "tokens", 1, 0, 'n' },
-                                  { "reps", 1, 0, 'r' }, { "show", 0, 0, 's' }, { 0, 0, 0, 0 } };
+                                  { "reps", 1, 0, 'r' }, { "show", 0, 0, 's' }, { "schema", 1, 0, 'S' },
+                                  { 0, 0, 0, 0 } };
     int c;
-    while ((c = getopt_long(argc, argv, "m:t:n:r:s", lo, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "m:t:n:r:sS:", lo, NULL)) != -1) {
         switch (c) {
+        case 'S': schema_file = optarg; break;
         case 'm': model = optarg; break;
         case 't': threads = atoi(optarg); break;
         case 'n': tokens = atoi(optarg); break;
         case 'r': reps = atoi(optarg); break;
         case 's': show = 1; break;
         default:
-            fprintf(stderr, "usage: bench_grammar [--model F] [--threads N] [--tokens N] [--reps R] [--show]\n");
+            fprintf(stderr, "usage: bench_grammar [--model F] [--threads N] [--tokens N] [--reps R] [--schema F] [--show]\n");
             return 2;
         }
     }
@@ -103,8 +109,23 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_grammar: %s\n", err);
         return 1;
     }
+    static char schema_buf[1 << 20];
+    const char *schema = SCHEMA;
+    if (schema_file) {
+        FILE *f = fopen(schema_file, "rb");
+        size_t got = f ? fread(schema_buf, 1, sizeof(schema_buf) - 1, f) : 0;
+        if (f)
+            fclose(f);
+        if (!got) {
+            fprintf(stderr, "bench_grammar: cannot read %s\n", schema_file);
+            return 1;
+        }
+        schema_buf[got] = 0;
+        schema = schema_buf;
+    }
     rlai_grammar *g[3] = { NULL, NULL, NULL };
-    if (rlai_grammar_json_object(&g[1]) < 0 || rlai_grammar_from_json_schema(SCHEMA, strlen(SCHEMA), &g[2], err, sizeof(err)) < 0) {
+    if (rlai_grammar_json_object(&g[1]) < 0 ||
+        rlai_grammar_from_json_schema(schema, strlen(schema), &g[2], err, sizeof(err)) < 0) {
         fprintf(stderr, "bench_grammar: grammar: %s\n", err);
         return 1;
     }

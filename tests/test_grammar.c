@@ -539,6 +539,56 @@ START_TEST(fast_mask_equals_brute_force)
     for (int r = 0; r < 4; r++)
         walk_compare(g, 12);
     rlai_grammar_unref(g);
+    /* bounded strings side by side (the plain tokens that fit the largest
+     * room are taken at once), with an enum beside them at times (then
+     * the whole vocabulary is walked) */
+    o = (size_t)snprintf(sch, sizeof sch, "{\"type\":\"array\",\"minItems\":2,\"maxItems\":4,\"items\":{\"anyOf\":[");
+    for (int i = 0; i < 20; i++)
+        o += (size_t)snprintf(sch + o, sizeof sch - o, "{\"type\":\"string\",\"maxLength\":%d},", i + 1);
+    snprintf(sch + o, sizeof sch - o,
+             "{\"type\":\"string\",\"minLength\":3,\"maxLength\":5},{\"enum\":[\"abcdefghijklmnopqrstuvwxyz\"]}]}}");
+    g = schema(sch);
+    for (int r = 0; r < 2; r++)
+        walk_compare(g, 30);
+    rlai_grammar_unref(g);
+    g = schema("{\"type\":\"array\",\"minItems\":3,\"items\":{\"type\":\"string\",\"minLength\":2,\"maxLength\":7}}");
+    for (int r = 0; r < 2; r++)
+        walk_compare(g, 30);
+    rlai_grammar_unref(g);
+}
+END_TEST
+
+/* In strings of maxLength 3 and 9, after "ab: the plain tokens of up to 7
+ * bytes (the larger room) are offered, none longer, and the 7-byte ones
+ * are there. */
+START_TEST(bounded_strings_offer_what_fits)
+{
+    rlai_grammar *g = schema("{\"anyOf\":[{\"type\":\"string\",\"maxLength\":3},{\"type\":\"string\",\"maxLength\":9}]}");
+    int w = rlai_gvocab_mask_words(V), nv = rlai_gvocab_n_vocab(V);
+    uint32_t *mk = malloc(sizeof(uint32_t) * (size_t)w), *slow = malloc(sizeof(uint32_t) * (size_t)w);
+    rlai_grammar_matcher *m = NULL;
+    ck_assert_int_eq(rlai_grammar_matcher_new(g, &m), 0);
+    ck_assert_int_eq(rlai_grammar_matcher_feed(m, "\"ab", 3), 0);
+    int n = rlai_grammar_matcher_mask(m, V, mk);
+    ck_assert_int_eq(n, rlai_grammar_matcher_mask_slow(m, V, slow));
+    ck_assert(!memcmp(mk, slow, sizeof(uint32_t) * (size_t)w));
+    int at7 = 0;
+    for (int32_t t = 0; t < nv; t++) {
+        char pc[64];
+        int l = rlai_tokenizer_token_to_piece(TK, t, false, pc, sizeof(pc));
+        bool plain = l > 0 && l <= (int)sizeof(pc);
+        for (int i = 0; plain && i < l; i++)
+            plain = (unsigned char)pc[i] >= 0x20 && (unsigned char)pc[i] < 0x80 && pc[i] != '"' && pc[i] != '\\';
+        if (!plain || rlai_tokenizer_is_eog(TK, t))
+            continue;
+        ck_assert_msg(bit(mk, t) == (l <= 7), "plain token %.*s (%d bytes): offered %d", l, pc, l, bit(mk, t));
+        at7 += l == 7;
+    }
+    ck_assert_int_gt(at7, 0);
+    rlai_grammar_matcher_free(m);
+    rlai_grammar_unref(g);
+    free(mk);
+    free(slow);
 }
 END_TEST
 
@@ -832,6 +882,7 @@ int main(void)
     tcase_add_checked_fixture(tv, vocab_setup, vocab_teardown);
     tcase_set_timeout(tv, 600);
     tcase_add_test(tv, fast_mask_equals_brute_force);
+    tcase_add_test(tv, bounded_strings_offer_what_fits);
     tcase_add_test(tv, mask_rules_at_the_edges);
     suite_add_tcase(s, tv);
     TCase *tm = tcase_create("model");
