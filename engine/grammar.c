@@ -20,6 +20,7 @@
 
 #include <cjson/cJSON.h>
 #include <limits.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -370,6 +371,334 @@ static int number_rule(sc *c)
     return c->r_number = rule_one(c->g, &s);
 }
 
+/* ---- numeric bounds (minimum / maximum / exclusiveMinimum / exclusiveMaximum)
+ *
+ * A bounded integer or number is a regular language of decimal texts,
+ * built from rules of at most three alternatives per digit, so the matcher
+ * keeps few heads: integers split by digit count (the shortest count, one
+ * repetition for the counts in between, the longest count), each count a
+ * chain "this digit equals the bound's and the rest is bounded, or lies
+ * strictly between and the rest is free". Numbers take whole-number bounds
+ * only: the integer part decides, except at a bound itself, where the
+ * fraction must be zero (an inclusive upper bound) or non-zero (an
+ * exclusive lower one). Bounded numbers have no exponent. The texts stay
+ * within the plain rules' limits: at most 16 integer digits. */
+
+#define G_NUM_MAX 9999999999999999LL   /* the largest 16-digit integer */
+#define G_NUM_NONE LLONG_MAX           /* no upper bound (nonneg ranges) */
+
+/* Texts of n digits from X to Y (same n, X <= Y, no sign). */
+static int digits_range(sc *c, const char *X, const char *Y, int n)
+{
+    rlai_grammar *g = c->g;
+    gseq q = { 0 };
+    int rc;
+    if (n == 1) {
+        seq_set(&q, set_range(g, X[0], Y[0]));
+        return rule_one(g, &q);
+    }
+    if (X[0] == Y[0]) {
+        int sub = digits_range(c, X + 1, Y + 1, n - 1);
+        if (sub < 0)
+            return sub;
+        seq_byte(g, &q, (unsigned char)X[0]);
+        seq_ref(&q, sub);
+        return rule_one(g, &q);
+    }
+    char nines[20], zeros[20];
+    memset(nines, '9', (size_t)n - 1);
+    memset(zeros, '0', (size_t)n - 1);
+    bool xlow = !memcmp(X + 1, zeros, (size_t)n - 1), yhigh = !memcmp(Y + 1, nines, (size_t)n - 1);
+    int r = rule_new(g), lo = X[0], hi = Y[0];
+    if (r < 0)
+        return r;
+    if (!xlow) {
+        int sub = digits_range(c, X + 1, nines, n - 1);
+        if (sub < 0)
+            return sub;
+        seq_byte(g, &q, (unsigned char)X[0]);
+        seq_ref(&q, sub);
+        if ((rc = rule_alt(g, r, &q)) < 0)
+            return rc;
+        lo++;
+    }
+    if (!yhigh)
+        hi--;
+    if (lo <= hi) {
+        seq_set(&q, set_range(g, lo, hi));
+        seq_rep(&q, set_range(g, '0', '9'), n - 1, n - 1);
+        if ((rc = rule_alt(g, r, &q)) < 0)
+            return rc;
+    }
+    if (!yhigh) {
+        int sub = digits_range(c, zeros, Y + 1, n - 1);
+        if (sub < 0)
+            return sub;
+        seq_byte(g, &q, (unsigned char)Y[0]);
+        seq_ref(&q, sub);
+        if ((rc = rule_alt(g, r, &q)) < 0)
+            return rc;
+    }
+    return r;
+}
+
+/* Unsigned integer texts (no leading zeros) of the values a..b, 0 <= a,
+ * b = G_NUM_NONE for no upper bound (then up to 16 digits), a <= b. */
+static int nonneg_range(sc *c, long long a, long long b)
+{
+    rlai_grammar *g = c->g;
+    char A[24], B[24], nines[24];
+    int da = snprintf(A, sizeof(A), "%lld", a);
+    bool open = b == G_NUM_NONE;
+    int db = snprintf(B, sizeof(B), "%lld", open ? G_NUM_MAX : b);
+    memset(nines, '9', sizeof(nines));
+    int r = rule_new(g), rc, sub;
+    if (r < 0)
+        return r;
+    gseq q = { 0 };
+    if (da == db) {
+        if ((sub = digits_range(c, A, B, da)) < 0)
+            return sub;
+        seq_ref(&q, sub);
+        return (rc = rule_alt(g, r, &q)) < 0 ? rc : r;
+    }
+    if ((sub = digits_range(c, A, nines, da)) < 0)
+        return sub;
+    seq_ref(&q, sub);
+    if ((rc = rule_alt(g, r, &q)) < 0)
+        return rc;
+    /* the digit counts strictly between, and the longest one when it is
+     * all nines (no bound) */
+    int full_to = open ? db : db - 1;
+    if (full_to > da) {
+        seq_set(&q, set_range(g, '1', '9'));
+        seq_rep(&q, set_range(g, '0', '9'), da, full_to - 1);
+        if ((rc = rule_alt(g, r, &q)) < 0)
+            return rc;
+    }
+    if (!open) {
+        char low[24];
+        low[0] = '1';
+        memset(low + 1, '0', (size_t)db - 1);
+        if ((sub = digits_range(c, low, B, db)) < 0)
+            return sub;
+        seq_ref(&q, sub);
+        if ((rc = rule_alt(g, r, &q)) < 0)
+            return rc;
+    }
+    return r;
+}
+
+typedef struct nbound {
+    bool has, strict;
+    double v;
+} nbound;
+
+/* Reads minimum / exclusiveMinimum (lower) or maximum / exclusiveMaximum
+ * into *b, the tighter one when both are given; the boolean
+ * exclusiveMinimum of JSON Schema draft 4 makes minimum strict. */
+static int read_bound(sc *c, const cJSON *s, bool lower, nbound *b)
+{
+    const char *kin = lower ? "minimum" : "maximum", *kex = lower ? "exclusiveMinimum" : "exclusiveMaximum";
+    const cJSON *in = cJSON_GetObjectItemCaseSensitive(s, kin), *ex = cJSON_GetObjectItemCaseSensitive(s, kex);
+    *b = (nbound){ false, false, 0 };
+    if (in && !cJSON_IsNumber(in))
+        return sc_fail(c, RLAI_ERR_INVALID_ARG, "'%s' must be a number", kin);
+    if (ex && !cJSON_IsNumber(ex) && !cJSON_IsBool(ex))
+        return sc_fail(c, RLAI_ERR_INVALID_ARG, "'%s' must be a number", kex);
+    if (in)
+        *b = (nbound){ true, ex && cJSON_IsTrue(ex), in->valuedouble };
+    if (ex && cJSON_IsNumber(ex)) {
+        double v = ex->valuedouble;
+        bool tighter = !b->has || (lower ? v >= b->v : v <= b->v);
+        if (tighter)
+            *b = (nbound){ true, true, v };
+    }
+    if (b->has && !isfinite(b->v))
+        return sc_fail(c, RLAI_ERR_INVALID_ARG, "'%s' must be finite", b->strict && ex ? kex : kin);
+    return 0;
+}
+
+/* A bounded integer: the integer values within the bounds. */
+static int integer_range_rule(sc *c, const nbound *lo, const nbound *hi)
+{
+    rlai_grammar *g = c->g;
+    /* as whole numbers, clamped to what 16 digits can write */
+    double L = -1e300, H = 1e300;
+    if (lo->has)
+        L = lo->strict ? floor(lo->v) + 1 : ceil(lo->v);
+    if (hi->has)
+        H = hi->strict ? ceil(hi->v) - 1 : floor(hi->v);
+    /* (double)G_NUM_MAX is 1e16: JSON numbers are doubles, exact only up
+     * to 2^53, so a bound from there on bounds nothing 16 digits write */
+    if (L > H || L >= (double)G_NUM_MAX || H <= -(double)G_NUM_MAX)
+        return sc_fail(c, RLAI_ERR_INVALID_ARG, "no integer (of at most 16 digits) is within the schema's bounds");
+    bool no_lo = L <= -(double)G_NUM_MAX, no_hi = H >= (double)G_NUM_MAX;
+    long long l = no_lo ? 0 : (long long)L, h = no_hi ? 0 : (long long)H;
+    int r = rule_new(g), rc;
+    if (r < 0)
+        return r;
+    gseq q = { 0 };
+    if (no_hi || h >= 0) {   /* 0 and up */
+        int sub = nonneg_range(c, no_lo || l < 0 ? 0 : l, no_hi ? G_NUM_NONE : h);
+        if (sub < 0)
+            return sub;
+        seq_ref(&q, sub);
+        if ((rc = rule_alt(g, r, &q)) < 0)
+            return rc;
+    }
+    if (no_lo || l < 0) {    /* "-" and the magnitude */
+        long long mlo = !no_hi && h < 0 ? -h : 1;
+        int sub = nonneg_range(c, mlo, no_lo ? G_NUM_NONE : -l);
+        if (sub < 0)
+            return sub;
+        seq_byte(g, &q, '-');
+        seq_ref(&q, sub);
+        if ((rc = rule_alt(g, r, &q)) < 0)
+            return rc;
+    }
+    return r;
+}
+
+enum { FR_ANY, FR_ZERO, FR_NONZERO };
+
+/* Fractions: any (optional), zero (optional, only zeros), non-zero
+ * (required, some digit not 0). */
+static int frac_rule(sc *c, int kind)
+{
+    rlai_grammar *g = c->g;
+    gseq q = { 0 };
+    int rc;
+    if (kind == FR_ANY)
+        return c->r_frac;
+    int r = rule_new(g);
+    if (r < 0)
+        return r;
+    seq_byte(g, &q, '.');
+    if (kind == FR_ZERO) {
+        seq_rep(&q, set_range(g, '0', '0'), 1, 15);
+        if ((rc = rule_alt(g, r, &q)) < 0 || (rc = rule_alt(g, r, &q)) < 0)
+            return rc;
+        return r;
+    }
+    seq_rep(&q, set_range(g, '0', '0'), 0, 14);
+    seq_set(&q, set_range(g, '1', '9'));
+    seq_rep(&q, set_range(g, '0', '9'), 0, 14);
+    return (rc = rule_alt(g, r, &q)) < 0 ? rc : r;
+}
+
+/* Appends "k-range frac" to rule r: k from a to b (b may be G_NUM_NONE). */
+static int num_piece(sc *c, int r, long long a, long long b, int frac)
+{
+    int k = nonneg_range(c, a, b), f = frac_rule(c, frac);
+    if (k < 0 || f < 0)
+        return k < 0 ? k : f;
+    gseq q = { 0 };
+    seq_ref(&q, k);
+    seq_ref(&q, f);
+    return rule_alt(c->g, r, &q);
+}
+
+/* Unsigned number texts "k[.f]" whose value u is within the whole-number
+ * bounds (has, value, strict for each side; lower <= 0 inclusive or < 0
+ * strict means none). Returns the rule, or 0 pieces as RLAI_ERR_NOT_FOUND. */
+static int unsigned_number_part(sc *c, bool hl, long long L, bool sl, bool hh, long long H, bool sh)
+{
+    if (hl && (L < 0 || (L == 0 && !sl)))
+        hl = false;                      /* every u >= 0 meets it */
+    if (hh && (H < 0 || (H == 0 && sh)))
+        return RLAI_ERR_NOT_FOUND;       /* no u >= 0 meets it */
+    int r = rule_new(c->g), rc, n = 0;
+    if (r < 0)
+        return r;
+    /* any fraction: k from the lower bound (past it when strict) to H - 1 */
+    long long a = hl ? (sl ? L + 1 : L) : 0, b = hh ? H - 1 : G_NUM_NONE;
+    if (a <= G_NUM_MAX && (b == G_NUM_NONE || a <= b)) {
+        if ((rc = num_piece(c, r, a, b, FR_ANY)) < 0)
+            return rc;
+        n++;
+    }
+    /* at a strict lower bound: a non-zero fraction, if the upper allows */
+    if (hl && sl && (!hh || H > L)) {
+        if ((rc = num_piece(c, r, L, L, FR_NONZERO)) < 0)
+            return rc;
+        n++;
+    }
+    /* at an inclusive upper bound: the bound itself (zero fraction) */
+    if (hh && !sh && (!hl || H > L || (H == L && !sl))) {
+        if ((rc = num_piece(c, r, H, H, FR_ZERO)) < 0)
+            return rc;
+        n++;
+    }
+    return n ? r : RLAI_ERR_NOT_FOUND;
+}
+
+/* A bounded number (whole-number bounds; no exponent). */
+static int number_range_rule(sc *c, const nbound *lo, const nbound *hi)
+{
+    rlai_grammar *g = c->g;
+    int rc = number_rules(c);
+    if (rc < 0)
+        return rc;
+    const nbound *bs[2] = { lo, hi };
+    for (int i = 0; i < 2; i++)
+        if (bs[i]->has && bs[i]->v != floor(bs[i]->v))
+            return sc_fail(c, RLAI_ERR_UNSUPPORTED,
+                           "'%s' %g on a number is not supported: only whole-number bounds are (or use \"type\": \"integer\")",
+                           i ? "maximum" : "minimum", bs[i]->v);
+    if (lo->has && hi->has && (lo->v > hi->v || (lo->v == hi->v && (lo->strict || hi->strict))))
+        return sc_fail(c, RLAI_ERR_INVALID_ARG, "no number is within the schema's bounds");
+    if ((lo->has && lo->v >= (double)G_NUM_MAX) || (hi->has && hi->v <= -(double)G_NUM_MAX))
+        return sc_fail(c, RLAI_ERR_INVALID_ARG, "no number (of at most 16 integer digits) is within the schema's bounds");
+    /* bounds from 1e16 on bound nothing the grammar can write */
+    bool hl = lo->has && lo->v > -(double)G_NUM_MAX, hh = hi->has && hi->v < (double)G_NUM_MAX;
+    long long L = hl ? (long long)lo->v : 0, H = hh ? (long long)hi->v : 0;
+    int r = rule_new(g), n = 0;
+    if (r < 0)
+        return r;
+    gseq q = { 0 };
+    /* v = u >= 0 */
+    int pos = unsigned_number_part(c, hl, L, lo->strict, hh, H, hi->strict);
+    if (pos < 0 && pos != RLAI_ERR_NOT_FOUND)
+        return pos;
+    if (pos >= 0) {
+        seq_ref(&q, pos);
+        if ((rc = rule_alt(g, r, &q)) < 0)
+            return rc;
+        n++;
+    }
+    /* v = -u: L <= v <= H  <=>  -H <= u <= -L */
+    int neg = unsigned_number_part(c, hh, -H, hi->strict, hl, -L, lo->strict);
+    if (neg < 0 && neg != RLAI_ERR_NOT_FOUND)
+        return neg;
+    if (neg >= 0) {
+        seq_byte(g, &q, '-');
+        seq_ref(&q, neg);
+        if ((rc = rule_alt(g, r, &q)) < 0)
+            return rc;
+        n++;
+    }
+    if (!n)
+        return sc_fail(c, RLAI_ERR_INVALID_ARG, "no number is within the schema's bounds");
+    return r;
+}
+
+static bool has_bounds(const cJSON *s)
+{
+    return cJSON_GetObjectItemCaseSensitive(s, "minimum") || cJSON_GetObjectItemCaseSensitive(s, "maximum") ||
+           cJSON_GetObjectItemCaseSensitive(s, "exclusiveMinimum") ||
+           cJSON_GetObjectItemCaseSensitive(s, "exclusiveMaximum");
+}
+
+static int bounded_number(sc *c, const cJSON *s, bool integer)
+{
+    nbound lo, hi;
+    int rc;
+    if ((rc = read_bound(c, s, true, &lo)) < 0 || (rc = read_bound(c, s, false, &hi)) < 0)
+        return rc;
+    return integer ? integer_range_rule(c, &lo, &hi) : number_range_rule(c, &lo, &hi);
+}
+
 static int string_rule(sc *c, int min, int max)
 {
     if (min == 0 && max == G_INF && c->r_string >= 0)
@@ -473,7 +802,8 @@ static bool kw_in(const char *k, const char *const *list)
 
 static const char *const kw_supported[] = {
     "type", "properties", "required", "additionalProperties", "items", "minItems", "maxItems",
-    "enum", "const", "anyOf", "oneOf", "$ref", "$defs", "definitions", "minLength", "maxLength", NULL
+    "enum", "const", "anyOf", "oneOf", "$ref", "$defs", "definitions", "minLength", "maxLength",
+    "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", NULL
 };
 /* Annotations: no effect on what is valid ("format" is an annotation by
  * default in JSON Schema 2020-12; it is not enforced). */
@@ -870,9 +1200,9 @@ static int compile_type(sc *c, const cJSON *s, const char *type, int depth)
         return string_rule(c, min, max);
     }
     if (!strcmp(type, "number"))
-        return number_rule(c);
+        return has_bounds(s) ? bounded_number(c, s, false) : number_rule(c);
     if (!strcmp(type, "integer"))
-        return integer_rule(c);
+        return has_bounds(s) ? bounded_number(c, s, true) : integer_rule(c);
     if (!strcmp(type, "boolean")) {
         int r = rule_new(c->g), rc;
         gseq q = { 0 };
@@ -1077,6 +1407,8 @@ static int compile_node(sc *c, const cJSON *s, int depth)
         return compile_array(c, s, depth);
     if (cJSON_GetObjectItemCaseSensitive(s, "minLength") || cJSON_GetObjectItemCaseSensitive(s, "maxLength"))
         return compile_type(c, s, "string", depth);
+    if (has_bounds(s))   /* bounds without a type: a number within them */
+        return compile_type(c, s, "number", depth);
     if ((rc = value_rules(c)) < 0)
         return rc;
     return c->r_value;

@@ -183,7 +183,14 @@ static void refused(const char *s, int code, const char *needle)
 START_TEST(schema_refusals)
 {
     refused("{\"type\":\"string\",\"pattern\":\"^a\"}", RLAI_ERR_UNSUPPORTED, "'pattern' is not supported");
-    refused("{\"type\":\"number\",\"minimum\":3}", RLAI_ERR_UNSUPPORTED, "'minimum'");
+    refused("{\"type\":\"number\",\"minimum\":0.5}", RLAI_ERR_UNSUPPORTED, "only whole-number bounds");
+    refused("{\"type\":\"number\",\"exclusiveMaximum\":-2.25}", RLAI_ERR_UNSUPPORTED, "only whole-number bounds");
+    refused("{\"type\":\"integer\",\"minimum\":5,\"maximum\":4}", RLAI_ERR_INVALID_ARG, "no integer");
+    refused("{\"type\":\"integer\",\"exclusiveMinimum\":4,\"exclusiveMaximum\":5}", RLAI_ERR_INVALID_ARG, "no integer");
+    refused("{\"type\":\"integer\",\"minimum\":1e17}", RLAI_ERR_INVALID_ARG, "at most 16 digits");
+    refused("{\"type\":\"number\",\"minimum\":3,\"exclusiveMaximum\":3}", RLAI_ERR_INVALID_ARG, "no number");
+    refused("{\"type\":\"integer\",\"minimum\":\"3\"}", RLAI_ERR_INVALID_ARG, "'minimum' must be a number");
+    refused("{\"type\":\"integer\",\"multipleOf\":3}", RLAI_ERR_UNSUPPORTED, "'multipleOf'");
     refused("{\"allOf\":[{}]}", RLAI_ERR_UNSUPPORTED, "'allOf'");
     refused("{\"type\":\"object\",\"properties\":{\"a\":{\"not\":{}}}}", RLAI_ERR_UNSUPPORTED, "'not'");
     refused("{\"type\":\"object\"", RLAI_ERR_INVALID_ARG, "not valid JSON");
@@ -231,6 +238,105 @@ static void nested_anyof_144(char *buf, size_t cap, bool in_array)
  * is reachable (the matcher keeps at most 128 heads, and one head per value
  * used to lose all values past the 128th without a word), values that are
  * prefixes of others and duplicates work, and nothing else is accepted. */
+/* Bounded integers: every value of a window, and values around the
+ * bounds far out, are accepted exactly when within the bounds; no leading
+ * zeros, no "-0", no fraction or exponent. */
+static void int_bounds(const char *sch, long long lo, long long hi)
+{
+    rlai_grammar *g = schema(sch);
+    char t[40];
+    for (long long v = -1200; v <= 5200; v++) {
+        snprintf(t, sizeof t, "%lld", v);
+        ck_assert_msg(acc(g, t) == (v >= lo && v <= hi), "%s: %s accepted %d", sch, t, acc(g, t));
+    }
+    long long edges[] = { lo - 1, lo, lo + 1, hi - 1, hi, hi + 1, 9999999999999999LL, -9999999999999999LL,
+                          1000000000000000LL, 123456789012345LL, -98765432109876LL };
+    for (size_t i = 0; i < sizeof edges / sizeof *edges; i++) {
+        long long v = edges[i];
+        if (v < -9999999999999999LL || v > 9999999999999999LL)
+            continue;
+        snprintf(t, sizeof t, "%lld", v);
+        ck_assert_msg(acc(g, t) == (v >= lo && v <= hi), "%s: %s accepted %d", sch, t, acc(g, t));
+    }
+    ck_assert_msg(!acc(g, "10000000000000000"), "%s: 17 digits", sch);
+    ck_assert(!acc(g, "-0") && !acc(g, "1.0") && !acc(g, "1e2"));
+    if (lo <= 7 && 7 <= hi)
+        ck_assert(acc(g, "7") && !acc(g, "07") && !acc(g, "007"));
+    rlai_grammar_unref(g);
+}
+
+#define NOLO (-9999999999999999LL)
+#define NOHI 9999999999999999LL
+
+START_TEST(numeric_bounds_integers)
+{
+    int_bounds("{\"type\":\"integer\",\"minimum\":-123,\"maximum\":4567}", -123, 4567);
+    int_bounds("{\"type\":\"integer\",\"minimum\":0,\"maximum\":0}", 0, 0);
+    int_bounds("{\"type\":\"integer\",\"minimum\":5,\"maximum\":5}", 5, 5);
+    int_bounds("{\"type\":\"integer\",\"minimum\":-10,\"maximum\":-3}", -10, -3);
+    int_bounds("{\"type\":\"integer\",\"minimum\":0,\"maximum\":100}", 0, 100);
+    int_bounds("{\"type\":\"integer\",\"minimum\":1}", 1, NOHI);
+    int_bounds("{\"type\":\"integer\",\"maximum\":99}", NOLO, 99);
+    int_bounds("{\"type\":\"integer\",\"maximum\":-5}", NOLO, -5);
+    int_bounds("{\"type\":\"integer\",\"minimum\":-50}", -50, NOHI);
+    int_bounds("{\"type\":\"integer\",\"minimum\":1000,\"maximum\":1000000}", 1000, 1000000);
+    int_bounds("{\"type\":\"integer\",\"minimum\":199,\"maximum\":3001}", 199, 3001);
+    int_bounds("{\"type\":\"integer\",\"minimum\":123456789012345,\"maximum\":9999999999999999}", 123456789012345LL,
+               NOHI);
+    int_bounds("{\"type\":\"integer\",\"minimum\":-98765432109876,\"maximum\":-98765432109000}", -98765432109876LL,
+               -98765432109000LL);
+    /* exclusive (2020-12 numbers, draft-4 booleans), fractional bounds, both kinds at once */
+    int_bounds("{\"type\":\"integer\",\"exclusiveMinimum\":0,\"exclusiveMaximum\":10}", 1, 9);
+    int_bounds("{\"type\":\"integer\",\"minimum\":0,\"exclusiveMinimum\":true,\"maximum\":10,\"exclusiveMaximum\":true}", 1, 9);
+    int_bounds("{\"type\":\"integer\",\"minimum\":-2.5,\"maximum\":7.9}", -2, 7);
+    int_bounds("{\"type\":\"integer\",\"minimum\":-5,\"exclusiveMinimum\":-3,\"maximum\":8,\"exclusiveMaximum\":20}", -2, 8);
+    int_bounds("{\"type\":\"integer\",\"maximum\":1e20,\"minimum\":-1e20}", NOLO, NOHI);
+}
+END_TEST
+
+/* Bounded numbers (whole-number bounds): sign, integer part and fraction
+ * against the value. */
+static void num_bounds(const char *sch, bool hl, double lo, bool sl, bool hh, double hi, bool sh)
+{
+    rlai_grammar *g = schema(sch);
+    static const char *fr[] = { "", ".0", ".00", ".5", ".05", ".000001", ".999", ".10" };
+    char t[48];
+    for (int k = 0; k <= 12; k++)
+        for (size_t f = 0; f < sizeof fr / sizeof *fr; f++)
+            for (int neg = 0; neg < 2; neg++) {
+                snprintf(t, sizeof t, "%s%d%s", neg ? "-" : "", k, fr[f]);
+                double v = strtod(t, NULL);
+                bool in = (!hl || (sl ? v > lo : v >= lo)) && (!hh || (sh ? v < hi : v <= hi));
+                ck_assert_msg(acc(g, t) == in, "%s: %s accepted %d", sch, t, acc(g, t));
+            }
+    ck_assert(!acc(g, "1e0") && !acc(g, "01") && !acc(g, "1.") && !acc(g, ".5"));
+    rlai_grammar_unref(g);
+}
+
+START_TEST(numeric_bounds_numbers)
+{
+    num_bounds("{\"type\":\"number\",\"minimum\":0,\"maximum\":1}", true, 0, false, true, 1, false);
+    num_bounds("{\"type\":\"number\",\"exclusiveMinimum\":0,\"maximum\":1}", true, 0, true, true, 1, false);
+    num_bounds("{\"type\":\"number\",\"minimum\":-2,\"exclusiveMaximum\":3}", true, -2, false, true, 3, true);
+    num_bounds("{\"type\":\"number\",\"maximum\":0}", false, 0, false, true, 0, false);
+    num_bounds("{\"type\":\"number\",\"exclusiveMaximum\":0}", false, 0, false, true, 0, true);
+    num_bounds("{\"type\":\"number\",\"minimum\":5}", true, 5, false, false, 0, false);
+    num_bounds("{\"type\":\"number\",\"exclusiveMinimum\":5}", true, 5, true, false, 0, false);
+    num_bounds("{\"type\":\"number\",\"minimum\":-7,\"maximum\":-3}", true, -7, false, true, -3, false);
+    num_bounds("{\"type\":\"number\",\"exclusiveMinimum\":-7,\"exclusiveMaximum\":-3}", true, -7, true, true, -3, true);
+    num_bounds("{\"type\":\"number\",\"minimum\":4,\"maximum\":4}", true, 4, false, true, 4, false);
+    num_bounds("{\"minimum\":1,\"maximum\":10}", true, 1, false, true, 10, false);   /* no type: a number */
+    /* the type list keeps the other types; a bounded integer beside them */
+    rlai_grammar *g = schema("{\"type\":[\"integer\",\"null\"],\"minimum\":1,\"maximum\":3}");
+    ck_assert(acc(g, "null") && acc(g, "2") && !acc(g, "4") && !acc(g, "0"));
+    rlai_grammar_unref(g);
+    /* an unbounded number keeps its exponent */
+    g = schema("{\"type\":\"number\"}");
+    ck_assert(acc(g, "1e5") && acc(g, "-0.5"));
+    rlai_grammar_unref(g);
+}
+END_TEST
+
 START_TEST(long_enums_keep_every_value)
 {
     static char sch[64 * 1024], val[128];
@@ -550,6 +656,12 @@ START_TEST(fast_mask_equals_brute_force)
     g = schema(sch);
     for (int r = 0; r < 2; r++)
         walk_compare(g, 30);
+    rlai_grammar_unref(g);
+    /* bounded integers and numbers */
+    g = schema("{\"type\":\"array\",\"minItems\":3,\"maxItems\":5,\"items\":{\"anyOf\":["
+               "{\"type\":\"integer\",\"minimum\":-40,\"maximum\":1250},"
+               "{\"type\":\"number\",\"exclusiveMinimum\":0,\"maximum\":1}]}}");
+    walk_compare(g, 30);
     rlai_grammar_unref(g);
     g = schema("{\"type\":\"array\",\"minItems\":3,\"items\":{\"type\":\"string\",\"minLength\":2,\"maxLength\":7}}");
     for (int r = 0; r < 2; r++)
@@ -873,6 +985,8 @@ int main(void)
     tcase_add_test(tc, json_object_accepts_objects_only);
     tcase_add_test(tc, schema_objects_and_types);
     tcase_add_test(tc, schema_refusals);
+    tcase_add_test(tc, numeric_bounds_integers);
+    tcase_add_test(tc, numeric_bounds_numbers);
     tcase_add_test(tc, long_enums_keep_every_value);
     tcase_add_test(tc, too_many_open_alternatives_is_an_error);
     tcase_add_test(tc, recursion_and_long_optional_runs);

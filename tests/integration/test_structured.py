@@ -89,8 +89,36 @@ def test_completions_json_schema(engine):
     jsonschema.validate(json.loads(r.choices[0].text), PERSON)
 
 
+# what Pydantic writes for Field(ge=..., le=..., gt=...): numeric bounds
+RATED = {
+    "title": "Review",
+    "type": "object",
+    "properties": {
+        "age": {"title": "Age", "type": "integer", "minimum": 18, "maximum": 65},
+        "stars": {"title": "Stars", "type": "number", "exclusiveMinimum": 0, "maximum": 5},
+        "delta": {"title": "Delta", "type": "integer", "minimum": -3, "exclusiveMaximum": 0},
+    },
+    "required": ["age", "stars", "delta"],
+    "additionalProperties": False,
+}
+
+
+def test_json_schema_numeric_bounds_hold(engine):
+    """The prompt asks for values outside the bounds; the output keeps to
+    them (jsonschema checks minimum, maximum and the exclusive ones)."""
+    r = chat(engine, messages=[{"role": "user", "content":
+                                "A review by a 97 year old who gives 9 stars and a delta of 12, as JSON."}],
+             response_format={"type": "json_schema",
+                              "json_schema": {"name": "review", "schema": RATED, "strict": True}})
+    obj = json.loads(r.choices[0].message.content)
+    jsonschema.validate(obj, RATED)
+    assert 18 <= obj["age"] <= 65 and 0 < obj["stars"] <= 5 and -3 <= obj["delta"] < 0, obj
+
+
 @pytest.mark.parametrize("schema,needle", [
     ({"type": "string", "pattern": "^a"}, "'pattern' is not supported"),
+    ({"type": "number", "minimum": 0.5}, "only whole-number bounds"),
+    ({"type": "integer", "minimum": 3, "maximum": 2}, "no integer"),
     ({"type": "wat"}, "unknown JSON Schema type 'wat'"),
     ({"$ref": "#/$defs/none"}, "not found"),
     ({"anyOf": [{"$ref": "#"}, {"type": "string"}]}, "refers back to itself"),   # hung its thread before
