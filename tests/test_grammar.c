@@ -245,12 +245,13 @@ static void int_bounds(const char *sch, long long lo, long long hi)
 {
     rlai_grammar *g = schema(sch);
     char t[40];
-    for (long long v = -1200; v <= 5200; v++) {
+    for (long long v = -1100; v <= 1100; v++) {
         snprintf(t, sizeof t, "%lld", v);
         ck_assert_msg(acc(g, t) == (v >= lo && v <= hi), "%s: %s accepted %d", sch, t, acc(g, t));
     }
     long long edges[] = { lo - 1, lo, lo + 1, hi - 1, hi, hi + 1, 9999999999999999LL, -9999999999999999LL,
-                          1000000000000000LL, 123456789012345LL, -98765432109876LL };
+                          1000000000000000LL, 123456789012345LL, -98765432109876LL, 4999, 5000, 9999, 10000,
+                          -9999, -10000, 99999, 100000, 1000000, 1000001 };
     for (size_t i = 0; i < sizeof edges / sizeof *edges; i++) {
         long long v = edges[i];
         if (v < -9999999999999999LL || v > 9999999999999999LL)
