@@ -803,7 +803,8 @@ static bool kw_in(const char *k, const char *const *list)
 static const char *const kw_supported[] = {
     "type", "properties", "required", "additionalProperties", "items", "minItems", "maxItems",
     "enum", "const", "anyOf", "oneOf", "$ref", "$defs", "definitions", "minLength", "maxLength",
-    "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", NULL
+    "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "prefixItems", "additionalItems",
+    "allOf", NULL
 };
 /* Annotations: no effect on what is valid ("format" is an annotation by
  * default in JSON Schema 2020-12; it is not enforced). */
@@ -953,26 +954,169 @@ static int lits_of(const cJSON *s, lits *L)
     return 1;
 }
 
+/* (ws ',' ws item){lo, hi} as a rule (hi may be G_INF): the lo required
+ * ones written out, then an optional chain (or a loop when unbounded). */
+static int items_tail(sc *c, int item, int lo, int hi)
+{
+    rlai_grammar *g = c->g;
+    gseq q = { 0 };
+    int rc, opt = -1;
+    if (hi == G_INF) {
+        if ((opt = rule_new(g)) < 0)
+            return opt;
+        seq_ws(g, &q);
+        seq_byte(g, &q, ',');
+        seq_ws(g, &q);
+        seq_ref(&q, item);
+        seq_ref(&q, opt);
+        if ((rc = rule_alt(g, opt, &q)) < 0 || (rc = rule_alt(g, opt, &q)) < 0)
+            return rc;
+    } else {
+        for (int k = 0; k < hi - lo; k++) {
+            int o = rule_new(g);
+            if (o < 0)
+                return o;
+            seq_ws(g, &q);
+            seq_byte(g, &q, ',');
+            seq_ws(g, &q);
+            seq_ref(&q, item);
+            if (opt >= 0)
+                seq_ref(&q, opt);
+            if ((rc = rule_alt(g, o, &q)) < 0 || (rc = rule_alt(g, o, &q)) < 0)
+                return rc;
+            opt = o;
+        }
+    }
+    for (int k = 0; k < lo; k++) {
+        seq_ws(g, &q);
+        seq_byte(g, &q, ',');
+        seq_ws(g, &q);
+        seq_ref(&q, item);
+    }
+    if (opt >= 0)
+        seq_ref(&q, opt);
+    return rule_one(g, &q);
+}
+
+/* Tuples: prefixItems (2020-12; later items follow `items`, false = none)
+ * or an `items` array (drafts 4-2019; later items follow
+ * `additionalItems`). Item i (from 0) is written with prefix[i]; items
+ * from k = the prefix's length on with rest (-1: none may follow). */
+static int compile_tuple(sc *c, const cJSON *prefix, const cJSON *rest_s, int min, int max, int depth)
+{
+    rlai_grammar *g = c->g;
+    int k = cJSON_GetArraySize(prefix), rc;
+    if (k > G_MAX_REPEAT)
+        return sc_fail(c, RLAI_ERR_TOO_LARGE, "a tuple of more than %d items is not supported", G_MAX_REPEAT);
+    int rest = -1;
+    if (!rest_s || cJSON_IsTrue(rest_s)) {
+        if ((rc = value_rules(c)) < 0)
+            return rc;
+        rest = c->r_value;
+    } else if (!cJSON_IsFalse(rest_s) && (rest = compile(c, rest_s, depth + 1)) < 0) {
+        return rest;
+    }
+    if (rest < 0 && max > k)
+        max = k;
+    if (min > max)
+        return sc_fail(c, RLAI_ERR_INVALID_ARG, "minItems is greater than the items the tuple allows");
+    int *pi = malloc(sizeof(int) * (size_t)(k ? k : 1));
+    if (!pi)
+        return RLAI_ERR_NOMEM;
+    int i = 0;
+    for (const cJSON *it = prefix->child; it; it = it->next, i++)
+        if ((pi[i] = compile(c, it, depth + 1)) < 0) {
+            rc = pi[i];
+            free(pi);
+            return rc;
+        }
+    /* t = what may follow item i-1, built from the last position back:
+     * after the prefix, the rest's items; before, item i (required while
+     * i < min) and what follows it */
+    int t = -1;
+    if (rest >= 0 && max > k) {
+        int lo = min > k ? min - k : 0;
+        if ((t = items_tail(c, rest, lo, max == G_INF ? G_INF : max - k)) < 0) {
+            free(pi);
+            return t;
+        }
+    }
+    gseq q = { 0 };
+    for (i = (k < max ? k : max) - 1; i >= 1; i--) {
+        int r = rule_new(g);
+        if (r < 0) {
+            free(pi);
+            return r;
+        }
+        seq_ws(g, &q);
+        seq_byte(g, &q, ',');
+        seq_ws(g, &q);
+        seq_ref(&q, pi[i]);
+        if (t >= 0)
+            seq_ref(&q, t);
+        if ((rc = rule_alt(g, r, &q)) < 0 || (i >= min && (rc = rule_alt(g, r, &q)) < 0)) {
+            free(pi);
+            return rc;
+        }
+        t = r;
+    }
+    int first = pi[0];
+    free(pi);
+    int r = rule_new(g);
+    if (r < 0)
+        return r;
+    if (min == 0) {
+        seq_byte(g, &q, '[');
+        seq_ws(g, &q);
+        seq_byte(g, &q, ']');
+        if ((rc = rule_alt(g, r, &q)) < 0)
+            return rc;
+    }
+    if (max == 0)
+        return r;
+    seq_byte(g, &q, '[');
+    seq_ws(g, &q);
+    seq_ref(&q, first);
+    if (t >= 0)
+        seq_ref(&q, t);
+    seq_ws(g, &q);
+    seq_byte(g, &q, ']');
+    return (rc = rule_alt(g, r, &q)) < 0 ? rc : r;
+}
+
 static int compile_array(sc *c, const cJSON *s, int depth)
 {
     rlai_grammar *g = c->g;
     const cJSON *items = cJSON_GetObjectItemCaseSensitive(s, "items");
+    const cJSON *prefix = cJSON_GetObjectItemCaseSensitive(s, "prefixItems");
     int min, max, rc;
     if ((rc = get_count(c, s, "minItems", 0, &min)) < 0 || (rc = get_count(c, s, "maxItems", G_INF, &max)) < 0)
         return rc;
     if (min > max)
         return sc_fail(c, RLAI_ERR_INVALID_ARG, "minItems is greater than maxItems");
+    if (prefix && !cJSON_IsArray(prefix))
+        return sc_fail(c, RLAI_ERR_INVALID_ARG, "'prefixItems' must be an array of schemas");
+    if (prefix && prefix->child)
+        return compile_tuple(c, prefix, items, min, max, depth);
+    if (cJSON_IsArray(items)) {
+        if (items->child)
+            return compile_tuple(c, items, cJSON_GetObjectItemCaseSensitive(s, "additionalItems"), min, max, depth);
+        items = cJSON_GetObjectItemCaseSensitive(s, "additionalItems");
+    }
     int item;
-    if (items) {
-        if (cJSON_IsArray(items))
-            return sc_fail(c, RLAI_ERR_UNSUPPORTED, "JSON Schema 'items' as an array (tuple) is not supported");
+    if (cJSON_IsFalse(items)) {
+        max = 0;   /* no items: [] */
+        if (min > 0)
+            return sc_fail(c, RLAI_ERR_INVALID_ARG, "minItems is greater than the items the array allows");
+        item = -1;
+    } else if (items && !cJSON_IsTrue(items)) {
         item = compile(c, items, depth + 1);
     } else {
         if ((rc = value_rules(c)) < 0)
             return rc;
         item = c->r_value;
     }
-    if (item < 0)
+    if (item < 0 && max > 0)
         return item;
     int r = rule_new(g);
     if (r < 0)
@@ -987,49 +1131,14 @@ static int compile_array(sc *c, const cJSON *s, int depth)
     }
     if (max == 0)
         return r;
-    /* tail after the first item: (ws ',' ws item){min-1 .. max-1} */
-    int tail;
-    int lo = min > 1 ? min - 1 : 0;
-    if (max == G_INF) {
-        if ((tail = rule_new(g)) < 0)
-            return tail;
-        seq_ws(g, &q);
-        seq_byte(g, &q, ',');
-        seq_ws(g, &q);
-        seq_ref(&q, item);
-        seq_ref(&q, tail);
-        if ((rc = rule_alt(g, tail, &q)) < 0 || (rc = rule_alt(g, tail, &q)) < 0)
-            return rc;
-    } else {
-        /* optional chain of max-1-lo items */
-        int prev = -1;
-        for (int k = 0; k < max - 1 - lo; k++) {
-            int o = rule_new(g);
-            if (o < 0)
-                return o;
-            seq_ws(g, &q);
-            seq_byte(g, &q, ',');
-            seq_ws(g, &q);
-            seq_ref(&q, item);
-            if (prev >= 0)
-                seq_ref(&q, prev);
-            if ((rc = rule_alt(g, o, &q)) < 0 || (rc = rule_alt(g, o, &q)) < 0)
-                return rc;
-            prev = o;
-        }
-        tail = prev;
-    }
+    /* the first item, then (ws ',' ws item){min-1 .. max-1} */
+    int tail = items_tail(c, item, min > 1 ? min - 1 : 0, max == G_INF ? G_INF : max - 1);
+    if (tail < 0)
+        return tail;
     seq_byte(g, &q, '[');
     seq_ws(g, &q);
     seq_ref(&q, item);
-    for (int k = 0; k < lo; k++) {
-        seq_ws(g, &q);
-        seq_byte(g, &q, ',');
-        seq_ws(g, &q);
-        seq_ref(&q, item);
-    }
-    if (tail >= 0)
-        seq_ref(&q, tail);
+    seq_ref(&q, tail);
     seq_ws(g, &q);
     seq_byte(g, &q, ']');
     if ((rc = rule_alt(g, r, &q)) < 0)
@@ -1322,6 +1431,40 @@ static int compile_node(sc *c, const cJSON *s, int depth)
         seq_ref(&q, inner);
         return (rc = rule_alt(g, r, &q)) < 0 ? rc : r;
     }
+    /* allOf of one constraining schema (the others annotations only): what
+     * Pydantic writes for a $ref with a description, {"allOf": [{"$ref":
+     * ...}], "description": ...}. Intersections of more are refused. */
+    const cJSON *all = cJSON_GetObjectItemCaseSensitive(s, "allOf");
+    if (all) {
+        if (!cJSON_IsArray(all) || !all->child)
+            return sc_fail(c, RLAI_ERR_INVALID_ARG, "'allOf' must be a non-empty array of schemas");
+        for (const cJSON *k = s->child; k; k = k->next)
+            if (strcmp(k->string, "allOf") && strcmp(k->string, "$defs") && strcmp(k->string, "definitions") &&
+                !kw_in(k->string, kw_annotation))
+                return sc_fail(c, RLAI_ERR_UNSUPPORTED, "'allOf' with the sibling keyword '%s' is not supported",
+                               k->string);
+        const cJSON *one = NULL;
+        for (const cJSON *v = all->child; v; v = v->next) {
+            bool note = cJSON_IsTrue(v);
+            if (cJSON_IsObject(v)) {
+                note = true;
+                for (const cJSON *k = v->child; k && note; k = k->next)
+                    note = kw_in(k->string, kw_annotation);
+            }
+            if (note)
+                continue;
+            if (one)
+                return sc_fail(c, RLAI_ERR_UNSUPPORTED,
+                               "'allOf' of more than one constraining schema is not supported");
+            one = v;
+        }
+        if (!one) {
+            if ((rc = value_rules(c)) < 0)
+                return rc;
+            return c->r_value;
+        }
+        return compile(c, one, depth + 1);
+    }
     const cJSON *en = cJSON_GetObjectItemCaseSensitive(s, "enum");
     const cJSON *cn = cJSON_GetObjectItemCaseSensitive(s, "const");
     if (en || cn) {
@@ -1403,7 +1546,7 @@ static int compile_node(sc *c, const cJSON *s, int depth)
         cJSON_GetObjectItemCaseSensitive(s, "additionalProperties"))
         return compile_object(c, s, depth);
     if (cJSON_GetObjectItemCaseSensitive(s, "items") || cJSON_GetObjectItemCaseSensitive(s, "minItems") ||
-        cJSON_GetObjectItemCaseSensitive(s, "maxItems"))
+        cJSON_GetObjectItemCaseSensitive(s, "maxItems") || cJSON_GetObjectItemCaseSensitive(s, "prefixItems"))
         return compile_array(c, s, depth);
     if (cJSON_GetObjectItemCaseSensitive(s, "minLength") || cJSON_GetObjectItemCaseSensitive(s, "maxLength"))
         return compile_type(c, s, "string", depth);

@@ -191,7 +191,13 @@ START_TEST(schema_refusals)
     refused("{\"type\":\"number\",\"minimum\":3,\"exclusiveMaximum\":3}", RLAI_ERR_INVALID_ARG, "no number");
     refused("{\"type\":\"integer\",\"minimum\":\"3\"}", RLAI_ERR_INVALID_ARG, "'minimum' must be a number");
     refused("{\"type\":\"integer\",\"multipleOf\":3}", RLAI_ERR_UNSUPPORTED, "'multipleOf'");
-    refused("{\"allOf\":[{}]}", RLAI_ERR_UNSUPPORTED, "'allOf'");
+    refused("{\"allOf\":[{\"type\":\"integer\"},{\"minimum\":3}]}", RLAI_ERR_UNSUPPORTED, "more than one constraining");
+    refused("{\"allOf\":[{\"type\":\"integer\"}],\"type\":\"integer\"}", RLAI_ERR_UNSUPPORTED, "sibling keyword 'type'");
+    refused("{\"allOf\":[]}", RLAI_ERR_INVALID_ARG, "non-empty array");
+    refused("{\"prefixItems\":[{\"type\":\"integer\"}],\"items\":false,\"minItems\":2}", RLAI_ERR_INVALID_ARG,
+            "minItems is greater than the items the tuple allows");
+    refused("{\"items\":false,\"minItems\":1}", RLAI_ERR_INVALID_ARG, "greater than the items the array allows");
+    refused("{\"prefixItems\":{}}", RLAI_ERR_INVALID_ARG, "'prefixItems' must be an array");
     refused("{\"type\":\"object\",\"properties\":{\"a\":{\"not\":{}}}}", RLAI_ERR_UNSUPPORTED, "'not'");
     refused("{\"type\":\"object\"", RLAI_ERR_INVALID_ARG, "not valid JSON");
     refused("[1]", RLAI_ERR_INVALID_ARG, "must be a JSON object");
@@ -238,6 +244,41 @@ static void nested_anyof_144(char *buf, size_t cap, bool in_array)
  * is reachable (the matcher keeps at most 128 heads, and one head per value
  * used to lose all values past the 128th without a word), values that are
  * prefixes of others and duplicates work, and nothing else is accepted. */
+/* Tuples (prefixItems; the items array and additionalItems of older
+ * drafts) and allOf of one schema. */
+START_TEST(schema_tuples_and_all_of)
+{
+    struct { const char *sch; const char *yes[5]; const char *no[5]; } cases[] = {
+        { "{\"type\":\"array\",\"prefixItems\":[{\"type\":\"integer\"},{\"type\":\"string\"}],\"minItems\":2,\"maxItems\":2}",
+          { "[1,\"a\"]", "[ 1 , \"a\" ]" }, { "[1]", "[\"a\",1]", "[1,\"a\",2]", "[]" } },
+        { "{\"prefixItems\":[{\"type\":\"integer\"},{\"type\":\"string\"}]}",
+          { "[]", "[1]", "[1,\"a\"]", "[1,\"a\",true,null]" }, { "[\"a\"]", "[1,2]" } },
+        { "{\"prefixItems\":[{\"type\":\"integer\"},{\"type\":\"string\"}],\"items\":false}",
+          { "[]", "[1]", "[1,\"a\"]" }, { "[1,\"a\",3]" } },
+        { "{\"prefixItems\":[{\"type\":\"integer\"},{\"type\":\"string\"}],\"items\":{\"type\":\"boolean\"},\"minItems\":3}",
+          { "[1,\"a\",true]", "[1,\"a\",true,false]" }, { "[1,\"a\"]", "[1,\"a\",1]" } },
+        { "{\"prefixItems\":[{\"type\":\"integer\"},{\"type\":\"string\"},{\"type\":\"boolean\"}],\"minItems\":1,\"maxItems\":2}",
+          { "[1]", "[1,\"a\"]" }, { "[]", "[1,\"a\",true]" } },
+        { "{\"items\":[{\"type\":\"integer\"},{\"type\":\"string\"}],\"additionalItems\":false}",
+          { "[1,\"a\"]", "[1]" }, { "[1,\"a\",3]" } },
+        { "{\"items\":false}", { "[]", "[ ]" }, { "[1]" } },
+        { "{\"$defs\":{\"P\":{\"type\":\"integer\",\"minimum\":1,\"maximum\":3}},\"type\":\"object\","
+          "\"properties\":{\"p\":{\"allOf\":[{\"$ref\":\"#/$defs/P\"}],\"description\":\"x\"}},\"required\":[\"p\"]}",
+          { "{\"p\":2}" }, { "{\"p\":4}", "{}" } },
+        { "{\"allOf\":[{\"description\":\"a\"},{\"type\":\"boolean\"},true]}", { "true" }, { "1" } },
+        { "{\"allOf\":[{}]}", { "1", "{\"a\":[]}" }, { "{" } },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        rlai_grammar *g = schema(cases[i].sch);
+        for (int k = 0; k < 5 && cases[i].yes[k]; k++)
+            ck_assert_msg(acc(g, cases[i].yes[k]), "%s refused %s", cases[i].sch, cases[i].yes[k]);
+        for (int k = 0; k < 5 && cases[i].no[k]; k++)
+            ck_assert_msg(!acc(g, cases[i].no[k]), "%s accepted %s", cases[i].sch, cases[i].no[k]);
+        rlai_grammar_unref(g);
+    }
+}
+END_TEST
+
 /* Bounded integers: every value of a window, and values around the
  * bounds far out, are accepted exactly when within the bounds; no leading
  * zeros, no "-0", no fraction or exponent. */
@@ -658,6 +699,11 @@ START_TEST(fast_mask_equals_brute_force)
     for (int r = 0; r < 2; r++)
         walk_compare(g, 30);
     rlai_grammar_unref(g);
+    /* a tuple, then booleans */
+    g = schema("{\"type\":\"array\",\"prefixItems\":[{\"type\":\"integer\",\"minimum\":0,\"maximum\":9},"
+               "{\"enum\":[\"ab\",\"cd\"]}],\"items\":{\"type\":\"boolean\"},\"minItems\":3,\"maxItems\":5}");
+    walk_compare(g, 30);
+    rlai_grammar_unref(g);
     /* bounded integers and numbers */
     g = schema("{\"type\":\"array\",\"minItems\":3,\"maxItems\":5,\"items\":{\"anyOf\":["
                "{\"type\":\"integer\",\"minimum\":-40,\"maximum\":1250},"
@@ -986,6 +1032,7 @@ int main(void)
     tcase_add_test(tc, json_object_accepts_objects_only);
     tcase_add_test(tc, schema_objects_and_types);
     tcase_add_test(tc, schema_refusals);
+    tcase_add_test(tc, schema_tuples_and_all_of);
     tcase_add_test(tc, numeric_bounds_integers);
     tcase_add_test(tc, numeric_bounds_numbers);
     tcase_add_test(tc, long_enums_keep_every_value);
