@@ -699,6 +699,120 @@ static int bounded_number(sc *c, const cJSON *s, bool integer)
     return integer ? integer_range_rule(c, &lo, &hi) : number_range_rule(c, &lo, &hi);
 }
 
+/* ---- string formats (date, time, date-time, uuid, ipv4)
+ *
+ * Built from compact specs: literal bytes; [..] a byte set (a-z ranges);
+ * {n} or {n,m} after a set: that many; @ the next rule of refs. */
+static void seq_spec(rlai_grammar *g, gseq *q, const char *sp, const int *refs, int *ri)
+{
+    while (*sp) {
+        if (*sp == '@') {
+            seq_ref(q, refs[(*ri)++]);
+            sp++;
+            continue;
+        }
+        if (*sp != '[') {
+            seq_byte(g, q, (unsigned char)*sp++);
+            continue;
+        }
+        uint64_t b[4] = { 0, 0, 0, 0 };
+        for (sp++; *sp && *sp != ']';) {
+            int lo = (unsigned char)*sp, hi = lo;
+            if (sp[1] == '-' && sp[2] && sp[2] != ']') {
+                hi = (unsigned char)sp[2];
+                sp += 3;
+            } else {
+                sp++;
+            }
+            for (int ch = lo; ch <= hi; ch++)
+                bits_set(b, ch);
+        }
+        if (*sp)
+            sp++;
+        int set = set_add(g, b);
+        if (*sp != '{') {
+            seq_set(q, set);
+            continue;
+        }
+        int n = 0, m;
+        for (sp++; *sp >= '0' && *sp <= '9'; sp++)
+            n = n * 10 + (*sp - '0');
+        m = n;
+        if (*sp == ',')
+            for (m = 0, sp++; *sp >= '0' && *sp <= '9'; sp++)
+                m = m * 10 + (*sp - '0');
+        if (*sp == '}')
+            sp++;
+        seq_rep(q, set, n, m);
+    }
+}
+
+/* A rule of n alternatives given as specs; the @s take refs in order. */
+static int spec_rule(sc *c, int n, const char *const *alts, const int *refs)
+{
+    int r = rule_new(c->g), ri = 0, rc;
+    if (r < 0)
+        return r;
+    for (int i = 0; i < n; i++) {
+        gseq q = { 0 };
+        seq_spec(c->g, &q, alts[i], refs, &ri);
+        if ((rc = rule_alt(c->g, r, &q)) < 0)
+            return rc;
+    }
+    return r;
+}
+
+#define SPEC(c, refs, ...) spec_rule(c, (int)(sizeof((const char *const[]){ __VA_ARGS__ }) / sizeof(const char *)), \
+                                     (const char *const[]){ __VA_ARGS__ }, refs)
+
+/* The body (without quotes) of a string of an enforced format, or
+ * RLAI_ERR_NOT_FOUND for a format that stays an annotation. Dates are real
+ * calendar dates of years 1000-9999 (February to the 28th: a 29th is
+ * valid only in leap years, which a grammar of this size does not count);
+ * times and date-times are RFC 3339 with their offset (Z or +hh:mm). */
+static int format_rule(sc *c, const char *f)
+{
+    int hh = -1, md, d[3];
+    bool date = !strcmp(f, "date"), time = !strcmp(f, "time"), dt = !strcmp(f, "date-time");
+    if (!strcmp(f, "uuid"))
+        return SPEC(c, NULL, "[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}");
+    if (!strcmp(f, "ipv4")) {
+        int o = SPEC(c, NULL, "25[0-5]", "2[0-4][0-9]", "1[0-9][0-9]", "[1-9][0-9]", "[0-9]");
+        if (o < 0)
+            return o;
+        int refs[4] = { o, o, o, o };
+        return SPEC(c, refs, "@.@.@.@");
+    }
+    if (!date && !time && !dt)
+        return RLAI_ERR_NOT_FOUND;
+    int dr = -1, tr = -1;
+    if (date || dt) {
+        if ((d[0] = SPEC(c, NULL, "0[1-9]", "[12][0-9]", "3[01]")) < 0 ||
+            (d[1] = SPEC(c, NULL, "0[1-9]", "[12][0-9]", "30")) < 0 ||
+            (d[2] = SPEC(c, NULL, "0[1-9]", "1[0-9]", "2[0-8]")) < 0)
+            return RLAI_ERR_NOMEM;
+        int mrefs[5] = { d[0], d[0], d[1], d[1], d[2] };
+        if ((md = SPEC(c, mrefs, "0[13578]-@", "1[02]-@", "0[469]-@", "11-@", "02-@")) < 0)
+            return md;
+        if ((dr = SPEC(c, &md, "[1-9][0-9]{3}-@")) < 0)
+            return dr;
+    }
+    if (time || dt) {
+        if ((hh = SPEC(c, NULL, "[01][0-9]", "2[0-3]")) < 0)
+            return hh;
+        int frac = SPEC(c, NULL, ".[0-9]{1,6}", ""), tz = SPEC(c, &hh, "Z", "[+-]@:[0-5][0-9]");
+        if (frac < 0 || tz < 0)
+            return frac < 0 ? frac : tz;
+        int trefs[3] = { hh, frac, tz };
+        if ((tr = SPEC(c, trefs, "@:[0-5][0-9]:[0-5][0-9]@@")) < 0)
+            return tr;
+    }
+    if (!dt)
+        return date ? dr : tr;
+    int refs[2] = { dr, tr };
+    return SPEC(c, refs, "@T@");
+}
+
 static int string_rule(sc *c, int min, int max)
 {
     if (min == 0 && max == G_INF && c->r_string >= 0)
@@ -807,7 +921,8 @@ static const char *const kw_supported[] = {
     "allOf", NULL
 };
 /* Annotations: no effect on what is valid ("format" is an annotation by
- * default in JSON Schema 2020-12; it is not enforced). */
+ * default in JSON Schema 2020-12; on a string, date, time, date-time, uuid
+ * and ipv4 are enforced all the same: format_rule). */
 static const char *const kw_annotation[] = {
     "title", "description", "default", "examples", "$schema", "$id", "$comment", "format",
     "deprecated", "readOnly", "writeOnly", "nullable", NULL
@@ -1304,6 +1419,20 @@ static int compile_type(sc *c, const cJSON *s, const char *type, int depth)
         int min, max, rc;
         if ((rc = get_count(c, s, "minLength", 0, &min)) < 0 || (rc = get_count(c, s, "maxLength", G_INF, &max)) < 0)
             return rc;
+        const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(s, "format");
+        int body = cJSON_IsString(fmt) ? format_rule(c, fmt->valuestring) : RLAI_ERR_NOT_FOUND;
+        if (body >= 0) {
+            if (min > 0 || max != G_INF)
+                return sc_fail(c, RLAI_ERR_UNSUPPORTED, "'format' '%s' with minLength or maxLength is not supported",
+                               fmt->valuestring);
+            gseq q = { 0 };
+            seq_byte(c->g, &q, '"');
+            seq_ref(&q, body);
+            seq_byte(c->g, &q, '"');
+            return rule_one(c->g, &q);
+        }
+        if (body != RLAI_ERR_NOT_FOUND)
+            return body;
         if (min > max)
             return sc_fail(c, RLAI_ERR_INVALID_ARG, "minLength is greater than maxLength");
         return string_rule(c, min, max);

@@ -198,6 +198,7 @@ START_TEST(schema_refusals)
             "minItems is greater than the items the tuple allows");
     refused("{\"items\":false,\"minItems\":1}", RLAI_ERR_INVALID_ARG, "greater than the items the array allows");
     refused("{\"prefixItems\":{}}", RLAI_ERR_INVALID_ARG, "'prefixItems' must be an array");
+    refused("{\"type\":\"string\",\"format\":\"uuid\",\"maxLength\":3}", RLAI_ERR_UNSUPPORTED, "with minLength or maxLength");
     refused("{\"type\":\"object\",\"properties\":{\"a\":{\"not\":{}}}}", RLAI_ERR_UNSUPPORTED, "'not'");
     refused("{\"type\":\"object\"", RLAI_ERR_INVALID_ARG, "not valid JSON");
     refused("[1]", RLAI_ERR_INVALID_ARG, "must be a JSON object");
@@ -273,6 +274,54 @@ START_TEST(schema_tuples_and_all_of)
         for (int k = 0; k < 5 && cases[i].yes[k]; k++)
             ck_assert_msg(acc(g, cases[i].yes[k]), "%s refused %s", cases[i].sch, cases[i].yes[k]);
         for (int k = 0; k < 5 && cases[i].no[k]; k++)
+            ck_assert_msg(!acc(g, cases[i].no[k]), "%s accepted %s", cases[i].sch, cases[i].no[k]);
+        rlai_grammar_unref(g);
+    }
+}
+END_TEST
+
+/* Enforced string formats: every month/day pair, hours and minutes at
+ * their edges, the other formats by example; other formats stay
+ * annotations. */
+START_TEST(string_formats)
+{
+    static const int mdays[13] = { 0, 31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31 };
+    rlai_grammar *g = schema("{\"type\":\"string\",\"format\":\"date\"}");
+    char t[64];
+    for (int mo = 0; mo <= 13; mo++)
+        for (int d = 0; d <= 32; d++) {
+            snprintf(t, sizeof t, "\"2024-%02d-%02d\"", mo, d);
+            bool ok = mo >= 1 && mo <= 12 && d >= 1 && d <= mdays[mo];
+            ck_assert_msg(acc(g, t) == ok, "%s accepted %d", t, acc(g, t));
+        }
+    ck_assert(!acc(g, "\"0999-01-01\"") && acc(g, "\"1000-01-01\"") && !acc(g, "\"2024-1-01\""));
+    rlai_grammar_unref(g);
+    g = schema("{\"type\":\"string\",\"format\":\"date-time\"}");
+    for (int h = 0; h <= 24; h++)
+        for (int m = 0; m <= 60; m += 30) {
+            snprintf(t, sizeof t, "\"2024-05-06T%02d:%02d:59Z\"", h, m == 30 ? 59 : m);
+            bool ok = h <= 23 && m <= 30;
+            ck_assert_msg(acc(g, t) == ok, "%s accepted %d", t, acc(g, t));
+        }
+    ck_assert(acc(g, "\"2024-05-06T23:59:59.123456+05:30\"") && acc(g, "\"2024-05-06T00:00:00-12:00\""));
+    ck_assert(!acc(g, "\"2024-05-06T12:30:00\"") && !acc(g, "\"2024-05-06 12:30:00Z\"") &&
+              !acc(g, "\"2024-05-06T12:30:00.1234567Z\""));
+    rlai_grammar_unref(g);
+    struct { const char *sch; const char *yes[3]; const char *no[4]; } cases[] = {
+        { "{\"type\":\"string\",\"format\":\"time\"}", { "\"08:15:00Z\"", "\"23:00:00.5+01:00\"" },
+          { "\"08:15:00\"", "\"8:15:00Z\"" } },
+        { "{\"type\":\"string\",\"format\":\"uuid\"}", { "\"123e4567-e89b-12d3-a456-426614174000\"", "\"ABCDEF00-0000-0000-0000-000000000000\"" },
+          { "\"123e4567e89b12d3a456426614174000\"", "\"123e4567-e89b-12d3-a456-42661417400g\"" } },
+        { "{\"type\":\"string\",\"format\":\"ipv4\"}", { "\"192.168.0.1\"", "\"0.0.0.0\"", "\"255.255.255.255\"" },
+          { "\"256.1.1.1\"", "\"01.2.3.4\"", "\"1.2.3\"" } },
+        { "{\"type\":\"string\",\"format\":\"email\"}", { "\"x\"", "\"\"" }, { "1" } },   /* an annotation */
+        { "{\"type\":[\"string\",\"null\"],\"format\":\"date\"}", { "null", "\"2020-01-31\"" }, { "\"x\"" } },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        g = schema(cases[i].sch);
+        for (int k = 0; k < 3 && cases[i].yes[k]; k++)
+            ck_assert_msg(acc(g, cases[i].yes[k]), "%s refused %s", cases[i].sch, cases[i].yes[k]);
+        for (int k = 0; k < 4 && cases[i].no[k]; k++)
             ck_assert_msg(!acc(g, cases[i].no[k]), "%s accepted %s", cases[i].sch, cases[i].no[k]);
         rlai_grammar_unref(g);
     }
@@ -699,6 +748,11 @@ START_TEST(fast_mask_equals_brute_force)
     for (int r = 0; r < 2; r++)
         walk_compare(g, 30);
     rlai_grammar_unref(g);
+    /* formats */
+    g = schema("{\"type\":\"array\",\"minItems\":2,\"maxItems\":3,\"items\":{\"anyOf\":["
+               "{\"type\":\"string\",\"format\":\"date-time\"},{\"type\":\"string\",\"format\":\"uuid\"}]}}");
+    walk_compare(g, 30);
+    rlai_grammar_unref(g);
     /* a tuple, then booleans */
     g = schema("{\"type\":\"array\",\"prefixItems\":[{\"type\":\"integer\",\"minimum\":0,\"maximum\":9},"
                "{\"enum\":[\"ab\",\"cd\"]}],\"items\":{\"type\":\"boolean\"},\"minItems\":3,\"maxItems\":5}");
@@ -1033,6 +1087,7 @@ int main(void)
     tcase_add_test(tc, schema_objects_and_types);
     tcase_add_test(tc, schema_refusals);
     tcase_add_test(tc, schema_tuples_and_all_of);
+    tcase_add_test(tc, string_formats);
     tcase_add_test(tc, numeric_bounds_integers);
     tcase_add_test(tc, numeric_bounds_numbers);
     tcase_add_test(tc, long_enums_keep_every_value);

@@ -118,9 +118,12 @@ def test_json_schema_numeric_bounds_hold(engine):
 def test_openai_parse_with_a_pydantic_model(engine):
     """The openai package's parse() with a Pydantic model: Field bounds
     (minimum, maximum, exclusiveMinimum), a tuple (prefixItems), a $ref
-    with a description, an Optional (anyOf with null). Before 2026-12-07
-    the schema was a 400 ('minimum' is not supported). Pydantic itself
-    checks the answer."""
+    with a description, an Optional (anyOf with null), a date and a UUID
+    (format). Before 2026-12-07 the schema was a 400 ('minimum' is not
+    supported), and a format was not kept to. Pydantic itself checks the
+    answer."""
+    import datetime
+    import uuid
     pydantic = pytest.importorskip("pydantic")
 
     class Stats(pydantic.BaseModel):
@@ -133,14 +136,17 @@ def test_openai_parse_with_a_pydantic_model(engine):
         position: tuple[int, int]
         stats: Stats = pydantic.Field(description="core stats")
         title: "str | None" = None
+        born: datetime.date
+        id: uuid.UUID
 
     Npc.model_rebuild()
     r = engine.client().chat.completions.parse(
-        model="default", temperature=0, max_tokens=300, response_format=Npc,
+        model="default", temperature=0, max_tokens=400, response_format=Npc,
         messages=[{"role": "user", "content": "Invent a level 99 blacksmith NPC with strength 50 standing at 3, 4."}])
     npc = r.choices[0].message.parsed
     assert isinstance(npc, Npc), r.choices[0].message.content
     assert 1 <= npc.level <= 60 and 1 <= npc.stats.strength <= 20 and 0 < npc.stats.luck <= 1, npc
+    assert isinstance(npc.born, datetime.date) and isinstance(npc.id, uuid.UUID)
     jsonschema.validate(json.loads(r.choices[0].message.content), Npc.model_json_schema())
 
 
