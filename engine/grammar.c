@@ -936,7 +936,9 @@ static int get_count(sc *c, const cJSON *s, const char *key, int dflt, int *out)
     *out = dflt;
     if (!v)
         return 0;
-    if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble != (double)(long long)v->valuedouble)
+    /* the bound before the integer test: casting 4e63 to an integer is
+     * undefined (fuzz_grammar found it) */
+    if (!cJSON_IsNumber(v) || !(v->valuedouble >= 0) || v->valuedouble != floor(v->valuedouble))
         return sc_fail(c, RLAI_ERR_INVALID_ARG, "'%s' must be a non-negative integer", key);
     if (v->valuedouble > G_MAX_REPEAT)
         return sc_fail(c, RLAI_ERR_TOO_LARGE, "'%s' above %d is not supported", key, G_MAX_REPEAT);

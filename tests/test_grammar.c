@@ -208,6 +208,8 @@ START_TEST(schema_refusals)
     refused("{\"type\":\"array\",\"minItems\":3,\"maxItems\":2}", RLAI_ERR_INVALID_ARG, "minItems");
     refused("{\"type\":\"array\",\"maxItems\":100000}", RLAI_ERR_TOO_LARGE, "maxItems");
     refused("{\"type\":\"string\",\"maxLength\":-1}", RLAI_ERR_INVALID_ARG, "maxLength");
+    refused("{\"type\":\"array\",\"minItems\":4.44e63}", RLAI_ERR_TOO_LARGE, "'minItems' above");   /* was UB */
+    refused("{\"type\":\"array\",\"maxItems\":2.5}", RLAI_ERR_INVALID_ARG, "non-negative integer");
     refused("{\"properties\":{\"a\":{}},\"required\":[\"b\"]}", RLAI_ERR_UNSUPPORTED, "'b'");
     refused("false", RLAI_ERR_UNSUPPORTED, "false");
     refused("{\"enum\":[]}", RLAI_ERR_INVALID_ARG, "enum");
