@@ -8,6 +8,8 @@
  *   GE_STR    the body of a JSON string and its closing quote, min..max
  *             characters (escapes and UTF-8 sequences checked)
  *   GE_REF    a rule
+ *   GE_TXT    JSON string text, any amount, then the next element (the
+ *             unanchored ends of a pattern); escapes and UTF-8 checked
  * Matcher state: a set of heads; a head is a frame (element, counters)
  * whose parent chain holds the return addresses (GE_REF positions). Frames
  * are immutable and shared between states (persistent stacks), so
@@ -27,7 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { GE_END = 0, GE_CHARS, GE_REP, GE_STR, GE_REF };
+enum { GE_END = 0, GE_CHARS, GE_REP, GE_STR, GE_REF, GE_TXT };
 #define G_INF 0x7fffffff
 #define G_MAX_STACK 256     /* return frames: nesting limit of generated text */
 #define G_MAX_HEADS 128     /* parallel heads in one state */
@@ -813,6 +815,415 @@ static int format_rule(sc *c, const char *f)
     return SPEC(c, refs, "@T@");
 }
 
+/* ---- pattern (a regular expression over the string's characters)
+ *
+ * A subset of ECMA-262: literal characters (UTF-8 too), escapes of
+ * punctuation, \d \w \s and their negations, '.', classes [a-z_] and
+ * [^...] of ASCII characters, groups ( ) and (?: ), '|', the quantifiers
+ * ? * + {n} {n,} {n,m} (lazy ones as greedy: the language is the same),
+ * '^' at the start and '$' at the end. Without '^' any text may come
+ * first, without '$' any text after (JSON Schema patterns are not
+ * anchored). Each character is written as JSON writes it in a string:
+ * '"', '\' and control characters escaped; '.' and negated classes never
+ * write a control character. Anything else (backreferences, lookaround,
+ * \b, Unicode classes, non-ASCII ranges) is refused. */
+
+typedef struct rx {
+    sc *c;
+    const char *p, *end, *pat;
+    int depth, any;              /* any: the "any character" rule, or -1 */
+} rx;
+
+static int rx_fail(rx *x, const char *what)
+{
+    return sc_fail(x->c, RLAI_ERR_UNSUPPORTED, "'pattern' %.60s: %s (at offset %d) is not supported", x->pat, what,
+                   (int)(x->p - x->pat));
+}
+
+/* One character c (< 0x80) as JSON string text. */
+static void rx_char_json(rlai_grammar *g, gseq *q, int ch)
+{
+    static const char hex[] = "0123456789abcdef";
+    if (ch == '"' || ch == '\\') {
+        seq_byte(g, q, '\\');
+        seq_byte(g, q, (unsigned char)ch);
+    } else if (ch < 0x20 || ch == 0x7f) {
+        const char *named = ch == '\n' ? "\\n" : ch == '\t' ? "\\t" : ch == '\r' ? "\\r" : ch == '\f' ? "\\f" : NULL;
+        if (named) {
+            seq_lit(g, q, named, 2);
+        } else {
+            char u[7] = { '\\', 'u', '0', '0', hex[ch >> 4], hex[ch & 15], 0 };
+            seq_lit(g, q, u, 6);
+        }
+    } else {
+        seq_byte(g, q, (unsigned char)ch);
+    }
+}
+
+/* A rule for one character of the ASCII set cls (128 flags), written as
+ * JSON, plus (nonascii) any UTF-8 character from U+0080 on. */
+static int rx_class_rule(rx *x, const bool *cls, bool nonascii)
+{
+    rlai_grammar *g = x->c->g;
+    int r = rule_new(g), rc;
+    if (r < 0)
+        return r;
+    uint64_t b[4] = { 0, 0, 0, 0 };
+    bool plain = false;
+    gseq q = { 0 };
+    for (int ch = 0; ch < 128; ch++) {
+        if (!cls[ch])
+            continue;
+        if (ch >= 0x20 && ch != '"' && ch != '\\' && ch != 0x7f) {
+            bits_set(b, ch);
+            plain = true;
+        } else {
+            rx_char_json(g, &q, ch);
+            if ((rc = rule_alt(g, r, &q)) < 0)
+                return rc;
+        }
+    }
+    if (plain) {
+        seq_set(&q, set_add(g, b));
+        if ((rc = rule_alt(g, r, &q)) < 0)
+            return rc;
+    }
+    if (nonascii) {
+        static const char *const u8[] = { "[\xc2-\xdf][\x80-\xbf]", "[\xe0-\xef][\x80-\xbf]{2}",
+                                          "[\xf0-\xf4][\x80-\xbf]{3}" };
+        for (int i = 0; i < 3; i++) {
+            int ri = 0;
+            seq_spec(g, &q, u8[i], NULL, &ri);
+            if ((rc = rule_alt(g, r, &q)) < 0)
+                return rc;
+        }
+    }
+    return r;
+}
+
+/* Adds the members of \d \w \s (lower case) to cls; upper case: sets neg. */
+static bool rx_shorthand(int e, bool *cls, bool *neg)
+{
+    int l = e | 0x20;
+    if (l != 'd' && l != 'w' && l != 's')
+        return false;
+    bool in[128] = { false };
+    for (int ch = 0; ch < 128; ch++)
+        in[ch] = l == 'd' ? (ch >= '0' && ch <= '9')
+                 : l == 'w' ? ((ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || ch == '_')
+                            : (ch == ' ' || (ch >= '\t' && ch <= '\r'));
+    for (int ch = 0; ch < 128; ch++)
+        if (e != l ? (!in[ch] && ch >= 0x20 && ch != 0x7f) : in[ch])
+            cls[ch] = true;
+    if (e != l && neg)
+        *neg = true;     /* \D \W \S: non-ASCII characters too */
+    return true;
+}
+
+/* The character an escape stands for (\n \t \r \f \v \0 and punctuation),
+ * or -1. */
+static int rx_escape_char(int e)
+{
+    switch (e) {
+    case 'n': return '\n';
+    case 't': return '\t';
+    case 'r': return '\r';
+    case 'f': return '\f';
+    case 'v': return '\v';
+    case '0': return 0;
+    default: return e < 0x80 && strchr("\\^$.|?*+()[]{}/-\"'#&,:;<=>@_`~!%", e) ? e : -1;
+    }
+}
+
+static int rx_alt(rx *x);
+
+/* [...] after the '['. */
+static int rx_class(rx *x)
+{
+    bool cls[128] = { false }, neg = false, non_ascii = false;
+    if (x->p < x->end && *x->p == '^') {
+        neg = true;
+        x->p++;
+    }
+    bool any = false;
+    while (x->p < x->end && *x->p != ']') {
+        any = true;
+        int lo;
+        unsigned char ch = (unsigned char)*x->p;
+        if (ch >= 0x80)
+            return rx_fail(x, "a non-ASCII character in a class");
+        if (ch == '\\') {
+            if (x->p + 1 >= x->end)
+                return rx_fail(x, "a '\\' at the end");
+            int e = (unsigned char)x->p[1];
+            x->p += 2;
+            bool sneg = false;
+            if (rx_shorthand(e, cls, &sneg)) {
+                non_ascii |= sneg;
+                continue;
+            }
+            if ((lo = rx_escape_char(e)) < 0)
+                return rx_fail(x, "this escape in a class");
+        } else {
+            lo = ch;
+            x->p++;
+        }
+        int hi = lo;
+        if (x->p + 1 < x->end && *x->p == '-' && x->p[1] != ']') {
+            unsigned char h = (unsigned char)x->p[1];
+            if (h >= 0x80 || h == '\\')
+                return rx_fail(x, "a range ending in an escape or a non-ASCII character");
+            hi = h;
+            x->p += 2;
+            if (hi < lo)
+                return rx_fail(x, "a range out of order");
+        }
+        for (int k = lo; k <= hi; k++)
+            cls[k] = true;
+    }
+    if (x->p >= x->end)
+        return rx_fail(x, "a class without its ']'");
+    if (!any)
+        return rx_fail(x, "an empty class");
+    x->p++;
+    if (neg) {
+        for (int k = 0; k < 128; k++)
+            cls[k] = !cls[k] && k >= 0x20 && k != 0x7f;   /* never a control character */
+        return rx_class_rule(x, cls, !non_ascii);
+    }
+    return rx_class_rule(x, cls, non_ascii);
+}
+
+/* One atom (a character, class, group), as a rule. */
+static int rx_atom(rx *x)
+{
+    rlai_grammar *g = x->c->g;
+    unsigned char ch = (unsigned char)*x->p;
+    gseq q = { 0 };
+    if (ch == '(') {
+        x->p++;
+        if (x->p < x->end && *x->p == '?') {
+            if (x->p + 1 < x->end && x->p[1] == ':')
+                x->p += 2;
+            else
+                return rx_fail(x, "a lookaround or named group");
+        }
+        if (++x->depth > G_MAX_SCHEMA_DEPTH)
+            return rx_fail(x, "nesting this deep");
+        int r = rx_alt(x);
+        x->depth--;
+        if (r < 0)
+            return r;
+        if (x->p >= x->end || *x->p != ')')
+            return rx_fail(x, "a group without its ')'");
+        x->p++;
+        return r;
+    }
+    if (ch == '[') {
+        x->p++;
+        return rx_class(x);
+    }
+    if (ch == '.') {
+        x->p++;
+        if (x->any < 0) {
+            bool cls[128];
+            for (int k = 0; k < 128; k++)
+                cls[k] = k >= 0x20 && k != 0x7f;
+            x->any = rx_class_rule(x, cls, true);
+        }
+        return x->any;
+    }
+    if (ch == '\\') {
+        if (x->p + 1 >= x->end)
+            return rx_fail(x, "a '\\' at the end");
+        int e = (unsigned char)x->p[1];
+        bool cls[128] = { false }, neg = false;
+        if (rx_shorthand(e, cls, &neg)) {
+            x->p += 2;
+            return rx_class_rule(x, cls, neg);
+        }
+        int lit = rx_escape_char(e);
+        if (lit < 0)
+            return rx_fail(x, "this escape");
+        x->p += 2;
+        rx_char_json(g, &q, lit);
+        return rule_one(g, &q);
+    }
+    if (strchr("*+?{})|]", ch) && ch)
+        return rx_fail(x, "a quantifier or bracket here");
+    if (ch == '^' || ch == '$')
+        return rx_fail(x, "an anchor inside the pattern");
+    /* a literal character, with all its UTF-8 bytes */
+    int n = ch < 0x80 ? 1 : ch >= 0xF0 ? 4 : ch >= 0xE0 ? 3 : 2;
+    if (x->p + n > x->end)
+        n = (int)(x->end - x->p);
+    if (ch < 0x80)
+        rx_char_json(g, &q, ch);
+    else
+        seq_lit(g, &q, x->p, (size_t)n);
+    x->p += n;
+    return rule_one(g, &q);
+}
+
+static bool rx_count(rx *x, int *v)
+{
+    if (x->p >= x->end || *x->p < '0' || *x->p > '9')
+        return false;
+    long n = 0;
+    while (x->p < x->end && *x->p >= '0' && *x->p <= '9' && n <= G_MAX_REPEAT)
+        n = n * 10 + (*x->p++ - '0');
+    *v = (int)(n > G_MAX_REPEAT ? G_MAX_REPEAT + 1 : n);
+    return true;
+}
+
+/* atom{lo,hi} (hi may be G_INF) as a rule. */
+static int rx_repeat(rx *x, int atom, int lo, int hi)
+{
+    rlai_grammar *g = x->c->g;
+    gseq q = { 0 };
+    int rc, opt = -1;
+    if (hi == G_INF) {
+        if ((opt = rule_new(g)) < 0)
+            return opt;
+        seq_ref(&q, atom);
+        seq_ref(&q, opt);
+        if ((rc = rule_alt(g, opt, &q)) < 0 || (rc = rule_alt(g, opt, &q)) < 0)
+            return rc;
+    } else {
+        for (int k = 0; k < hi - lo; k++) {
+            int o = rule_new(g);
+            if (o < 0)
+                return o;
+            seq_ref(&q, atom);
+            if (opt >= 0)
+                seq_ref(&q, opt);
+            if ((rc = rule_alt(g, o, &q)) < 0 || (rc = rule_alt(g, o, &q)) < 0)
+                return rc;
+            opt = o;
+        }
+    }
+    for (int k = 0; k < lo; k++)
+        seq_ref(&q, atom);
+    if (opt >= 0)
+        seq_ref(&q, opt);
+    return rule_one(g, &q);
+}
+
+/* A sequence of quantified atoms, up to '|', ')' or the end. */
+static int rx_seq(rx *x)
+{
+    rlai_grammar *g = x->c->g;
+    gseq q = { 0 };
+    while (x->p < x->end && *x->p != '|' && *x->p != ')') {
+        if (*x->p == '$' && x->p + 1 == x->end && x->depth == 0)
+            break;               /* the end anchor: rx_compile handles it */
+        int a = rx_atom(x);
+        if (a < 0) {
+            free(q.e);
+            return a;
+        }
+        int lo = 1, hi = 1;
+        if (x->p < x->end) {
+            char k = *x->p;
+            if (k == '?' || k == '*' || k == '+') {
+                lo = k == '+';
+                hi = k == '?' ? 1 : G_INF;
+                x->p++;
+            } else if (k == '{') {
+                const char *save = x->p++;
+                if (!rx_count(x, &lo)) {
+                    x->p = save;
+                    free(q.e);
+                    return rx_fail(x, "a '{' that is not a count");
+                }
+                hi = lo;
+                if (x->p < x->end && *x->p == ',') {
+                    x->p++;
+                    if (!rx_count(x, &hi))
+                        hi = G_INF;
+                }
+                if (x->p >= x->end || *x->p != '}') {
+                    free(q.e);
+                    return rx_fail(x, "a count without its '}'");
+                }
+                x->p++;
+                if (lo > G_MAX_REPEAT || (hi != G_INF && hi > G_MAX_REPEAT) || hi < lo) {
+                    free(q.e);
+                    return sc_fail(x->c, RLAI_ERR_TOO_LARGE, "'pattern': a count above %d or out of order",
+                                   G_MAX_REPEAT);
+                }
+            }
+            if ((lo != 1 || hi != 1) && x->p < x->end && *x->p == '?')
+                x->p++;          /* lazy: the same language */
+            if ((lo != 1 || hi != 1) && x->p < x->end && (*x->p == '+' || *x->p == '*' || *x->p == '{')) {
+                free(q.e);
+                return rx_fail(x, "a quantifier after a quantifier");
+            }
+        }
+        if (lo != 1 || hi != 1)
+            a = rx_repeat(x, a, lo, hi);
+        if (a < 0) {
+            free(q.e);
+            return a;
+        }
+        seq_ref(&q, a);
+    }
+    return rule_one(g, &q);
+}
+
+static int rx_alt(rx *x)
+{
+    rlai_grammar *g = x->c->g;
+    int r = rule_new(g), rc;
+    if (r < 0)
+        return r;
+    for (;;) {
+        int s = rx_seq(x);
+        if (s < 0)
+            return s;
+        gseq q = { 0 };
+        seq_ref(&q, s);
+        if ((rc = rule_alt(g, r, &q)) < 0)
+            return rc;
+        if (x->p < x->end && *x->p == '|') {
+            x->p++;
+            continue;
+        }
+        return r;
+    }
+}
+
+/* The string rule of a pattern: '"' [any*] pattern [any*] '"'. */
+static int pattern_rule(sc *c, const char *pat)
+{
+    rx x = { c, pat, pat + strlen(pat), pat, 0, -1 };
+    bool head = x.p < x.end && *x.p == '^';
+    if (head)
+        x.p++;
+    int body = rx_alt(&x);
+    if (body < 0)
+        return body;
+    bool tail = x.p < x.end && *x.p == '$';
+    if (tail)
+        x.p++;
+    if (x.p != x.end)
+        return rx_fail(&x, *x.p == ')' ? "a ')' without its '('" : "this");
+    if ((head || tail) && c->g->rules[body].n > 1)   /* ^a|b$ anchors a on the left and b on the right only */
+        return sc_fail(c, RLAI_ERR_UNSUPPORTED,
+                       "'pattern' %.60s: '^' or '$' beside a '|' outside a group is not supported (write ^(a|b)$)", pat);
+    /* unanchored ends: any string text (GE_TXT: the mask takes its plain
+     * tokens at once, as inside a string) */
+    gseq q = { 0 };
+    seq_byte(c->g, &q, '"');
+    if (!head)
+        seq_push(&q, (gelem){ GE_TXT, 0, 0, 0 });
+    seq_ref(&q, body);
+    if (!tail)
+        seq_push(&q, (gelem){ GE_TXT, 0, 0, 0 });
+    seq_byte(c->g, &q, '"');
+    return rule_one(c->g, &q);
+}
+
 static int string_rule(sc *c, int min, int max)
 {
     if (min == 0 && max == G_INF && c->r_string >= 0)
@@ -918,7 +1329,7 @@ static const char *const kw_supported[] = {
     "type", "properties", "required", "additionalProperties", "items", "minItems", "maxItems",
     "enum", "const", "anyOf", "oneOf", "$ref", "$defs", "definitions", "minLength", "maxLength",
     "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "prefixItems", "additionalItems",
-    "allOf", NULL
+    "allOf", "pattern", NULL
 };
 /* Annotations: no effect on what is valid ("format" is an annotation by
  * default in JSON Schema 2020-12; on a string, date, time, date-time, uuid
@@ -1421,6 +1832,15 @@ static int compile_type(sc *c, const cJSON *s, const char *type, int depth)
         int min, max, rc;
         if ((rc = get_count(c, s, "minLength", 0, &min)) < 0 || (rc = get_count(c, s, "maxLength", G_INF, &max)) < 0)
             return rc;
+        const cJSON *pat = cJSON_GetObjectItemCaseSensitive(s, "pattern");
+        if (pat) {
+            if (!cJSON_IsString(pat))
+                return sc_fail(c, RLAI_ERR_INVALID_ARG, "'pattern' must be a string");
+            if (min > 0 || max != G_INF || cJSON_GetObjectItemCaseSensitive(s, "format"))
+                return sc_fail(c, RLAI_ERR_UNSUPPORTED,
+                               "'pattern' with minLength, maxLength or format is not supported");
+            return pattern_rule(c, pat->valuestring);
+        }
         const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(s, "format");
         int body = cJSON_IsString(fmt) ? format_rule(c, fmt->valuestring) : RLAI_ERR_NOT_FOUND;
         if (body >= 0) {
@@ -1679,7 +2099,8 @@ static int compile_node(sc *c, const cJSON *s, int depth)
     if (cJSON_GetObjectItemCaseSensitive(s, "items") || cJSON_GetObjectItemCaseSensitive(s, "minItems") ||
         cJSON_GetObjectItemCaseSensitive(s, "maxItems") || cJSON_GetObjectItemCaseSensitive(s, "prefixItems"))
         return compile_array(c, s, depth);
-    if (cJSON_GetObjectItemCaseSensitive(s, "minLength") || cJSON_GetObjectItemCaseSensitive(s, "maxLength"))
+    if (cJSON_GetObjectItemCaseSensitive(s, "minLength") || cJSON_GetObjectItemCaseSensitive(s, "maxLength") ||
+        cJSON_GetObjectItemCaseSensitive(s, "pattern"))
         return compile_type(c, s, "string", depth);
     if (has_bounds(s))   /* bounds without a type: a number within them */
         return compile_type(c, s, "number", depth);
@@ -1724,7 +2145,7 @@ int rlai_grammar_from_json_schema(const char *schema, size_t len, rlai_grammar *
  * search (with its own stack: a grammar may have many rules) for a cycle. */
 static bool elem_nullable(const gelem *e, const bool *nullable)
 {
-    return (e->kind == GE_REP && e->a == 0) || (e->kind == GE_REF && nullable[e->a]);
+    return (e->kind == GE_REP && e->a == 0) || e->kind == GE_TXT || (e->kind == GE_REF && nullable[e->a]);
 }
 
 static int check_left_cycles(sc *c)
@@ -2161,6 +2582,8 @@ static bool can_end_from(rlai_grammar_matcher *m, arena *a, int ei, const gframe
     }
     case GE_REP:
         return e->a == 0 && can_end_from(m, a, ei + 1, parent, guard + 1);
+    case GE_TXT:
+        return can_end_from(m, a, ei + 1, parent, guard + 1);
     default:
         return false;
     }
@@ -2199,11 +2622,15 @@ static void step_head(rlai_grammar_matcher *m, arena *a, const gframe *h, unsign
         if (h->cnt >= e->a)
             step_exit(m, a, h, b, o, guard);
         return;
+    case GE_TXT:
     case GE_STR: {
-        int aux = h->aux, cnt = h->cnt, min = e->a, max = e->b;
+        bool txt = e->kind == GE_TXT;   /* text without the closing quote: may end before any byte */
+        int aux = h->aux, cnt = h->cnt, min = txt ? 0 : e->a, max = txt ? G_INF : e->b;
         if (aux == 0) {
+            if (txt)
+                step_exit(m, a, h, b, o, guard);
             if (b == '"') {
-                if (cnt >= min)
+                if (!txt && cnt >= min)
                     expand(m, a, h->ei + 1, h->parent, o, 0);
             } else if (b == '\\') {
                 if (cnt < max)
@@ -2245,7 +2672,8 @@ static void step_head(rlai_grammar_matcher *m, arena *a, const gframe *h, unsign
 static bool head_can_end(rlai_grammar_matcher *m, arena *a, const gframe *h)
 {
     const gelem *e = &m->g->el[h->ei];
-    return e->kind == GE_REP && h->cnt >= e->a && can_end_from(m, a, h->ei + 1, h->parent, 0);
+    return ((e->kind == GE_REP && h->cnt >= e->a) || (e->kind == GE_TXT && h->aux == 0)) &&
+           can_end_from(m, a, h->ei + 1, h->parent, 0);
 }
 
 static bool state_can_end(rlai_grammar_matcher *m, const gstate *s)
@@ -2765,7 +3193,7 @@ int rlai_grammar_matcher_mask(rlai_grammar_matcher *m, const rlai_gvocab *v, uin
     for (int i = 0; i < m->st->n && !any; i++) {
         const gframe *h = m->st->h[i];
         const gelem *e = &m->g->el[h->ei];
-        in_str |= e->kind == GE_STR && h->aux == 0 && e->b == G_INF;
+        in_str |= h->aux == 0 && ((e->kind == GE_STR && e->b == G_INF) || e->kind == GE_TXT);
         if (e->kind == GE_STR && h->aux == 0) {
             long r = e->b == G_INF ? LONG_MAX : (long)e->b - h->cnt;
             room = r > room ? r : room;

@@ -7,6 +7,7 @@ streamed, OpenAI's delta shape) with arguments valid under the function's
 parameters, and a tool result turn is accepted; LangChain's bind_tools and
 with_structured_output work against the served endpoint."""
 import json
+import re
 
 import pytest
 
@@ -119,7 +120,7 @@ def test_openai_parse_with_a_pydantic_model(engine):
     """The openai package's parse() with a Pydantic model: Field bounds
     (minimum, maximum, exclusiveMinimum), a tuple (prefixItems), a $ref
     with a description, an Optional (anyOf with null), a date and a UUID
-    (format). Before 2026-12-07 the schema was a 400 ('minimum' is not
+    (format), a pattern. Before 2026-12-07 the schema was a 400 ('minimum' is not
     supported), and a format was not kept to. Pydantic itself checks the
     answer."""
     import datetime
@@ -138,6 +139,7 @@ def test_openai_parse_with_a_pydantic_model(engine):
         title: "str | None" = None
         born: datetime.date
         id: uuid.UUID
+        code: str = pydantic.Field(pattern=r"^[A-Z]{3}-\d{4}$")
 
     Npc.model_rebuild()
     r = engine.client().chat.completions.parse(
@@ -147,11 +149,13 @@ def test_openai_parse_with_a_pydantic_model(engine):
     assert isinstance(npc, Npc), r.choices[0].message.content
     assert 1 <= npc.level <= 60 and 1 <= npc.stats.strength <= 20 and 0 < npc.stats.luck <= 1, npc
     assert isinstance(npc.born, datetime.date) and isinstance(npc.id, uuid.UUID)
+    assert re.fullmatch(r"[A-Z]{3}-\d{4}", npc.code), npc.code
     jsonschema.validate(json.loads(r.choices[0].message.content), Npc.model_json_schema())
 
 
 @pytest.mark.parametrize("schema,needle", [
-    ({"type": "string", "pattern": "^a"}, "'pattern' is not supported"),
+    ({"type": "string", "pattern": "^(?=a)"}, "lookaround"),
+    ({"type": "integer", "multipleOf": 3}, "'multipleOf' is not supported"),
     ({"type": "number", "minimum": 0.5}, "only whole-number bounds"),
     ({"type": "integer", "minimum": 3, "maximum": 2}, "no integer"),
     ({"allOf": [{"type": "integer"}, {"minimum": 3}]}, "more than one constraining schema"),
@@ -251,10 +255,10 @@ def test_tools_errors(engine):
         chat(engine, messages=[{"role": "user", "content": "hi"}], tools=[WEATHER],
              tool_choice={"type": "function", "function": {"name": "nope"}})
     assert "'nope'" in str(ei.value)
-    bad = {"type": "function", "function": {"name": "f", "parameters": {"type": "string", "pattern": "x"}}}
+    bad = {"type": "function", "function": {"name": "f", "parameters": {"type": "integer", "multipleOf": 2}}}
     with pytest.raises(openai.BadRequestError) as ei:
         chat(engine, messages=[{"role": "user", "content": "hi"}], tools=[bad])
-    assert "tools[0].function.parameters" in str(ei.value) and "'pattern'" in str(ei.value)
+    assert "tools[0].function.parameters" in str(ei.value) and "'multipleOf'" in str(ei.value)
 
 
 def test_more_than_128_tools_is_a_clear_400(engine):
