@@ -1076,6 +1076,30 @@ static bool rx_count(rx *x, int *v)
     return true;
 }
 
+/* Whether rule r can match the empty text (pattern rules: acyclic but for
+ * the loops of rx_repeat, which have an empty alternative, tried first). */
+static bool rx_nullable(const rlai_grammar *g, int r, int depth)
+{
+    const grule *ru = &g->rules[r];
+    for (int i = 0; i < ru->n; i++)
+        if (g->el[ru->alt[i]].kind == GE_END)
+            return true;
+    if (depth > G_MAX_SCHEMA_DEPTH)
+        return true;             /* (not reached by what rx builds) */
+    for (int i = 0; i < ru->n; i++) {
+        const gelem *e = &g->el[ru->alt[i]];
+        for (;; e++) {
+            if (e->kind == GE_END)
+                return true;
+            bool null = (e->kind == GE_REP && e->a == 0) || e->kind == GE_TXT ||
+                        (e->kind == GE_REF && rx_nullable(g, e->a, depth + 1));
+            if (!null)
+                break;
+        }
+    }
+    return false;
+}
+
 /* atom{lo,hi} (hi may be G_INF) as a rule. */
 static int rx_repeat(rx *x, int atom, int lo, int hi)
 {
@@ -1159,6 +1183,10 @@ static int rx_seq(rx *x)
                 free(q.e);
                 return rx_fail(x, "a quantifier after a quantifier");
             }
+        }
+        if (hi == G_INF && rx_nullable(g, a, 0)) {
+            free(q.e);
+            return rx_fail(x, "an unbounded repetition of what can match nothing (as in (a*)*)");
         }
         if (lo != 1 || hi != 1)
             a = rx_repeat(x, a, lo, hi);

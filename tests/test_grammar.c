@@ -187,6 +187,8 @@ START_TEST(schema_refusals)
     refused("{\"type\":\"string\",\"pattern\":\"(a)\\\\1\"}", RLAI_ERR_UNSUPPORTED, "this escape");
     refused("{\"type\":\"string\",\"pattern\":\"[]\"}", RLAI_ERR_UNSUPPORTED, "an empty class");
     refused("{\"type\":\"string\",\"pattern\":\"a**\"}", RLAI_ERR_UNSUPPORTED, "after a quantifier");
+    refused("{\"type\":\"string\",\"pattern\":\"^(a*)*$\"}", RLAI_ERR_UNSUPPORTED, "can match nothing");
+    refused("{\"type\":\"string\",\"pattern\":\"(|x)+\"}", RLAI_ERR_UNSUPPORTED, "can match nothing");
     refused("{\"type\":\"string\",\"pattern\":\"(a\"}", RLAI_ERR_UNSUPPORTED, "without its ')'");
     refused("{\"type\":\"string\",\"pattern\":\"a$b\"}", RLAI_ERR_UNSUPPORTED, "an anchor inside");
     refused("{\"type\":\"string\",\"pattern\":\"[é]\"}", RLAI_ERR_UNSUPPORTED, "non-ASCII character in a class");
