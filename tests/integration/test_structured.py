@@ -5,7 +5,9 @@ and json_schema give JSON that parses and validates (jsonschema); bad
 schemas are a 400 naming the keyword; tools give tool_calls (blocking and
 streamed, OpenAI's delta shape) with arguments valid under the function's
 parameters, and a tool result turn is accepted; LangChain's bind_tools and
-with_structured_output work against the served endpoint."""
+with_structured_output work against the served endpoint; the openai
+package's parse() with a Pydantic model (numeric bounds, a tuple, formats,
+a pattern) gives a model that Pydantic accepts."""
 import json
 import re
 
@@ -120,9 +122,9 @@ def test_openai_parse_with_a_pydantic_model(engine):
     """The openai package's parse() with a Pydantic model: Field bounds
     (minimum, maximum, exclusiveMinimum), a tuple (prefixItems), a $ref
     with a description, an Optional (anyOf with null), a date and a UUID
-    (format), a pattern. Before 2026-12-07 the schema was a 400 ('minimum' is not
-    supported), and a format was not kept to. Pydantic itself checks the
-    answer."""
+    (format), a pattern. Before 2026-12-07 the schema was a 400
+    ('minimum' is not supported), and a format was not kept to. Pydantic
+    itself checks the answer."""
     import datetime
     import uuid
     pydantic = pytest.importorskip("pydantic")
