@@ -1077,7 +1077,7 @@ static bool rx_count(rx *x, int *v)
 }
 
 /* Whether rule r can match the empty text (pattern rules: acyclic but for
- * the loops of rx_repeat, which have an empty alternative, tried first). */
+ * the loops of repeat_rule, which have an empty alternative, tried first). */
 static bool rx_nullable(const rlai_grammar *g, int r, int depth)
 {
     const grule *ru = &g->rules[r];
@@ -1100,10 +1100,11 @@ static bool rx_nullable(const rlai_grammar *g, int r, int depth)
     return false;
 }
 
-/* atom{lo,hi} (hi may be G_INF) as a rule. */
-static int rx_repeat(rx *x, int atom, int lo, int hi)
+/* Rule atom, lo to hi times (hi may be G_INF), as a rule: the lo
+ * required ones written out, then an optional chain (or a loop when
+ * unbounded). Pattern quantifiers and array tails. */
+static int repeat_rule(rlai_grammar *g, int atom, int lo, int hi)
 {
-    rlai_grammar *g = x->c->g;
     gseq q = { 0 };
     int rc, opt = -1;
     if (hi == G_INF) {
@@ -1189,7 +1190,7 @@ static int rx_seq(rx *x)
             return rx_fail(x, "an unbounded repetition of what can match nothing (as in (a*)*)");
         }
         if (lo != 1 || hi != 1)
-            a = rx_repeat(x, a, lo, hi);
+            a = repeat_rule(g, a, lo, hi);
         if (a < 0) {
             free(q.e);
             return a;
@@ -1510,48 +1511,44 @@ static int lits_of(const cJSON *s, lits *L)
     return 1;
 }
 
-/* (ws ',' ws item){lo, hi} as a rule (hi may be G_INF): the lo required
- * ones written out, then an optional chain (or a loop when unbounded). */
+/* (ws ',' ws item){lo, hi} as a rule (hi may be G_INF). */
 static int items_tail(sc *c, int item, int lo, int hi)
 {
     rlai_grammar *g = c->g;
     gseq q = { 0 };
-    int rc, opt = -1;
-    if (hi == G_INF) {
-        if ((opt = rule_new(g)) < 0)
-            return opt;
+    seq_ws(g, &q);
+    seq_byte(g, &q, ',');
+    seq_ws(g, &q);
+    seq_ref(&q, item);
+    int sep = rule_one(g, &q);
+    return sep < 0 ? sep : repeat_rule(g, sep, lo, hi);
+}
+
+/* '[' ws ']' when min is 0, and '[' ws first [tail] ws ']' when max > 0
+ * (tail -1: none). */
+static int array_brackets(rlai_grammar *g, int min, int max, int first, int tail)
+{
+    int r = rule_new(g), rc;
+    if (r < 0)
+        return r;
+    gseq q = { 0 };
+    if (min == 0) {
+        seq_byte(g, &q, '[');
         seq_ws(g, &q);
-        seq_byte(g, &q, ',');
-        seq_ws(g, &q);
-        seq_ref(&q, item);
-        seq_ref(&q, opt);
-        if ((rc = rule_alt(g, opt, &q)) < 0 || (rc = rule_alt(g, opt, &q)) < 0)
+        seq_byte(g, &q, ']');
+        if ((rc = rule_alt(g, r, &q)) < 0)
             return rc;
-    } else {
-        for (int k = 0; k < hi - lo; k++) {
-            int o = rule_new(g);
-            if (o < 0)
-                return o;
-            seq_ws(g, &q);
-            seq_byte(g, &q, ',');
-            seq_ws(g, &q);
-            seq_ref(&q, item);
-            if (opt >= 0)
-                seq_ref(&q, opt);
-            if ((rc = rule_alt(g, o, &q)) < 0 || (rc = rule_alt(g, o, &q)) < 0)
-                return rc;
-            opt = o;
-        }
     }
-    for (int k = 0; k < lo; k++) {
-        seq_ws(g, &q);
-        seq_byte(g, &q, ',');
-        seq_ws(g, &q);
-        seq_ref(&q, item);
-    }
-    if (opt >= 0)
-        seq_ref(&q, opt);
-    return rule_one(g, &q);
+    if (max == 0)
+        return r;
+    seq_byte(g, &q, '[');
+    seq_ws(g, &q);
+    seq_ref(&q, first);
+    if (tail >= 0)
+        seq_ref(&q, tail);
+    seq_ws(g, &q);
+    seq_byte(g, &q, ']');
+    return (rc = rule_alt(g, r, &q)) < 0 ? rc : r;
 }
 
 /* Tuples: prefixItems (2020-12; later items follow `items`, false = none)
@@ -1618,26 +1615,7 @@ static int compile_tuple(sc *c, const cJSON *prefix, const cJSON *rest_s, int mi
     }
     int first = pi[0];
     free(pi);
-    int r = rule_new(g);
-    if (r < 0)
-        return r;
-    if (min == 0) {
-        seq_byte(g, &q, '[');
-        seq_ws(g, &q);
-        seq_byte(g, &q, ']');
-        if ((rc = rule_alt(g, r, &q)) < 0)
-            return rc;
-    }
-    if (max == 0)
-        return r;
-    seq_byte(g, &q, '[');
-    seq_ws(g, &q);
-    seq_ref(&q, first);
-    if (t >= 0)
-        seq_ref(&q, t);
-    seq_ws(g, &q);
-    seq_byte(g, &q, ']');
-    return (rc = rule_alt(g, r, &q)) < 0 ? rc : r;
+    return array_brackets(g, min, max, first, t);
 }
 
 static int compile_array(sc *c, const cJSON *s, int depth)
@@ -1674,32 +1652,11 @@ static int compile_array(sc *c, const cJSON *s, int depth)
     }
     if (item < 0 && max > 0)
         return item;
-    int r = rule_new(g);
-    if (r < 0)
-        return r;
-    gseq q = { 0 };
-    if (min == 0) {
-        seq_byte(g, &q, '[');
-        seq_ws(g, &q);
-        seq_byte(g, &q, ']');
-        if ((rc = rule_alt(g, r, &q)) < 0)
-            return rc;
-    }
-    if (max == 0)
-        return r;
     /* the first item, then (ws ',' ws item){min-1 .. max-1} */
-    int tail = items_tail(c, item, min > 1 ? min - 1 : 0, max == G_INF ? G_INF : max - 1);
-    if (tail < 0)
+    int tail = max == 0 ? -1 : items_tail(c, item, min > 1 ? min - 1 : 0, max == G_INF ? G_INF : max - 1);
+    if (max > 0 && tail < 0)
         return tail;
-    seq_byte(g, &q, '[');
-    seq_ws(g, &q);
-    seq_ref(&q, item);
-    seq_ref(&q, tail);
-    seq_ws(g, &q);
-    seq_byte(g, &q, ']');
-    if ((rc = rule_alt(g, r, &q)) < 0)
-        return rc;
-    return r;
+    return array_brackets(g, min, max, item, tail);
 }
 
 static int compile_object(sc *c, const cJSON *s, int depth)

@@ -259,11 +259,29 @@ static void nested_anyof_144(char *buf, size_t cap, bool in_array)
  * is reachable (the matcher keeps at most 128 heads, and one head per value
  * used to lose all values past the 128th without a word), values that are
  * prefixes of others and duplicates work, and nothing else is accepted. */
+/* Schemas with texts each must accept and texts each must refuse. */
+typedef struct texts_case {
+    const char *sch;
+    const char *yes[6], *no[6];
+} texts_case;
+
+static void check_texts(const texts_case *cs, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        rlai_grammar *g = schema(cs[i].sch);
+        for (int k = 0; k < 6 && cs[i].yes[k]; k++)
+            ck_assert_msg(acc(g, cs[i].yes[k]), "%s refused %s", cs[i].sch, cs[i].yes[k]);
+        for (int k = 0; k < 6 && cs[i].no[k]; k++)
+            ck_assert_msg(!acc(g, cs[i].no[k]), "%s accepted %s", cs[i].sch, cs[i].no[k]);
+        rlai_grammar_unref(g);
+    }
+}
+
 /* Tuples (prefixItems; the items array and additionalItems of older
  * drafts) and allOf of one schema. */
 START_TEST(schema_tuples_and_all_of)
 {
-    struct { const char *sch; const char *yes[5]; const char *no[5]; } cases[] = {
+    static const texts_case cases[] = {
         { "{\"type\":\"array\",\"prefixItems\":[{\"type\":\"integer\"},{\"type\":\"string\"}],\"minItems\":2,\"maxItems\":2}",
           { "[1,\"a\"]", "[ 1 , \"a\" ]" }, { "[1]", "[\"a\",1]", "[1,\"a\",2]", "[]" } },
         { "{\"prefixItems\":[{\"type\":\"integer\"},{\"type\":\"string\"}]}",
@@ -283,14 +301,7 @@ START_TEST(schema_tuples_and_all_of)
         { "{\"allOf\":[{\"description\":\"a\"},{\"type\":\"boolean\"},true]}", { "true" }, { "1" } },
         { "{\"allOf\":[{}]}", { "1", "{\"a\":[]}" }, { "{" } },
     };
-    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-        rlai_grammar *g = schema(cases[i].sch);
-        for (int k = 0; k < 5 && cases[i].yes[k]; k++)
-            ck_assert_msg(acc(g, cases[i].yes[k]), "%s refused %s", cases[i].sch, cases[i].yes[k]);
-        for (int k = 0; k < 5 && cases[i].no[k]; k++)
-            ck_assert_msg(!acc(g, cases[i].no[k]), "%s accepted %s", cases[i].sch, cases[i].no[k]);
-        rlai_grammar_unref(g);
-    }
+    check_texts(cases, sizeof cases / sizeof *cases);
 }
 END_TEST
 
@@ -321,7 +332,7 @@ START_TEST(string_formats)
     ck_assert(!acc(g, "\"2024-05-06T12:30:00\"") && !acc(g, "\"2024-05-06 12:30:00Z\"") &&
               !acc(g, "\"2024-05-06T12:30:00.1234567Z\""));
     rlai_grammar_unref(g);
-    struct { const char *sch; const char *yes[3]; const char *no[4]; } cases[] = {
+    static const texts_case cases[] = {
         { "{\"type\":\"string\",\"format\":\"time\"}", { "\"08:15:00Z\"", "\"23:00:00.5+01:00\"" },
           { "\"08:15:00\"", "\"8:15:00Z\"" } },
         { "{\"type\":\"string\",\"format\":\"uuid\"}", { "\"123e4567-e89b-12d3-a456-426614174000\"", "\"ABCDEF00-0000-0000-0000-000000000000\"" },
@@ -331,14 +342,7 @@ START_TEST(string_formats)
         { "{\"type\":\"string\",\"format\":\"email\"}", { "\"x\"", "\"\"" }, { "1" } },   /* an annotation */
         { "{\"type\":[\"string\",\"null\"],\"format\":\"date\"}", { "null", "\"2020-01-31\"" }, { "\"x\"" } },
     };
-    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-        g = schema(cases[i].sch);
-        for (int k = 0; k < 3 && cases[i].yes[k]; k++)
-            ck_assert_msg(acc(g, cases[i].yes[k]), "%s refused %s", cases[i].sch, cases[i].yes[k]);
-        for (int k = 0; k < 4 && cases[i].no[k]; k++)
-            ck_assert_msg(!acc(g, cases[i].no[k]), "%s accepted %s", cases[i].sch, cases[i].no[k]);
-        rlai_grammar_unref(g);
-    }
+    check_texts(cases, sizeof cases / sizeof *cases);
 }
 END_TEST
 
@@ -347,7 +351,7 @@ END_TEST
  * escapes are JSON's own. */
 START_TEST(string_patterns)
 {
-    struct { const char *sch; const char *yes[6]; const char *no[6]; } cases[] = {
+    static const texts_case cases[] = {
         { "{\"type\": \"string\", \"pattern\": \"^[A-Z]{3}-\\\\d{4}$\"}",
           { "\"ABC-1234\"" },
           { "\"AB-1234\"", "\"ABC-12345\"", "\"xABC-1234\"", "\"abc-1234\"" } },
@@ -385,14 +389,7 @@ START_TEST(string_patterns)
           { "\"abab\"", "\"ababc\"" },
           { "\"ab\"", "\"abababc\"" } },
     };
-    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-        rlai_grammar *g = schema(cases[i].sch);
-        for (int k = 0; k < 6 && cases[i].yes[k]; k++)
-            ck_assert_msg(acc(g, cases[i].yes[k]), "%s refused %s", cases[i].sch, cases[i].yes[k]);
-        for (int k = 0; k < 6 && cases[i].no[k]; k++)
-            ck_assert_msg(!acc(g, cases[i].no[k]), "%s accepted %s", cases[i].sch, cases[i].no[k]);
-        rlai_grammar_unref(g);
-    }
+    check_texts(cases, sizeof cases / sizeof *cases);
 }
 END_TEST
 
