@@ -389,6 +389,22 @@ static int number_rule(sc *c)
 #define G_NUM_MAX 9999999999999999LL   /* the largest 16-digit integer */
 #define G_NUM_NONE LLONG_MAX           /* no upper bound (nonneg ranges) */
 
+static int digits_range(sc *c, const char *X, const char *Y, int n);
+
+/* Adds to rule r the alternative "digit d, then n digits from X to Y";
+ * returns r or an error. */
+static int digit_then(sc *c, int r, char d, const char *X, const char *Y, int n)
+{
+    int sub = digits_range(c, X, Y, n);
+    if (sub < 0)
+        return sub;
+    gseq q = { 0 };
+    seq_byte(c->g, &q, (unsigned char)d);
+    seq_ref(&q, sub);
+    int rc = rule_alt(c->g, r, &q);
+    return rc < 0 ? rc : r;
+}
+
 /* Texts of n digits from X to Y (same n, X <= Y, no sign). */
 static int digits_range(sc *c, const char *X, const char *Y, int n)
 {
@@ -400,12 +416,8 @@ static int digits_range(sc *c, const char *X, const char *Y, int n)
         return rule_one(g, &q);
     }
     if (X[0] == Y[0]) {
-        int sub = digits_range(c, X + 1, Y + 1, n - 1);
-        if (sub < 0)
-            return sub;
-        seq_byte(g, &q, (unsigned char)X[0]);
-        seq_ref(&q, sub);
-        return rule_one(g, &q);
+        int r = rule_new(g);
+        return r < 0 ? r : digit_then(c, r, X[0], X + 1, Y + 1, n - 1);
     }
     char nines[20], zeros[20];
     memset(nines, '9', (size_t)n - 1);
@@ -415,12 +427,7 @@ static int digits_range(sc *c, const char *X, const char *Y, int n)
     if (r < 0)
         return r;
     if (!xlow) {
-        int sub = digits_range(c, X + 1, nines, n - 1);
-        if (sub < 0)
-            return sub;
-        seq_byte(g, &q, (unsigned char)X[0]);
-        seq_ref(&q, sub);
-        if ((rc = rule_alt(g, r, &q)) < 0)
+        if ((rc = digit_then(c, r, X[0], X + 1, nines, n - 1)) < 0)
             return rc;
         lo++;
     }
@@ -432,15 +439,8 @@ static int digits_range(sc *c, const char *X, const char *Y, int n)
         if ((rc = rule_alt(g, r, &q)) < 0)
             return rc;
     }
-    if (!yhigh) {
-        int sub = digits_range(c, zeros, Y + 1, n - 1);
-        if (sub < 0)
-            return sub;
-        seq_byte(g, &q, (unsigned char)Y[0]);
-        seq_ref(&q, sub);
-        if ((rc = rule_alt(g, r, &q)) < 0)
-            return rc;
-    }
+    if (!yhigh && (rc = digit_then(c, r, Y[0], zeros, Y + 1, n - 1)) < 0)
+        return rc;
     return r;
 }
 

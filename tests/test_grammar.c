@@ -683,6 +683,24 @@ static uint32_t rnd(void)
 
 static bool bit(const uint32_t *m, int t) { return (m[t >> 5] >> (t & 31)) & 1; }
 
+/* The mask after feeding text to a matcher of g, checked against the brute
+ * force mask; returns its count. *mk: malloc'd, the caller frees it. */
+static int mask_after(rlai_grammar *g, const char *text, uint32_t **mk)
+{
+    int w = rlai_gvocab_mask_words(V);
+    uint32_t *slow = malloc(sizeof(uint32_t) * (size_t)w);
+    *mk = malloc(sizeof(uint32_t) * (size_t)w);
+    rlai_grammar_matcher *m = NULL;
+    ck_assert_int_eq(rlai_grammar_matcher_new(g, &m), 0);
+    ck_assert_int_eq(rlai_grammar_matcher_feed(m, text, strlen(text)), 0);
+    int n = rlai_grammar_matcher_mask(m, V, *mk);
+    ck_assert_int_eq(n, rlai_grammar_matcher_mask_slow(m, V, slow));
+    ck_assert(!memcmp(*mk, slow, sizeof(uint32_t) * (size_t)w));
+    rlai_grammar_matcher_free(m);
+    free(slow);
+    return n;
+}
+
 /* Random walk: at each state compare the masks, then take a random
  * allowed token (biased towards short ones so the text closes). */
 static void walk_compare(rlai_grammar *g, int steps)
@@ -772,14 +790,9 @@ START_TEST(fast_mask_equals_brute_force)
     nested_anyof_144(sch, sizeof sch, true);
     g = schema(sch);
     {
-        int w = rlai_gvocab_mask_words(V), nv = rlai_gvocab_n_vocab(V);
-        uint32_t *fast = malloc(sizeof(uint32_t) * (size_t)w), *slow = malloc(sizeof(uint32_t) * (size_t)w);
-        rlai_grammar_matcher *m = NULL;
-        ck_assert_int_eq(rlai_grammar_matcher_new(g, &m), 0);
-        ck_assert_int_eq(rlai_grammar_matcher_feed(m, "[", 1), 0);
-        int nf = rlai_grammar_matcher_mask(m, V, fast);
-        ck_assert_int_eq(nf, rlai_grammar_matcher_mask_slow(m, V, slow));
-        ck_assert(!memcmp(fast, slow, sizeof(uint32_t) * (size_t)w));
+        int nv = rlai_gvocab_n_vocab(V);
+        uint32_t *fast = NULL;
+        mask_after(g, "[", &fast);
         int closing = 0;
         for (int32_t t = 0; t < nv; t++) {
             if (!bit(fast, t))
@@ -790,9 +803,7 @@ START_TEST(fast_mask_equals_brute_force)
             closing += pc[l - 1] == ']';
         }
         ck_assert_int_gt(closing, 0);
-        rlai_grammar_matcher_free(m);
         free(fast);
-        free(slow);
     }
     rlai_grammar_unref(g);
     const char *call = "{\"properties\":{\"name\":{\"const\":\"get_weather\"},\"arguments\":{\"type\":\"object\"}},"
@@ -848,14 +859,9 @@ END_TEST
 START_TEST(bounded_strings_offer_what_fits)
 {
     rlai_grammar *g = schema("{\"anyOf\":[{\"type\":\"string\",\"maxLength\":3},{\"type\":\"string\",\"maxLength\":9}]}");
-    int w = rlai_gvocab_mask_words(V), nv = rlai_gvocab_n_vocab(V);
-    uint32_t *mk = malloc(sizeof(uint32_t) * (size_t)w), *slow = malloc(sizeof(uint32_t) * (size_t)w);
-    rlai_grammar_matcher *m = NULL;
-    ck_assert_int_eq(rlai_grammar_matcher_new(g, &m), 0);
-    ck_assert_int_eq(rlai_grammar_matcher_feed(m, "\"ab", 3), 0);
-    int n = rlai_grammar_matcher_mask(m, V, mk);
-    ck_assert_int_eq(n, rlai_grammar_matcher_mask_slow(m, V, slow));
-    ck_assert(!memcmp(mk, slow, sizeof(uint32_t) * (size_t)w));
+    int nv = rlai_gvocab_n_vocab(V);
+    uint32_t *mk = NULL;
+    mask_after(g, "\"ab", &mk);
     int at7 = 0;
     for (int32_t t = 0; t < nv; t++) {
         char pc[64];
@@ -869,10 +875,8 @@ START_TEST(bounded_strings_offer_what_fits)
         at7 += l == 7;
     }
     ck_assert_int_gt(at7, 0);
-    rlai_grammar_matcher_free(m);
     rlai_grammar_unref(g);
     free(mk);
-    free(slow);
 }
 END_TEST
 
