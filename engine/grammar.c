@@ -24,6 +24,7 @@
 #include <limits.h>
 #include <math.h>
 #include <stdarg.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,9 +37,13 @@ enum { GE_END = 0, GE_CHARS, GE_REP, GE_STR, GE_REF, GE_TXT };
 #define G_WS_MAX 16         /* whitespace bytes between two JSON tokens */
 #define G_MAX_ELEMS (1 << 20)
 #define G_MAX_SCHEMA_DEPTH 64
-#define G_MAX_REPEAT 1024   /* minItems / maxItems / minLength bound */
+#define G_MAX_REPEAT 1024   /* minItems / maxItems, pattern counts */
+#define G_MAX_STRLEN (1 << 24) /* minLength / maxLength */
 #define G_MAX_LIT_BRANCH 1024 /* enum values: parting points along one value */
 #define G_MAX_OPTIONAL_RUN 120  /* optional properties in a row (each an open alternative) */
+#define G_REPSETS 32        /* byte sets of long repetitions a vocabulary keeps token lists of */
+#define G_REPSET_MIN 32     /* bytes in a set for its repetition to have a token list */
+#define G_REPSET_HEADS 8    /* heads of a state at most, for that list to be used */
 
 typedef struct gelem {
     uint8_t kind;
@@ -815,6 +820,219 @@ static int format_rule(sc *c, const char *f)
     return SPEC(c, refs, "@T@");
 }
 
+/* The length range of the text of rule r, for rules of ASCII bytes (the
+ * formats: one byte is one character); hi is G_INF for text of any length
+ * (GE_STR, GE_TXT, or a rule nested deeper than any format's). */
+static void ascii_len_range(const rlai_grammar *g, int r, int depth, long *lo, long *hi)
+{
+    if (depth > G_MAX_SCHEMA_DEPTH) {
+        *lo = 0;
+        *hi = G_INF;
+        return;
+    }
+    *lo = G_INF;
+    *hi = 0;
+    const grule *ru = &g->rules[r];
+    for (int i = 0; i < ru->n; i++) {
+        long a = 0, b = 0;
+        for (const gelem *e = &g->el[ru->alt[i]]; e->kind != GE_END; e++) {
+            long ea = 1, eb = 1;
+            if (e->kind == GE_REP) {
+                ea = e->a;
+                eb = e->b;
+            } else if (e->kind == GE_REF) {
+                ascii_len_range(g, e->a, depth + 1, &ea, &eb);
+            } else if (e->kind != GE_CHARS) {
+                ea = 0;
+                eb = G_INF;
+            }
+            a += ea;
+            b = (b >= G_INF || eb >= G_INF) ? G_INF : b + eb;
+        }
+        *lo = a < *lo ? a : *lo;
+        *hi = b > *hi ? b : *hi;
+    }
+}
+
+/* Text of the chars of a spec: (1) 'first' or nothing; refs as SPEC. */
+static int opt_spec(sc *c, const int *refs, const char *first)
+{
+    const char *alts[2] = { first, "" };
+    return spec_rule(c, 2, alts, refs);
+}
+
+/* One host label (RFC 1123): 1 to lab letters and digits, then (for lab
+ * of 12 or more) up to two groups of one or two hyphens and 1 to lab/4
+ * more letters and digits: at most label_max(lab) characters (60 for lab
+ * 38, under RFC 1035's 63). Every part is a repetition, so the mask takes
+ * the tokens of letters and digits at once (rep_cache). */
+static int label_more(int lab) { return lab >= 12 ? lab / 4 : 0; }
+static int label_max(int lab) { return label_more(lab) ? lab + 2 * (2 + label_more(lab)) : lab; }
+
+static int label_rule(sc *c, int lab)
+{
+    int more = label_more(lab), hy = -1;
+    char sp[64];
+    for (int k = 0; k < 2 && more; k++) {
+        snprintf(sp, sizeof sp, "[-]{1,2}[A-Za-z0-9]{1,%d}%s", more, k == 0 ? "" : "@");
+        int refs[1] = { hy };
+        if ((hy = opt_spec(c, refs, sp)) < 0)
+            return hy;
+    }
+    snprintf(sp, sizeof sp, "[A-Za-z0-9]{1,%d}%s", lab, more ? "@" : "");
+    int refs[1] = { hy };
+    return spec_rule(c, 1, (const char *const[]){ sp }, refs);
+}
+
+/* A host name: 1 to nl labels of up to lab characters, dots between. */
+static int hostname_body(sc *c, int lab, int nl)
+{
+    int label = label_rule(c, lab), more = -1;
+    for (int k = 0; k < nl - 1 && label >= 0; k++) {
+        int refs[2] = { label, more };
+        if ((more = opt_spec(c, refs, k == 0 ? ".@" : ".@@")) < 0)
+            return more;
+    }
+    int refs[2] = { label, more };
+    return label < 0 ? label : more < 0 ? SPEC(c, refs, "@") : SPEC(c, refs, "@@");
+}
+
+/* An e-mail address, in a conservative form that HTML's type=email and
+ * Pydantic's EmailStr both take: dot-atoms of RFC 5322 atext before the
+ * '@' (the first of up to t[0] characters, up to t[2] more of up to t[1]),
+ * then 1 to t[4] host labels of up to t[3] characters and a top-level
+ * domain of 2 to t[5] letters. No quoted local parts, no address
+ * literals. */
+static int email_body(sc *c, const int *t)
+{
+    static const char atext[] = "[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]";
+    char sp[96];
+    int more = -1;
+    for (int k = 0; k < t[2]; k++) {
+        snprintf(sp, sizeof sp, ".%s{1,%d}%s", atext, t[1], k == 0 ? "" : "@");
+        int refs[1] = { more };
+        if ((more = opt_spec(c, refs, sp)) < 0)
+            return more;
+    }
+    snprintf(sp, sizeof sp, "%s{1,%d}%s", atext, t[0], more < 0 ? "" : "@");
+    int refs[1] = { more };
+    int local = spec_rule(c, 1, (const char *const[]){ sp }, refs);
+    snprintf(sp, sizeof sp, "[A-Za-z]{2,%d}", t[5]);
+    int label = label_rule(c, t[3]), rest = spec_rule(c, 1, (const char *const[]){ sp }, NULL);
+    for (int k = 0; k < t[4] - 1 && label >= 0 && rest >= 0; k++) {
+        int r3[3] = { rest, label, rest };           /* tld | label . rest */
+        rest = SPEC(c, r3, "@", "@.@");
+    }
+    if (local < 0 || label < 0 || rest < 0)
+        return local < 0 ? local : label < 0 ? label : rest;
+    int r4[3] = { local, label, rest };
+    return SPEC(c, r4, "@[@]@.@");
+}
+
+/* A URI (RFC 3986) of a well-known scheme: http, https, ws, wss, ftp,
+ * ftps, sftp, ssh or git, then '://' host [':' port] [path]; or mailto,
+ * tel, urn or data, then ':' and a path (no '/' first); then [? query]
+ * [# fragment]. Hosts as hostname_body (IPv4 addresses are such names
+ * too), ports 1-59999, characters unreserved, sub-delims, ':' and '@' (no
+ * percent escapes). A subset of what RFC 3986 allows, chosen for
+ * generation: any scheme would let a model write "moulin.com.:x" for a
+ * website (a valid URI that no browser or Pydantic's HttpUrl takes). Caps:
+ * host labels lab (nl of them), path p, query q, fragment f characters. */
+static int uri_body(sc *c, int lab, int nl, int p, int q, int f)
+{
+#define PCH "A-Za-z0-9._~!$&'()*+,;=:@"   /* and '-', last in each set */
+    char sp[5][96];
+    snprintf(sp[0], sizeof sp[0], "/[" PCH "/-]{0,%d}", p - 1);
+    snprintf(sp[1], sizeof sp[1], "/[" PCH "/-]{0,%d}", p - p / 2 - 2 > 0 ? p - p / 2 - 2 : 0);
+    snprintf(sp[2], sizeof sp[2], "[" PCH "-]{1,%d}@", p / 2 > 1 ? p / 2 : 1);   /* no '/' first */
+    snprintf(sp[3], sizeof sp[3], "?[" PCH "/?-]{0,%d}", q - 1);
+    snprintf(sp[4], sizeof sp[4], "#[" PCH "/?-]{0,%d}", f - 1);
+#undef PCH
+    int rest = opt_spec(c, NULL, sp[1]);
+    int r[8] = { SPEC(c, NULL, "http", "https", "ws", "wss", "ftp", "ftps", "sftp", "ssh", "git"),
+                 hostname_body(c, lab, nl), SPEC(c, NULL, ":[1-9][0-9]{0,3}", ":[1-5][0-9]{4}", ""),
+                 opt_spec(c, NULL, sp[0]), SPEC(c, NULL, "mailto", "tel", "urn", "data"),
+                 rest < 0 ? rest : spec_rule(c, 1, (const char *const[]){ sp[2] }, &rest),
+                 opt_spec(c, NULL, sp[3]), opt_spec(c, NULL, sp[4]) };
+    for (int i = 0; i < 8; i++)
+        if (r[i] < 0)
+            return r[i];
+    /* web scheme :// host port path, or opaque scheme : path */
+    int hier = spec_rule(c, 2, (const char *const[]){ "@://@@@", "@:@" }, r);
+    int ur[3] = { hier, r[6], r[7] };          /* then the query and the fragment */
+    return hier < 0 ? hier : SPEC(c, ur, "@@@");
+}
+
+/* Caps of the formats with parts of open length, largest first: under a
+ * maxLength the first whose longest text fits is taken. */
+static const int email_tiers[][6] = {   /* first atom, atom, more atoms, label, labels, tld */
+    { 30, 10, 3, 24, 4, 24 }, { 24, 10, 2, 16, 3, 12 }, { 16, 8, 1, 12, 2, 10 }, { 12, 8, 1, 10, 1, 8 },
+    { 10, 5, 1, 8, 1, 4 }, { 6, 4, 1, 5, 1, 3 }, { 4, 2, 0, 3, 1, 2 },
+};
+static const int host_tiers[][2] = { { 30, 5 }, { 20, 4 }, { 12, 3 }, { 8, 2 }, { 5, 2 }, { 3, 1 } };
+/* URIs: label, labels; what the scheme and host leave goes to the path (a
+ * half, up to 1024), the query (3/8, up to 1024) and the fragment (the
+ * rest, up to 256); a tier is taken when it leaves a fifth of the
+ * maxLength or more. */
+static const int uri_tiers[][2] = { { 30, 5 }, { 20, 4 }, { 12, 3 }, { 10, 3 }, { 10, 2 }, { 8, 2 }, { 5, 2 } };
+
+/* The URI of tier i under maxLength max (G_INF: none), or
+ * RLAI_ERR_NOT_FOUND when that tier leaves too little room and is not the
+ * last. */
+static int uri_tier(sc *c, int i, int max)
+{
+    const int *t = uri_tiers[i];
+    long fixed = 6 + 3 + (label_max(t[0]) * t[1] + t[1] - 1) + 6;   /* scheme :// host :port */
+    long room = (long)max - fixed;
+    if ((room < 3 || room * 5 < max) && i < (int)(sizeof uri_tiers / sizeof *uri_tiers) - 1)
+        return RLAI_ERR_NOT_FOUND;
+    long p = room / 2 > 1024 ? 1024 : room / 2, q = room * 3 / 8 > 1024 ? 1024 : room * 3 / 8;
+    long f = room - p - q > 256 ? 256 : room - p - q;
+    return uri_body(c, t[0], t[1], p < 2 ? 2 : (int)p, q < 1 ? 1 : (int)q, f < 1 ? 1 : (int)f);
+}
+
+/* The string rule of an enforced format, its text within min..max
+ * characters, or RLAI_ERR_NOT_FOUND for a format that stays an
+ * annotation. Under a maxLength, addresses, URIs and host names take the
+ * largest caps whose text fits (the tiers above). A format whose text can
+ * be shorter than minLength, or cannot be kept within maxLength, is
+ * refused. */
+static int format_string_rule(sc *c, const char *f, int min, int max)
+{
+    bool email = !strcmp(f, "email"), host = !strcmp(f, "hostname"), uri = !strcmp(f, "uri");
+    int n = email ? (int)(sizeof email_tiers / sizeof *email_tiers)
+            : host ? (int)(sizeof host_tiers / sizeof *host_tiers)
+            : uri ? (int)(sizeof uri_tiers / sizeof *uri_tiers) : 1;
+    long lo = 0, hi = 0;
+    int body = RLAI_ERR_NOT_FOUND;
+    for (int i = 0; i < n; i++) {
+        if (email)
+            body = email_body(c, email_tiers[i]);
+        else if (host)
+            body = hostname_body(c, host_tiers[i][0], host_tiers[i][1]);
+        else if (uri)
+            body = uri_tier(c, i, max);
+        else
+            body = format_rule(c, f);
+        if (uri && body == RLAI_ERR_NOT_FOUND)
+            continue;
+        if (body < 0)
+            return body;
+        ascii_len_range(c->g, body, 0, &lo, &hi);
+        if (hi <= max)
+            break;
+    }
+    if (lo < min || hi > max)
+        return sc_fail(c, RLAI_ERR_UNSUPPORTED,
+                       "'format' '%s' with minLength or maxLength is not supported here (its text has %ld to %ld characters)",
+                       f, lo, hi);
+    gseq q = { 0 };
+    seq_byte(c->g, &q, '"');
+    seq_ref(&q, body);
+    seq_byte(c->g, &q, '"');
+    return rule_one(c->g, &q);
+}
+
 /* ---- pattern (a regular expression over the string's characters)
  *
  * A subset of ECMA-262: literal characters (UTF-8 too), escapes of
@@ -1370,7 +1588,7 @@ static const char *const kw_annotation[] = {
 
 static int compile(sc *c, const cJSON *s, int depth);
 
-static int get_count(sc *c, const cJSON *s, const char *key, int dflt, int *out)
+static int get_count(sc *c, const cJSON *s, const char *key, int dflt, int limit, int *out)
 {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(s, key);
     *out = dflt;
@@ -1380,8 +1598,8 @@ static int get_count(sc *c, const cJSON *s, const char *key, int dflt, int *out)
      * undefined (fuzz_grammar found it) */
     if (!cJSON_IsNumber(v) || !(v->valuedouble >= 0) || v->valuedouble != floor(v->valuedouble))
         return sc_fail(c, RLAI_ERR_INVALID_ARG, "'%s' must be a non-negative integer", key);
-    if (v->valuedouble > G_MAX_REPEAT)
-        return sc_fail(c, RLAI_ERR_TOO_LARGE, "'%s' above %d is not supported", key, G_MAX_REPEAT);
+    if (v->valuedouble > limit)
+        return sc_fail(c, RLAI_ERR_TOO_LARGE, "'%s' above %d is not supported", key, limit);
     *out = (int)v->valuedouble;
     return 0;
 }
@@ -1624,7 +1842,8 @@ static int compile_array(sc *c, const cJSON *s, int depth)
     const cJSON *items = cJSON_GetObjectItemCaseSensitive(s, "items");
     const cJSON *prefix = cJSON_GetObjectItemCaseSensitive(s, "prefixItems");
     int min, max, rc;
-    if ((rc = get_count(c, s, "minItems", 0, &min)) < 0 || (rc = get_count(c, s, "maxItems", G_INF, &max)) < 0)
+    if ((rc = get_count(c, s, "minItems", 0, G_MAX_REPEAT, &min)) < 0 ||
+        (rc = get_count(c, s, "maxItems", G_INF, G_MAX_REPEAT, &max)) < 0)
         return rc;
     if (min > max)
         return sc_fail(c, RLAI_ERR_INVALID_ARG, "minItems is greater than maxItems");
@@ -1815,7 +2034,8 @@ static int compile_type(sc *c, const cJSON *s, const char *type, int depth)
         return compile_array(c, s, depth);
     if (!strcmp(type, "string")) {
         int min, max, rc;
-        if ((rc = get_count(c, s, "minLength", 0, &min)) < 0 || (rc = get_count(c, s, "maxLength", G_INF, &max)) < 0)
+        if ((rc = get_count(c, s, "minLength", 0, G_MAX_STRLEN, &min)) < 0 ||
+            (rc = get_count(c, s, "maxLength", G_INF, G_MAX_STRLEN, &max)) < 0)
             return rc;
         const cJSON *pat = cJSON_GetObjectItemCaseSensitive(s, "pattern");
         if (pat) {
@@ -1827,19 +2047,9 @@ static int compile_type(sc *c, const cJSON *s, const char *type, int depth)
             return pattern_rule(c, pat->valuestring);
         }
         const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(s, "format");
-        int body = cJSON_IsString(fmt) ? format_rule(c, fmt->valuestring) : RLAI_ERR_NOT_FOUND;
-        if (body >= 0) {
-            if (min > 0 || max != G_INF)
-                return sc_fail(c, RLAI_ERR_UNSUPPORTED, "'format' '%s' with minLength or maxLength is not supported",
-                               fmt->valuestring);
-            gseq q = { 0 };
-            seq_byte(c->g, &q, '"');
-            seq_ref(&q, body);
-            seq_byte(c->g, &q, '"');
-            return rule_one(c->g, &q);
-        }
-        if (body != RLAI_ERR_NOT_FOUND)
-            return body;
+        int r = cJSON_IsString(fmt) ? format_string_rule(c, fmt->valuestring, min, max) : RLAI_ERR_NOT_FOUND;
+        if (r != RLAI_ERR_NOT_FOUND)
+            return r;
         if (min > max)
             return sc_fail(c, RLAI_ERR_INVALID_ARG, "minLength is greater than maxLength");
         return string_rule(c, min, max);
@@ -2357,6 +2567,7 @@ struct rlai_grammar_matcher {
     bool oom;
     bool over;                   /* a state needed more than G_MAX_HEADS heads */
     const gstate **walk;         /* per-depth states of the trie walk */
+    bool *walk_in;               /* per depth: the walk's bytes are in its repset's set */
     int walk_cap;
     /* Expansion memo of one operation (a byte over a state, the start
      * state, an end check; generation xgen): the (rule, return frame, byte)
@@ -2785,6 +2996,7 @@ void rlai_grammar_matcher_free(rlai_grammar_matcher *m)
     afree(&m->keep[1]);
     afree(&m->scratch);
     free(m->walk);
+    free(m->walk_in);
     free(m->xm);
     free(m->xf);
     rlai_grammar_unref(m->g);
@@ -2906,6 +3118,20 @@ struct rlai_gvocab {
     int32_t *plain_ids;          /* the plain tokens, shortest first */
     int n_plain;
     trie all, nonplain;
+    /* Per byte set of a long repetition (GE_REP: the parts of an address
+     * or a URI), made when a mask first needs it and then kept (rep_cache):
+     * the tokens of the set's bytes only, shortest first, and per node of
+     * the trie `all` whether its byte and every byte below it are in the
+     * set and its longest token. Entries never change once published. */
+    pthread_mutex_t rs_lock;
+    struct repset {
+        uint64_t bits[4];
+        int32_t *ids;
+        int n_ids;
+        uint8_t *inside;
+        uint16_t *deepest;
+    } *rs[G_REPSETS];
+    int n_rs;
 };
 
 static const rlai_gvocab *sort_v;
@@ -2988,6 +3214,7 @@ int rlai_gvocab_new(const rlai_tokenizer *tk, rlai_gvocab **out)
     rlai_gvocab *v = calloc(1, sizeof(*v));
     if (!v)
         return RLAI_ERR_NOMEM;
+    pthread_mutex_init(&v->rs_lock, NULL);
     v->n_vocab = n;
     v->words = (n + 31) / 32;
     v->off = calloc((size_t)n, sizeof(uint32_t));
@@ -3102,6 +3329,13 @@ void rlai_gvocab_free(rlai_gvocab *v)
     free(v->plain_ids);
     free(v->all.n);
     free(v->nonplain.n);
+    for (int i = 0; i < v->n_rs; i++) {
+        free(v->rs[i]->ids);
+        free(v->rs[i]->inside);
+        free(v->rs[i]->deepest);
+        free(v->rs[i]);
+    }
+    pthread_mutex_destroy(&v->rs_lock);
     free(v);
 }
 
@@ -3114,20 +3348,118 @@ static void mark(const rlai_gvocab *v, uint32_t *mask, int32_t t)
         mask[t >> 5] |= 1u << (t & 31);
 }
 
-static int walk(rlai_grammar_matcher *m, const rlai_gvocab *v, const trie *t, uint32_t *mask)
+static bool bits_has(const uint64_t *b, unsigned char c) { return (b[c >> 6] >> (c & 63)) & 1; }
+
+static struct repset *repset_build(const rlai_gvocab *v, const uint64_t *bits)
+{
+    const trie *t = &v->all;
+    struct repset *r = calloc(1, sizeof(*r));
+    int *first = calloc((size_t)v->max_len + 2, sizeof(int));
+    uint8_t *bad = calloc((size_t)v->max_len + 2, 1);      /* per depth: a child outside the set */
+    uint16_t *deep = calloc((size_t)v->max_len + 2, sizeof(uint16_t));
+    int32_t *tmp = malloc(sizeof(int32_t) * (size_t)(v->n_vocab ? v->n_vocab : 1));
+    if (r) {
+        r->ids = malloc(sizeof(int32_t) * (size_t)(v->n_vocab ? v->n_vocab : 1));
+        r->inside = malloc((size_t)(t->count ? t->count : 1));
+        r->deepest = malloc(sizeof(uint16_t) * (size_t)(t->count ? t->count : 1));
+    }
+    if (!r || !r->ids || !r->inside || !r->deepest || !first || !bad || !deep || !tmp) {
+        if (r) {
+            free(r->ids);
+            free(r->inside);
+            free(r->deepest);
+            free(r);
+        }
+        r = NULL;
+    } else {
+        memcpy(r->bits, bits, sizeof(r->bits));
+        int n = 0;
+        for (int32_t k = 0; k < v->n_vocab; k++) {
+            int l = v->len[k];
+            bool in = l > 0 && !((v->eog[k >> 5] >> (k & 31)) & 1);
+            for (int j = 0; j < l && in; j++)
+                in = bits_has(bits, v->blob[v->off[k] + j]);
+            if (in) {
+                tmp[n++] = k;
+                first[l + 1]++;
+            }
+        }
+        for (int l = 1; l <= v->max_len + 1; l++)
+            first[l] += first[l - 1];
+        for (int k = 0; k < n; k++)
+            r->ids[first[v->len[tmp[k]]]++] = tmp[k];
+        r->n_ids = n;
+        /* bottom-up in reverse preorder: a node's children are the nodes
+         * one deeper seen since the last node at its depth or above */
+        for (int i = t->count - 1; i >= 0; i--) {
+            const tnode *nd = &t->n[i];
+            int d = nd->depth;
+            bool out = !bits_has(bits, nd->byte) || bad[d + 1];
+            uint16_t own = (uint16_t)(nd->tok >= 0 ? d : 0), dp = deep[d + 1] > own ? deep[d + 1] : own;
+            r->inside[i] = !out;
+            r->deepest[i] = dp;
+            bad[d + 1] = 0;
+            deep[d + 1] = 0;
+            bad[d] |= out;
+            deep[d] = deep[d] > dp ? deep[d] : dp;
+        }
+    }
+    free(first);
+    free(bad);
+    free(deep);
+    free(tmp);
+    return r;
+}
+
+/* The token list and trie flags of byte set bits (struct repset), made
+ * the first time a mask needs them and kept by the vocabulary; NULL when
+ * out of memory or when G_REPSETS other sets fill the table (then the mask
+ * walks as it would without). Masks of several requests run at once: the
+ * table is read and grown under rs_lock; an entry is built under it too
+ * (about a millisecond, once per set and engine). */
+static const struct repset *rep_cache(const rlai_gvocab *cv, const uint64_t *bits)
+{
+    rlai_gvocab *v = (rlai_gvocab *)cv;   /* the cache is the only mutable part */
+    struct repset *r = NULL;
+    pthread_mutex_lock(&v->rs_lock);
+    for (int i = 0; i < v->n_rs && !r; i++)
+        if (!memcmp(v->rs[i]->bits, bits, sizeof(v->rs[i]->bits)))
+            r = v->rs[i];
+    if (!r && v->n_rs < G_REPSETS && (r = repset_build(v, bits)) != NULL)
+        v->rs[v->n_rs++] = r;
+    pthread_mutex_unlock(&v->rs_lock);
+    return r;
+}
+
+/* Marks the tokens the state allows among those of trie t. With rs, the
+ * tokens of rs's set of up to `room` bytes were marked already (a head
+ * repeats that set with room to spare): subtrees of only such tokens,
+ * reached by bytes of the set, are skipped. */
+static int walk(rlai_grammar_matcher *m, const rlai_gvocab *v, const trie *t, uint32_t *mask,
+                const struct repset *rs, long room)
 {
     if (m->walk_cap < v->max_len + 1) {
         const gstate **nw = realloc(m->walk, sizeof(*nw) * (size_t)(v->max_len + 1));
-        if (!nw)
+        bool *ni = nw ? realloc(m->walk_in, sizeof(bool) * (size_t)(v->max_len + 1)) : NULL;
+        if (nw)
+            m->walk = nw;
+        if (!ni)
             return RLAI_ERR_NOMEM;
-        m->walk = nw;
+        m->walk_in = ni;
         m->walk_cap = v->max_len + 1;
     }
     const gstate **st = m->walk;
+    bool *in = m->walk_in;       /* per depth: the bytes so far are all in rs's set */
     st[0] = m->st;
+    in[0] = rs != NULL;
     const tnode *nd = t->n;
     for (int i = 0; i < t->count;) {
-        const gstate *s = step(m, &m->scratch, st[nd[i].depth - 1], nd[i].byte);
+        int d = nd[i].depth;
+        if (in[d - 1] && rs->inside[i] && rs->deepest[i] <= room) {
+            i = nd[i].end;
+            continue;
+        }
+        const gstate *s = step(m, &m->scratch, st[d - 1], nd[i].byte);
         if (m->oom)
             return RLAI_ERR_NOMEM;
         if (!s || m->over) {     /* refused, or past G_MAX_HEADS: not offered */
@@ -3141,7 +3473,8 @@ static int walk(rlai_grammar_matcher *m, const rlai_gvocab *v, const trie *t, ui
             i = nd[i].end;
             continue;
         }
-        st[nd[i].depth] = s;
+        st[d] = s;
+        in[d] = in[d - 1] && bits_has(rs->bits, nd[i].byte);
         i++;
     }
     return 0;
@@ -3195,13 +3528,43 @@ int rlai_grammar_matcher_mask(rlai_grammar_matcher *m, const rlai_gvocab *v, uin
         rc = 0;
     } else if (in_str) {
         memcpy(mask, v->plain, sizeof(uint32_t) * (size_t)v->words);
-        rc = walk(m, v, &v->nonplain, mask);
+        rc = walk(m, v, &v->nonplain, mask, NULL, 0);
     } else if (all_str) {
         for (int i = 0; i < v->n_plain && v->len[v->plain_ids[i]] <= room; i++)
             mark(v, mask, v->plain_ids[i]);
-        rc = walk(m, v, &v->nonplain, mask);
+        rc = walk(m, v, &v->nonplain, mask, NULL, 0);
     } else {
-        rc = walk(m, v, &v->all, mask);
+        /* A head repeating a large byte set (a URI's path, an address's
+         * parts) takes every token of that set's bytes that fits its room:
+         * mark them at once and skip them in the walk. Such a token is not
+         * stepped, so it is not checked against G_MAX_HEADS as the walk
+         * checks tokens: only states of up to G_REPSET_HEADS heads use
+         * this. Only the formats' parts repeat sets of 32 bytes or more
+         * (besides free text, taken whole above),
+         * and what follows them opens a few alternatives (a dot, '@', ':',
+         * '/', the closing quote), so their tokens stay far below it;
+         * tests/test_grammar.c compares these masks with brute force. */
+        const struct repset *rs = NULL;
+        room = 0;
+        for (int i = 0; i < m->st->n && m->st->n <= G_REPSET_HEADS; i++) {
+            const gframe *h = m->st->h[i];
+            const gelem *e = &m->g->el[h->ei];
+            if (e->kind != GE_REP)
+                continue;
+            long r = e->b == G_INF ? LONG_MAX : (long)e->b - h->cnt;
+            const uint64_t *b = m->g->sets[e->set];
+            if (r > room && __builtin_popcountll(b[0]) + __builtin_popcountll(b[1]) + __builtin_popcountll(b[2]) +
+                                    __builtin_popcountll(b[3]) >= G_REPSET_MIN) {
+                const struct repset *c = rep_cache(v, b);
+                if (c) {
+                    rs = c;
+                    room = r;
+                }
+            }
+        }
+        for (int i = 0; rs && i < rs->n_ids && v->len[rs->ids[i]] <= room; i++)
+            mark(v, mask, rs->ids[i]);
+        rc = walk(m, v, &v->all, mask, rs, room);
     }
     if (rc < 0)
         return rc;

@@ -50,11 +50,11 @@ install_debs() {
 
 setup_venv() {
     if [ ! -x .venv/bin/python ]; then
-        log "creating Python venv .venv (numpy, gguf, pytest, pyzmq, msgpack, openai, jsonschema, langchain-openai, pillow for the tests)"
+        log "creating Python venv .venv (numpy, gguf, pytest, pyzmq, msgpack, openai, jsonschema, langchain-openai, pillow, email-validator for the tests)"
         python3 -m venv .venv
     fi
-    if ! .venv/bin/python -c "import numpy, gguf, pytest, zmq, msgpack, openai, jsonschema, langchain_openai, PIL" 2>/dev/null; then
-        .venv/bin/pip install -q --disable-pip-version-check numpy gguf pytest pyzmq msgpack openai jsonschema langchain-openai pillow
+    if ! .venv/bin/python -c "import numpy, gguf, pytest, zmq, msgpack, openai, jsonschema, langchain_openai, PIL, email_validator" 2>/dev/null; then
+        .venv/bin/pip install -q --disable-pip-version-check numpy gguf pytest pyzmq msgpack openai jsonschema langchain-openai pillow email-validator
     fi
 }
 

@@ -211,6 +211,10 @@ START_TEST(schema_refusals)
     refused("{\"items\":false,\"minItems\":1}", RLAI_ERR_INVALID_ARG, "greater than the items the array allows");
     refused("{\"prefixItems\":{}}", RLAI_ERR_INVALID_ARG, "'prefixItems' must be an array");
     refused("{\"type\":\"string\",\"format\":\"uuid\",\"maxLength\":3}", RLAI_ERR_UNSUPPORTED, "with minLength or maxLength");
+    refused("{\"type\":\"string\",\"format\":\"email\",\"minLength\":8}", RLAI_ERR_UNSUPPORTED, "6 to 252 characters");
+    refused("{\"type\":\"string\",\"format\":\"uri\",\"maxLength\":20}", RLAI_ERR_UNSUPPORTED, "with minLength or maxLength");
+    refused("{\"type\":\"string\",\"maxLength\":16777217}", RLAI_ERR_TOO_LARGE, "above 16777216");
+    refused("{\"type\":\"array\",\"maxItems\":1025}", RLAI_ERR_TOO_LARGE, "above 1024");
     refused("{\"type\":\"object\",\"properties\":{\"a\":{\"not\":{}}}}", RLAI_ERR_UNSUPPORTED, "'not'");
     refused("{\"type\":\"object\"", RLAI_ERR_INVALID_ARG, "not valid JSON");
     refused("[1]", RLAI_ERR_INVALID_ARG, "must be a JSON object");
@@ -339,10 +343,99 @@ START_TEST(string_formats)
           { "\"123e4567e89b12d3a456426614174000\"", "\"123e4567-e89b-12d3-a456-42661417400g\"" } },
         { "{\"type\":\"string\",\"format\":\"ipv4\"}", { "\"192.168.0.1\"", "\"0.0.0.0\"", "\"255.255.255.255\"" },
           { "\"256.1.1.1\"", "\"01.2.3.4\"", "\"1.2.3\"" } },
-        { "{\"type\":\"string\",\"format\":\"email\"}", { "\"x\"", "\"\"" }, { "1" } },   /* an annotation */
+        { "{\"type\":\"string\",\"format\":\"ipv6\"}", { "\"x\"", "\"\"" }, { "1" } },   /* an annotation */
+        { "{\"type\":\"string\",\"format\":\"email\"}",
+          { "\"john.smith@example.com\"", "\"a@b.co\"", "\"o'brien+tag@mail.example.co.uk\"",
+            "\"x_y-z@sub-domain.example.org\"", "\"A.B.C.D@x.io\"", "\"my--x@a--b.com\"" },
+          { "\"john@example\"", "\"john..smith@x.com\"", "\".john@x.com\"", "\"john@-x.com\"",
+            "\"john@x.c\"", "\"john smith@x.com\"" } },
+        { "{\"type\":\"string\",\"format\":\"email\"}", { NULL },
+          { "\"john.@x.com\"", "\"john@x-.com\"", "\"john@x.com1\"", "\"@x.com\"", "\"\"", "\"a.b.c.d.e@x.com\"" } },
+        { "{\"type\":\"string\",\"format\":\"uri\"}",
+          { "\"https://example.com\"", "\"http://localhost:8080/api/v1?x=1&y=2#top\"", "\"mailto:someone@example.com\"",
+            "\"urn:isbn:0451450523\"", "\"ftp://192.168.0.1/pub/file.txt\"",
+            "\"https://en.wikipedia.org/wiki/Dragon_(disambiguation)\"" },
+          { "\"example.com\"", "\"http://\"", "\"http:///x\"", "\"https://exa mple.com\"", "\"http://x:0/\"",
+            "\"http://x:99999/\"" } },
+        { "{\"type\":\"string\",\"format\":\"uri\",\"minLength\":1,\"maxLength\":2083}",   /* Pydantic's HttpUrl */
+          { "\"https://example.com/\"", "\"wss://a.b:443/x\"", "\"tel:+1-555-0100\"", "\"data:text/plain;base64,SGVsbG8=\"" },
+          { "\"https://e.com/a b\"", "\"1http://x\"", "\"http:/x\"", "\"https://a.b.c.d.e.f.g.com\"",
+            "\"https://e.com/%20\"", "\"https://e.com/\\\"x\"" } },
+        { "{\"type\":\"string\",\"format\":\"uri\"}", { NULL },   /* schemes other than the well-known ones */
+          { "\"https:example.com\"", "\"mailto://x\"", "\"coap://x\"", "\"moulin.com.:x\"", "\"x:y\"" } },
+        { "{\"type\":\"string\",\"format\":\"hostname\"}",
+          { "\"example.com\"", "\"a-b.c\"", "\"localhost\"", "\"my--company-name.co\"", "\"10.0.0.1\"" },
+          { "\"-a.com\"", "\"a_b.com\"", "\"a..b\"", "\"a-.com\"", "\"a-b-c-d.com\"", "\"a.b.c.d.e.f\"" } },
+        { "{\"type\":\"string\",\"format\":\"date\",\"minLength\":10,\"maxLength\":10}", { "\"2024-02-28\"" },
+          { "\"2024-2-28\"" } },
+        { "{\"type\":\"string\",\"maxLength\":5000}", { "\"abc\"" }, { "1" } },
         { "{\"type\":[\"string\",\"null\"],\"format\":\"date\"}", { "null", "\"2020-01-31\"" }, { "\"x\"" } },
     };
     check_texts(cases, sizeof cases / sizeof *cases);
+    /* under a maxLength, addresses and URIs of every shape: what is
+     * accepted fits, and the common ones are accepted */
+    static const int maxes[] = { 2083, 254, 120, 100, 64, 50, 40, 30 };
+    static char txt[2300];
+    for (size_t mi = 0; mi < sizeof maxes / sizeof *maxes; mi++) {
+        char sch[160];
+        int max = maxes[mi], fits = 0, taken = 0;
+        snprintf(sch, sizeof sch, "{\"type\":\"string\",\"format\":\"uri\",\"maxLength\":%d}", max);
+        rlai_grammar *gu = NULL;
+        int rc = rlai_grammar_from_json_schema(sch, strlen(sch), &gu, NULL, 0);
+        ck_assert_msg(rc == 0 || (rc == RLAI_ERR_UNSUPPORTED && max < 40), "uri maxLength %d: %d", max, rc);
+        snprintf(sch, sizeof sch, "{\"type\":\"string\",\"format\":\"email\",\"maxLength\":%d}", max);
+        rlai_grammar *ge = schema(sch);
+        for (int host = 1; host <= 80; host += 7)
+            for (int path = 0; path <= 1200; path += path < 40 ? 3 : 97)
+                for (int q = 0; q <= 300; q += q < 20 ? 9 : 140) {
+                    /* https://hhh.hh.com/ppp?qqq and local@hhh.hh.com */
+                    int o = snprintf(txt, sizeof txt, "\"https://");
+                    for (int k = 0; k < host; k++)
+                        txt[o++] = k % 9 == 8 && k + 1 < host ? '.' : (char)('a' + k % 7);
+                    o += snprintf(txt + o, sizeof txt - (size_t)o, ".com");
+                    int h_end = o;
+                    if (path)
+                        for (int k = 0; k < path; k++)
+                            txt[o++] = k % 11 == 0 ? '/' : (char)('m' + k % 5);
+                    if (q) {
+                        txt[o++] = '?';
+                        for (int k = 1; k < q; k++)
+                            txt[o++] = k % 6 ? (char)('0' + k % 10) : '=';
+                    }
+                    txt[o++] = '"';
+                    txt[o] = 0;
+                    int len = o - 2;
+                    fits += len <= max;
+                    if (gu && acc(gu, txt)) {
+                        ck_assert_msg(len <= max, "uri of %d characters under maxLength %d", len, max);
+                        taken++;
+                    }
+                    if (path == 0 && q == 0) {   /* the host as an address: "local@host" */
+                        char em[200];
+                        snprintf(em, sizeof em, "\"%.*s@%.*s\"", 1 + host % 13, "johnsmithsjohnsmith", h_end - 9, txt + 9);
+                        if (acc(ge, em))
+                            ck_assert_msg((int)strlen(em) - 2 <= max, "%s under maxLength %d", em, max);
+                    }
+                }
+        ck_assert_msg(!gu || taken > 0 || fits == 0, "uri maxLength %d took none of %d that fit", max, fits);
+        ck_assert(acc(ge, "\"a@b.co\""));
+        ck_assert(max < 64 || acc(ge, "\"john.smith@example.com\""));
+        ck_assert(!gu || max < 50 || acc(gu, "\"https://example.com\""));
+        rlai_grammar_unref(gu);
+        rlai_grammar_unref(ge);
+    }
+    /* strings past the 1024 of arrays (Pydantic writes maxLength 2083 for URLs) */
+    rlai_grammar *gs = schema("{\"type\":\"string\",\"minLength\":1500,\"maxLength\":2000}");
+    for (int n = 1499; n <= 2001; n++) {
+        txt[0] = '"';
+        memset(txt + 1, 'x', (size_t)n);
+        txt[n + 1] = '"';
+        txt[n + 2] = 0;
+        ck_assert_int_eq(acc(gs, txt), n >= 1500 && n <= 2000);
+        if (n == 1510)
+            n = 1990;
+    }
+    rlai_grammar_unref(gs);
 }
 END_TEST
 
@@ -828,6 +921,19 @@ START_TEST(fast_mask_equals_brute_force)
     g = schema("{\"type\":\"array\",\"minItems\":2,\"maxItems\":3,\"items\":{\"anyOf\":["
                "{\"type\":\"string\",\"format\":\"date-time\"},{\"type\":\"string\",\"format\":\"uuid\"}]}}");
     walk_compare(g, 30);
+    rlai_grammar_unref(g);
+    /* addresses, URIs, host names: long repetitions whose tokens the
+     * mask takes at once (rep_cache); a small maxLength shrinks them */
+    g = schema("{\"type\":\"array\",\"minItems\":3,\"maxItems\":4,\"items\":{\"anyOf\":["
+               "{\"type\":\"string\",\"format\":\"email\"},{\"type\":\"string\",\"format\":\"uri\"},"
+               "{\"type\":\"string\",\"format\":\"hostname\"}]}}");
+    for (int r = 0; r < 3; r++)
+        walk_compare(g, 60);
+    rlai_grammar_unref(g);
+    g = schema("{\"type\":\"array\",\"minItems\":2,\"maxItems\":3,\"items\":{\"anyOf\":["
+               "{\"type\":\"string\",\"format\":\"uri\",\"maxLength\":60},{\"type\":\"string\",\"format\":\"email\",\"maxLength\":30}]}}");
+    for (int r = 0; r < 3; r++)
+        walk_compare(g, 60);
     rlai_grammar_unref(g);
     /* patterns: a phone number, and an unanchored word with escapes */
     g = schema("{\"type\":\"array\",\"minItems\":2,\"maxItems\":3,\"items\":{\"anyOf\":["
