@@ -772,8 +772,30 @@ static int spec_rule(sc *c, int n, const char *const *alts, const int *refs)
 #define SPEC(c, refs, ...) spec_rule(c, (int)(sizeof((const char *const[]){ __VA_ARGS__ }) / sizeof(const char *)), \
                                      (const char *const[]){ __VA_ARGS__ }, refs)
 
-/* The body (without quotes) of a string of an enforced format, or
- * RLAI_ERR_NOT_FOUND for a format that stays an annotation. Dates are real
+/* A duration as RFC 3339 (appendix A) writes it, which Pydantic's
+ * timedelta writes and reads: P, then years [months [days]], months
+ * [days] or days, then optionally T and hours [minutes [seconds]],
+ * minutes [seconds] or seconds; or T... alone; or weeks alone. Each
+ * number 1 to 6 digits, no fractions. */
+static int duration_rule(sc *c)
+{
+    int sec = SPEC(c, NULL, "[0-9]{1,6}S", ""), day = SPEC(c, NULL, "[0-9]{1,6}D", "");
+    int min = SPEC(c, &sec, "[0-9]{1,6}M@", ""), mon = SPEC(c, &day, "[0-9]{1,6}M@", "");
+    if (sec < 0 || day < 0 || min < 0 || mon < 0)
+        return RLAI_ERR_NOMEM;
+    int tr[3] = { min, sec, -1 }, dr[3] = { mon, day, -1 };
+    int time = SPEC(c, tr, "T[0-9]{1,6}H@", "T[0-9]{1,6}M@", "T[0-9]{1,6}S");
+    int tm = time < 0 ? time : SPEC(c, &time, "@", "");
+    int date = SPEC(c, dr, "[0-9]{1,6}Y@", "[0-9]{1,6}M@", "[0-9]{1,6}D");
+    if (tm < 0 || date < 0)
+        return tm < 0 ? tm : date;
+    int refs[3] = { date, tm, time };
+    return SPEC(c, refs, "P@@", "P@", "P[0-9]{1,6}W");
+}
+
+/* The body (without quotes) of a string of a format of fixed shape (date,
+ * time, date-time, uuid, ipv4, duration), or RLAI_ERR_NOT_FOUND for any
+ * other format (format_string_rule has the rest). Dates are real
  * calendar dates of years 1000-9999 (February to the 28th: a 29th is
  * valid only in leap years, which a grammar of this size does not count);
  * times and date-times are RFC 3339 with their offset (Z or +hh:mm). */
@@ -790,6 +812,8 @@ static int format_rule(sc *c, const char *f)
         int refs[4] = { o, o, o, o };
         return SPEC(c, refs, "@.@.@.@");
     }
+    if (!strcmp(f, "duration"))
+        return duration_rule(c);
     if (!date && !time && !dt)
         return RLAI_ERR_NOT_FOUND;
     int dr = -1, tr = -1;
@@ -1576,11 +1600,12 @@ static const char *const kw_supported[] = {
     "type", "properties", "required", "additionalProperties", "items", "minItems", "maxItems",
     "enum", "const", "anyOf", "oneOf", "$ref", "$defs", "definitions", "minLength", "maxLength",
     "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "prefixItems", "additionalItems",
-    "allOf", "pattern", NULL
+    "allOf", "pattern", "uniqueItems", NULL
 };
 /* Annotations: no effect on what is valid ("format" is an annotation by
- * default in JSON Schema 2020-12; on a string, date, time, date-time, uuid
- * and ipv4 are enforced all the same: format_rule). */
+ * default in JSON Schema 2020-12; on a string, date, time, date-time,
+ * uuid, ipv4, duration, email, uri and hostname are enforced all the same:
+ * format_string_rule). */
 static const char *const kw_annotation[] = {
     "title", "description", "default", "examples", "$schema", "$id", "$comment", "format",
     "deprecated", "readOnly", "writeOnly", "nullable", NULL
@@ -1836,6 +1861,109 @@ static int compile_tuple(sc *c, const cJSON *prefix, const cJSON *rest_s, int mi
     return array_brackets(g, min, max, first, t);
 }
 
+static const cJSON *resolve_ref(sc *c, const char *ref);
+
+#define G_UNIQUE_VALUES 12   /* values of a uniqueItems array's items: 2^12 rules at most */
+
+/* The rest of a uniqueItems array after the values in `used` (n of them):
+ * the end (once n >= min) or (ws ',' ws) a value not used yet and the
+ * rest after it (while n < max). One rule per reachable set, in memo. */
+static int unique_rest(sc *c, int *memo, const int *val, int k, unsigned used, int n, int min, int max)
+{
+    if (memo[used] >= 0)
+        return memo[used];
+    rlai_grammar *g = c->g;
+    int r = rule_new(g), rc;
+    if ((memo[used] = r) < 0)
+        return r;
+    gseq q = { 0 };
+    if (n >= min && (rc = rule_alt(g, r, &q)) < 0)
+        return rc;
+    for (int j = 0; j < k && n < max; j++) {
+        if (used & (1u << j))
+            continue;
+        int next = unique_rest(c, memo, val, k, used | (1u << j), n + 1, min, max);
+        if (next < 0)
+            return next;
+        seq_ws(g, &q);
+        seq_byte(g, &q, ',');
+        seq_ws(g, &q);
+        seq_ref(&q, val[j]);
+        seq_ref(&q, next);
+        if ((rc = rule_alt(g, r, &q)) < 0)
+            return rc;
+    }
+    return r;
+}
+
+/* An array with uniqueItems whose items are an enum or a const (through
+ * $refs: Pydantic's set[Literal[...]] and set[SomeEnum]) of at most
+ * G_UNIQUE_VALUES distinct values: every value at most once, in any order
+ * (a rule per set of values used so far). Other items are refused: their
+ * values are not known in advance, and telling an item apart from the
+ * ones before it would need the matcher to keep their text. */
+static int unique_array(sc *c, const cJSON *items, int min, int max)
+{
+    const cJSON *it = items;
+    for (int hop = 0; hop < G_MAX_SCHEMA_DEPTH && cJSON_IsObject(it); hop++) {
+        const cJSON *ref = cJSON_GetObjectItemCaseSensitive(it, "$ref");
+        if (!cJSON_IsString(ref))
+            break;
+        it = resolve_ref(c, ref->valuestring);
+    }
+    const cJSON *en = cJSON_GetObjectItemCaseSensitive(it, "enum"), *cn = cJSON_GetObjectItemCaseSensitive(it, "const");
+    if (cJSON_IsObject(it) && en && !cn && (!cJSON_IsArray(en) || !en->child))
+        return sc_fail(c, RLAI_ERR_INVALID_ARG, "'enum' must be a non-empty array");
+    if (!cJSON_IsObject(it) || (!en && !cn) || (en && cn))
+        return sc_fail(c, RLAI_ERR_UNSUPPORTED,
+                       "'uniqueItems' is supported for items that are an enum or a const (set[Literal[...]], set[SomeEnum]) "
+                       "or with maxItems 1; not for other items (as set[str]: use a list)");
+    lits L = { 0 };
+    int rc = 0;
+    if (cn)
+        rc = lits_add(&L, cn);
+    for (const cJSON *v = en ? en->child : NULL; v && rc >= 0; v = v->next)
+        rc = lits_add(&L, v);
+    if (rc >= 0)
+        qsort(L.v, (size_t)L.n, sizeof(lit), lit_cmp);
+    int k = 0;                                  /* distinct values, in place */
+    for (int i = 0; rc >= 0 && i < L.n; i++) {
+        if (k && L.v[k - 1].n == L.v[i].n && !memcmp(L.v[k - 1].s, L.v[i].s, L.v[i].n)) {
+            free(L.v[i].s);
+            continue;
+        }
+        L.v[k++] = L.v[i];
+    }
+    L.n = rc >= 0 ? k : L.n;
+    if (rc >= 0 && k > G_UNIQUE_VALUES)
+        rc = sc_fail(c, RLAI_ERR_UNSUPPORTED, "'uniqueItems' over items of more than %d values is not supported",
+                     G_UNIQUE_VALUES);
+    else if (rc >= 0 && min > k)
+        rc = sc_fail(c, RLAI_ERR_INVALID_ARG, "minItems is greater than the %d distinct values of the items", k);
+    int val[G_UNIQUE_VALUES], *memo = NULL, first = -1;
+    for (int j = 0; rc >= 0 && j < k; j++) {
+        gseq q = { 0 };
+        seq_lit(c->g, &q, L.v[j].s, L.v[j].n);
+        rc = val[j] = rule_one(c->g, &q);
+    }
+    if (rc >= 0 && !(memo = malloc(sizeof(int) * ((size_t)1 << k))))
+        rc = RLAI_ERR_NOMEM;
+    for (size_t i = 0; memo && i < (size_t)1 << k; i++)
+        memo[i] = -1;
+    if (rc >= 0 && (first = rc = rule_new(c->g)) >= 0) {
+        for (int j = 0; j < k && rc >= 0; j++) {   /* the first value, then the rest */
+            int rest = unique_rest(c, memo, val, k, 1u << j, 1, min, max);
+            gseq q = { 0 };
+            seq_ref(&q, val[j]);
+            seq_ref(&q, rest);
+            rc = rest < 0 ? rest : rule_alt(c->g, first, &q);
+        }
+    }
+    free(memo);
+    lits_free(&L);
+    return rc < 0 ? rc : array_brackets(c->g, min, max, first, -1);
+}
+
 static int compile_array(sc *c, const cJSON *s, int depth)
 {
     rlai_grammar *g = c->g;
@@ -1847,6 +1975,14 @@ static int compile_array(sc *c, const cJSON *s, int depth)
         return rc;
     if (min > max)
         return sc_fail(c, RLAI_ERR_INVALID_ARG, "minItems is greater than maxItems");
+    const cJSON *uniq = cJSON_GetObjectItemCaseSensitive(s, "uniqueItems");
+    if (uniq && !cJSON_IsBool(uniq))
+        return sc_fail(c, RLAI_ERR_INVALID_ARG, "'uniqueItems' must be a boolean");
+    if (cJSON_IsTrue(uniq) && max > 1) {   /* (up to one item is unique anyway) */
+        if (prefix || cJSON_IsArray(items))
+            return sc_fail(c, RLAI_ERR_UNSUPPORTED, "'uniqueItems' with a tuple is not supported");
+        return unique_array(c, items, min, max);
+    }
     if (prefix && !cJSON_IsArray(prefix))
         return sc_fail(c, RLAI_ERR_INVALID_ARG, "'prefixItems' must be an array of schemas");
     if (prefix && prefix->child)
@@ -2292,7 +2428,8 @@ static int compile_node(sc *c, const cJSON *s, int depth)
         cJSON_GetObjectItemCaseSensitive(s, "additionalProperties"))
         return compile_object(c, s, depth);
     if (cJSON_GetObjectItemCaseSensitive(s, "items") || cJSON_GetObjectItemCaseSensitive(s, "minItems") ||
-        cJSON_GetObjectItemCaseSensitive(s, "maxItems") || cJSON_GetObjectItemCaseSensitive(s, "prefixItems"))
+        cJSON_GetObjectItemCaseSensitive(s, "maxItems") || cJSON_GetObjectItemCaseSensitive(s, "prefixItems") ||
+        cJSON_GetObjectItemCaseSensitive(s, "uniqueItems"))
         return compile_array(c, s, depth);
     if (cJSON_GetObjectItemCaseSensitive(s, "minLength") || cJSON_GetObjectItemCaseSensitive(s, "maxLength") ||
         cJSON_GetObjectItemCaseSensitive(s, "pattern"))

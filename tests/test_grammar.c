@@ -309,6 +309,45 @@ START_TEST(schema_tuples_and_all_of)
 }
 END_TEST
 
+/* uniqueItems: items of an enum (through a $ref, as Pydantic writes
+ * set[SomeEnum]) at most once each, in any order, within minItems and
+ * maxItems; false, or maxItems 1, changes nothing. */
+START_TEST(unique_items_of_enums)
+{
+    static const texts_case cases[] = {
+        { "{\"type\":\"array\",\"items\":{\"enum\":[\"a\",\"b\",\"c\",\"a\"]},\"uniqueItems\":true}",
+          { "[]", "[\"a\"]", "[\"c\",\"a\"]", "[\"b\", \"c\", \"a\"]" },
+          { "[\"a\",\"a\"]", "[\"a\",\"b\",\"a\"]", "[\"d\"]", "[\"a\",\"b\",\"c\",\"a\"]" } },
+        { "{\"type\":\"array\",\"items\":{\"enum\":[\"a\",\"b\",\"c\"]},\"uniqueItems\":true,\"minItems\":2,\"maxItems\":2}",
+          { "[\"b\",\"a\"]", "[\"c\",\"b\"]" }, { "[\"a\"]", "[\"a\",\"b\",\"c\"]", "[\"b\",\"b\"]", "[]" } },
+        { "{\"$defs\":{\"C\":{\"enum\":[\"r\",\"g\"],\"type\":\"string\",\"title\":\"C\"}},\"type\":\"array\","
+          "\"items\":{\"$ref\":\"#/$defs/C\"},\"uniqueItems\":true}",
+          { "[\"g\",\"r\"]", "[\"r\"]" }, { "[\"r\",\"r\"]", "[\"g\",\"r\",\"g\"]" } },
+        { "{\"items\":{\"enum\":[1,2,3,4,5,6,7,8,9,10,11,12]},\"uniqueItems\":true}",
+          { "[1,2,3,4,5,6,7,8,9,10,11,12]", "[12,11,10,9,8,7,6,5,4,3,2,1]", "[7]" },
+          { "[1,2,3,4,5,6,7,8,9,10,11,12,1]", "[5,5]", "[13]" } },
+        { "{\"type\":\"array\",\"items\":{\"const\":{\"k\":[1]}},\"uniqueItems\":true}", { "[]", "[{\"k\":[1]}]" },
+          { "[{\"k\":[1]},{\"k\":[1]}]" } },
+        { "{\"type\":\"array\",\"items\":{\"type\":\"string\"},\"uniqueItems\":false}", { "[\"a\",\"a\"]" }, { "[1]" } },
+        { "{\"type\":\"array\",\"items\":{\"type\":\"string\"},\"uniqueItems\":true,\"maxItems\":1}", { "[\"x\"]", "[]" },
+          { "[\"x\",\"y\"]" } },
+        { "{\"type\":[\"array\",\"null\"],\"items\":{\"enum\":[true,false]},\"uniqueItems\":true}",
+          { "null", "[true,false]", "[false]" }, { "[true,true]" } },
+    };
+    check_texts(cases, sizeof cases / sizeof *cases);
+    refused("{\"type\":\"array\",\"items\":{\"type\":\"string\"},\"uniqueItems\":true}", RLAI_ERR_UNSUPPORTED,
+            "not for other items (as set[str]");
+    refused("{\"uniqueItems\":true}", RLAI_ERR_UNSUPPORTED, "'uniqueItems' is supported for items that are an enum");
+    refused("{\"items\":{\"enum\":[1,2,3,4,5,6,7,8,9,10,11,12,13]},\"uniqueItems\":true}", RLAI_ERR_UNSUPPORTED,
+            "more than 12 values");
+    refused("{\"items\":{\"enum\":[1,2,3]},\"uniqueItems\":true,\"minItems\":4}", RLAI_ERR_INVALID_ARG,
+            "greater than the 3 distinct values");
+    refused("{\"items\":{\"enum\":[]},\"uniqueItems\":true}", RLAI_ERR_INVALID_ARG, "non-empty array");
+    refused("{\"uniqueItems\":\"yes\"}", RLAI_ERR_INVALID_ARG, "must be a boolean");
+    refused("{\"prefixItems\":[{\"enum\":[1]}],\"uniqueItems\":true}", RLAI_ERR_UNSUPPORTED, "with a tuple");
+}
+END_TEST
+
 /* Enforced string formats: every month/day pair, hours and minutes at
  * their edges, the other formats by example; other formats stay
  * annotations. */
@@ -369,6 +408,10 @@ START_TEST(string_formats)
         { "{\"type\":\"string\",\"format\":\"date\",\"minLength\":10,\"maxLength\":10}", { "\"2024-02-28\"" },
           { "\"2024-2-28\"" } },
         { "{\"type\":\"string\",\"maxLength\":5000}", { "\"abc\"" }, { "1" } },
+        { "{\"type\":\"string\",\"format\":\"duration\"}",
+          { "\"P1D\"", "\"PT1H\"", "\"P1DT2H30M5S\"", "\"P1W\"", "\"P2Y3M\"", "\"P1Y2M3DT4H5M6S\"" },
+          { "\"PT\"", "\"P\"", "\"90\"", "\"P1DT\"", "\"PT1H5S\"", "\"P1W2D\"" } },
+        { "{\"type\":\"string\",\"format\":\"duration\"}", { "\"PT90M\"" }, { "\"P1.5D\"", "\"P1M1Y\"", "\"P1234567D\"" } },
         { "{\"type\":[\"string\",\"null\"],\"format\":\"date\"}", { "null", "\"2020-01-31\"" }, { "\"x\"" } },
     };
     check_texts(cases, sizeof cases / sizeof *cases);
@@ -935,6 +978,13 @@ START_TEST(fast_mask_equals_brute_force)
     for (int r = 0; r < 3; r++)
         walk_compare(g, 60);
     rlai_grammar_unref(g);
+    /* uniqueItems over an enum, and a duration */
+    g = schema("{\"type\":\"object\",\"properties\":{\"tags\":{\"type\":\"array\",\"uniqueItems\":true,"
+               "\"items\":{\"enum\":[\"red\",\"green\",\"blue\",\"gold\",\"grey\"]}},"
+               "\"wait\":{\"type\":\"string\",\"format\":\"duration\"}},\"required\":[\"tags\",\"wait\"]}");
+    for (int r = 0; r < 3; r++)
+        walk_compare(g, 40);
+    rlai_grammar_unref(g);
     /* patterns: a phone number, and an unanchored word with escapes */
     g = schema("{\"type\":\"array\",\"minItems\":2,\"maxItems\":3,\"items\":{\"anyOf\":["
                "{\"type\":\"string\",\"pattern\":\"^\\\\+?[0-9 ()-]{7,12}$\"},"
@@ -1269,6 +1319,7 @@ int main(void)
     tcase_add_test(tc, schema_refusals);
     tcase_add_test(tc, schema_tuples_and_all_of);
     tcase_add_test(tc, string_formats);
+    tcase_add_test(tc, unique_items_of_enums);
     tcase_add_test(tc, string_patterns);
     tcase_add_test(tc, numeric_bounds_integers);
     tcase_add_test(tc, numeric_bounds_numbers);

@@ -7,7 +7,8 @@ streamed, OpenAI's delta shape) with arguments valid under the function's
 parameters, and a tool result turn is accepted; LangChain's bind_tools and
 with_structured_output work against the served endpoint; the openai
 package's parse() with a Pydantic model (numeric bounds, a tuple, formats,
-a pattern; addresses and URLs) gives a model that Pydantic accepts."""
+a pattern; addresses and URLs; sets of enum values, durations) gives a
+model that Pydantic accepts."""
 import json
 import re
 
@@ -193,6 +194,41 @@ def test_openai_parse_with_addresses_and_urls(engine):
         text = json.loads(r.choices[0].message.content)
         assert re.fullmatch(r"[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)*", text["mail_server"]), text
         jsonschema.validate(text, model.model_json_schema())
+
+
+def test_openai_parse_with_sets_and_durations(engine):
+    """set[Literal[...]] and set[SomeEnum] (uniqueItems over an enum) and
+    timedelta (format duration): before 2026-12-07 'uniqueItems' was a 400
+    and a duration any string ("two hours" fails Pydantic). Each value of a
+    set is written at most once."""
+    import datetime
+    import enum
+    from typing import Literal
+    pydantic = pytest.importorskip("pydantic")
+
+    class Trade(enum.Enum):
+        SMITHING = "smithing"
+        MINING = "mining"
+        TRADING = "trading"
+        FISHING = "fishing"
+
+    class Npc(pydantic.BaseModel):
+        name: str = pydantic.Field(max_length=24)
+        trades: set[Trade]
+        moods: set[Literal["calm", "angry", "sad", "happy"]] = pydantic.Field(min_length=1)
+        shift: datetime.timedelta
+
+    for prompt in ("Describe a blacksmith who also mines and works long shifts.",
+                   "Describe a fisherman NPC who trades fish and fishes all day, angry and sad."):
+        r = engine.client().chat.completions.parse(
+            model="default", temperature=0, max_tokens=300, response_format=Npc,
+            messages=[{"role": "user", "content": prompt}])
+        npc = r.choices[0].message.parsed
+        assert isinstance(npc, Npc), r.choices[0].message.content
+        text = json.loads(r.choices[0].message.content)
+        assert len(set(text["trades"])) == len(text["trades"]) and len(set(text["moods"])) == len(text["moods"]), text
+        assert npc.moods and isinstance(npc.shift, datetime.timedelta)
+        jsonschema.validate(text, Npc.model_json_schema())
 
 
 @pytest.mark.parametrize("schema,needle", [
