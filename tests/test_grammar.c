@@ -899,6 +899,15 @@ static void walk_compare(rlai_grammar *g, int steps)
     free(slow);
 }
 
+/* walk_compare over `reps` random walks of the schema's grammar. */
+static void walk_schema(const char *sch, int reps, int steps)
+{
+    rlai_grammar *g = schema(sch);
+    for (int r = 0; r < reps; r++)
+        walk_compare(g, steps);
+    rlai_grammar_unref(g);
+}
+
 START_TEST(fast_mask_equals_brute_force)
 {
     rlai_grammar *g = NULL;
@@ -906,23 +915,17 @@ START_TEST(fast_mask_equals_brute_force)
     for (int r = 0; r < 4; r++)
         walk_compare(g, 40);
     rlai_grammar_unref(g);
-    g = schema("{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":6},"
-               "\"kind\":{\"enum\":[\"cat\",\"dog\"]},\"n\":{\"type\":\"number\"},\"ok\":{\"type\":\"boolean\"},"
-               "\"xs\":{\"type\":\"array\",\"items\":{\"type\":\"integer\"},\"minItems\":1,\"maxItems\":3}},"
-               "\"required\":[\"name\",\"kind\",\"xs\"]}");
-    for (int r = 0; r < 4; r++)
-        walk_compare(g, 40);
-    rlai_grammar_unref(g);
+    walk_schema("{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":6},"
+                "\"kind\":{\"enum\":[\"cat\",\"dog\"]},\"n\":{\"type\":\"number\"},\"ok\":{\"type\":\"boolean\"},"
+                "\"xs\":{\"type\":\"array\",\"items\":{\"type\":\"integer\"},\"minItems\":1,\"maxItems\":3}},"
+                "\"required\":[\"name\",\"kind\",\"xs\"]}", 4, 40);
     /* an enum's prefix tree; a state past 128 heads is not offered */
     static char sch[16 * 1024];
     size_t o = (size_t)snprintf(sch, sizeof sch, "{\"type\":\"array\",\"maxItems\":3,\"items\":{\"enum\":[");
     for (int i = 0; i < 200; i++)
         o += (size_t)snprintf(sch + o, sizeof sch - o, "%s\"%s %d\"", i ? "," : "", i % 2 ? "north" : "no", i);
     snprintf(sch + o, sizeof sch - o, "]}}");
-    g = schema(sch);
-    for (int r = 0; r < 4; r++)
-        walk_compare(g, 30);
-    rlai_grammar_unref(g);
+    walk_schema(sch, 4, 30);
     nested_anyof_144(sch, sizeof sch, true);
     g = schema(sch);
     {
@@ -956,56 +959,33 @@ START_TEST(fast_mask_equals_brute_force)
         o += (size_t)snprintf(sch + o, sizeof sch - o, "{\"type\":\"string\",\"maxLength\":%d},", i + 1);
     snprintf(sch + o, sizeof sch - o,
              "{\"type\":\"string\",\"minLength\":3,\"maxLength\":5},{\"enum\":[\"abcdefghijklmnopqrstuvwxyz\"]}]}}");
-    g = schema(sch);
-    for (int r = 0; r < 2; r++)
-        walk_compare(g, 30);
-    rlai_grammar_unref(g);
+    walk_schema(sch, 2, 30);
     /* formats */
-    g = schema("{\"type\":\"array\",\"minItems\":2,\"maxItems\":3,\"items\":{\"anyOf\":["
-               "{\"type\":\"string\",\"format\":\"date-time\"},{\"type\":\"string\",\"format\":\"uuid\"}]}}");
-    walk_compare(g, 30);
-    rlai_grammar_unref(g);
+    walk_schema("{\"type\":\"array\",\"minItems\":2,\"maxItems\":3,\"items\":{\"anyOf\":["
+                "{\"type\":\"string\",\"format\":\"date-time\"},{\"type\":\"string\",\"format\":\"uuid\"}]}}", 1, 30);
     /* addresses, URIs, host names: long repetitions whose tokens the
      * mask takes at once (rep_cache); a small maxLength shrinks them */
-    g = schema("{\"type\":\"array\",\"minItems\":3,\"maxItems\":4,\"items\":{\"anyOf\":["
-               "{\"type\":\"string\",\"format\":\"email\"},{\"type\":\"string\",\"format\":\"uri\"},"
-               "{\"type\":\"string\",\"format\":\"hostname\"}]}}");
-    for (int r = 0; r < 3; r++)
-        walk_compare(g, 60);
-    rlai_grammar_unref(g);
-    g = schema("{\"type\":\"array\",\"minItems\":2,\"maxItems\":3,\"items\":{\"anyOf\":["
-               "{\"type\":\"string\",\"format\":\"uri\",\"maxLength\":60},{\"type\":\"string\",\"format\":\"email\",\"maxLength\":30}]}}");
-    for (int r = 0; r < 3; r++)
-        walk_compare(g, 60);
-    rlai_grammar_unref(g);
+    walk_schema("{\"type\":\"array\",\"minItems\":3,\"maxItems\":4,\"items\":{\"anyOf\":["
+                "{\"type\":\"string\",\"format\":\"email\"},{\"type\":\"string\",\"format\":\"uri\"},"
+                "{\"type\":\"string\",\"format\":\"hostname\"}]}}", 3, 60);
+    walk_schema("{\"type\":\"array\",\"minItems\":2,\"maxItems\":3,\"items\":{\"anyOf\":["
+                "{\"type\":\"string\",\"format\":\"uri\",\"maxLength\":60},{\"type\":\"string\",\"format\":\"email\",\"maxLength\":30}]}}", 3, 60);
     /* uniqueItems over an enum, and a duration */
-    g = schema("{\"type\":\"object\",\"properties\":{\"tags\":{\"type\":\"array\",\"uniqueItems\":true,"
-               "\"items\":{\"enum\":[\"red\",\"green\",\"blue\",\"gold\",\"grey\"]}},"
-               "\"wait\":{\"type\":\"string\",\"format\":\"duration\"}},\"required\":[\"tags\",\"wait\"]}");
-    for (int r = 0; r < 3; r++)
-        walk_compare(g, 40);
-    rlai_grammar_unref(g);
+    walk_schema("{\"type\":\"object\",\"properties\":{\"tags\":{\"type\":\"array\",\"uniqueItems\":true,"
+                "\"items\":{\"enum\":[\"red\",\"green\",\"blue\",\"gold\",\"grey\"]}},"
+                "\"wait\":{\"type\":\"string\",\"format\":\"duration\"}},\"required\":[\"tags\",\"wait\"]}", 3, 40);
     /* patterns: a phone number, and an unanchored word with escapes */
-    g = schema("{\"type\":\"array\",\"minItems\":2,\"maxItems\":3,\"items\":{\"anyOf\":["
-               "{\"type\":\"string\",\"pattern\":\"^\\\\+?[0-9 ()-]{7,12}$\"},"
-               "{\"type\":\"string\",\"pattern\":\"(cat|\\\"q\\\")s?\"}]}}");
-    walk_compare(g, 30);
-    rlai_grammar_unref(g);
+    walk_schema("{\"type\":\"array\",\"minItems\":2,\"maxItems\":3,\"items\":{\"anyOf\":["
+                "{\"type\":\"string\",\"pattern\":\"^\\\\+?[0-9 ()-]{7,12}$\"},"
+                "{\"type\":\"string\",\"pattern\":\"(cat|\\\"q\\\")s?\"}]}}", 1, 30);
     /* a tuple, then booleans */
-    g = schema("{\"type\":\"array\",\"prefixItems\":[{\"type\":\"integer\",\"minimum\":0,\"maximum\":9},"
-               "{\"enum\":[\"ab\",\"cd\"]}],\"items\":{\"type\":\"boolean\"},\"minItems\":3,\"maxItems\":5}");
-    walk_compare(g, 30);
-    rlai_grammar_unref(g);
+    walk_schema("{\"type\":\"array\",\"prefixItems\":[{\"type\":\"integer\",\"minimum\":0,\"maximum\":9},"
+                "{\"enum\":[\"ab\",\"cd\"]}],\"items\":{\"type\":\"boolean\"},\"minItems\":3,\"maxItems\":5}", 1, 30);
     /* bounded integers and numbers */
-    g = schema("{\"type\":\"array\",\"minItems\":3,\"maxItems\":5,\"items\":{\"anyOf\":["
-               "{\"type\":\"integer\",\"minimum\":-40,\"maximum\":1250},"
-               "{\"type\":\"number\",\"exclusiveMinimum\":0,\"maximum\":1}]}}");
-    walk_compare(g, 30);
-    rlai_grammar_unref(g);
-    g = schema("{\"type\":\"array\",\"minItems\":3,\"items\":{\"type\":\"string\",\"minLength\":2,\"maxLength\":7}}");
-    for (int r = 0; r < 2; r++)
-        walk_compare(g, 30);
-    rlai_grammar_unref(g);
+    walk_schema("{\"type\":\"array\",\"minItems\":3,\"maxItems\":5,\"items\":{\"anyOf\":["
+                "{\"type\":\"integer\",\"minimum\":-40,\"maximum\":1250},"
+                "{\"type\":\"number\",\"exclusiveMinimum\":0,\"maximum\":1}]}}", 1, 30);
+    walk_schema("{\"type\":\"array\",\"minItems\":3,\"items\":{\"type\":\"string\",\"minLength\":2,\"maxLength\":7}}", 2, 30);
 }
 END_TEST
 

@@ -65,6 +65,20 @@ def chat(engine, **kw):
     return engine.client().chat.completions.create(**kw)
 
 
+def parse_checked(engine, model, prompt, max_tokens=300):
+    """openai's parse() with Pydantic model `model`, greedy: the parsed
+    object (Pydantic accepted it) and the JSON text's value, which must
+    also validate against the model's JSON Schema."""
+    r = engine.client().chat.completions.parse(
+        model="default", temperature=0, max_tokens=max_tokens, response_format=model,
+        messages=[{"role": "user", "content": prompt}])
+    obj = r.choices[0].message.parsed
+    assert isinstance(obj, model), r.choices[0].message.content
+    value = json.loads(r.choices[0].message.content)
+    jsonschema.validate(value, model.model_json_schema())
+    return obj, value
+
+
 def test_json_schema_output_validates(engine):
     r = chat(engine, messages=[{"role": "user", "content": "Describe a person called Ann who has a cat."}],
              response_format={"type": "json_schema",
@@ -145,15 +159,11 @@ def test_openai_parse_with_a_pydantic_model(engine):
         code: str = pydantic.Field(pattern=r"^[A-Z]{3}-\d{4}$")
 
     Npc.model_rebuild()
-    r = engine.client().chat.completions.parse(
-        model="default", temperature=0, max_tokens=400, response_format=Npc,
-        messages=[{"role": "user", "content": "Invent a level 99 blacksmith NPC with strength 50 standing at 3, 4."}])
-    npc = r.choices[0].message.parsed
-    assert isinstance(npc, Npc), r.choices[0].message.content
+    npc, _ = parse_checked(engine, Npc, "Invent a level 99 blacksmith NPC with strength 50 standing at 3, 4.",
+                           max_tokens=400)
     assert 1 <= npc.level <= 60 and 1 <= npc.stats.strength <= 20 and 0 < npc.stats.luck <= 1, npc
     assert isinstance(npc.born, datetime.date) and isinstance(npc.id, uuid.UUID)
     assert re.fullmatch(r"[A-Z]{3}-\d{4}", npc.code), npc.code
-    jsonschema.validate(json.loads(r.choices[0].message.content), Npc.model_json_schema())
 
 
 def test_openai_parse_with_addresses_and_urls(engine):
@@ -186,14 +196,8 @@ def test_openai_parse_with_addresses_and_urls(engine):
                        "mail server mail.redfox.games."),
              (Invented, "Invent the contact details of a harbour master called Peter Hale.")]
     for model, prompt in cases:
-        r = engine.client().chat.completions.parse(
-            model="default", temperature=0, max_tokens=300, response_format=model,
-            messages=[{"role": "user", "content": prompt}])
-        c = r.choices[0].message.parsed
-        assert isinstance(c, model), r.choices[0].message.content
-        text = json.loads(r.choices[0].message.content)
+        _, text = parse_checked(engine, model, prompt)
         assert re.fullmatch(r"[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)*", text["mail_server"]), text
-        jsonschema.validate(text, model.model_json_schema())
 
 
 def test_openai_parse_with_sets_and_durations(engine):
@@ -220,15 +224,9 @@ def test_openai_parse_with_sets_and_durations(engine):
 
     for prompt in ("Describe a blacksmith who also mines and works long shifts.",
                    "Describe a fisherman NPC who trades fish and fishes all day, angry and sad."):
-        r = engine.client().chat.completions.parse(
-            model="default", temperature=0, max_tokens=300, response_format=Npc,
-            messages=[{"role": "user", "content": prompt}])
-        npc = r.choices[0].message.parsed
-        assert isinstance(npc, Npc), r.choices[0].message.content
-        text = json.loads(r.choices[0].message.content)
+        npc, text = parse_checked(engine, Npc, prompt)
         assert len(set(text["trades"])) == len(text["trades"]) and len(set(text["moods"])) == len(text["moods"]), text
         assert npc.moods and isinstance(npc.shift, datetime.timedelta)
-        jsonschema.validate(text, Npc.model_json_schema())
 
 
 @pytest.mark.parametrize("schema,needle", [
