@@ -878,13 +878,6 @@ static void ascii_len_range(const rlai_grammar *g, int r, int depth, long *lo, l
     }
 }
 
-/* Text of the chars of a spec: (1) 'first' or nothing; refs as SPEC. */
-static int opt_spec(sc *c, const int *refs, const char *first)
-{
-    const char *alts[2] = { first, "" };
-    return spec_rule(c, 2, alts, refs);
-}
-
 /* One host label (RFC 1123): 1 to lab letters and digits, then (for lab
  * of 12 or more) up to two groups of one or two hyphens and 1 to lab/4
  * more letters and digits: at most label_max(lab) characters (60 for lab
@@ -900,12 +893,12 @@ static int label_rule(sc *c, int lab)
     for (int k = 0; k < 2 && more; k++) {
         snprintf(sp, sizeof sp, "[-]{1,2}[A-Za-z0-9]{1,%d}%s", more, k == 0 ? "" : "@");
         int refs[1] = { hy };
-        if ((hy = opt_spec(c, refs, sp)) < 0)
+        if ((hy = SPEC(c, refs, sp, "")) < 0)
             return hy;
     }
     snprintf(sp, sizeof sp, "[A-Za-z0-9]{1,%d}%s", lab, more ? "@" : "");
     int refs[1] = { hy };
-    return spec_rule(c, 1, (const char *const[]){ sp }, refs);
+    return SPEC(c, refs, sp);
 }
 
 /* A host name: 1 to nl labels of up to lab characters, dots between. */
@@ -914,7 +907,7 @@ static int hostname_body(sc *c, int lab, int nl)
     int label = label_rule(c, lab), more = -1;
     for (int k = 0; k < nl - 1 && label >= 0; k++) {
         int refs[2] = { label, more };
-        if ((more = opt_spec(c, refs, k == 0 ? ".@" : ".@@")) < 0)
+        if ((more = SPEC(c, refs, k == 0 ? ".@" : ".@@", "")) < 0)
             return more;
     }
     int refs[2] = { label, more };
@@ -935,14 +928,14 @@ static int email_body(sc *c, const int *t)
     for (int k = 0; k < t[2]; k++) {
         snprintf(sp, sizeof sp, ".%s{1,%d}%s", atext, t[1], k == 0 ? "" : "@");
         int refs[1] = { more };
-        if ((more = opt_spec(c, refs, sp)) < 0)
+        if ((more = SPEC(c, refs, sp, "")) < 0)
             return more;
     }
     snprintf(sp, sizeof sp, "%s{1,%d}%s", atext, t[0], more < 0 ? "" : "@");
     int refs[1] = { more };
-    int local = spec_rule(c, 1, (const char *const[]){ sp }, refs);
+    int local = SPEC(c, refs, sp);
     snprintf(sp, sizeof sp, "[A-Za-z]{2,%d}", t[5]);
-    int label = label_rule(c, t[3]), rest = spec_rule(c, 1, (const char *const[]){ sp }, NULL);
+    int label = label_rule(c, t[3]), rest = SPEC(c, NULL, sp);
     for (int k = 0; k < t[4] - 1 && label >= 0 && rest >= 0; k++) {
         int r3[3] = { rest, label, rest };           /* tld | label . rest */
         rest = SPEC(c, r3, "@", "@.@");
@@ -972,17 +965,17 @@ static int uri_body(sc *c, int lab, int nl, int p, int q, int f)
     snprintf(sp[3], sizeof sp[3], "?[" PCH "/?-]{0,%d}", q - 1);
     snprintf(sp[4], sizeof sp[4], "#[" PCH "/?-]{0,%d}", f - 1);
 #undef PCH
-    int rest = opt_spec(c, NULL, sp[1]);
+    int rest = SPEC(c, NULL, sp[1], "");
     int r[8] = { SPEC(c, NULL, "http", "https", "ws", "wss", "ftp", "ftps", "sftp", "ssh", "git"),
                  hostname_body(c, lab, nl), SPEC(c, NULL, ":[1-9][0-9]{0,3}", ":[1-5][0-9]{4}", ""),
-                 opt_spec(c, NULL, sp[0]), SPEC(c, NULL, "mailto", "tel", "urn", "data"),
-                 rest < 0 ? rest : spec_rule(c, 1, (const char *const[]){ sp[2] }, &rest),
-                 opt_spec(c, NULL, sp[3]), opt_spec(c, NULL, sp[4]) };
+                 SPEC(c, NULL, sp[0], ""), SPEC(c, NULL, "mailto", "tel", "urn", "data"),
+                 rest < 0 ? rest : SPEC(c, &rest, sp[2]),
+                 SPEC(c, NULL, sp[3], ""), SPEC(c, NULL, sp[4], "") };
     for (int i = 0; i < 8; i++)
         if (r[i] < 0)
             return r[i];
     /* web scheme :// host port path, or opaque scheme : path */
-    int hier = spec_rule(c, 2, (const char *const[]){ "@://@@@", "@:@" }, r);
+    int hier = SPEC(c, r, "@://@@@", "@:@");
     int ur[3] = { hier, r[6], r[7] };          /* then the query and the fragment */
     return hier < 0 ? hier : SPEC(c, ur, "@@@");
 }
@@ -2922,10 +2915,8 @@ static bool can_end_from(rlai_grammar_matcher *m, arena *a, int ei, const gframe
     }
 }
 
-static bool in_set(const rlai_grammar *g, int set, unsigned char b)
-{
-    return (g->sets[set][b >> 6] >> (b & 63)) & 1;
-}
+static bool bits_has(const uint64_t *b, unsigned char c) { return (b[c >> 6] >> (c & 63)) & 1; }
+static bool in_set(const rlai_grammar *g, int set, unsigned char b) { return bits_has(g->sets[set], b); }
 
 static void step_exit(rlai_grammar_matcher *m, arena *a, const gframe *h, unsigned char b, hbuf *o, int guard)
 {
@@ -3484,8 +3475,6 @@ static void mark(const rlai_gvocab *v, uint32_t *mask, int32_t t)
     for (; t >= 0; t = v->dup[t])
         mask[t >> 5] |= 1u << (t & 31);
 }
-
-static bool bits_has(const uint64_t *b, unsigned char c) { return (b[c >> 6] >> (c & 63)) & 1; }
 
 static struct repset *repset_build(const rlai_gvocab *v, const uint64_t *bits)
 {
