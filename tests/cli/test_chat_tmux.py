@@ -115,12 +115,22 @@ def ctrl_c_mid_reply(t):
 
 
 def enter_then_ctrl_c(t, saved, before):
-    """Enter then Ctrl-C at once: wherever the Ctrl-C lands (still reading
-    the line, which it may flush unread; between Enter and the first token;
-    mid-reply) there is no full reply: the line is dropped, or the reply is
-    stopped and kept. `before`: the roles of the conversation so far."""
+    """Enter then Ctrl-C at once: wherever the Ctrl-C lands (before the
+    reader took the Enter, which it flushes unread; between Enter and the
+    first token; mid-reply) there is no full reply: the line is dropped, or
+    the reply is stopped and kept. `before`: the roles of the conversation
+    so far."""
     stops = t.screen().count("reply stopped")
-    t.type_line("Tell me a very long story about a castle.")
+    line = "Tell me a very long story about a castle."
+    echoed = t.screen().count(line)
+    t.keys("-l", line)
+    # Enter and Ctrl-C go out once the reader has the line (its echo): a
+    # Ctrl-C that lands before the reader read a single key flushes the
+    # tty's unread input, and Ctrl-C at what is then an empty prompt quits,
+    # as it should. No typist beats a reader idle in poll() to its first
+    # key; tmux on a loaded CI machine did once.
+    t.wait_for(lambda s: s.count(line) > echoed, what="the line's echo")
+    t.keys("Enter")
     t.keys("C-c")
     # typed at once: a Ctrl-C taken between two reads of the line reader
     # (echoing a key) once made this line the one dropped; see
@@ -131,7 +141,7 @@ def enter_then_ctrl_c(t, saved, before):
     assert [m["role"] for m in msgs] in (before, before + ["user", "assistant"]), msgs
     if len(msgs) > len(before):
         assert s.count("reply stopped") == stops + 1, s
-        assert msgs[-2]["content"] == "Tell me a very long story about a castle."
+        assert msgs[-2]["content"] == line
     return s
 
 
