@@ -62,6 +62,14 @@ class Term:
         subprocess.run(["tmux", "-L", self.sock, "kill-server"], capture_output=True)
 
 
+def at_prompt(t, what="the prompt"):
+    """Waits for an empty prompt at the bottom of the screen. A Ctrl-C meant
+    for that prompt must wait for it: the reader forgets a Ctrl-C taken
+    before it draws the prompt (one that stopped a reply, say), and on a
+    loaded machine the test can beat it there after a command's output."""
+    return t.wait_for(lambda s: s.strip() and s.rstrip().splitlines()[-1].rstrip() == ">", what=what)
+
+
 def prompts(screen):
     """Lines that are an empty prompt (the cursor waits there)."""
     return [line for line in screen.splitlines() if line.rstrip() == ">"]
@@ -187,6 +195,7 @@ def test_chat_in_a_terminal(chat, tmp_path):
     assert json.loads(saved.read_text())["messages"] == [{"role": "system", "content": "You are terse."}]
     enter_then_ctrl_c(t, tmp_path / "conv2.json", ["system"])
     # Ctrl-C at an empty prompt quits, status 0
+    at_prompt(t)
     t.keys("C-c")
     s = t.wait_for(lambda s: "RLAI-EXIT=" in s, what="exit")
     assert "RLAI-EXIT=0" in s
@@ -221,6 +230,7 @@ def test_chat_ctrl_c_on_another_thread(chat, tmp_path):
     t.wait_for(lambda s: f"to {kept})" in s, what="/save on the next line")
     assert not dropped.exists() and kept.exists()
     # Ctrl-C at an empty prompt quits at once
+    at_prompt(t)
     sigint_to_thread(pid, workers[0])
     s = t.wait_for(lambda s: "RLAI-EXIT=" in s, timeout=10, what="exit on Ctrl-C at an empty prompt")
     assert "RLAI-EXIT=0" in s
@@ -293,6 +303,7 @@ def test_chat_over_the_engine_ctrl_c_cancels(engine_rt, tmp_path):
         msgs = json.loads(saved.read_text())["messages"]
         assert [m["role"] for m in msgs] == ["user", "assistant"] and msgs[1]["content"], msgs
         enter_then_ctrl_c(t, tmp_path / "conv2.json", ["user", "assistant"])
+        at_prompt(t)
         t.keys("C-c")
         s = t.wait_for(lambda s: "RLAI-EXIT=" in s, what="exit")
         assert "RLAI-EXIT=0" in s
