@@ -796,8 +796,7 @@ static int duration_rule(sc *c)
 /* The body (without quotes) of a string of a format of fixed shape (date,
  * time, date-time, uuid, ipv4, duration), or RLAI_ERR_NOT_FOUND for any
  * other format (format_string_rule has the rest). Dates are real
- * calendar dates of years 1000-9999 (February to the 28th: a 29th is
- * valid only in leap years, which a grammar of this size does not count);
+ * calendar dates of years 1000-9999 (February 29th in leap years only);
  * times and date-times are RFC 3339 with their offset (Z or +hh:mm). */
 static int format_rule(sc *c, const char *f)
 {
@@ -825,7 +824,15 @@ static int format_rule(sc *c, const char *f)
         int mrefs[5] = { d[0], d[0], d[1], d[1], d[2] };
         if ((md = SPEC(c, mrefs, "0[13578]-@", "1[02]-@", "0[469]-@", "11-@", "02-@")) < 0)
             return md;
-        if ((dr = SPEC(c, &md, "[1-9][0-9]{3}-@")) < 0)
+        /* leap years of 1000-9999: a multiple of 4 whose last two digits
+         * are not 00, or a multiple of 400 (its first two digits a
+         * multiple of 4) */
+        int leap = SPEC(c, NULL, "[1-9][0-9]0[48]", "[1-9][0-9][2468][048]", "[1-9][0-9][13579][26]",
+                        "1[26]00", "[2468][048]00", "[3579][26]00");
+        if (leap < 0)
+            return leap;
+        int yrefs[2] = { md, leap };
+        if ((dr = SPEC(c, yrefs, "[1-9][0-9]{3}-@", "@-02-29")) < 0)
             return dr;
     }
     if (time || dt) {

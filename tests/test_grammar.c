@@ -353,7 +353,7 @@ END_TEST
  * annotations. */
 START_TEST(string_formats)
 {
-    static const int mdays[13] = { 0, 31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31 };
+    static const int mdays[13] = { 0, 31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31 };   /* 2024 */
     rlai_grammar *g = schema("{\"type\":\"string\",\"format\":\"date\"}");
     char t[64];
     for (int mo = 0; mo <= 13; mo++)
@@ -363,6 +363,13 @@ START_TEST(string_formats)
             ck_assert_msg(acc(g, t) == ok, "%s accepted %d", t, acc(g, t));
         }
     ck_assert(!acc(g, "\"0999-01-01\"") && acc(g, "\"1000-01-01\"") && !acc(g, "\"2024-1-01\""));
+    /* February 29th: every year 1000-9999, by the Gregorian rule */
+    for (int y = 1000; y <= 9999; y++) {
+        bool leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
+        snprintf(t, sizeof t, "\"%d-02-29\"", y);
+        ck_assert_msg(acc(g, t) == leap, "%s accepted %d", t, acc(g, t));
+    }
+    ck_assert(!acc(g, "\"2024-02-30\"") && acc(g, "\"2023-02-28\""));
     rlai_grammar_unref(g);
     g = schema("{\"type\":\"string\",\"format\":\"date-time\"}");
     for (int h = 0; h <= 24; h++)
