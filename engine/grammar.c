@@ -793,8 +793,81 @@ static int duration_rule(sc *c)
     return SPEC(c, refs, "P@@", "P@", "P[0-9]{1,6}W");
 }
 
+/* An IPv4 address: four decimal octets 0-255, no leading zeros. */
+static int ipv4_rule(sc *c)
+{
+    int o = SPEC(c, NULL, "25[0-5]", "2[0-4][0-9]", "1[0-9][0-9]", "[1-9][0-9]", "[0-9]");
+    if (o < 0)
+        return o;
+    int refs[4] = { o, o, o, o };
+    return SPEC(c, refs, "@.@.@.@");
+}
+
+/* An IPv6 address as RFC 4291 (2.2) writes it, without an IPv4 tail:
+ * eight groups of 1-4 hex digits, or at most seven with one "::" standing
+ * for the zero groups left out ("::", "1::", "fe80::1:2"). b[k]: k groups
+ * written, no "::" yet; upto[m]: at most m more groups after the "::";
+ * more[n]: at most n more ":group"s. Each "::" and ":group" choice is
+ * settled by the byte after the ':', so the matcher carries few heads. */
+static int ipv6_rule(sc *c)
+{
+    int more[7], upto[8], b[8];
+    if ((more[0] = SPEC(c, NULL, "")) < 0)
+        return more[0];
+    for (int n = 1; n < 7; n++)
+        if ((more[n] = SPEC(c, &more[n - 1], "", ":[0-9a-fA-F]{1,4}@")) < 0)
+            return more[n];
+    upto[0] = more[0];
+    for (int m = 1; m <= 7; m++)
+        if ((upto[m] = SPEC(c, &more[m - 1], "", "[0-9a-fA-F]{1,4}@")) < 0)
+            return upto[m];
+    if ((b[7] = SPEC(c, NULL, "::", ":[0-9a-fA-F]{1,4}")) < 0)
+        return b[7];
+    for (int k = 6; k >= 1; k--) {
+        int refs[2] = { upto[7 - k], b[k + 1] };
+        if ((b[k] = SPEC(c, refs, "::@", ":[0-9a-fA-F]{1,4}@")) < 0)
+            return b[k];
+    }
+    int refs[2] = { upto[7], b[1] };
+    return SPEC(c, refs, "::@", "[0-9a-fA-F]{1,4}@");
+}
+
+/* IP addresses as Pydantic names them: ipv4, ipv6, ipvanyaddress (either),
+ * and the interfaces ipv4interface, ipv6interface, ipvanyinterface (an
+ * address, optionally "/" and a prefix length: 0-32, 0-128). Networks
+ * (ipv4network...) stay annotations: Pydantic wants their host bits zero,
+ * which a grammar of this kind does not count. RLAI_ERR_NOT_FOUND for any
+ * other format. */
+static int ip_format_rule(sc *c, const char *f)
+{
+    bool any = !strncmp(f, "ipvany", 6);
+    bool v4 = any || !strncmp(f, "ipv4", 4), v6 = any || !strncmp(f, "ipv6", 4);
+    const char *kind = f + (any ? 6 : 4);
+    bool iface = !strcmp(kind, "interface");
+    if ((!v4 && !v6) || (!iface && strcmp(kind, any ? "address" : "")))
+        return RLAI_ERR_NOT_FOUND;
+    int r4 = -1, r6 = -1;
+    if (v4 && (r4 = ipv4_rule(c)) < 0)
+        return r4;
+    if (v6 && (r6 = ipv6_rule(c)) < 0)
+        return r6;
+    if (iface) {
+        int l4 = SPEC(c, NULL, "", "/[0-9]", "/[12][0-9]", "/3[0-2]");
+        int l6 = SPEC(c, NULL, "", "/[0-9]", "/[1-9][0-9]", "/1[01][0-9]", "/12[0-8]");
+        if (l4 < 0 || l6 < 0)
+            return l4 < 0 ? l4 : l6;
+        int a4[2] = { r4, l4 }, a6[2] = { r6, l6 };
+        if ((v4 && (r4 = SPEC(c, a4, "@@")) < 0) || (v6 && (r6 = SPEC(c, a6, "@@")) < 0))
+            return v4 && r4 < 0 ? r4 : r6;
+    }
+    if (!v4 || !v6)
+        return v4 ? r4 : r6;
+    int refs[2] = { r4, r6 };
+    return SPEC(c, refs, "@", "@");
+}
+
 /* The body (without quotes) of a string of a format of fixed shape (date,
- * time, date-time, uuid, ipv4, duration), or RLAI_ERR_NOT_FOUND for any
+ * time, date-time, uuid, the IP addresses, duration), or RLAI_ERR_NOT_FOUND for any
  * other format (format_string_rule has the rest). Dates are real
  * calendar dates of years 1000-9999 (February 29th in leap years only);
  * times and date-times are RFC 3339 with their offset (Z or +hh:mm). */
@@ -804,13 +877,8 @@ static int format_rule(sc *c, const char *f)
     bool date = !strcmp(f, "date"), time = !strcmp(f, "time"), dt = !strcmp(f, "date-time");
     if (!strcmp(f, "uuid"))
         return SPEC(c, NULL, "[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}");
-    if (!strcmp(f, "ipv4")) {
-        int o = SPEC(c, NULL, "25[0-5]", "2[0-4][0-9]", "1[0-9][0-9]", "[1-9][0-9]", "[0-9]");
-        if (o < 0)
-            return o;
-        int refs[4] = { o, o, o, o };
-        return SPEC(c, refs, "@.@.@.@");
-    }
+    if (!strncmp(f, "ip", 2))
+        return ip_format_rule(c, f);
     if (!strcmp(f, "duration"))
         return duration_rule(c);
     if (!date && !time && !dt)
@@ -1604,7 +1672,8 @@ static const char *const kw_supported[] = {
 };
 /* Annotations: no effect on what is valid ("format" is an annotation by
  * default in JSON Schema 2020-12; on a string, date, time, date-time,
- * uuid, ipv4, duration, email, uri and hostname are enforced all the same:
+ * uuid, the IP addresses (ipv4, ipv6, ipvanyaddress, the interfaces),
+ * duration, email, uri and hostname are enforced all the same:
  * format_string_rule). */
 static const char *const kw_annotation[] = {
     "title", "description", "default", "examples", "$schema", "$id", "$comment", "format",

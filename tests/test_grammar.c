@@ -371,6 +371,21 @@ START_TEST(string_formats)
     }
     ck_assert(!acc(g, "\"2024-02-30\"") && acc(g, "\"2023-02-28\""));
     rlai_grammar_unref(g);
+    /* IPv6: eight groups, and every run of them written as "::" */
+    g = schema("{\"type\":\"string\",\"format\":\"ipv6\"}");
+    ck_assert(acc(g, "\"1:22:333:4444:a:bb:ccc:DDDD\""));
+    for (int i = 0; i < 8; i++)
+        for (int n = 1; i + n <= 8; n++) {
+            int w = snprintf(t, sizeof t, "\"");
+            for (int k = 0; k < i; k++)
+                w += snprintf(t + w, sizeof t - (size_t)w, "%s%x", k ? ":" : "", k + 1);
+            w += snprintf(t + w, sizeof t - (size_t)w, "::");
+            for (int k = i + n; k < 8; k++)
+                w += snprintf(t + w, sizeof t - (size_t)w, "%s%x", k > i + n ? ":" : "", k + 1);
+            snprintf(t + w, sizeof t - (size_t)w, "\"");
+            ck_assert_msg(acc(g, t), "%s refused", t);
+        }
+    rlai_grammar_unref(g);
     g = schema("{\"type\":\"string\",\"format\":\"date-time\"}");
     for (int h = 0; h <= 24; h++)
         for (int m = 0; m <= 60; m += 30) {
@@ -389,7 +404,19 @@ START_TEST(string_formats)
           { "\"123e4567e89b12d3a456426614174000\"", "\"123e4567-e89b-12d3-a456-42661417400g\"" } },
         { "{\"type\":\"string\",\"format\":\"ipv4\"}", { "\"192.168.0.1\"", "\"0.0.0.0\"", "\"255.255.255.255\"" },
           { "\"256.1.1.1\"", "\"01.2.3.4\"", "\"1.2.3\"" } },
-        { "{\"type\":\"string\",\"format\":\"ipv6\"}", { "\"x\"", "\"\"" }, { "1" } },   /* an annotation */
+        { "{\"type\":\"string\",\"format\":\"ipv6\"}", { "\"::\"", "\"::1\"", "\"fe80::1:2\"", "\"2001:DB8::\"",
+                                                       "\"1:2:3:4:5:6:7::\"", "\"::1:2:3:4:5:6:7\"" },
+          { "\"1:2:3:4:5:6:7:8:9\"", "\"1::2::3\"", "\"1:2:3:4:5:6:7:8::\"", "\"12345::\"", "\":1::\"", "\"1:::2\"" } },
+        { "{\"type\":\"string\",\"format\":\"ipv6\"}", { NULL },
+          { "\"::1.2.3.4\"", "\"1:2:3:4:5:6:7\"", "\"::g\"", "\"\"", "\"1.2.3.4\"", "\"::1/64\"" } },
+        { "{\"type\":\"string\",\"format\":\"ipvanyaddress\"}", { "\"10.0.0.1\"", "\"::1\"" },
+          { "\"10.0.0.1/8\"", "\"::1/128\"", "\"x\"" } },
+        { "{\"type\":\"string\",\"format\":\"ipvanyinterface\"}", { "\"10.0.0.1/8\"", "\"::1/128\"", "\"10.0.0.1\"",
+                                                                  "\"192.168.1.7/32\"", "\"fe80::1/0\"" },
+          { "\"10.0.0.1/33\"", "\"::1/129\"", "\"10.0.0.1/08\"", "\"10.0.0.1/\"" } },
+        { "{\"type\":\"string\",\"format\":\"ipv4interface\"}", { "\"10.1.2.3/24\"" }, { "\"::1/64\"", "\"10.1.2.3/64\"" } },
+        { "{\"type\":\"string\",\"format\":\"ipv6interface\"}", { "\"fe80::1/64\"" }, { "\"10.1.2.3/24\"" } },
+        { "{\"type\":\"string\",\"format\":\"ipv6network\"}", { "\"x\"", "\"\"" }, { "1" } },   /* an annotation */
         { "{\"type\":\"string\",\"format\":\"email\"}",
           { "\"john.smith@example.com\"", "\"a@b.co\"", "\"o'brien+tag@mail.example.co.uk\"",
             "\"x_y-z@sub-domain.example.org\"", "\"A.B.C.D@x.io\"", "\"my--x@a--b.com\"" },

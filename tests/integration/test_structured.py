@@ -229,6 +229,30 @@ def test_openai_parse_with_sets_and_durations(engine):
         assert npc.moods and isinstance(npc.shift, datetime.timedelta)
 
 
+def test_openai_parse_with_ip_addresses_and_leap_days(engine):
+    """IPv6Address, IPvAnyAddress and IPvAnyInterface (formats ipv6,
+    ipvanyaddress, ipvanyinterface) and a date: before 2026-12-07 an IPv6
+    address was any string (Pydantic refused what the model wrote) and a
+    date could not be February 29th."""
+    import datetime
+    import ipaddress
+    pydantic = pytest.importorskip("pydantic")
+
+    class Relay(pydantic.BaseModel):
+        name: str = pydantic.Field(max_length=24)
+        address: ipaddress.IPv6Address
+        old_address: pydantic.IPvAnyAddress
+        gateway: pydantic.IPvAnyInterface
+        moved_on: datetime.date
+
+    for prompt in ("Extract: relay 'north-2' moved to 2001:db8::7 on 2024-02-29; it used to be at "
+                   "10.0.0.7, behind the gateway 10.0.0.1/24.",
+                   "Invent a relay server with an IPv6 address, its old address and its gateway."):
+        relay, text = parse_checked(engine, Relay, prompt)
+        assert ipaddress.IPv6Address(text["address"]) == relay.address, text
+        assert isinstance(relay.moved_on, datetime.date)
+
+
 @pytest.mark.parametrize("schema,needle", [
     ({"type": "string", "pattern": "^(?=a)"}, "lookaround"),
     ({"type": "integer", "multipleOf": 3}, "'multipleOf' is not supported"),
