@@ -280,6 +280,7 @@ typedef struct sc {
     memo_ent *memo;
     int n_memo, cap_memo;
     int r_value, r_string, r_number, r_integer, r_object, r_array, r_int, r_minus, r_frac, r_exp;
+    int frac_max;   /* > 0: bounded numbers write at most this many fraction digits (multipleOf) */
 } sc;
 
 static int sc_fail(sc *c, int rc, const char *fmt, ...)
@@ -576,6 +577,30 @@ static int frac_rule(sc *c, int kind)
     rlai_grammar *g = c->g;
     gseq q = { 0 };
     int rc;
+    if (c->frac_max > 0) {   /* 1 to frac_max digits */
+        int m = c->frac_max, r = rule_new(g);
+        if (r < 0)
+            return r;
+        if (kind != FR_NONZERO && (rc = rule_alt(g, r, &q)) < 0)
+            return rc;
+        for (int i = 0; i < (kind == FR_NONZERO ? m : 1); i++) {   /* non-zero: i zeros, then 1-9 */
+            seq_byte(g, &q, '.');
+            if (kind == FR_ZERO) {
+                seq_rep(&q, set_range(g, '0', '0'), 1, m);
+            } else if (kind == FR_ANY) {
+                seq_rep(&q, set_range(g, '0', '9'), 1, m);
+            } else {
+                if (i > 0)
+                    seq_rep(&q, set_range(g, '0', '0'), i, i);
+                seq_set(&q, set_range(g, '1', '9'));
+                if (m - 1 - i > 0)
+                    seq_rep(&q, set_range(g, '0', '9'), 0, m - 1 - i);
+            }
+            if ((rc = rule_alt(g, r, &q)) < 0)
+                return rc;
+        }
+        return r;
+    }
     if (kind == FR_ANY)
         return c->r_frac;
     int r = rule_new(g);
@@ -1668,7 +1693,7 @@ static const char *const kw_supported[] = {
     "type", "properties", "required", "additionalProperties", "items", "minItems", "maxItems",
     "enum", "const", "anyOf", "oneOf", "$ref", "$defs", "definitions", "minLength", "maxLength",
     "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "prefixItems", "additionalItems",
-    "allOf", "pattern", "uniqueItems", NULL
+    "allOf", "pattern", "uniqueItems", "multipleOf", NULL
 };
 /* Annotations: no effect on what is valid ("format" is an annotation by
  * default in JSON Schema 2020-12; on a string, date, time, date-time,
@@ -1794,6 +1819,387 @@ static int lits_rule(sc *c, lits *L)
 {
     qsort(L->v, (size_t)L->n, sizeof(lit), lit_cmp);
     return lit_trie(c, L->v, 0, L->n, 0, 0);
+}
+
+/* ---- multipleOf
+ *
+ * A step m is taken as the decimal it was written as, p / 10^k (the
+ * shortest decimal that reads back as the same double: 0.01 is 1 / 10^2,
+ * not the binary fraction nearest it), so the values are the texts of
+ * N / 10^k for the integers N that p divides. Without bounds, or with one
+ * bound at or next to 0, a grammar follows the remainder of N mod p digit
+ * by digit (multiple_positive: 15 rules per remainder of the integer part,
+ * k per remainder of the fraction, at most G_MULT_STATES); with both
+ * bounds the values between are listed (at most G_MULT_VALUES, as a
+ * prefix tree), written without trailing zeros; a step of 10^-k over
+ * larger bounds is a bounded number with at most k fraction digits.
+ * Integer and fraction digits are capped at 15 each, as plain numbers'
+ * are at 16. */
+#define G_MULT_STATES 2048    /* remainder rules of a multipleOf grammar */
+#define G_MULT_VALUES 20000   /* multiples listed between two bounds */
+#define G_MULT_DIGITS 15      /* integer digits written; k <= 15 fraction digits */
+
+typedef struct gmult {
+    long long p;   /* 0: no multipleOf */
+    int k;
+} gmult;
+
+static long long gcd_ll(long long a, long long b)
+{
+    while (b) {
+        long long t = a % b;
+        a = b;
+        b = t;
+    }
+    return a;
+}
+
+static long long pow10_ll(int k)
+{
+    long long x = 1;
+    while (k-- > 0)
+        x *= 10;
+    return x;
+}
+
+/* Reads multipleOf into *m (m->p = 0 when there is none). For an integer
+ * the step becomes the least whole multiple of it: 0.5 gives 1, 2.5 gives
+ * 5. */
+static int read_multiple(sc *c, const cJSON *s, bool integer, gmult *m)
+{
+    const cJSON *it = cJSON_GetObjectItemCaseSensitive(s, "multipleOf");
+    *m = (gmult){ 0, 0 };
+    if (!it)
+        return 0;
+    if (!cJSON_IsNumber(it) || !isfinite(it->valuedouble) || it->valuedouble <= 0)
+        return sc_fail(c, RLAI_ERR_INVALID_ARG, "'multipleOf' must be a number above 0");
+    double v = it->valuedouble;
+    char buf[48];
+    for (int prec = 1; prec <= 17; prec++) {
+        snprintf(buf, sizeof(buf), "%.*e", prec - 1, v);
+        if (strtod(buf, NULL) == v)
+            break;
+    }
+    /* buf: d[.ddd]e[+-]xx */
+    long long p = 0;
+    int nd = 0;
+    const char *q = buf;
+    for (; *q && *q != 'e'; q++)
+        if (*q >= '0' && *q <= '9') {
+            p = p * 10 + (*q - '0');
+            nd++;
+        }
+    int ex = (*q == 'e' ? atoi(q + 1) : 0) - (nd - 1);
+    while (p % 10 == 0) {
+        p /= 10;
+        ex++;
+    }
+    for (; ex > 0; ex--) {
+        if (p > G_NUM_MAX / 10)
+            return sc_fail(c, RLAI_ERR_UNSUPPORTED, "'multipleOf' %g is not supported: no multiple but 0 has at most 16 digits", v);
+        p *= 10;
+    }
+    int k = -ex;
+    if (k > G_MULT_DIGITS)
+        return sc_fail(c, RLAI_ERR_UNSUPPORTED, "'multipleOf' %g is not supported: at most %d fraction digits are", v,
+                       G_MULT_DIGITS);
+    if (integer) {
+        p /= gcd_ll(p, pow10_ll(k));
+        k = 0;
+    }
+    *m = (gmult){ p, k };
+    return 0;
+}
+
+/* Adds the text of N / 10^k to L (no trailing fraction zeros). */
+static int lits_add_scaled(lits *L, long long N, int k)
+{
+    if (L->n == L->cap) {
+        int nc = L->cap ? L->cap * 2 : 64;
+        lit *nv = realloc(L->v, sizeof(lit) * (size_t)nc);
+        if (!nv)
+            return RLAI_ERR_NOMEM;
+        L->v = nv;
+        L->cap = nc;
+    }
+    long long s = pow10_ll(k), a = N < 0 ? -N : N, f = a % s;
+    char buf[48];
+    int w = snprintf(buf, sizeof(buf), "%s%lld", N < 0 ? "-" : "", a / s);
+    if (f) {
+        w += snprintf(buf + w, sizeof(buf) - (size_t)w, ".%0*lld", k, f);
+        while (buf[w - 1] == '0')
+            buf[--w] = 0;
+    }
+    char *text = strdup(buf);
+    if (!text)
+        return RLAI_ERR_NOMEM;
+    L->v[L->n++] = (lit){ text, (size_t)w };
+    return 0;
+}
+
+/* The listed values p*i / 10^k for i in [a, b] (b - a < G_MULT_VALUES). */
+static int multiple_list(sc *c, long long p, int k, long long a, long long b)
+{
+    lits L = { NULL, 0, 0 };
+    int rc = 0;
+    for (long long i = a; i <= b && rc == 0; i++)
+        rc = lits_add_scaled(&L, i * p, k);
+    if (rc == 0)
+        rc = lits_rule(c, &L);
+    lits_free(&L);
+    return rc;
+}
+
+/* Adds to rule r, for each remainder t with T[t] >= 0, the alternative
+ * "prefix, a digit d of lo..9 with (base + d * mul) mod q = t, then T[t]"
+ * (the digits of one t as one byte set). */
+static int digit_alts(rlai_grammar *g, int r, const char *prefix, long long base, long long mul, long long q,
+                      int lo, const int *T)
+{
+    int ts[10], n = 0, rc = 0;
+    uint64_t b[10][4];
+    memset(b, 0, sizeof(b));
+    for (int d = lo; d <= 9; d++) {
+        int t = (int)((base + d * mul) % q), i = 0;
+        if (T[t] < 0)
+            continue;
+        while (i < n && ts[i] != t)
+            i++;
+        if (i == n)
+            ts[n++] = t;
+        bits_set(b[i], '0' + d);
+    }
+    for (int i = 0; i < n && rc >= 0; i++) {
+        gseq s = { 0 };
+        if (prefix)
+            seq_lit(g, &s, prefix, strlen(prefix));
+        seq_set(&s, set_add(g, b[i]));
+        seq_ref(&s, T[ts[i]]);
+        rc = rule_alt(g, r, &s);
+    }
+    return rc;
+}
+
+/* Rules of a multipleOf grammar for p / 10^k (multiple_positive): q, the
+ * modulus of the integer part (p over its common factor with 10^k: the
+ * integer part V counts only through V * 10^k mod p), and the rule count. */
+static long long multiple_states(long long p, int k, long long *q)
+{
+    *q = p / gcd_ll(p, pow10_ll(k));
+    return G_MULT_DIGITS * *q + k * p;
+}
+
+/* The texts of the multiples above 0: an integer part of 1 to 15 digits
+ * without a leading zero, or "0", then optionally "." and 1 to k digits;
+ * the value times 10^k, N, a multiple of p. I[(n - 1) * q + v]: n integer
+ * digits read, their value mod q is v; F[(j - 1) * p + a]: j fraction
+ * digits read, N so far (the digits to come as zeros) mod p is a; Z[j]:
+ * "0." and j zeros. A state from which no multiple can end has no rule
+ * (-1) and is never entered: the matcher must not reach a dead end. */
+static int multiple_positive(sc *c, long long p, int k)
+{
+    rlai_grammar *g = c->g;
+    long long q;
+    multiple_states(p, k, &q);
+    int np = (int)p, nq = (int)q, nI = G_MULT_DIGITS * nq, nF = k * np, rc = 0;
+    int *I = malloc(sizeof(int) * (size_t)(nI + nF + k + 1));
+    if (!I)
+        return RLAI_ERR_NOMEM;
+    int *F = I + nI, *Z = F + nF;
+    long long w[G_MULT_DIGITS + 1];   /* w[i] = 10^i mod p */
+    w[0] = 1 % p;
+    for (int i = 1; i <= G_MULT_DIGITS; i++)
+        w[i] = w[i - 1] * 10 % p;
+    /* liveness, backwards (1 = can still end a multiple; then the rule) */
+    for (int j = k; j >= 1; j--)
+        for (int a = 0; a < np; a++) {
+            bool ok = a == 0;
+            for (int d = 0; d <= 9 && !ok && j < k; d++)
+                ok = F[j * np + (int)((a + d * w[k - j - 1]) % p)] >= 0;
+            F[(j - 1) * np + a] = ok ? 1 : -1;
+        }
+    for (int n = G_MULT_DIGITS; n >= 1; n--)
+        for (int v = 0; v < nq; v++) {
+            bool ok = v == 0;
+            for (int d = 0; d <= 9 && !ok; d++)
+                ok = (n < G_MULT_DIGITS && I[n * nq + (int)((v * 10 + d) % q)] >= 0) ||
+                     (k > 0 && F[(int)((v * w[k] + d * w[k - 1]) % p)] >= 0);
+            I[(n - 1) * nq + v] = ok ? 1 : -1;
+        }
+    for (int j = k - 1; j >= 0; j--) {
+        bool ok = j + 1 < k && Z[j + 1] >= 0;
+        for (int d = 1; d <= 9 && !ok; d++)
+            ok = F[j * np + (int)(d * w[k - j - 1] % p)] >= 0;
+        Z[j] = ok ? 1 : -1;
+    }
+    for (int i = 0; i < nI + nF + k && rc >= 0; i++)
+        if (I[i] >= 0)
+            I[i] = rc = rule_new(g);
+    gseq e = { 0 };
+    for (int n = 1; n <= G_MULT_DIGITS && rc >= 0; n++)
+        for (int v = 0; v < nq && rc >= 0; v++) {
+            int r = I[(n - 1) * nq + v];
+            if (r < 0)
+                continue;
+            if (v == 0)
+                rc = rule_alt(g, r, &e);
+            if (rc >= 0 && n < G_MULT_DIGITS)
+                rc = digit_alts(g, r, NULL, v * 10, 1, q, 0, I + n * nq);
+            if (rc >= 0 && k > 0)
+                rc = digit_alts(g, r, ".", v * w[k], w[k - 1], p, 0, F);
+        }
+    for (int j = 1; j <= k && rc >= 0; j++)
+        for (int a = 0; a < np && rc >= 0; a++) {
+            int r = F[(j - 1) * np + a];
+            if (r < 0)
+                continue;
+            if (a == 0)
+                rc = rule_alt(g, r, &e);
+            if (rc >= 0 && j < k)
+                rc = digit_alts(g, r, NULL, a, w[k - j - 1], p, 0, F + j * np);
+        }
+    for (int j = 0; j < k && rc >= 0; j++) {
+        if (Z[j] < 0)
+            continue;
+        if (j + 1 < k && Z[j + 1] >= 0) {
+            gseq s = { 0 };
+            seq_byte(g, &s, '0');
+            seq_ref(&s, Z[j + 1]);
+            rc = rule_alt(g, Z[j], &s);
+        }
+        if (rc >= 0)
+            rc = digit_alts(g, Z[j], NULL, 0, w[k - j - 1], p, 1, F + j * np);
+    }
+    int top = rc < 0 ? rc : rule_new(g);
+    rc = top;
+    if (rc >= 0)   /* the first integer digit */
+        rc = digit_alts(g, top, NULL, 0, 1, q, 1, I);
+    if (rc >= 0 && k > 0 && Z[0] >= 0) {
+        gseq s = { 0 };
+        seq_lit(g, &s, "0.", 2);
+        seq_ref(&s, Z[0]);
+        rc = rule_alt(g, top, &s);
+    }
+    free(I);
+    return rc < 0 ? rc : top;
+}
+
+/* The value of multiple i (i * p / 10^k) as the double a validator
+ * compares: exact integers over a power of ten, one rounding. */
+static double multiple_value(long long i, long long p, int k)
+{
+    return (double)(i * p) / (double)pow10_ll(k);
+}
+
+/* The least (lower) or greatest i whose multiple is within bound b. */
+static long long multiple_index(const nbound *b, bool lower, long long p, int k)
+{
+    double x = b->v * (double)pow10_ll(k) / (double)p;
+    long long i = (long long)(lower ? ceil(x) : floor(x));
+    if (lower) {
+        while (multiple_value(i - 1, p, k) > b->v || (!b->strict && multiple_value(i - 1, p, k) == b->v))
+            i--;
+        while (multiple_value(i, p, k) < b->v || (b->strict && multiple_value(i, p, k) == b->v))
+            i++;
+    } else {
+        while (multiple_value(i + 1, p, k) < b->v || (!b->strict && multiple_value(i + 1, p, k) == b->v))
+            i++;
+        while (multiple_value(i, p, k) > b->v || (b->strict && multiple_value(i, p, k) == b->v))
+            i--;
+    }
+    return i;
+}
+
+/* A number or integer with multipleOf m (see above) within bounds lo, hi. */
+static int multiple_rule(sc *c, const gmult *m, const nbound *lo, const nbound *hi, double step)
+{
+    rlai_grammar *g = c->g;
+    long long p = m->p;
+    int k = m->k;
+    /* multiples of at most 15 integer digits: |i| <= imax */
+    double lim = 1e15 * (double)pow10_ll(k);
+    if (lim > 9e15)
+        lim = 9e15;   /* i * p exact in a double and a long long */
+    long long imax = (long long)(lim / (double)p);
+    bool ha = lo->has && lo->v > -imax * (double)p / (double)pow10_ll(k);
+    bool hb = hi->has && hi->v < imax * (double)p / (double)pow10_ll(k);
+    long long ia = ha ? multiple_index(lo, true, p, k) : -imax, ib = hb ? multiple_index(hi, false, p, k) : imax;
+    if ((lo->has && !ha && lo->v > 0) || (hi->has && !hb && hi->v < 0) || ia > ib)
+        return sc_fail(c, RLAI_ERR_INVALID_ARG, "no multiple of %g (of at most %d integer digits) is within the schema's bounds",
+                       step, G_MULT_DIGITS);
+    if (p == 1 && (ha || hb) && !(ha && hb && ib - ia < G_MULT_VALUES)) {
+        /* steps of 10^-k: the bounded numbers with at most k fraction digits */
+        c->frac_max = k;
+        int r = number_range_rule(c, lo, hi);
+        c->frac_max = 0;
+        return r;
+    }
+    if (ha && hb) {
+        if (ib - ia >= G_MULT_VALUES)
+            return sc_fail(c, RLAI_ERR_UNSUPPORTED,
+                           "'multipleOf' %g with minimum and maximum is supported for at most %d multiples between them, not %lld",
+                           step, G_MULT_VALUES, ib - ia + 1);
+        return multiple_list(c, p, k, ia, ib);
+    }
+    /* one bound or none: the side away from the bound is a grammar of
+     * remainders; between the bound and 0 the multiples are listed */
+    long long iq;
+    if (multiple_states(p, k, &iq) > G_MULT_STATES)
+        return sc_fail(c, RLAI_ERR_UNSUPPORTED,
+                       "'multipleOf' %g is not supported here without a minimum and a maximum (its grammar would "
+                       "have more than %d rules)", step, G_MULT_STATES);
+    if ((ha && ia > 1) || (hb && ib < -1))
+        return sc_fail(c, RLAI_ERR_UNSUPPORTED,
+                       "'multipleOf' %g with only a %s is supported when that bound is within one step of 0",
+                       step, ha ? "minimum" : "maximum");
+    if ((ha && -ia >= G_MULT_VALUES) || (hb && ib >= G_MULT_VALUES))
+        return sc_fail(c, RLAI_ERR_UNSUPPORTED,
+                       "'multipleOf' %g with only a %s is supported for at most %d multiples between it and 0",
+                       step, ha ? "minimum" : "maximum", G_MULT_VALUES);
+    int pos = multiple_positive(c, p, k), r = pos < 0 ? pos : rule_new(g), rc = r;
+    if (r < 0)
+        return r;
+    gseq q = { 0 };
+    if (!hb) {   /* above 0 */
+        seq_ref(&q, pos);
+        rc = rule_alt(g, r, &q);
+    }
+    if (rc >= 0 && !ha) {   /* below 0 */
+        seq_byte(g, &q, '-');
+        seq_ref(&q, pos);
+        rc = rule_alt(g, r, &q);
+    }
+    if (rc >= 0 && ia <= 0 && ib >= 0) {
+        seq_byte(g, &q, '0');
+        rc = rule_alt(g, r, &q);
+    }
+    if (rc >= 0 && ((ha && ia < 0) || (hb && ib > 0))) {
+        int sub = ha ? multiple_list(c, p, k, ia, -1) : multiple_list(c, p, k, 1, ib);
+        if (sub < 0) {
+            free(q.e);
+            return sub;
+        }
+        seq_ref(&q, sub);
+        rc = rule_alt(g, r, &q);
+    }
+    return rc < 0 ? rc : r;
+}
+
+/* A number or integer schema: bounds, multipleOf, both or neither. */
+static int number_schema(sc *c, const cJSON *s, bool integer)
+{
+    gmult m;
+    int rc = read_multiple(c, s, integer, &m);
+    if (rc < 0)
+        return rc;
+    if (m.p == 0)
+        return has_bounds(s) ? bounded_number(c, s, integer) : integer ? integer_rule(c) : number_rule(c);
+    if (m.p == 1 && m.k == 0)   /* every integer */
+        return has_bounds(s) ? bounded_number(c, s, true) : integer_rule(c);
+    nbound lo, hi;
+    if ((rc = read_bound(c, s, true, &lo)) < 0 || (rc = read_bound(c, s, false, &hi)) < 0)
+        return rc;
+    return multiple_rule(c, &m, &lo, &hi, cJSON_GetObjectItemCaseSensitive(s, "multipleOf")->valuedouble);
 }
 
 /* Adds the values of schema s to L when s is only an enum or a const
@@ -2260,9 +2666,9 @@ static int compile_type(sc *c, const cJSON *s, const char *type, int depth)
         return string_rule(c, min, max);
     }
     if (!strcmp(type, "number"))
-        return has_bounds(s) ? bounded_number(c, s, false) : number_rule(c);
+        return number_schema(c, s, false);
     if (!strcmp(type, "integer"))
-        return has_bounds(s) ? bounded_number(c, s, true) : integer_rule(c);
+        return number_schema(c, s, true);
     if (!strcmp(type, "boolean")) {
         int r = rule_new(c->g), rc;
         gseq q = { 0 };
@@ -2503,7 +2909,7 @@ static int compile_node(sc *c, const cJSON *s, int depth)
     if (cJSON_GetObjectItemCaseSensitive(s, "minLength") || cJSON_GetObjectItemCaseSensitive(s, "maxLength") ||
         cJSON_GetObjectItemCaseSensitive(s, "pattern"))
         return compile_type(c, s, "string", depth);
-    if (has_bounds(s))   /* bounds without a type: a number within them */
+    if (has_bounds(s) || cJSON_GetObjectItemCaseSensitive(s, "multipleOf"))   /* without a type: a number */
         return compile_type(c, s, "number", depth);
     if ((rc = value_rules(c)) < 0)
         return rc;

@@ -202,7 +202,7 @@ START_TEST(schema_refusals)
     refused("{\"type\":\"integer\",\"minimum\":1e17}", RLAI_ERR_INVALID_ARG, "at most 16 digits");
     refused("{\"type\":\"number\",\"minimum\":3,\"exclusiveMaximum\":3}", RLAI_ERR_INVALID_ARG, "no number");
     refused("{\"type\":\"integer\",\"minimum\":\"3\"}", RLAI_ERR_INVALID_ARG, "'minimum' must be a number");
-    refused("{\"type\":\"integer\",\"multipleOf\":3}", RLAI_ERR_UNSUPPORTED, "'multipleOf'");
+    refused("{\"type\":\"integer\",\"not\":{\"const\":3}}", RLAI_ERR_UNSUPPORTED, "'not'");
     refused("{\"allOf\":[{\"type\":\"integer\"},{\"minimum\":3}]}", RLAI_ERR_UNSUPPORTED, "more than one constraining");
     refused("{\"allOf\":[{\"type\":\"integer\"}],\"type\":\"integer\"}", RLAI_ERR_UNSUPPORTED, "sibling keyword 'type'");
     refused("{\"allOf\":[]}", RLAI_ERR_INVALID_ARG, "non-empty array");
@@ -345,6 +345,49 @@ START_TEST(unique_items_of_enums)
     refused("{\"items\":{\"enum\":[]},\"uniqueItems\":true}", RLAI_ERR_INVALID_ARG, "non-empty array");
     refused("{\"uniqueItems\":\"yes\"}", RLAI_ERR_INVALID_ARG, "must be a boolean");
     refused("{\"prefixItems\":[{\"enum\":[1]}],\"uniqueItems\":true}", RLAI_ERR_UNSUPPORTED, "with a tuple");
+}
+END_TEST
+
+/* multipleOf: remainder grammars without bounds or with one bound at 0,
+ * listed values between two bounds, steps of 10^-k over bounds as
+ * fraction-digit caps; refusals name what is not supported. */
+START_TEST(multiple_of)
+{
+    static const texts_case cases[] = {
+        { "{\"type\":\"integer\",\"multipleOf\":5}", { "0", "5", "-15", "1000000", "123456789012345" },
+          { "3", "05", "-0", "5.0", "1e1", "-7" } },
+        { "{\"type\":\"number\",\"exclusiveMinimum\":0,\"multipleOf\":0.01}", { "0.01", "12.5", "12.34", "3", "0.10" },
+          { "0", "0.00", "12.345", "-1", "0.001", "1." } },
+        { "{\"type\":\"number\",\"minimum\":1,\"maximum\":5,\"multipleOf\":0.5}", { "1", "1.5", "4.5", "5" },
+          { "0.5", "5.5", "1.50", "1.25", "-1" } },
+        { "{\"type\":\"number\",\"multipleOf\":0.125}", { "0.125", "-2.375", "3", "0.5", "0" },
+          { "0.1", "0.0625", "-0.12", "0.1250000" } },
+        { "{\"type\":\"number\",\"minimum\":0,\"maximum\":1000000,\"multipleOf\":0.01}", { "0", "999999.99", "1000000", "0.5" },
+          { "1000000.01", "-0.01", "0.001", "1000000.5" } },
+        { "{\"type\":\"integer\",\"multipleOf\":2.5}", { "5", "-10", "0" }, { "2.5", "7" } },
+        { "{\"type\":\"integer\",\"maximum\":0,\"multipleOf\":3}", { "0", "-3", "-300" }, { "3", "-1" } },
+        { "{\"type\":\"number\",\"minimum\":-7,\"multipleOf\":2}", { "-6", "-2", "0", "8" }, { "-8", "-7", "3" } },
+        { "{\"multipleOf\":4}", { "8", "-4" }, { "\"8\"", "6" } },
+        { "{\"type\":[\"integer\",\"null\"],\"multipleOf\":10}", { "null", "20" }, { "25" } },
+        { "{\"type\":\"number\",\"multipleOf\":0.3}", { "0.3", "0.9", "-1.2", "3" }, { "0.1", "1", "0.33" } },
+    };
+    check_texts(cases, sizeof cases / sizeof *cases);
+    /* every multiple of 7 from -2000 to 2000 and nothing between */
+    rlai_grammar *g = schema("{\"type\":\"integer\",\"multipleOf\":7}");
+    char t[32];
+    for (int i = -2000; i <= 2000; i++) {
+        snprintf(t, sizeof t, "%d", i);
+        ck_assert_msg(acc(g, t) == (i % 7 == 0), "%s accepted %d", t, acc(g, t));
+    }
+    rlai_grammar_unref(g);
+    refused("{\"type\":\"integer\",\"multipleOf\":0}", RLAI_ERR_INVALID_ARG, "above 0");
+    refused("{\"type\":\"integer\",\"multipleOf\":\"5\"}", RLAI_ERR_INVALID_ARG, "above 0");
+    refused("{\"type\":\"number\",\"multipleOf\":1e-16}", RLAI_ERR_UNSUPPORTED, "fraction digits");
+    refused("{\"type\":\"integer\",\"multipleOf\":7919}", RLAI_ERR_UNSUPPORTED, "more than 2048 rules");
+    refused("{\"type\":\"integer\",\"minimum\":6,\"multipleOf\":5}", RLAI_ERR_UNSUPPORTED, "within one step of 0");
+    refused("{\"type\":\"integer\",\"minimum\":0,\"maximum\":10000000,\"multipleOf\":7}", RLAI_ERR_UNSUPPORTED,
+            "at most 20000 multiples");
+    refused("{\"type\":\"integer\",\"minimum\":1,\"maximum\":4,\"multipleOf\":5}", RLAI_ERR_INVALID_ARG, "no multiple of 5");
 }
 END_TEST
 
@@ -953,6 +996,11 @@ START_TEST(fast_mask_equals_brute_force)
                 "\"kind\":{\"enum\":[\"cat\",\"dog\"]},\"n\":{\"type\":\"number\"},\"ok\":{\"type\":\"boolean\"},"
                 "\"xs\":{\"type\":\"array\",\"items\":{\"type\":\"integer\"},\"minItems\":1,\"maxItems\":3}},"
                 "\"required\":[\"name\",\"kind\",\"xs\"]}", 4, 40);
+    /* the fast mask over multipleOf grammars is the brute-force one */
+    walk_schema("{\"type\":\"object\",\"properties\":{\"p\":{\"type\":\"number\",\"exclusiveMinimum\":0,\"multipleOf\":0.01},"
+                "\"q\":{\"type\":\"integer\",\"minimum\":0,\"multipleOf\":5},\"r\":{\"type\":\"number\",\"minimum\":1,"
+                "\"maximum\":5,\"multipleOf\":0.5},\"w\":{\"type\":\"number\",\"multipleOf\":0.125}},"
+                "\"required\":[\"p\",\"q\",\"r\",\"w\"]}", 4, 40);
     /* an enum's prefix tree; a state past 128 heads is not offered */
     static char sch[16 * 1024];
     size_t o = (size_t)snprintf(sch, sizeof sch, "{\"type\":\"array\",\"maxItems\":3,\"items\":{\"enum\":[");
@@ -1333,6 +1381,7 @@ int main(void)
     tcase_add_test(tc, schema_refusals);
     tcase_add_test(tc, schema_tuples_and_all_of);
     tcase_add_test(tc, string_formats);
+    tcase_add_test(tc, multiple_of);
     tcase_add_test(tc, unique_items_of_enums);
     tcase_add_test(tc, string_patterns);
     tcase_add_test(tc, numeric_bounds_integers);

@@ -405,7 +405,7 @@ def test_plugin_engine_job_with_response_format(eng):
     obj = json.loads(res["text"])
     assert list(obj) == ["fruit"] and isinstance(obj["fruit"], str)
     assert res["stop"] == "eog"
-    bad = {"type": "json_schema", "json_schema": {"name": "f", "schema": {"type": "integer", "multipleOf": 2}}}
+    bad = {"type": "json_schema", "json_schema": {"name": "f", "schema": {"type": "integer", "not": {"const": 2}}}}
     c.request("call", 2, command="good.generate",
               params=json.dumps({"prompt": "Hi", "max_tokens": 4, "response_format": bad}))
     frames = c.collect(2)

@@ -253,9 +253,41 @@ def test_openai_parse_with_ip_addresses_and_leap_days(engine):
         assert isinstance(relay.moved_on, datetime.date)
 
 
+def test_openai_parse_with_multiples(engine):
+    """Pydantic's multiple_of (multipleOf): a price in cents above 0, a
+    quantity in fives, a half-star rating from 1 to 5, a discount in steps
+    of 5 percent. Before 2026-12-07 'multipleOf' was a 400. Checked with
+    exact decimals: a float check of 12.34 against 0.01 is off by a
+    rounding error (python-jsonschema refuses it), Pydantic's has a
+    tolerance."""
+    from decimal import Decimal
+    pydantic = pytest.importorskip("pydantic")
+
+    class Order(pydantic.BaseModel):
+        item: str = pydantic.Field(max_length=30)
+        unit_price: float = pydantic.Field(gt=0, multiple_of=0.01)
+        quantity: int = pydantic.Field(ge=0, multiple_of=5)
+        rating: float = pydantic.Field(ge=1, le=5, multiple_of=0.5)
+        discount_percent: int = pydantic.Field(ge=0, le=100, multiple_of=5)
+
+    steps = {"unit_price": Decimal("0.01"), "quantity": Decimal(5), "rating": Decimal("0.5"),
+             "discount_percent": Decimal(5)}
+    for prompt in ("Extract the order: 15 lanterns at 12.34 gold each, rated 4.5 stars, 10% off.",
+                   "Invent an order for a potion shop."):
+        r = engine.client().chat.completions.parse(
+            model="default", temperature=0, max_tokens=200, response_format=Order,
+            messages=[{"role": "user", "content": prompt}])
+        order = r.choices[0].message.parsed
+        assert isinstance(order, Order), r.choices[0].message.content
+        exact = json.loads(r.choices[0].message.content, parse_float=Decimal)
+        for k, step in steps.items():
+            assert Decimal(exact[k]) % step == 0, (k, exact)
+        assert exact["unit_price"] > 0 and 1 <= exact["rating"] <= 5 and 0 <= exact["discount_percent"] <= 100
+
+
 @pytest.mark.parametrize("schema,needle", [
     ({"type": "string", "pattern": "^(?=a)"}, "lookaround"),
-    ({"type": "integer", "multipleOf": 3}, "'multipleOf' is not supported"),
+    ({"type": "integer", "not": {"const": 3}}, "'not' is not supported"),
     ({"type": "number", "minimum": 0.5}, "only whole-number bounds"),
     ({"type": "integer", "minimum": 3, "maximum": 2}, "no integer"),
     ({"allOf": [{"type": "integer"}, {"minimum": 3}]}, "more than one constraining schema"),
@@ -355,10 +387,10 @@ def test_tools_errors(engine):
         chat(engine, messages=[{"role": "user", "content": "hi"}], tools=[WEATHER],
              tool_choice={"type": "function", "function": {"name": "nope"}})
     assert "'nope'" in str(ei.value)
-    bad = {"type": "function", "function": {"name": "f", "parameters": {"type": "integer", "multipleOf": 2}}}
+    bad = {"type": "function", "function": {"name": "f", "parameters": {"type": "integer", "not": {"const": 2}}}}
     with pytest.raises(openai.BadRequestError) as ei:
         chat(engine, messages=[{"role": "user", "content": "hi"}], tools=[bad])
-    assert "tools[0].function.parameters" in str(ei.value) and "'multipleOf'" in str(ei.value)
+    assert "tools[0].function.parameters" in str(ei.value) and "'not'" in str(ei.value)
 
 
 def test_more_than_128_tools_is_a_clear_400(engine):
