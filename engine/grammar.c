@@ -1702,7 +1702,11 @@ static const char *const kw_supported[] = {
  * format_string_rule). */
 static const char *const kw_annotation[] = {
     "title", "description", "default", "examples", "$schema", "$id", "$comment", "format",
-    "deprecated", "readOnly", "writeOnly", "nullable", NULL
+    "deprecated", "readOnly", "writeOnly", "nullable",
+    /* OpenAPI's hint beside a oneOf (Pydantic's discriminated unions):
+     * which property tells the alternatives apart. Each alternative holds
+     * that property's const already, so the oneOf alone decides. */
+    "discriminator", NULL
 };
 
 static int compile(sc *c, const cJSON *s, int depth);

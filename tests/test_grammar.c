@@ -348,6 +348,26 @@ START_TEST(unique_items_of_enums)
 }
 END_TEST
 
+/* Pydantic's discriminated union: a oneOf of $refs with OpenAPI's
+ * "discriminator" beside it (an annotation; it was a refusal). */
+START_TEST(discriminated_union)
+{
+    static const texts_case cases[] = {
+        { "{\"$defs\":{\"Cat\":{\"properties\":{\"pet_type\":{\"const\":\"cat\",\"type\":\"string\"},"
+          "\"meows\":{\"type\":\"integer\"}},\"required\":[\"pet_type\",\"meows\"],\"type\":\"object\"},"
+          "\"Dog\":{\"properties\":{\"pet_type\":{\"const\":\"dog\",\"type\":\"string\"},\"barks\":{\"type\":\"number\"}},"
+          "\"required\":[\"pet_type\",\"barks\"],\"type\":\"object\"}},"
+          "\"properties\":{\"pet\":{\"discriminator\":{\"mapping\":{\"cat\":\"#/$defs/Cat\",\"dog\":\"#/$defs/Dog\"},"
+          "\"propertyName\":\"pet_type\"},\"oneOf\":[{\"$ref\":\"#/$defs/Cat\"},{\"$ref\":\"#/$defs/Dog\"}]}},"
+          "\"required\":[\"pet\"],\"type\":\"object\"}",
+          { "{\"pet\":{\"pet_type\":\"cat\",\"meows\":3}}", "{\"pet\":{\"pet_type\":\"dog\",\"barks\":1.5}}" },
+          { "{\"pet\":{\"pet_type\":\"cat\",\"barks\":1.5}}", "{\"pet\":{\"pet_type\":\"cow\",\"meows\":1}}",
+            "{\"pet\":{\"meows\":3}}" } },
+    };
+    check_texts(cases, sizeof cases / sizeof *cases);
+}
+END_TEST
+
 /* multipleOf: remainder grammars without bounds or with one bound at 0,
  * listed values between two bounds, steps of 10^-k over bounds as
  * fraction-digit caps; refusals name what is not supported. */
@@ -1382,6 +1402,7 @@ int main(void)
     tcase_add_test(tc, schema_tuples_and_all_of);
     tcase_add_test(tc, string_formats);
     tcase_add_test(tc, multiple_of);
+    tcase_add_test(tc, discriminated_union);
     tcase_add_test(tc, unique_items_of_enums);
     tcase_add_test(tc, string_patterns);
     tcase_add_test(tc, numeric_bounds_integers);

@@ -253,6 +253,33 @@ def test_openai_parse_with_ip_addresses_and_leap_days(engine):
         assert isinstance(relay.moved_on, datetime.date)
 
 
+def test_openai_parse_with_a_discriminated_union(engine):
+    """Field(discriminator=...) over a Union of models: Pydantic writes a
+    oneOf with OpenAPI's 'discriminator' beside it, which was a 400 before
+    2026-12-07 ("JSON Schema keyword 'discriminator' is not supported")."""
+    from typing import Annotated, Literal, Union
+    pydantic = pytest.importorskip("pydantic")
+
+    class Attack(pydantic.BaseModel):
+        action: Literal["attack"]
+        target: str = pydantic.Field(max_length=24)
+
+    class Trade(pydantic.BaseModel):
+        action: Literal["trade"]
+        item: str = pydantic.Field(max_length=24)
+        gold: int = pydantic.Field(ge=0, le=1000)
+
+    class Turn(pydantic.BaseModel):
+        speech: str = pydantic.Field(max_length=80)
+        act: Annotated[Union[Attack, Trade], pydantic.Field(discriminator="action")]
+
+    assert "discriminator" in json.dumps(Turn.model_json_schema())
+    for prompt in ("The merchant offers to sell the player a lantern for 12 gold. Write his turn.",
+                   "The goblin attacks the player. Write its turn."):
+        turn, text = parse_checked(engine, Turn, prompt)
+        assert text["act"]["action"] in ("attack", "trade") and isinstance(turn.act, (Attack, Trade)), text
+
+
 def test_openai_parse_with_multiples(engine):
     """Pydantic's multiple_of (multipleOf): a price in cents above 0, a
     quantity in fives, a half-star rating from 1 to 5, a discount in steps
