@@ -386,14 +386,15 @@ static int number_rule(sc *c)
  * keeps few heads: integers split by digit count (the shortest count, one
  * repetition for the counts in between, the longest count), each count a
  * chain "this digit equals the bound's and the rest is bounded, or lies
- * strictly between and the rest is free". Numbers take whole-number bounds
- * only: the integer part decides, except at a bound itself, where the
- * fraction must be zero (an inclusive upper bound) or non-zero (an
- * exclusive lower one). Bounded numbers have no exponent. The texts stay
- * within the plain rules' limits: at most 16 integer digits. */
+ * strictly between and the rest is free". For numbers the integer part
+ * decides, except at a bound's integer part, where the fraction is
+ * compared with the bound's digit by digit the same way (frac_between).
+ * Bounded numbers have no exponent. The texts stay within the plain
+ * rules' limits: at most 16 integer digits. */
 
 #define G_NUM_MAX 9999999999999999LL   /* the largest 16-digit integer */
 #define G_NUM_NONE LLONG_MAX           /* no upper bound (nonneg ranges) */
+#define G_FRAC_STATES 17          /* fraction digits of a bounded number + 2 */
 
 static int digits_range(sc *c, const char *X, const char *Y, int n);
 
@@ -568,129 +569,264 @@ static int integer_range_rule(sc *c, const nbound *lo, const nbound *hi)
     return r;
 }
 
-enum { FR_ANY, FR_ZERO, FR_NONZERO };
-
-/* Fractions: any (optional), zero (optional, only zeros), non-zero
- * (required, some digit not 0). */
-static int frac_rule(sc *c, int kind)
+/* The shortest decimal that reads back as v > 0 (finite): its digits,
+ * without leading or trailing zeros, into dig (NUL-terminated; up to 17),
+ * and the power of ten of its last digit: v = dig * 10^*exp10. JSON
+ * numbers are doubles, but a schema writes them as decimals: 0.1 is 0.1,
+ * not the binary fraction nearest it. */
+static void shortest_digits(double v, char dig[24], int *exp10)
 {
-    rlai_grammar *g = c->g;
+    char buf[48];
+    for (int prec = 1; prec <= 17; prec++) {
+        snprintf(buf, sizeof(buf), "%.*e", prec - 1, v);
+        if (strtod(buf, NULL) == v)
+            break;
+    }
+    int nd = 0;
+    const char *q = buf;
+    for (; *q && *q != 'e'; q++)
+        if (*q >= '0' && *q <= '9' && nd < 23)
+            dig[nd++] = *q;
+    int ex = (*q == 'e' ? atoi(q + 1) : 0) - (nd - 1);
+    while (nd > 1 && dig[nd - 1] == '0') {
+        nd--;
+        ex++;
+    }
+    dig[nd] = 0;
+    *exp10 = ex;
+}
+
+/* A number bound as a decimal: sign, integer part and fraction digits. */
+typedef struct dbound {
+    bool has, strict, neg;
+    long long ip;      /* the integer part of |v| (below 1e16) */
+    char f[40];        /* the fraction digits of |v|, no trailing zeros */
+    int nf;
+} dbound;
+
+#define G_BOUND_FRAC 32   /* fraction digits of a number bound, at most */
+
+static int dbound_of(sc *c, const nbound *b, const char *key, dbound *d)
+{
+    memset(d, 0, sizeof(*d));
+    if (!b->has)
+        return 0;
+    d->has = true;
+    d->strict = b->strict;
+    d->neg = b->v < 0;
+    double v = fabs(b->v);
+    if (v == 0)
+        return 0;
+    char dig[24];
+    int ex, nd;
+    shortest_digits(v, dig, &ex);
+    nd = (int)strlen(dig);
+    if (ex >= 0) {
+        d->ip = atoll(dig);
+        while (ex-- > 0)
+            d->ip *= 10;   /* v < 1e16: the caller checked */
+        return 0;
+    }
+    int nf = -ex;
+    if (nf > G_BOUND_FRAC)
+        return sc_fail(c, RLAI_ERR_UNSUPPORTED, "'%s' %g is not supported: at most %d fraction digits in a bound are", key,
+                       b->v, G_BOUND_FRAC);
+    if (nd > nf) {
+        for (int i = 0; i < nd - nf; i++)
+            d->ip = d->ip * 10 + (dig[i] - '0');
+        memcpy(d->f, dig + nd - nf, (size_t)nf);
+    } else {
+        memset(d->f, '0', (size_t)(nf - nd));
+        memcpy(d->f + nf - nd, dig, (size_t)nd);
+    }
+    d->nf = nf;
+    return 0;
+}
+
+/* Fractions of a number whose integer part equals a bound's: the text
+ * "[.d...]" (none, or "." and 1 to maxd digits) whose value 0.d... is
+ * at least lo's fraction (above, when strict) and at most hi's (below),
+ * either one absent (NULL). Digit by digit, as strings compare: while the
+ * digits so far equal a bound's, the next is bounded by that bound's
+ * next; once they differ, the rest is free. One rule per (digits so far,
+ * equal to lo, equal to hi): at most 4 (maxd + 1). */
+typedef struct fracb {
+    sc *c;
+    const dbound *lo, *hi;
+    int maxd;
+    int memo[G_FRAC_STATES][2][2];
+} fracb;
+
+static char fb_digit(const dbound *b, int i) { return i < b->nf ? b->f[i] : '0'; }
+
+static bool fb_rest_zero(const dbound *b, int i)
+{
+    for (; i < b->nf; i++)
+        if (b->f[i] != '0')
+            return false;
+    return true;
+}
+
+/* Adds "[.] digit set [0-9]{0,rest}" (free after the digit) to rule r. */
+static int fb_free(rlai_grammar *g, int r, bool dot, int lo, int hi, int rest)
+{
     gseq q = { 0 };
-    int rc;
-    if (c->frac_max > 0) {   /* 1 to frac_max digits */
-        int m = c->frac_max, r = rule_new(g);
-        if (r < 0)
-            return r;
-        if (kind != FR_NONZERO && (rc = rule_alt(g, r, &q)) < 0)
-            return rc;
-        for (int i = 0; i < (kind == FR_NONZERO ? m : 1); i++) {   /* non-zero: i zeros, then 1-9 */
+    if (dot)
+        seq_byte(g, &q, '.');
+    seq_set(&q, set_range(g, lo, hi));
+    if (rest > 0)
+        seq_rep(&q, set_range(g, '0', '9'), 0, rest);
+    return rule_alt(g, r, &q);
+}
+
+/* The rule of the fraction from digit i on, or RLAI_ERR_NOT_FOUND when no
+ * text of it meets the bounds. */
+static int frac_state(fracb *fb, int i, bool tl, bool th)
+{
+    if (fb->memo[i][tl][th] != -2)
+        return fb->memo[i][tl][th];
+    rlai_grammar *g = fb->c->g;
+    const dbound *lo = fb->lo, *hi = fb->hi;
+    bool end = (!tl || (fb_rest_zero(lo, i) && !lo->strict)) && (!th || !fb_rest_zero(hi, i) || !hi->strict);
+    char lb = tl ? fb_digit(lo, i) : '0', hb = th ? fb_digit(hi, i) : '9';
+    int child_lo = RLAI_ERR_NOT_FOUND, child_hi = RLAI_ERR_NOT_FOUND;
+    bool more = i < fb->maxd && lb <= hb;
+    if (more && tl)
+        child_lo = frac_state(fb, i + 1, true, th && lb == hb);
+    if (more && th && (!tl || hb != lb))
+        child_hi = frac_state(fb, i + 1, false, true);
+    if ((child_lo < 0 && child_lo != RLAI_ERR_NOT_FOUND) || (child_hi < 0 && child_hi != RLAI_ERR_NOT_FOUND))
+        return child_lo < 0 && child_lo != RLAI_ERR_NOT_FOUND ? child_lo : child_hi;
+    char mlo = tl ? lb + 1 : lb, mhi = th ? hb - 1 : hb;   /* the digits that part from both */
+    bool mid = more && mlo <= mhi;
+    if (!end && !mid && child_lo < 0 && child_hi < 0)
+        return fb->memo[i][tl][th] = RLAI_ERR_NOT_FOUND;
+    int r = rule_new(g), rc = r;
+    bool dot = i == 0;
+    gseq q = { 0 };
+    if (rc >= 0 && end)
+        rc = rule_alt(g, r, &q);
+    if (rc >= 0 && mid)
+        rc = fb_free(g, r, dot, mlo, mhi, fb->maxd - i - 1);
+    int kids[2] = { child_lo, child_hi };
+    char kd[2] = { lb, hb };
+    for (int k = 0; k < 2 && rc >= 0; k++) {
+        if (kids[k] < 0)
+            continue;
+        if (dot)
             seq_byte(g, &q, '.');
-            if (kind == FR_ZERO) {
-                seq_rep(&q, set_range(g, '0', '0'), 1, m);
-            } else if (kind == FR_ANY) {
-                seq_rep(&q, set_range(g, '0', '9'), 1, m);
-            } else {
-                if (i > 0)
-                    seq_rep(&q, set_range(g, '0', '0'), i, i);
-                seq_set(&q, set_range(g, '1', '9'));
-                if (m - 1 - i > 0)
-                    seq_rep(&q, set_range(g, '0', '9'), 0, m - 1 - i);
-            }
-            if ((rc = rule_alt(g, r, &q)) < 0)
-                return rc;
-        }
-        return r;
+        seq_byte(g, &q, (unsigned char)kd[k]);
+        seq_ref(&q, kids[k]);
+        rc = rule_alt(g, r, &q);
     }
-    if (kind == FR_ANY)
-        return c->r_frac;
-    int r = rule_new(g);
-    if (r < 0)
-        return r;
-    seq_byte(g, &q, '.');
-    if (kind == FR_ZERO) {
-        seq_rep(&q, set_range(g, '0', '0'), 1, 15);
-        if ((rc = rule_alt(g, r, &q)) < 0 || (rc = rule_alt(g, r, &q)) < 0)
-            return rc;
-        return r;
-    }
-    seq_rep(&q, set_range(g, '0', '0'), 0, 14);
-    seq_set(&q, set_range(g, '1', '9'));
-    seq_rep(&q, set_range(g, '0', '9'), 0, 14);
-    return (rc = rule_alt(g, r, &q)) < 0 ? rc : r;
+    return fb->memo[i][tl][th] = rc < 0 ? rc : r;
+}
+
+/* The fraction rule for integer part ip (equal to lo's, hi's or both:
+ * NULL where not), or RLAI_ERR_NOT_FOUND. At a bound's integer part the
+ * text keeps to 15 significant digits, so that the double a validator
+ * reads is not rounded onto the bound (100.000000000000001 reads as 100,
+ * which is not above 100). */
+static int frac_between(sc *c, const dbound *lo, const dbound *hi, long long ip)
+{
+    static const dbound none = { 0 };
+    fracb fb = { c, lo ? lo : &none, hi ? hi : &none, c->frac_max > 0 ? c->frac_max : 15, { { { 0 } } } };
+    int nd = 0;
+    for (long long x = ip; x > 0; x /= 10)
+        nd++;
+    if ((lo || hi) && nd > 0 && 15 - nd < fb.maxd)
+        fb.maxd = 15 - nd > 0 ? 15 - nd : 0;
+    for (int i = 0; i < G_FRAC_STATES; i++)
+        for (int a = 0; a < 2; a++)
+            fb.memo[i][a][0] = fb.memo[i][a][1] = -2;
+    return frac_state(&fb, 0, lo != NULL, hi != NULL);
 }
 
 /* Appends "k-range frac" to rule r: k from a to b (b may be G_NUM_NONE). */
 static int num_piece(sc *c, int r, long long a, long long b, int frac)
 {
-    int k = nonneg_range(c, a, b), f = frac_rule(c, frac);
-    if (k < 0 || f < 0)
-        return k < 0 ? k : f;
+    int k = nonneg_range(c, a, b);
+    if (k < 0)
+        return k;
     gseq q = { 0 };
     seq_ref(&q, k);
-    seq_ref(&q, f);
+    seq_ref(&q, frac);
     return rule_alt(c->g, r, &q);
 }
 
-/* Unsigned number texts "k[.f]" whose value u is within the whole-number
- * bounds (has, value, strict for each side; lower <= 0 inclusive or < 0
- * strict means none). Returns the rule, or 0 pieces as RLAI_ERR_NOT_FOUND. */
-static int unsigned_number_part(sc *c, bool hl, long long L, bool sl, bool hh, long long H, bool sh)
+/* Unsigned number texts "k[.f]" whose value u is within lo and hi (a
+ * negative lower bound, or 0 inclusive, bounds nothing here). Returns the
+ * rule, or 0 pieces as RLAI_ERR_NOT_FOUND. */
+static int unsigned_number_part(sc *c, dbound lo, dbound hi)
 {
-    if (hl && (L < 0 || (L == 0 && !sl)))
-        hl = false;                      /* every u >= 0 meets it */
-    if (hh && (H < 0 || (H == 0 && sh)))
+    bool lz = lo.ip == 0 && lo.nf == 0, hz = hi.ip == 0 && hi.nf == 0;
+    if (lo.has && (lo.neg || (lz && !lo.strict)))
+        lo.has = false;                  /* every u >= 0 meets it */
+    if (hi.has && ((hi.neg && !hz) || (hz && hi.strict)))
         return RLAI_ERR_NOT_FOUND;       /* no u >= 0 meets it */
     int r = rule_new(c->g), rc, n = 0;
     if (r < 0)
         return r;
-    /* any fraction: k from the lower bound (past it when strict) to H - 1 */
-    long long a = hl ? (sl ? L + 1 : L) : 0, b = hh ? H - 1 : G_NUM_NONE;
-    if (a <= G_NUM_MAX && (b == G_NUM_NONE || a <= b)) {
-        if ((rc = num_piece(c, r, a, b, FR_ANY)) < 0)
+    int any = c->frac_max > 0 ? frac_between(c, NULL, NULL, 0) : c->r_frac;
+    if (any < 0)
+        return any;
+    if (lo.has && hi.has && lo.ip == hi.ip) {
+        int f = frac_between(c, &lo, &hi, lo.ip);
+        if (f < 0)
+            return f;   /* RLAI_ERR_NOT_FOUND: no fraction meets both */
+        return (rc = num_piece(c, r, lo.ip, lo.ip, f)) < 0 ? rc : r;
+    }
+    if (lo.has) {   /* at the lower bound's integer part */
+        int f = frac_between(c, &lo, NULL, lo.ip);
+        if (f < 0 && f != RLAI_ERR_NOT_FOUND)
+            return f;
+        if (f >= 0 && (rc = num_piece(c, r, lo.ip, lo.ip, f)) < 0)
+            return rc;
+        n += f >= 0;
+    }
+    /* the integer parts strictly between: any fraction */
+    long long a = lo.has ? lo.ip + 1 : 0, b = hi.has ? hi.ip - 1 : G_NUM_NONE;
+    if (a <= G_NUM_MAX && (b == G_NUM_NONE || (b >= 0 && a <= b))) {
+        if ((rc = num_piece(c, r, a, b, any)) < 0)
             return rc;
         n++;
     }
-    /* at a strict lower bound: a non-zero fraction, if the upper allows */
-    if (hl && sl && (!hh || H > L)) {
-        if ((rc = num_piece(c, r, L, L, FR_NONZERO)) < 0)
+    if (hi.has) {   /* at the upper bound's integer part */
+        int f = frac_between(c, NULL, &hi, hi.ip);
+        if (f < 0 && f != RLAI_ERR_NOT_FOUND)
+            return f;
+        if (f >= 0 && (rc = num_piece(c, r, hi.ip, hi.ip, f)) < 0)
             return rc;
-        n++;
-    }
-    /* at an inclusive upper bound: the bound itself (zero fraction) */
-    if (hh && !sh && (!hl || H > L || (H == L && !sl))) {
-        if ((rc = num_piece(c, r, H, H, FR_ZERO)) < 0)
-            return rc;
-        n++;
+        n += f >= 0;
     }
     return n ? r : RLAI_ERR_NOT_FOUND;
 }
 
-/* A bounded number (whole-number bounds; no exponent). */
+/* A bounded number (no exponent). */
 static int number_range_rule(sc *c, const nbound *lo, const nbound *hi)
 {
     rlai_grammar *g = c->g;
     int rc = number_rules(c);
     if (rc < 0)
         return rc;
-    const nbound *bs[2] = { lo, hi };
-    for (int i = 0; i < 2; i++)
-        if (bs[i]->has && bs[i]->v != floor(bs[i]->v))
-            return sc_fail(c, RLAI_ERR_UNSUPPORTED,
-                           "'%s' %g on a number is not supported: only whole-number bounds are (or use \"type\": \"integer\")",
-                           i ? "maximum" : "minimum", bs[i]->v);
     if (lo->has && hi->has && (lo->v > hi->v || (lo->v == hi->v && (lo->strict || hi->strict))))
         return sc_fail(c, RLAI_ERR_INVALID_ARG, "no number is within the schema's bounds");
     if ((lo->has && lo->v >= (double)G_NUM_MAX) || (hi->has && hi->v <= -(double)G_NUM_MAX))
         return sc_fail(c, RLAI_ERR_INVALID_ARG, "no number (of at most 16 integer digits) is within the schema's bounds");
     /* bounds from 1e16 on bound nothing the grammar can write */
-    bool hl = lo->has && lo->v > -(double)G_NUM_MAX, hh = hi->has && hi->v < (double)G_NUM_MAX;
-    long long L = hl ? (long long)lo->v : 0, H = hh ? (long long)hi->v : 0;
+    nbound l2 = *lo, h2 = *hi;
+    l2.has = lo->has && lo->v > -(double)G_NUM_MAX;
+    h2.has = hi->has && hi->v < (double)G_NUM_MAX;
+    dbound L, H;
+    if ((rc = dbound_of(c, &l2, lo->strict ? "exclusiveMinimum" : "minimum", &L)) < 0 ||
+        (rc = dbound_of(c, &h2, hi->strict ? "exclusiveMaximum" : "maximum", &H)) < 0)
+        return rc;
     int r = rule_new(g), n = 0;
     if (r < 0)
         return r;
     gseq q = { 0 };
     /* v = u >= 0 */
-    int pos = unsigned_number_part(c, hl, L, lo->strict, hh, H, hi->strict);
+    int pos = unsigned_number_part(c, L, H);
     if (pos < 0 && pos != RLAI_ERR_NOT_FOUND)
         return pos;
     if (pos >= 0) {
@@ -700,7 +836,10 @@ static int number_range_rule(sc *c, const nbound *lo, const nbound *hi)
         n++;
     }
     /* v = -u: L <= v <= H  <=>  -H <= u <= -L */
-    int neg = unsigned_number_part(c, hh, -H, hi->strict, hl, -L, lo->strict);
+    dbound nl = H, nh = L;
+    nl.neg = !H.neg && (H.ip || H.nf);
+    nh.neg = !L.neg && (L.ip || L.nf);
+    int neg = unsigned_number_part(c, nl, nh);
     if (neg < 0 && neg != RLAI_ERR_NOT_FOUND)
         return neg;
     if (neg >= 0) {
@@ -1878,26 +2017,10 @@ static int read_multiple(sc *c, const cJSON *s, bool integer, gmult *m)
     if (!cJSON_IsNumber(it) || !isfinite(it->valuedouble) || it->valuedouble <= 0)
         return sc_fail(c, RLAI_ERR_INVALID_ARG, "'multipleOf' must be a number above 0");
     double v = it->valuedouble;
-    char buf[48];
-    for (int prec = 1; prec <= 17; prec++) {
-        snprintf(buf, sizeof(buf), "%.*e", prec - 1, v);
-        if (strtod(buf, NULL) == v)
-            break;
-    }
-    /* buf: d[.ddd]e[+-]xx */
-    long long p = 0;
-    int nd = 0;
-    const char *q = buf;
-    for (; *q && *q != 'e'; q++)
-        if (*q >= '0' && *q <= '9') {
-            p = p * 10 + (*q - '0');
-            nd++;
-        }
-    int ex = (*q == 'e' ? atoi(q + 1) : 0) - (nd - 1);
-    while (p % 10 == 0) {
-        p /= 10;
-        ex++;
-    }
+    char dig[24];
+    int ex;
+    shortest_digits(v, dig, &ex);
+    long long p = atoll(dig);
     for (; ex > 0; ex--) {
         if (p > G_NUM_MAX / 10)
             return sc_fail(c, RLAI_ERR_UNSUPPORTED, "'multipleOf' %g is not supported: no multiple but 0 has at most 16 digits", v);

@@ -195,8 +195,8 @@ START_TEST(schema_refusals)
     refused("{\"type\":\"string\",\"pattern\":\"a{2000}\"}", RLAI_ERR_TOO_LARGE, "count above");
     refused("{\"type\":\"string\",\"pattern\":\"a\",\"maxLength\":3}", RLAI_ERR_UNSUPPORTED, "with minLength");
     refused("{\"type\":\"string\",\"pattern\":3}", RLAI_ERR_INVALID_ARG, "must be a string");
-    refused("{\"type\":\"number\",\"minimum\":0.5}", RLAI_ERR_UNSUPPORTED, "only whole-number bounds");
-    refused("{\"type\":\"number\",\"exclusiveMaximum\":-2.25}", RLAI_ERR_UNSUPPORTED, "only whole-number bounds");
+    refused("{\"type\":\"number\",\"minimum\":1e-40}", RLAI_ERR_UNSUPPORTED, "at most 32 fraction digits");
+    refused("{\"type\":\"number\",\"minimum\":2.5,\"exclusiveMaximum\":2.5}", RLAI_ERR_INVALID_ARG, "no number");
     refused("{\"type\":\"integer\",\"minimum\":5,\"maximum\":4}", RLAI_ERR_INVALID_ARG, "no integer");
     refused("{\"type\":\"integer\",\"exclusiveMinimum\":4,\"exclusiveMaximum\":5}", RLAI_ERR_INVALID_ARG, "no integer");
     refused("{\"type\":\"integer\",\"minimum\":1e17}", RLAI_ERR_INVALID_ARG, "at most 16 digits");
@@ -683,12 +683,13 @@ START_TEST(numeric_bounds_integers)
 }
 END_TEST
 
-/* Bounded numbers (whole-number bounds): sign, integer part and fraction
- * against the value. */
+/* Bounded numbers: sign, integer part and fraction against the value
+ * (as a validator compares it: the text's double against the bound's). */
 static void num_bounds(const char *sch, bool hl, double lo, bool sl, bool hh, double hi, bool sh)
 {
     rlai_grammar *g = schema(sch);
-    static const char *fr[] = { "", ".0", ".00", ".5", ".05", ".000001", ".999", ".10" };
+    static const char *fr[] = { "", ".0", ".00", ".5", ".05", ".000001", ".999", ".10", ".25", ".2499", ".2501",
+                                ".75", ".3", ".29", ".7", ".70001" };
     char t[48];
     for (int k = 0; k <= 12; k++)
         for (size_t f = 0; f < sizeof fr / sizeof *fr; f++)
@@ -715,6 +716,22 @@ START_TEST(numeric_bounds_numbers)
     num_bounds("{\"type\":\"number\",\"exclusiveMinimum\":-7,\"exclusiveMaximum\":-3}", true, -7, true, true, -3, true);
     num_bounds("{\"type\":\"number\",\"minimum\":4,\"maximum\":4}", true, 4, false, true, 4, false);
     num_bounds("{\"minimum\":1,\"maximum\":10}", true, 1, false, true, 10, false);   /* no type: a number */
+    /* bounds with fractions (until 2026-12-07 refused) */
+    num_bounds("{\"type\":\"number\",\"minimum\":0.5,\"maximum\":9.75}", true, 0.5, false, true, 9.75, false);
+    num_bounds("{\"type\":\"number\",\"exclusiveMinimum\":-2.25,\"exclusiveMaximum\":3.3}", true, -2.25, true, true, 3.3,
+               true);
+    num_bounds("{\"type\":\"number\",\"minimum\":0.3,\"maximum\":0.7}", true, 0.3, false, true, 0.7, false);
+    num_bounds("{\"type\":\"number\",\"exclusiveMaximum\":-2.25}", false, 0, false, true, -2.25, true);
+    num_bounds("{\"type\":\"number\",\"exclusiveMinimum\":0.05}", true, 0.05, true, false, 0, false);
+    num_bounds("{\"type\":\"number\",\"minimum\":2.25,\"maximum\":2.25}", true, 2.25, false, true, 2.25, false);
+    num_bounds("{\"type\":\"number\",\"minimum\":-0.75,\"exclusiveMaximum\":-0.25}", true, -0.75, false, true, -0.25,
+               true);
+    num_bounds("{\"type\":\"number\",\"exclusiveMinimum\":7.2501,\"maximum\":7.7}", true, 7.2501, true, true, 7.7, false);
+    /* at a bound's integer part the text keeps to 15 significant digits:
+     * 100.000000000000001 reads as 100.0, which is not above 100 */
+    rlai_grammar *gp = schema("{\"type\":\"number\",\"exclusiveMinimum\":100}");
+    ck_assert(acc(gp, "100.000000000001") && acc(gp, "101.00000000000001") && !acc(gp, "100.000000000000001"));
+    rlai_grammar_unref(gp);
     /* the type list keeps the other types; a bounded integer beside them */
     rlai_grammar *g = schema("{\"type\":[\"integer\",\"null\"],\"minimum\":1,\"maximum\":3}");
     ck_assert(acc(g, "null") && acc(g, "2") && !acc(g, "4") && !acc(g, "0"));
@@ -1021,6 +1038,9 @@ START_TEST(fast_mask_equals_brute_force)
                 "\"q\":{\"type\":\"integer\",\"minimum\":0,\"multipleOf\":5},\"r\":{\"type\":\"number\",\"minimum\":1,"
                 "\"maximum\":5,\"multipleOf\":0.5},\"w\":{\"type\":\"number\",\"multipleOf\":0.125}},"
                 "\"required\":[\"p\",\"q\",\"r\",\"w\"]}", 4, 40);
+    walk_schema("{\"type\":\"object\",\"properties\":{\"t\":{\"type\":\"number\",\"minimum\":0.1,\"maximum\":1.9},"
+                "\"m\":{\"type\":\"number\",\"exclusiveMinimum\":-2.25,\"exclusiveMaximum\":0.75}},"
+                "\"required\":[\"t\",\"m\"]}", 4, 30);
     /* an enum's prefix tree; a state past 128 heads is not offered */
     static char sch[16 * 1024];
     size_t o = (size_t)snprintf(sch, sizeof sch, "{\"type\":\"array\",\"maxItems\":3,\"items\":{\"enum\":[");

@@ -280,6 +280,23 @@ def test_openai_parse_with_a_discriminated_union(engine):
         assert text["act"]["action"] in ("attack", "trade") and isinstance(turn.act, (Attack, Trade)), text
 
 
+def test_openai_parse_with_fractional_bounds(engine):
+    """Float fields bounded by fractions (confloat(ge=0.1, le=1.9), gt=-2.5):
+    before 2026-12-07 a number bound had to be a whole number ("only
+    whole-number bounds are"), so such a model was a 400."""
+    pydantic = pytest.importorskip("pydantic")
+
+    class Spell(pydantic.BaseModel):
+        name: str = pydantic.Field(max_length=24)
+        cast_time_s: float = pydantic.Field(ge=0.1, le=1.9)
+        mana_ratio: float = pydantic.Field(gt=0, lt=0.75)
+        luck: float = pydantic.Field(gt=-2.5, le=2.5)
+
+    for prompt in ("Describe a fire spell that takes 1.2 seconds to cast.", "Invent a spell."):
+        spell, text = parse_checked(engine, Spell, prompt)
+        assert 0.1 <= text["cast_time_s"] <= 1.9 and 0 < text["mana_ratio"] < 0.75, text
+
+
 def test_openai_parse_with_multiples(engine):
     """Pydantic's multiple_of (multipleOf): a price in cents above 0, a
     quantity in fives, a half-star rating from 1 to 5, a discount in steps
@@ -315,7 +332,7 @@ def test_openai_parse_with_multiples(engine):
 @pytest.mark.parametrize("schema,needle", [
     ({"type": "string", "pattern": "^(?=a)"}, "lookaround"),
     ({"type": "integer", "not": {"const": 3}}, "'not' is not supported"),
-    ({"type": "number", "minimum": 0.5}, "only whole-number bounds"),
+    ({"type": "number", "minimum": 1e-40}, "at most 32 fraction digits"),
     ({"type": "integer", "minimum": 3, "maximum": 2}, "no integer"),
     ({"allOf": [{"type": "integer"}, {"minimum": 3}]}, "more than one constraining schema"),
     ({"type": "wat"}, "unknown JSON Schema type 'wat'"),
