@@ -1832,7 +1832,7 @@ static const char *const kw_supported[] = {
     "type", "properties", "required", "additionalProperties", "items", "minItems", "maxItems",
     "enum", "const", "anyOf", "oneOf", "$ref", "$defs", "definitions", "minLength", "maxLength",
     "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "prefixItems", "additionalItems",
-    "allOf", "pattern", "uniqueItems", "multipleOf", NULL
+    "allOf", "pattern", "uniqueItems", "multipleOf", "minProperties", "maxProperties", NULL
 };
 /* Annotations: no effect on what is valid ("format" is an annotation by
  * default in JSON Schema 2020-12; on a string, date, time, date-time,
@@ -2637,13 +2637,47 @@ static int compile_object(sc *c, const cJSON *s, int depth)
             return sc_fail(c, RLAI_ERR_UNSUPPORTED,
                            "required property '%s' is not in 'properties' (not supported)", q->valuestring);
     }
+    /* minProperties / maxProperties: Pydantic writes them for a dict with
+     * min_length / max_length. A map's keys are not kept apart (as
+     * set[str]'s items are not): {"a": 1, "a": 2} is one property, so a
+     * minimum above 1 cannot be kept; a maximum can. */
+    int minp, maxp;
+    if ((rc = get_count(c, s, "minProperties", 0, G_MAX_REPEAT, &minp)) < 0 ||
+        (rc = get_count(c, s, "maxProperties", G_INF, G_MAX_REPEAT, &maxp)) < 0)
+        return rc;
+    if (minp > maxp)
+        return sc_fail(c, RLAI_ERR_INVALID_ARG, "minProperties is greater than maxProperties");
+    if (n > 0) {
+        int nreq = 0;
+        for (const cJSON *q = req ? req->child : NULL; q; q = q->next)
+            nreq++;
+        if (minp > nreq || maxp < n)
+            return sc_fail(c, RLAI_ERR_UNSUPPORTED,
+                           "'minProperties' above the required properties' count, or 'maxProperties' below the "
+                           "properties' count, is not supported beside 'properties'");
+    } else if (minp > 1) {
+        return sc_fail(c, RLAI_ERR_UNSUPPORTED,
+                       "'minProperties' above 1 on a map is not supported: its keys are not kept apart "
+                       "({\"a\": 1, \"a\": 2} is one property)");
+    } else if (minp > 0 && ap && cJSON_IsFalse(ap)) {
+        return sc_fail(c, RLAI_ERR_INVALID_ARG, "'minProperties' %d with 'additionalProperties' false: no object", minp);
+    }
+    bool counted = n == 0 && (minp > 0 || maxp != G_INF);
     if (n == 0) {
-        if (ap && cJSON_IsObject(ap) && ap->child) {
-            /* a map: any keys, values of one schema */
-            int val = compile(c, ap, depth + 1), str = string_rule(c, 0, G_INF);
+        if ((ap && cJSON_IsObject(ap) && ap->child) || (counted && !(ap && cJSON_IsFalse(ap)))) {
+            /* a map: any keys, values of one schema (any value when it is
+             * counted and has none); minp..maxp members */
+            int val;
+            if (ap && cJSON_IsObject(ap) && ap->child) {
+                val = compile(c, ap, depth + 1);
+            } else {
+                val = value_rules(c);
+                val = val < 0 ? val : c->r_value;
+            }
+            int str = string_rule(c, 0, G_INF);
             if (val < 0 || str < 0)
                 return val < 0 ? val : str;
-            int r = rule_new(g), member = rule_new(g), tail = rule_new(g);
+            int r = rule_new(g), member = rule_new(g), tail = counted ? 0 : rule_new(g);
             if (r < 0 || member < 0 || tail < 0)
                 return RLAI_ERR_NOMEM;
             gseq q = { 0 };
@@ -2654,18 +2688,36 @@ static int compile_object(sc *c, const cJSON *s, int depth)
             seq_ref(&q, val);
             if ((rc = rule_alt(g, member, &q)) < 0)
                 return rc;
-            seq_ws(g, &q);
-            seq_byte(g, &q, ',');
-            seq_ws(g, &q);
-            seq_ref(&q, member);
-            seq_ref(&q, tail);
-            if ((rc = rule_alt(g, tail, &q)) < 0 || (rc = rule_alt(g, tail, &q)) < 0)
-                return rc;
-            seq_byte(g, &q, '{');
-            seq_ws(g, &q);
-            seq_byte(g, &q, '}');
-            if ((rc = rule_alt(g, r, &q)) < 0)
-                return rc;
+            if (counted) {   /* tail: up to maxp - 1 more ", member" */
+                int more = rule_new(g);
+                if (more < 0)
+                    return more;
+                seq_ws(g, &q);
+                seq_byte(g, &q, ',');
+                seq_ws(g, &q);
+                seq_ref(&q, member);
+                if ((rc = rule_alt(g, more, &q)) < 0)
+                    return rc;
+                if ((tail = repeat_rule(g, more, 0, maxp == G_INF ? G_INF : maxp - 1)) < 0)
+                    return tail;
+            } else {
+                seq_ws(g, &q);
+                seq_byte(g, &q, ',');
+                seq_ws(g, &q);
+                seq_ref(&q, member);
+                seq_ref(&q, tail);
+                if ((rc = rule_alt(g, tail, &q)) < 0 || (rc = rule_alt(g, tail, &q)) < 0)
+                    return rc;
+            }
+            if (maxp == 0 || minp == 0) {
+                seq_byte(g, &q, '{');
+                seq_ws(g, &q);
+                seq_byte(g, &q, '}');
+                if ((rc = rule_alt(g, r, &q)) < 0)
+                    return rc;
+            }
+            if (maxp == 0)
+                return r;
             seq_byte(g, &q, '{');
             seq_ws(g, &q);
             seq_ref(&q, member);
@@ -3027,7 +3079,8 @@ static int compile_node(sc *c, const cJSON *s, int depth)
     if (type)
         return sc_fail(c, RLAI_ERR_INVALID_ARG, "'type' must be a string or an array of strings");
     if (cJSON_GetObjectItemCaseSensitive(s, "properties") || cJSON_GetObjectItemCaseSensitive(s, "required") ||
-        cJSON_GetObjectItemCaseSensitive(s, "additionalProperties"))
+        cJSON_GetObjectItemCaseSensitive(s, "additionalProperties") ||
+        cJSON_GetObjectItemCaseSensitive(s, "minProperties") || cJSON_GetObjectItemCaseSensitive(s, "maxProperties"))
         return compile_object(c, s, depth);
     if (cJSON_GetObjectItemCaseSensitive(s, "items") || cJSON_GetObjectItemCaseSensitive(s, "minItems") ||
         cJSON_GetObjectItemCaseSensitive(s, "maxItems") || cJSON_GetObjectItemCaseSensitive(s, "prefixItems") ||

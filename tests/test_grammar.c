@@ -368,6 +368,30 @@ START_TEST(discriminated_union)
 }
 END_TEST
 
+/* minProperties / maxProperties (Pydantic's dict with min_length /
+ * max_length): counted maps; beside properties only when they change
+ * nothing; a map minimum above 1 is refused (keys are not kept apart). */
+START_TEST(property_counts)
+{
+    static const texts_case cases[] = {
+        { "{\"type\":\"object\",\"additionalProperties\":{\"type\":\"integer\"},\"minProperties\":1,\"maxProperties\":2}",
+          { "{\"a\":1}", "{\"a\":1,\"b\":2}", "{ \"a\" : 1 , \"b\" : 2 }" },
+          { "{}", "{\"a\":1,\"b\":2,\"c\":3}", "{\"a\":\"x\"}" } },
+        { "{\"type\":\"object\",\"minProperties\":1}", { "{\"a\":[1]}", "{\"a\":1,\"b\":{}}" }, { "{}", "[]" } },
+        { "{\"type\":\"object\",\"maxProperties\":1}", { "{}", "{\"k\":null}" }, { "{\"a\":1,\"b\":2}" } },
+        { "{\"maxProperties\":0}", { "{}" }, { "{\"a\":1}" } },
+        { "{\"type\":\"object\",\"properties\":{\"n\":{\"type\":\"integer\"},\"m\":{\"type\":\"integer\"}},"
+          "\"required\":[\"n\"],\"minProperties\":1,\"maxProperties\":2}", { "{\"n\":1}", "{\"n\":1,\"m\":2}" }, { "{}" } },
+    };
+    check_texts(cases, sizeof cases / sizeof *cases);
+    refused("{\"type\":\"object\",\"minProperties\":2}", RLAI_ERR_UNSUPPORTED, "keys are not kept apart");
+    refused("{\"type\":\"object\",\"minProperties\":3,\"maxProperties\":2}", RLAI_ERR_INVALID_ARG, "greater than");
+    refused("{\"type\":\"object\",\"minProperties\":1,\"additionalProperties\":false}", RLAI_ERR_INVALID_ARG, "no object");
+    refused("{\"type\":\"object\",\"properties\":{\"n\":{}},\"minProperties\":1}", RLAI_ERR_UNSUPPORTED, "beside 'properties'");
+    refused("{\"type\":\"object\",\"maxProperties\":-1}", RLAI_ERR_INVALID_ARG, "non-negative integer");
+}
+END_TEST
+
 /* multipleOf: remainder grammars without bounds or with one bound at 0,
  * listed values between two bounds, steps of 10^-k over bounds as
  * fraction-digit caps; refusals name what is not supported. */
@@ -1038,6 +1062,8 @@ START_TEST(fast_mask_equals_brute_force)
                 "\"q\":{\"type\":\"integer\",\"minimum\":0,\"multipleOf\":5},\"r\":{\"type\":\"number\",\"minimum\":1,"
                 "\"maximum\":5,\"multipleOf\":0.5},\"w\":{\"type\":\"number\",\"multipleOf\":0.125}},"
                 "\"required\":[\"p\",\"q\",\"r\",\"w\"]}", 4, 40);
+    walk_schema("{\"type\":\"object\",\"additionalProperties\":{\"type\":\"integer\"},\"minProperties\":1,"
+                "\"maxProperties\":3}", 4, 30);
     walk_schema("{\"type\":\"object\",\"properties\":{\"t\":{\"type\":\"number\",\"minimum\":0.1,\"maximum\":1.9},"
                 "\"m\":{\"type\":\"number\",\"exclusiveMinimum\":-2.25,\"exclusiveMaximum\":0.75}},"
                 "\"required\":[\"t\",\"m\"]}", 4, 30);
@@ -1423,6 +1449,7 @@ int main(void)
     tcase_add_test(tc, string_formats);
     tcase_add_test(tc, multiple_of);
     tcase_add_test(tc, discriminated_union);
+    tcase_add_test(tc, property_counts);
     tcase_add_test(tc, unique_items_of_enums);
     tcase_add_test(tc, string_patterns);
     tcase_add_test(tc, numeric_bounds_integers);

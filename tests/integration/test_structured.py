@@ -297,6 +297,22 @@ def test_openai_parse_with_fractional_bounds(engine):
         assert 0.1 <= text["cast_time_s"] <= 1.9 and 0 < text["mana_ratio"] < 0.75, text
 
 
+def test_openai_parse_with_bounded_dicts(engine):
+    """dict fields with min_length / max_length (minProperties /
+    maxProperties): before 2026-12-07 a 400 ("JSON Schema keyword
+    'minProperties' is not supported")."""
+    pydantic = pytest.importorskip("pydantic")
+
+    class Inventory(pydantic.BaseModel):
+        owner: str = pydantic.Field(max_length=24)
+        items: dict[str, int] = pydantic.Field(min_length=1, max_length=3)
+
+    for prompt in ("The blacksmith owns 3 swords, 2 shields and 10 nails. Give his inventory.",
+                   "Invent the inventory of a travelling merchant."):
+        inv, text = parse_checked(engine, Inventory, prompt)
+        assert 1 <= len(inv.items) <= 3, text
+
+
 def test_openai_parse_with_multiples(engine):
     """Pydantic's multiple_of (multipleOf): a price in cents above 0, a
     quantity in fives, a half-star rating from 1 to 5, a discount in steps
