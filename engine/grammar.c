@@ -280,7 +280,6 @@ typedef struct sc {
     memo_ent *memo;
     int n_memo, cap_memo;
     int r_value, r_string, r_number, r_integer, r_object, r_array, r_int, r_minus, r_frac, r_exp;
-    int frac_max;   /* > 0: bounded numbers write at most this many fraction digits (multipleOf) */
 } sc;
 
 static int sc_fail(sc *c, int rc, const char *fmt, ...)
@@ -722,15 +721,15 @@ static int frac_state(fracb *fb, int i, bool tl, bool th)
     return fb->memo[i][tl][th] = rc < 0 ? rc : r;
 }
 
-/* The fraction rule for integer part ip (equal to lo's, hi's or both:
- * NULL where not), or RLAI_ERR_NOT_FOUND. At a bound's integer part the
+/* The fraction rule (at most maxd digits) for integer part ip (equal to
+ * lo's, hi's or both: NULL where not), or RLAI_ERR_NOT_FOUND. At a bound's integer part the
  * text keeps to 15 significant digits, so that the double a validator
  * reads is not rounded onto the bound (100.000000000000001 reads as 100,
  * which is not above 100). */
-static int frac_between(sc *c, const dbound *lo, const dbound *hi, long long ip)
+static int frac_between(sc *c, const dbound *lo, const dbound *hi, long long ip, int maxd)
 {
     static const dbound none = { 0 };
-    fracb fb = { c, lo ? lo : &none, hi ? hi : &none, c->frac_max > 0 ? c->frac_max : 15, { { { 0 } } } };
+    fracb fb = { c, lo ? lo : &none, hi ? hi : &none, maxd, { { { 0 } } } };
     int nd = 0;
     for (long long x = ip; x > 0; x /= 10)
         nd++;
@@ -755,9 +754,9 @@ static int num_piece(sc *c, int r, long long a, long long b, int frac)
 }
 
 /* Unsigned number texts "k[.f]" whose value u is within lo and hi (a
- * negative lower bound, or 0 inclusive, bounds nothing here). Returns the
- * rule, or 0 pieces as RLAI_ERR_NOT_FOUND. */
-static int unsigned_number_part(sc *c, dbound lo, dbound hi)
+ * negative lower bound, or 0 inclusive, bounds nothing here), f of at most
+ * maxd digits. Returns the rule, or 0 pieces as RLAI_ERR_NOT_FOUND. */
+static int unsigned_number_part(sc *c, dbound lo, dbound hi, int maxd)
 {
     bool lz = lo.ip == 0 && lo.nf == 0, hz = hi.ip == 0 && hi.nf == 0;
     if (lo.has && (lo.neg || (lz && !lo.strict)))
@@ -767,17 +766,17 @@ static int unsigned_number_part(sc *c, dbound lo, dbound hi)
     int r = rule_new(c->g), rc, n = 0;
     if (r < 0)
         return r;
-    int any = c->frac_max > 0 ? frac_between(c, NULL, NULL, 0) : c->r_frac;
+    int any = maxd < 15 ? frac_between(c, NULL, NULL, 0, maxd) : c->r_frac;
     if (any < 0)
         return any;
     if (lo.has && hi.has && lo.ip == hi.ip) {
-        int f = frac_between(c, &lo, &hi, lo.ip);
+        int f = frac_between(c, &lo, &hi, lo.ip, maxd);
         if (f < 0)
             return f;   /* RLAI_ERR_NOT_FOUND: no fraction meets both */
         return (rc = num_piece(c, r, lo.ip, lo.ip, f)) < 0 ? rc : r;
     }
     if (lo.has) {   /* at the lower bound's integer part */
-        int f = frac_between(c, &lo, NULL, lo.ip);
+        int f = frac_between(c, &lo, NULL, lo.ip, maxd);
         if (f < 0 && f != RLAI_ERR_NOT_FOUND)
             return f;
         if (f >= 0 && (rc = num_piece(c, r, lo.ip, lo.ip, f)) < 0)
@@ -792,7 +791,7 @@ static int unsigned_number_part(sc *c, dbound lo, dbound hi)
         n++;
     }
     if (hi.has) {   /* at the upper bound's integer part */
-        int f = frac_between(c, NULL, &hi, hi.ip);
+        int f = frac_between(c, NULL, &hi, hi.ip, maxd);
         if (f < 0 && f != RLAI_ERR_NOT_FOUND)
             return f;
         if (f >= 0 && (rc = num_piece(c, r, hi.ip, hi.ip, f)) < 0)
@@ -802,8 +801,9 @@ static int unsigned_number_part(sc *c, dbound lo, dbound hi)
     return n ? r : RLAI_ERR_NOT_FOUND;
 }
 
-/* A bounded number (no exponent). */
-static int number_range_rule(sc *c, const nbound *lo, const nbound *hi)
+/* A bounded number (no exponent), of at most maxd fraction digits (15;
+ * fewer for a multipleOf of 10^-k). */
+static int number_range_rule(sc *c, const nbound *lo, const nbound *hi, int maxd)
 {
     rlai_grammar *g = c->g;
     int rc = number_rules(c);
@@ -826,7 +826,7 @@ static int number_range_rule(sc *c, const nbound *lo, const nbound *hi)
         return r;
     gseq q = { 0 };
     /* v = u >= 0 */
-    int pos = unsigned_number_part(c, L, H);
+    int pos = unsigned_number_part(c, L, H, maxd);
     if (pos < 0 && pos != RLAI_ERR_NOT_FOUND)
         return pos;
     if (pos >= 0) {
@@ -839,7 +839,7 @@ static int number_range_rule(sc *c, const nbound *lo, const nbound *hi)
     dbound nl = H, nh = L;
     nl.neg = !H.neg && (H.ip || H.nf);
     nh.neg = !L.neg && (L.ip || L.nf);
-    int neg = unsigned_number_part(c, nl, nh);
+    int neg = unsigned_number_part(c, nl, nh, maxd);
     if (neg < 0 && neg != RLAI_ERR_NOT_FOUND)
         return neg;
     if (neg >= 0) {
@@ -867,7 +867,7 @@ static int bounded_number(sc *c, const cJSON *s, bool integer)
     int rc;
     if ((rc = read_bound(c, s, true, &lo)) < 0 || (rc = read_bound(c, s, false, &hi)) < 0)
         return rc;
-    return integer ? integer_range_rule(c, &lo, &hi) : number_range_rule(c, &lo, &hi);
+    return integer ? integer_range_rule(c, &lo, &hi) : number_range_rule(c, &lo, &hi, 15);
 }
 
 /* ---- string formats (date, time, date-time, uuid, ipv4)
@@ -1881,22 +1881,26 @@ typedef struct lits {
     int n, cap;
 } lits;
 
-static int lits_add(lits *L, const cJSON *v)
+/* Appends text (malloc'd; L owns it, also on failure). */
+static int lits_push(lits *L, char *text)
 {
+    if (!text)
+        return RLAI_ERR_NOMEM;
     if (L->n == L->cap) {
         int nc = L->cap ? L->cap * 2 : 16;
         lit *nv = realloc(L->v, sizeof(lit) * (size_t)nc);
-        if (!nv)
+        if (!nv) {
+            free(text);
             return RLAI_ERR_NOMEM;
+        }
         L->v = nv;
         L->cap = nc;
     }
-    char *text = cJSON_PrintUnformatted(v);
-    if (!text)
-        return RLAI_ERR_NOMEM;
     L->v[L->n++] = (lit){ text, strlen(text) };
     return 0;
 }
+
+static int lits_add(lits *L, const cJSON *v) { return lits_push(L, cJSON_PrintUnformatted(v)); }
 
 static void lits_free(lits *L)
 {
@@ -2041,14 +2045,6 @@ static int read_multiple(sc *c, const cJSON *s, bool integer, gmult *m)
 /* Adds the text of N / 10^k to L (no trailing fraction zeros). */
 static int lits_add_scaled(lits *L, long long N, int k)
 {
-    if (L->n == L->cap) {
-        int nc = L->cap ? L->cap * 2 : 64;
-        lit *nv = realloc(L->v, sizeof(lit) * (size_t)nc);
-        if (!nv)
-            return RLAI_ERR_NOMEM;
-        L->v = nv;
-        L->cap = nc;
-    }
     long long s = pow10_ll(k), a = N < 0 ? -N : N, f = a % s;
     char buf[48];
     int w = snprintf(buf, sizeof(buf), "%s%lld", N < 0 ? "-" : "", a / s);
@@ -2057,11 +2053,7 @@ static int lits_add_scaled(lits *L, long long N, int k)
         while (buf[w - 1] == '0')
             buf[--w] = 0;
     }
-    char *text = strdup(buf);
-    if (!text)
-        return RLAI_ERR_NOMEM;
-    L->v[L->n++] = (lit){ text, (size_t)w };
-    return 0;
+    return lits_push(L, strdup(buf));
 }
 
 /* The listed values p*i / 10^k for i in [a, b] (b - a < G_MULT_VALUES). */
@@ -2256,10 +2248,7 @@ static int multiple_rule(sc *c, const gmult *m, const nbound *lo, const nbound *
                        step, G_MULT_DIGITS);
     if (p == 1 && (ha || hb) && !(ha && hb && ib - ia < G_MULT_VALUES)) {
         /* steps of 10^-k: the bounded numbers with at most k fraction digits */
-        c->frac_max = k;
-        int r = number_range_rule(c, lo, hi);
-        c->frac_max = 0;
-        return r;
+        return number_range_rule(c, lo, hi, k);
     }
     if (ha && hb) {
         if (ib - ia >= G_MULT_VALUES)
