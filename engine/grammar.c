@@ -722,10 +722,10 @@ static int frac_state(fracb *fb, int i, bool tl, bool th)
 }
 
 /* The fraction rule (at most maxd digits) for integer part ip (equal to
- * lo's, hi's or both: NULL where not), or RLAI_ERR_NOT_FOUND. At a bound's integer part the
- * text keeps to 15 significant digits, so that the double a validator
- * reads is not rounded onto the bound (100.000000000000001 reads as 100,
- * which is not above 100). */
+ * lo's, hi's or both: NULL where not), or RLAI_ERR_NOT_FOUND. At a
+ * bound's integer part the text keeps to 15 significant digits, so that
+ * the double a validator reads is not rounded onto the bound
+ * (100.000000000000001 reads as 100, which is not above 100). */
 static int frac_between(sc *c, const dbound *lo, const dbound *hi, long long ip, int maxd)
 {
     static const dbound none = { 0 };
