@@ -1409,6 +1409,25 @@ static int rx_escape_char(int e)
     }
 }
 
+/* \xHH or \uHHHH at p (after the backslash): the characters it takes
+ * (3 or 5) with its code point in *cp, or 0 when p holds neither. */
+static int rx_hex_escape(const char *p, const char *end, int *cp)
+{
+    int n = *p == 'x' ? 2 : *p == 'u' ? 4 : 0, v = 0;
+    if (!n || end - p < n + 1)
+        return 0;
+    for (int i = 1; i <= n; i++) {
+        int ch = (unsigned char)p[i];
+        int d = ch >= '0' && ch <= '9' ? ch - '0' : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10
+                : ch >= 'A' && ch <= 'F' ? ch - 'A' + 10 : -1;
+        if (d < 0)
+            return 0;
+        v = v * 16 + d;
+    }
+    *cp = v;
+    return n + 1;
+}
+
 static int rx_alt(rx *x);
 
 /* [...] after the '['. */
@@ -1429,15 +1448,19 @@ static int rx_class(rx *x)
         if (ch == '\\') {
             if (x->p + 1 >= x->end)
                 return rx_fail(x, "a '\\' at the end");
-            int e = (unsigned char)x->p[1];
+            int e = (unsigned char)x->p[1], hn = rx_hex_escape(x->p + 1, x->end, &lo);
             x->p += 2;
             bool sneg = false;
-            if (rx_shorthand(e, cls, &sneg)) {
+            if (hn) {
+                x->p += hn - 1;
+                if (lo >= 0x80)
+                    return rx_fail(x, "a non-ASCII character in a class");
+            } else if (rx_shorthand(e, cls, &sneg)) {
                 non_ascii |= sneg;
                 continue;
-            }
-            if ((lo = rx_escape_char(e)) < 0)
+            } else if ((lo = rx_escape_char(e)) < 0) {
                 return rx_fail(x, "this escape in a class");
+            }
         } else {
             lo = ch;
             x->p++;
@@ -1445,10 +1468,17 @@ static int rx_class(rx *x)
         int hi = lo;
         if (x->p + 1 < x->end && *x->p == '-' && x->p[1] != ']') {
             unsigned char h = (unsigned char)x->p[1];
-            if (h >= 0x80 || h == '\\')
+            int hn = h == '\\' && x->p + 2 < x->end ? rx_hex_escape(x->p + 2, x->end, &hi) : 0;
+            if (hn) {
+                x->p += 2 + hn;   /* a range ending in \xHH or \uHHHH */
+                if (hi >= 0x80)
+                    return rx_fail(x, "a non-ASCII character in a class");
+            } else if (h >= 0x80 || h == '\\') {
                 return rx_fail(x, "a range ending in an escape or a non-ASCII character");
-            hi = h;
-            x->p += 2;
+            } else {
+                hi = h;
+                x->p += 2;
+            }
             if (hi < lo)
                 return rx_fail(x, "a range out of order");
         }
@@ -1477,10 +1507,21 @@ static int rx_atom(rx *x)
     if (ch == '(') {
         x->p++;
         if (x->p < x->end && *x->p == '?') {
-            if (x->p + 1 < x->end && x->p[1] == ':')
+            /* (?:X) and the named groups (?<name>X), (?P<name>X): a group */
+            const char *n = x->p + 1 < x->end && x->p[1] == 'P' ? x->p + 2 : x->p + 1;
+            if (x->p + 1 < x->end && x->p[1] == ':') {
                 x->p += 2;
-            else
-                return rx_fail(x, "a lookaround or named group");
+            } else if (n < x->end && *n == '<' && n + 1 < x->end && n[1] != '=' && n[1] != '!') {
+                const char *e = n + 1;
+                while (e < x->end && ((*e >= 'a' && *e <= 'z') || (*e >= 'A' && *e <= 'Z') ||
+                                      (*e >= '0' && *e <= '9') || *e == '_'))
+                    e++;
+                if (e == n + 1 || e >= x->end || *e != '>')
+                    return rx_fail(x, "a group name that is not letters, digits and '_'");
+                x->p = e + 1;
+            } else {
+                return rx_fail(x, "a lookaround or an inline flag");
+            }
         }
         if (++x->depth > G_MAX_SCHEMA_DEPTH)
             return rx_fail(x, "nesting this deep");
@@ -1516,11 +1557,27 @@ static int rx_atom(rx *x)
             x->p += 2;
             return rx_class_rule(x, cls, neg);
         }
-        int lit = rx_escape_char(e);
-        if (lit < 0)
+        int lit, hn = rx_hex_escape(x->p + 1, x->end, &lit);
+        if (hn && lit >= 0xD800 && lit <= 0xDFFF)
+            return rx_fail(x, "a surrogate escape");
+        if (!hn && (lit = rx_escape_char(e)) < 0)
             return rx_fail(x, "this escape");
-        x->p += 2;
-        rx_char_json(g, &q, lit);
+        x->p += hn ? 1 + hn : 2;
+        if (lit < 0x80) {
+            rx_char_json(g, &q, lit);
+        } else {   /* the character's UTF-8 bytes, as a literal one's */
+            char u[3];
+            int n = lit < 0x800 ? 2 : 3;
+            if (n == 2) {
+                u[0] = (char)(0xC0 | (lit >> 6));
+                u[1] = (char)(0x80 | (lit & 0x3F));
+            } else {
+                u[0] = (char)(0xE0 | (lit >> 12));
+                u[1] = (char)(0x80 | ((lit >> 6) & 0x3F));
+                u[2] = (char)(0x80 | (lit & 0x3F));
+            }
+            seq_lit(g, &q, u, (size_t)n);
+        }
         return rule_one(g, &q);
     }
     if (strchr("*+?{})|]", ch) && ch)

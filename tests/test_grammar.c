@@ -184,6 +184,11 @@ START_TEST(schema_refusals)
 {
     refused("{\"type\":\"string\",\"pattern\":\"^a|b$\"}", RLAI_ERR_UNSUPPORTED, "beside a '|'");
     refused("{\"type\":\"string\",\"pattern\":\"(?=a)\"}", RLAI_ERR_UNSUPPORTED, "lookaround");
+    refused("{\"type\":\"string\",\"pattern\":\"(?<=a)b\"}", RLAI_ERR_UNSUPPORTED, "lookaround");
+    refused("{\"type\":\"string\",\"pattern\":\"(?i)a\"}", RLAI_ERR_UNSUPPORTED, "inline flag");
+    refused("{\"type\":\"string\",\"pattern\":\"(?<a-b>x)\"}", RLAI_ERR_UNSUPPORTED, "group name");
+    refused("{\"type\":\"string\",\"pattern\":\"[\\\\u00e9]\"}", RLAI_ERR_UNSUPPORTED, "non-ASCII character in a class");
+    refused("{\"type\":\"string\",\"pattern\":\"\\\\ud800\"}", RLAI_ERR_UNSUPPORTED, "surrogate");
     refused("{\"type\":\"string\",\"pattern\":\"(a)\\\\1\"}", RLAI_ERR_UNSUPPORTED, "this escape");
     refused("{\"type\":\"string\",\"pattern\":\"[]\"}", RLAI_ERR_UNSUPPORTED, "an empty class");
     refused("{\"type\":\"string\",\"pattern\":\"a**\"}", RLAI_ERR_UNSUPPORTED, "after a quantifier");
@@ -645,6 +650,11 @@ START_TEST(string_patterns)
         { "{\"type\": \"string\", \"pattern\": \"^(?:ab){2}c?$\"}",
           { "\"abab\"", "\"ababc\"" },
           { "\"ab\"", "\"abababc\"" } },
+        /* named groups, \\xHH and \\uHHHH (2026-12-07; were refused) */
+        { "{\"type\": \"string\", \"pattern\": \"^(?<year>\\\\d{4})-(?P<month>\\\\d{2})$\"}",
+          { "\"2024-05\"" }, { "\"2024-5\"", "\"year-05\"" } },
+        { "{\"type\": \"string\", \"pattern\": \"^[\\\\u0041-\\\\u005A]\\\\x2D\\\\u00e9$\"}",
+          { "\"Q-\xc3\xa9\"" }, { "\"q-\xc3\xa9\"", "\"Q-e\"" } },
     };
     check_texts(cases, sizeof cases / sizeof *cases);
 }
