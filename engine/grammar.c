@@ -1306,7 +1306,24 @@ typedef struct rx {
     sc *c;
     const char *p, *end, *pat;
     int depth, any;              /* any: the "any character" rule, or -1 */
+    long len_lo, len_hi;         /* characters the last atom, sequence or
+                                    alternation matches (hi G_INF: unbounded) */
+    long len_fix;                /* len_hi with every unbounded repetition at
+                                    its least */
+    int n_unbounded;             /* unbounded repetitions seen */
+    long slack;                  /* under a maxLength, the characters each
+                                    unbounded repetition may add past its
+                                    least (G_INF: no maxLength) */
 } rx;
+
+/* a + b and a * b of character counts, G_INF staying G_INF */
+static long rx_len_add(long a, long b) { return a >= G_INF || b >= G_INF || a + b >= G_INF ? G_INF : a + b; }
+static long rx_len_mul(long a, long b)
+{
+    if (a == 0 || b == 0)
+        return 0;
+    return a >= G_INF || b >= G_INF || a > G_INF / b ? G_INF : a * b;
+}
 
 static int rx_fail(rx *x, const char *what)
 {
@@ -1525,7 +1542,7 @@ static int rx_atom(rx *x)
         }
         if (++x->depth > G_MAX_SCHEMA_DEPTH)
             return rx_fail(x, "nesting this deep");
-        int r = rx_alt(x);
+        int r = rx_alt(x);   /* sets len_lo, len_hi */
         x->depth--;
         if (r < 0)
             return r;
@@ -1534,6 +1551,7 @@ static int rx_atom(rx *x)
         x->p++;
         return r;
     }
+    x->len_lo = x->len_hi = x->len_fix = 1;   /* anything else is one character */
     if (ch == '[') {
         x->p++;
         return rx_class(x);
@@ -1670,6 +1688,7 @@ static int rx_seq(rx *x)
 {
     rlai_grammar *g = x->c->g;
     gseq q = { 0 };
+    long slo = 0, shi = 0, sfix = 0;
     while (x->p < x->end && *x->p != '|' && *x->p != ')') {
         if (*x->p == '$' && x->p + 1 == x->end && x->depth == 0)
             break;               /* the end anchor: rx_compile handles it */
@@ -1678,6 +1697,7 @@ static int rx_seq(rx *x)
             free(q.e);
             return a;
         }
+        long alo = x->len_lo, ahi = x->len_hi, afix = x->len_fix;
         int lo = 1, hi = 1;
         if (x->p < x->end) {
             char k = *x->p;
@@ -1720,6 +1740,16 @@ static int rx_seq(rx *x)
             free(q.e);
             return rx_fail(x, "an unbounded repetition of what can match nothing (as in (a*)*)");
         }
+        bool unbounded = hi == G_INF;
+        x->n_unbounded += unbounded;
+        if (unbounded && x->slack < G_INF) {
+            /* under a maxLength: its share of the slack, at least one
+             * (a repetition that cannot fit once makes the sum too long
+             * and the pattern is refused rather than silently dropped) */
+            long more = x->slack / (ahi > 0 ? ahi : 1), h = lo + more;
+            h = h > G_MAX_REPEAT ? G_MAX_REPEAT : h;
+            hi = (int)(h > 1 ? h : 1);
+        }
         if (lo != 1 || hi != 1)
             a = repeat_rule(g, a, lo, hi);
         if (a < 0) {
@@ -1727,7 +1757,13 @@ static int rx_seq(rx *x)
             return a;
         }
         seq_ref(&q, a);
+        slo = rx_len_add(slo, rx_len_mul(alo, lo));
+        shi = rx_len_add(shi, rx_len_mul(ahi, hi));
+        sfix = rx_len_add(sfix, rx_len_mul(afix, unbounded ? lo : hi));
     }
+    x->len_lo = slo;
+    x->len_hi = shi;
+    x->len_fix = sfix;
     return rule_one(g, &q);
 }
 
@@ -1735,12 +1771,16 @@ static int rx_alt(rx *x)
 {
     rlai_grammar *g = x->c->g;
     int r = rule_new(g), rc;
+    long lo = G_INF, hi = 0, fix = 0;
     if (r < 0)
         return r;
     for (;;) {
         int s = rx_seq(x);
         if (s < 0)
             return s;
+        lo = x->len_lo < lo ? x->len_lo : lo;
+        hi = x->len_hi > hi ? x->len_hi : hi;
+        fix = x->len_fix > fix ? x->len_fix : fix;
         gseq q = { 0 };
         seq_ref(&q, s);
         if ((rc = rule_alt(g, r, &q)) < 0)
@@ -1749,28 +1789,58 @@ static int rx_alt(rx *x)
             x->p++;
             continue;
         }
+        x->len_lo = lo;
+        x->len_hi = hi;
+        x->len_fix = fix;
         return r;
     }
 }
 
-/* The string rule of a pattern: '"' [any*] pattern [any*] '"'. */
-static int pattern_rule(sc *c, const char *pat)
+/* The string rule of a pattern: '"' [any*] pattern [any*] '"'. With a
+ * minLength or maxLength (min 0, max G_INF: none) the pattern's own
+ * length must keep within them: the grammar does not count characters
+ * across a pattern. Under a maxLength an unbounded repetition takes at
+ * most what fits alone (^[a-z_]+$ with maxLength 32: [a-z_]{1,32}); the
+ * sum must still fit. */
+static int pattern_rule(sc *c, const char *pat, int min, int max)
 {
-    rx x = { c, pat, pat + strlen(pat), pat, 0, -1 };
-    bool head = x.p < x.end && *x.p == '^';
-    if (head)
-        x.p++;
-    int body = rx_alt(&x);
-    if (body < 0)
-        return body;
-    bool tail = x.p < x.end && *x.p == '$';
-    if (tail)
-        x.p++;
-    if (x.p != x.end)
-        return rx_fail(&x, *x.p == ')' ? "a ')' without its '('" : "this");
-    if ((head || tail) && c->g->rules[body].n > 1)   /* ^a|b$ anchors a on the left and b on the right only */
+    rx x;
+    int body = -1;
+    bool head = false, tail = false;
+    long slack = G_INF;
+    for (int pass = 0; pass < 2; pass++) {
+        x = (rx){ c, pat, pat + strlen(pat), pat, 0, -1, 0, 0, 0, 0, slack };
+        head = x.p < x.end && *x.p == '^';
+        if (head)
+            x.p++;
+        body = rx_alt(&x);
+        if (body < 0)
+            return body;
+        tail = x.p < x.end && *x.p == '$';
+        if (tail)
+            x.p++;
+        if (x.p != x.end)
+            return rx_fail(&x, *x.p == ')' ? "a ')' without its '('" : "this");
+        if ((head || tail) && c->g->rules[body].n > 1)   /* ^a|b$ anchors a on the left and b on the right only */
+            return sc_fail(c, RLAI_ERR_UNSUPPORTED,
+                           "'pattern' %.60s: '^' or '$' beside a '|' outside a group is not supported (write ^(a|b)$)",
+                           pat);
+        /* too long for a maxLength with unbounded repetitions: once more,
+         * each taking an even share of what is left */
+        if (pass || max >= G_INF || !head || !tail || x.len_hi <= max || !x.n_unbounded || x.len_fix >= max)
+            break;
+        slack = (max - x.len_fix) / x.n_unbounded;
+    }
+    long plo = x.len_lo, phi = head && tail ? x.len_hi : G_INF;
+    if (plo < min || phi > max) {
+        char hs[24] = "any number of";
+        if (phi < G_INF)
+            snprintf(hs, sizeof(hs), "%ld", phi);
         return sc_fail(c, RLAI_ERR_UNSUPPORTED,
-                       "'pattern' %.60s: '^' or '$' beside a '|' outside a group is not supported (write ^(a|b)$)", pat);
+                       "'pattern' %.60s with minLength or maxLength is supported when the pattern's own length keeps "
+                       "within them (it matches %ld to %s characters%s)",
+                       pat, plo, hs, slack < G_INF ? ", each unbounded repetition given its share of maxLength" : "");
+    }
     /* unanchored ends: any string text (GE_TXT: the mask takes its plain
      * tokens at once, as inside a string) */
     gseq q = { 0 };
@@ -2877,10 +2947,11 @@ static int compile_type(sc *c, const cJSON *s, const char *type, int depth)
         if (pat) {
             if (!cJSON_IsString(pat))
                 return sc_fail(c, RLAI_ERR_INVALID_ARG, "'pattern' must be a string");
-            if (min > 0 || max != G_INF || cJSON_GetObjectItemCaseSensitive(s, "format"))
-                return sc_fail(c, RLAI_ERR_UNSUPPORTED,
-                               "'pattern' with minLength, maxLength or format is not supported");
-            return pattern_rule(c, pat->valuestring);
+            if (cJSON_GetObjectItemCaseSensitive(s, "format"))
+                return sc_fail(c, RLAI_ERR_UNSUPPORTED, "'pattern' with format is not supported");
+            if (min > max)
+                return sc_fail(c, RLAI_ERR_INVALID_ARG, "minLength is greater than maxLength");
+            return pattern_rule(c, pat->valuestring, min, max);
         }
         const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(s, "format");
         int r = cJSON_IsString(fmt) ? format_string_rule(c, fmt->valuestring, min, max) : RLAI_ERR_NOT_FOUND;

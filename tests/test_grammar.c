@@ -199,6 +199,12 @@ START_TEST(schema_refusals)
     refused("{\"type\":\"string\",\"pattern\":\"[é]\"}", RLAI_ERR_UNSUPPORTED, "non-ASCII character in a class");
     refused("{\"type\":\"string\",\"pattern\":\"a{2000}\"}", RLAI_ERR_TOO_LARGE, "count above");
     refused("{\"type\":\"string\",\"pattern\":\"a\",\"maxLength\":3}", RLAI_ERR_UNSUPPORTED, "with minLength");
+    refused("{\"type\":\"string\",\"pattern\":\"^[a-z]{3}[0-9]+$\",\"maxLength\":3}", RLAI_ERR_UNSUPPORTED,
+            "4 to any number");
+    refused("{\"type\":\"string\",\"pattern\":\"^a*b*c*$\",\"maxLength\":2}", RLAI_ERR_UNSUPPORTED,
+            "its share of maxLength");
+    refused("{\"type\":\"string\",\"pattern\":\"^[A-Z]+$\",\"minLength\":3}", RLAI_ERR_UNSUPPORTED, "1 to any number");
+    refused("{\"type\":\"string\",\"pattern\":\"^a$\",\"format\":\"email\"}", RLAI_ERR_UNSUPPORTED, "with format");
     refused("{\"type\":\"string\",\"pattern\":3}", RLAI_ERR_INVALID_ARG, "must be a string");
     refused("{\"type\":\"number\",\"minimum\":1e-40}", RLAI_ERR_UNSUPPORTED, "at most 32 fraction digits");
     refused("{\"type\":\"number\",\"minimum\":2.5,\"exclusiveMaximum\":2.5}", RLAI_ERR_INVALID_ARG, "no number");
@@ -650,6 +656,17 @@ START_TEST(string_patterns)
         { "{\"type\": \"string\", \"pattern\": \"^(?:ab){2}c?$\"}",
           { "\"abab\"", "\"ababc\"" },
           { "\"ab\"", "\"abababc\"" } },
+        /* with minLength / maxLength (2026-12-07; were refused): the
+         * pattern's own length within them, an unbounded repetition
+         * capped at what fits maxLength */
+        { "{\"type\":\"string\",\"pattern\":\"^\\\\d{5}$\",\"minLength\":5,\"maxLength\":5}", { "\"12345\"" },
+          { "\"1234\"", "\"123456\"" } },
+        { "{\"type\":\"string\",\"pattern\":\"^[A-Z]+$\",\"maxLength\":10}", { "\"ABCDEFGHIJ\"", "\"A\"" },
+          { "\"ABCDEFGHIJK\"", "\"\"" } },
+        { "{\"type\":\"string\",\"pattern\":\"^v\\\\d+(\\\\.[0-9])?$\",\"maxLength\":9}", { "\"v123456\"", "\"v123456.7\"", "\"v1.2\"" },
+          { "\"v12345678.9\"", "\"v\"" } },
+        { "{\"type\":\"string\",\"pattern\":\"^[a-z]+(-[a-z]+)*$\",\"maxLength\":20}", { "\"abc-defg\"", "\"abcdefg\"" },
+          { "\"abcdefghijklmnopqrstu\"", "\"-abc\"" } },
         /* named groups, \\xHH and \\uHHHH (2026-12-07; were refused) */
         { "{\"type\": \"string\", \"pattern\": \"^(?<year>\\\\d{4})-(?P<month>\\\\d{2})$\"}",
           { "\"2024-05\"" }, { "\"2024-5\"", "\"year-05\"" } },

@@ -313,6 +313,23 @@ def test_openai_parse_with_bounded_dicts(engine):
         assert 1 <= len(inv.items) <= 3, text
 
 
+def test_openai_parse_with_patterns_and_lengths(engine):
+    """Field(pattern=..., max_length=...) writes both 'pattern' and
+    'maxLength', which was a 400 before 2026-12-07 ("'pattern' with
+    minLength, maxLength or format is not supported")."""
+    import re as re_
+    pydantic = pytest.importorskip("pydantic")
+
+    class Ticket(pydantic.BaseModel):
+        code: str = pydantic.Field(pattern=r"^[A-Z]{3}-\d{4}$", min_length=8, max_length=8)
+        slug: str = pydantic.Field(pattern=r"^[a-z]+(-[a-z]+)*$", max_length=24)
+        zone: str = pydantic.Field(pattern=r"^(?P<area>[A-Z])\x2D\d+$", max_length=6)
+
+    for prompt in ("File a ticket for the broken north gate, code GAT-0042.", "Invent a ticket."):
+        _, text = parse_checked(engine, Ticket, prompt)
+        assert re_.fullmatch(r"[A-Z]{3}-\d{4}", text["code"]) and len(text["slug"]) <= 24, text
+
+
 def test_openai_parse_with_multiples(engine):
     """Pydantic's multiple_of (multipleOf): a price in cents above 0, a
     quantity in fives, a half-star rating from 1 to 5, a discount in steps
