@@ -1306,19 +1306,23 @@ typedef struct rx {
     sc *c;
     const char *p, *end, *pat;
     int depth, any;              /* any: the "any character" rule, or -1 */
-    long len_lo, len_hi;         /* characters the last atom, sequence or
+    long long len_lo, len_hi;    /* characters the last atom, sequence or
                                     alternation matches (hi G_INF: unbounded) */
-    long len_fix;                /* len_hi with every unbounded repetition at
+    long long len_fix;           /* len_hi with every unbounded repetition at
                                     its least */
     int n_unbounded;             /* unbounded repetitions seen */
-    long slack;                  /* under a maxLength, the characters each
+    long long slack;             /* under a maxLength, the characters each
                                     unbounded repetition may add past its
                                     least (G_INF: no maxLength) */
 } rx;
 
 /* a + b and a * b of character counts, G_INF staying G_INF */
-static long rx_len_add(long a, long b) { return a >= G_INF || b >= G_INF || a + b >= G_INF ? G_INF : a + b; }
-static long rx_len_mul(long a, long b)
+static long long rx_len_add(long long a, long long b)
+{
+    return a >= G_INF || b >= G_INF || a + b >= G_INF ? G_INF : a + b;
+}
+
+static long long rx_len_mul(long long a, long long b)
 {
     if (a == 0 || b == 0)
         return 0;
@@ -1688,7 +1692,7 @@ static int rx_seq(rx *x)
 {
     rlai_grammar *g = x->c->g;
     gseq q = { 0 };
-    long slo = 0, shi = 0, sfix = 0;
+    long long slo = 0, shi = 0, sfix = 0;
     while (x->p < x->end && *x->p != '|' && *x->p != ')') {
         if (*x->p == '$' && x->p + 1 == x->end && x->depth == 0)
             break;               /* the end anchor: rx_compile handles it */
@@ -1697,7 +1701,7 @@ static int rx_seq(rx *x)
             free(q.e);
             return a;
         }
-        long alo = x->len_lo, ahi = x->len_hi, afix = x->len_fix;
+        long long alo = x->len_lo, ahi = x->len_hi, afix = x->len_fix;
         int lo = 1, hi = 1;
         if (x->p < x->end) {
             char k = *x->p;
@@ -1746,7 +1750,7 @@ static int rx_seq(rx *x)
             /* under a maxLength: its share of the slack, at least one
              * (a repetition that cannot fit once makes the sum too long
              * and the pattern is refused rather than silently dropped) */
-            long more = x->slack / (ahi > 0 ? ahi : 1), h = lo + more;
+            long long more = x->slack / (ahi > 0 ? ahi : 1), h = lo + more;
             h = h > G_MAX_REPEAT ? G_MAX_REPEAT : h;
             hi = (int)(h > 1 ? h : 1);
         }
@@ -1771,7 +1775,7 @@ static int rx_alt(rx *x)
 {
     rlai_grammar *g = x->c->g;
     int r = rule_new(g), rc;
-    long lo = G_INF, hi = 0, fix = 0;
+    long long lo = G_INF, hi = 0, fix = 0;
     if (r < 0)
         return r;
     for (;;) {
@@ -1799,15 +1803,16 @@ static int rx_alt(rx *x)
 /* The string rule of a pattern: '"' [any*] pattern [any*] '"'. With a
  * minLength or maxLength (min 0, max G_INF: none) the pattern's own
  * length must keep within them: the grammar does not count characters
- * across a pattern. Under a maxLength an unbounded repetition takes at
- * most what fits alone (^[a-z_]+$ with maxLength 32: [a-z_]{1,32}); the
- * sum must still fit. */
+ * across a pattern. Under a maxLength, when the pattern could be longer,
+ * it is read again with each unbounded repetition cut to an even share of
+ * the room its fixed parts leave (^[a-z_]+$ with maxLength 32:
+ * [a-z_]{1,32}); the result must fit. */
 static int pattern_rule(sc *c, const char *pat, int min, int max)
 {
     rx x;
     int body = -1;
     bool head = false, tail = false;
-    long slack = G_INF;
+    long long slack = G_INF;
     for (int pass = 0; pass < 2; pass++) {
         x = (rx){ c, pat, pat + strlen(pat), pat, 0, -1, 0, 0, 0, 0, slack };
         head = x.p < x.end && *x.p == '^';
@@ -1831,14 +1836,14 @@ static int pattern_rule(sc *c, const char *pat, int min, int max)
             break;
         slack = (max - x.len_fix) / x.n_unbounded;
     }
-    long plo = x.len_lo, phi = head && tail ? x.len_hi : G_INF;
+    long long plo = x.len_lo, phi = head && tail ? x.len_hi : G_INF;
     if (plo < min || phi > max) {
         char hs[24] = "any number of";
         if (phi < G_INF)
-            snprintf(hs, sizeof(hs), "%ld", phi);
+            snprintf(hs, sizeof(hs), "%lld", phi);
         return sc_fail(c, RLAI_ERR_UNSUPPORTED,
                        "'pattern' %.60s with minLength or maxLength is supported when the pattern's own length keeps "
-                       "within them (it matches %ld to %s characters%s)",
+                       "within them (it matches %lld to %s characters%s)",
                        pat, plo, hs, slack < G_INF ? ", each unbounded repetition given its share of maxLength" : "");
     }
     /* unanchored ends: any string text (GE_TXT: the mask takes its plain
