@@ -10,6 +10,10 @@
  *   GE_REF    a rule
  *   GE_TXT    JSON string text, any amount, then the next element (the
  *             unanchored ends of a pattern); escapes and UTF-8 checked
+ *   GE_USET   the rest of an array of distinct strings after its '[':
+ *             a..b items of at least `set` characters, the separators
+ *             and the ']' (uniqueItems over strings: set[str]); its heads
+ *             carry the hashes of the items written (gframe_u)
  * Matcher state: a set of heads; a head is a frame (element, counters)
  * whose parent chain holds the return addresses (GE_REF positions). Frames
  * are immutable and shared between states (persistent stacks), so
@@ -30,7 +34,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { GE_END = 0, GE_CHARS, GE_REP, GE_STR, GE_REF, GE_TXT };
+enum { GE_END = 0, GE_CHARS, GE_REP, GE_STR, GE_REF, GE_TXT, GE_USET };
 #define G_INF 0x7fffffff
 #define G_MAX_STACK 256     /* return frames: nesting limit of generated text */
 #define G_MAX_HEADS 128     /* parallel heads in one state */
@@ -1356,7 +1360,8 @@ static void rx_char_json(rlai_grammar *g, gseq *q, int ch)
 }
 
 /* A rule for one character of the ASCII set cls (128 flags), written as
- * JSON, plus (nonascii) any UTF-8 character from U+0080 on. */
+ * JSON, plus (nonascii) any UTF-8 character from U+0080 on (not as a \u
+ * escape). */
 static int rx_class_rule(rx *x, const bool *cls, bool nonascii)
 {
     rlai_grammar *g = x->c->g;
@@ -1384,9 +1389,13 @@ static int rx_class_rule(rx *x, const bool *cls, bool nonascii)
             return rc;
     }
     if (nonascii) {
-        static const char *const u8[] = { "[\xc2-\xdf][\x80-\xbf]", "[\xe0-\xef][\x80-\xbf]{2}",
-                                          "[\xf0-\xf4][\x80-\xbf]{3}" };
-        for (int i = 0; i < 3; i++) {
+        /* well-formed UTF-8 only (str_step's ranges) */
+        static const char *const u8[] = {
+            "[\xc2-\xdf][\x80-\xbf]", "\xe0[\xa0-\xbf][\x80-\xbf]", "[\xe1-\xec\xee\xef][\x80-\xbf]{2}",
+            "\xed[\x80-\x9f][\x80-\xbf]", "\xf0[\x90-\xbf][\x80-\xbf]{2}", "[\xf1-\xf3][\x80-\xbf]{3}",
+            "\xf4[\x80-\x8f][\x80-\xbf]{2}"
+        };
+        for (int i = 0; i < 7; i++) {
             int ri = 0;
             seq_spec(g, &q, u8[i], NULL, &ri);
             if ((rc = rule_alt(g, r, &q)) < 0)
@@ -2619,6 +2628,53 @@ static int unique_rest(sc *c, int *memo, const int *val, int k, unsigned used, i
     return r;
 }
 
+#define G_USET_MINLEN 65535  /* minLength of a set[str]'s items (gelem.set) */
+
+/* Whether items (through $refs) is a plain string schema: type "string",
+ * perhaps minLength (in *minlen), annotations; no maxLength, pattern,
+ * format, enum or const. 1 yes, 0 no, or a negative error. */
+static int plain_string_items(sc *c, const cJSON *items, int *minlen)
+{
+    const cJSON *it = items;
+    for (int hop = 0; hop < G_MAX_SCHEMA_DEPTH && cJSON_IsObject(it); hop++) {
+        const cJSON *ref = cJSON_GetObjectItemCaseSensitive(it, "$ref");
+        if (!cJSON_IsString(ref) || cJSON_GetArraySize(it) != 1)   /* a $ref alone */
+            break;
+        if (!(it = resolve_ref(c, ref->valuestring)))
+            return 0;
+    }
+    if (!cJSON_IsObject(it))
+        return 0;
+    const cJSON *ty = cJSON_GetObjectItemCaseSensitive(it, "type");
+    if (cJSON_IsArray(ty) && cJSON_GetArraySize(ty) == 1)
+        ty = ty->child;
+    if (!cJSON_IsString(ty) || strcmp(ty->valuestring, "string"))
+        return 0;
+    for (const cJSON *k = it->child; k; k = k->next)
+        if (strcmp(k->string, "type") && strcmp(k->string, "minLength") &&
+            (!kw_in(k->string, kw_annotation) || !strcmp(k->string, "format") || !strcmp(k->string, "nullable") ||
+             !strcmp(k->string, "discriminator")))
+            return 0;
+    int rc = get_count(c, it, "minLength", 0, G_USET_MINLEN, minlen);
+    return rc < 0 ? rc : 1;
+}
+
+/* An array of distinct strings (set[str], frozenset[str]): '[' then one
+ * GE_USET element, which writes the items and separators itself and
+ * refuses an item's closing quote when the item's value (its UTF-16 code
+ * units, escapes decoded) hashes like an earlier item's. Equal values
+ * always hash alike, so a duplicate is never written; a hash collision
+ * (2^-64 a pair) could only refuse a quote, and the item then goes on.
+ * No maxLength: an item must always be able to grow past the ones before
+ * it, or the text could reach a point with no valid way on. */
+static int unique_strings(sc *c, int min, int max, int minlen)
+{
+    gseq q = { 0 };
+    seq_byte(c->g, &q, '[');
+    seq_push(&q, (gelem){ GE_USET, (uint16_t)minlen, min, max });
+    return rule_one(c->g, &q);
+}
+
 /* An array with uniqueItems whose items are an enum or a const (through
  * $refs: Pydantic's set[Literal[...]] and set[SomeEnum]) of at most
  * G_UNIQUE_VALUES distinct values: every value at most once, in any order
@@ -2639,8 +2695,9 @@ static int unique_array(sc *c, const cJSON *items, int min, int max)
         return sc_fail(c, RLAI_ERR_INVALID_ARG, "'enum' must be a non-empty array");
     if (!cJSON_IsObject(it) || (!en && !cn) || (en && cn))
         return sc_fail(c, RLAI_ERR_UNSUPPORTED,
-                       "'uniqueItems' is supported for items that are an enum or a const (set[Literal[...]], set[SomeEnum]) "
-                       "or with maxItems 1; not for other items (as set[str]: use a list)");
+                       "'uniqueItems' is supported for strings without maxLength, pattern or format (set[str]), for "
+                       "items that are an enum or a const (set[Literal[...]], set[SomeEnum]) or with maxItems 1; "
+                       "not for other items (use a list)");
     lits L = { 0 };
     int rc = 0;
     if (cn)
@@ -2704,6 +2761,11 @@ static int compile_array(sc *c, const cJSON *s, int depth)
     if (cJSON_IsTrue(uniq) && max > 1) {   /* (up to one item is unique anyway) */
         if (prefix || cJSON_IsArray(items))
             return sc_fail(c, RLAI_ERR_UNSUPPORTED, "'uniqueItems' with a tuple is not supported");
+        int minlen = 0, ps = plain_string_items(c, items, &minlen);
+        if (ps < 0)
+            return ps;
+        if (ps)
+            return unique_strings(c, min, max, minlen);
         return unique_array(c, items, min, max);
     }
     if (prefix && !cJSON_IsArray(prefix))
@@ -2759,8 +2821,9 @@ static int compile_object(sc *c, const cJSON *s, int depth)
                            "required property '%s' is not in 'properties' (not supported)", q->valuestring);
     }
     /* minProperties / maxProperties: Pydantic writes them for a dict with
-     * min_length / max_length. A map's keys are not kept apart (as
-     * set[str]'s items are not): {"a": 1, "a": 2} is one property, so a
+     * min_length / max_length. A map's keys are not kept apart (a
+     * set[str]'s items are, by GE_USET, but a map's values are whole
+     * grammars between its keys): {"a": 1, "a": 2} is one property, so a
      * minimum above 1 cannot be kept; a maximum can. */
     int minp, maxp;
     if ((rc = get_count(c, s, "minProperties", 0, G_MAX_REPEAT, &minp)) < 0 ||
@@ -3410,11 +3473,31 @@ int rlai_grammar_json_object(rlai_grammar **out)
 
 typedef struct gframe {
     int32_t ei;                  /* element (a head) or GE_REF position (a return frame) */
-    int32_t aux;                 /* GE_STR: 0 text, 1..3 UTF-8 bytes due, 10 after '\', 11..14 \u digits */
+    int32_t aux;                 /* GE_STR / GE_TXT: where in a character (S_TEXT ...) */
     int32_t cnt;                 /* GE_REP bytes / GE_STR characters so far */
     int32_t depth;               /* return frames below */
     const struct gframe *parent; /* return address */
 } gframe;
+
+/* A GE_USET head: a frame and what an array of distinct strings keeps.
+ * Between items f.aux is U_OPEN (after '['), U_SEP (after ',') or U_NEXT
+ * (after an item), and f.cnt counts whitespace; inside an item f.aux and
+ * f.cnt are GE_STR's. */
+typedef struct gseen {
+    uint64_t h;
+    const struct gseen *next;
+} gseen;
+
+typedef struct gframe_u {
+    gframe f;
+    int32_t items;               /* items closed */
+    int32_t cp;                  /* code point being read: UTF-8 bits or \u digits */
+    uint64_t hash;               /* of the item's UTF-16 code units so far */
+    const gseen *seen;           /* hashes of the items closed, latest first */
+} gframe_u;
+
+enum { U_OPEN = 40, U_SEP, U_NEXT };
+#define U_HASH0 0xcbf29ce484222325ull
 
 typedef struct gstate {
     int n;
@@ -3564,6 +3647,68 @@ static const gframe *frame_new(rlai_grammar_matcher *m, arena *a, int ei, int au
     return f;
 }
 
+/* FNV-1a over 16-bit code units: a JSON string's value is the same
+ * units whether a character is written as UTF-8, a short escape or \u
+ * escapes (a surrogate pair for one past U+FFFF). */
+static uint64_t u_unit(uint64_t h, uint32_t u) { return (h ^ u) * 0x100000001b3ull; }
+
+static uint64_t u_point(uint64_t h, uint32_t cp)
+{
+    if (cp < 0x10000)
+        return u_unit(h, cp);
+    cp -= 0x10000;
+    return u_unit(u_unit(h, 0xD800 + (cp >> 10)), 0xDC00 + (cp & 0x3FF));
+}
+
+static const gseen *seen_push(rlai_grammar_matcher *m, arena *a, const gseen *next, uint64_t h)
+{
+    gseen *s = aalloc(a, sizeof(*s));
+    if (!s) {
+        m->oom = true;
+        return NULL;
+    }
+    s->h = h;
+    s->next = next;
+    return s;
+}
+
+static bool seen_has(const gseen *s, uint64_t h)
+{
+    for (; s; s = s->next)
+        if (s->h == h)
+            return true;
+    return false;
+}
+
+static bool seen_same(const gseen *x, const gseen *y)
+{
+    for (; x && y; x = x->next, y = y->next)
+        if (x != y && x->h != y->h)
+            return false;
+    return !x && !y;
+}
+
+/* The GE_USET head v (its depth set here) in arena a. */
+static const gframe *uframe_put(rlai_grammar_matcher *m, arena *a, gframe_u v)
+{
+    gframe_u *f = aalloc(a, sizeof(*f));
+    if (!f) {
+        m->oom = true;
+        return NULL;
+    }
+    *f = v;
+    f->f.depth = v.f.parent ? v.f.parent->depth + 1 : 0;
+    return &f->f;
+}
+
+/* A new head at element ei: GE_USET heads start after the '['. */
+static const gframe *head_new(rlai_grammar_matcher *m, arena *a, int ei, const gframe *parent)
+{
+    if (m->g->el[ei].kind == GE_USET)
+        return uframe_put(m, a, (gframe_u){ .f = { .ei = ei, .aux = U_OPEN, .parent = parent } });
+    return frame_new(m, a, ei, 0, 0, parent);
+}
+
 /* Adds head f to o unless o holds it already. A state with more heads than
  * G_MAX_HEADS is not cut short (that would drop valid continuations without
  * a word): m->over is set, and the feed or mask fails with
@@ -3591,13 +3736,19 @@ static const gframe *ret_frame(rlai_grammar_matcher *m, arena *a, int ei, const 
     return f;
 }
 
+static bool u_same(const gframe_u *x, const gframe_u *y)
+{
+    return x->items == y->items && x->cp == y->cp && x->hash == y->hash && seen_same(x->seen, y->seen);
+}
+
 static void push_head(rlai_grammar_matcher *m, hbuf *o, const gframe *f)
 {
     if (!f)
         return;
     for (int i = 0; i < o->n; i++) {
         const gframe *x = o->h[i];
-        if (x == f || (x->ei == f->ei && x->aux == f->aux && x->cnt == f->cnt && x->parent == f->parent))
+        if (x == f || (x->ei == f->ei && x->aux == f->aux && x->cnt == f->cnt && x->parent == f->parent &&
+                       (m->g->el[f->ei].kind != GE_USET || u_same((const gframe_u *)x, (const gframe_u *)f))))
             return;
     }
     if (o->n < G_MAX_HEADS)
@@ -3648,7 +3799,7 @@ static void expand_b(rlai_grammar_matcher *m, arena *a, int ei, const gframe *pa
         return;
     }
     default: {
-        const gframe *f = frame_new(m, a, ei, 0, 0, parent);
+        const gframe *f = head_new(m, a, ei, parent);
         if (b < 0)
             push_head(m, o, f);
         else if (f)
@@ -3707,6 +3858,171 @@ static void step_exit(rlai_grammar_matcher *m, arena *a, const gframe *h, unsign
     expand_b(m, a, h->ei + 1, h->parent, o, 0, b, guard);
 }
 
+/* Where JSON string text is within a character (gframe.aux of GE_STR,
+ * GE_TXT and a GE_USET item). 1..3: UTF-8 continuation bytes due; 4..7:
+ * the second byte of E0, ED, F0, F4 sequences, whose ranges are narrower
+ * (no overlong forms, no surrogates, nothing past U+10FFFF). \u escapes
+ * go through S_U1..S_U4; one that starts "\uD8".."\uDB" is a high
+ * surrogate (S_H3, S_H4), after which S_HTEXT is text where a low
+ * surrogate escape (S_L1..S_L4) completes the pair: JSON Schema counts the
+ * pair as one character, as a 4-byte UTF-8 one is. */
+enum {
+    S_TEXT = 0, S_E0 = 4, S_ED, S_F0, S_F4,
+    S_ESC = 10, S_U1, S_U2, S_U3, S_U4, S_UD2, S_H3 = 17, S_H4, S_HTEXT, S_HESC, S_L1, S_L2, S_L3, S_L4
+};
+
+static bool str_text(int aux) { return aux == S_TEXT || aux == S_HTEXT; }
+
+/* The string state after byte b (not the closing quote of a text state)
+ * from aux, when the text has room for another character; -1 if b is
+ * refused. *add: 1 when b starts (UTF-8) or completes (an escape) a
+ * character, else 0. */
+static int str_step(int aux, bool room, unsigned char b, int *add)
+{
+    int hv = b >= '0' && b <= '9' ? b - '0' : (b | 0x20) >= 'a' && (b | 0x20) <= 'f' ? (b | 0x20) - 'a' + 10 : -1;
+    *add = 0;
+    switch (aux) {
+    case S_TEXT:
+    case S_HTEXT:
+        if (b == '\\')         /* after a high surrogate: room only if no low one follows */
+            return aux == S_HTEXT ? S_HESC : room ? S_ESC : -1;
+        if (b < 0x20 || b == '"' || !room)
+            return -1;
+        *add = 1;
+        if (b < 0x80)
+            return S_TEXT;
+        if (b >= 0xC2 && b <= 0xDF)
+            return 1;
+        if (b == 0xE0 || b == 0xED)
+            return b == 0xE0 ? S_E0 : S_ED;
+        if (b >= 0xE1 && b <= 0xEF)
+            return 2;
+        if (b == 0xF0 || b == 0xF4)
+            return b == 0xF0 ? S_F0 : S_F4;
+        if (b >= 0xF1 && b <= 0xF3)
+            return 3;
+        *add = 0;
+        return -1;
+    case 1:
+    case 2:
+    case 3:
+        return b >= 0x80 && b <= 0xBF ? aux - 1 : -1;
+    case S_E0:
+        return b >= 0xA0 && b <= 0xBF ? 1 : -1;
+    case S_ED:
+        return b >= 0x80 && b <= 0x9F ? 1 : -1;
+    case S_F0:
+        return b >= 0x90 && b <= 0xBF ? 2 : -1;
+    case S_F4:
+        return b >= 0x80 && b <= 0x8F ? 2 : -1;
+    case S_ESC:
+    case S_HESC:
+        if (b == 'u')
+            return aux == S_HESC ? S_L1 : S_U1;
+        if (!b || !strchr("\"\\/bfnrt", b) || !room)
+            return -1;
+        *add = 1;
+        return S_TEXT;
+    case S_U1:
+        return hv < 0 ? -1 : hv == 0xD ? S_UD2 : S_U2;
+    case S_U2:
+    case S_U3:
+        return hv < 0 ? -1 : aux + 1;
+    case S_UD2:
+        return hv < 0 ? -1 : hv >= 8 && hv <= 0xB ? S_H3 : S_U3;
+    case S_H3:
+        return hv < 0 ? -1 : S_H4;
+    case S_U4:
+    case S_H4:
+        if (hv < 0)
+            return -1;
+        *add = 1;
+        return aux == S_H4 ? S_HTEXT : S_TEXT;
+    case S_L1:
+        return hv < 0 ? -1 : hv == 0xD ? S_L2 : room ? S_U2 : -1;
+    case S_L2:
+        if (hv < 0)
+            return -1;
+        if (hv >= 0xC)
+            return S_L3;         /* the pair's low half: no new character */
+        return !room ? -1 : hv >= 8 ? S_H3 : S_U3;
+    case S_L3:
+        return hv < 0 ? -1 : S_L4;
+    case S_L4:
+        return hv < 0 ? -1 : S_TEXT;
+    default:
+        return -1;
+    }
+}
+
+/* Byte b over a GE_USET head (an array of distinct strings, see
+ * unique_strings): between items whitespace, '"', ',' and ']' as the
+ * counts allow; inside an item what GE_STR takes, decoding the value's
+ * code units into the hash, and the closing quote only for an item of at
+ * least e->set characters whose hash no earlier item has. */
+static void step_uset(rlai_grammar_matcher *m, arena *a, const gframe *h, unsigned char b, hbuf *o)
+{
+    const gelem *e = &m->g->el[h->ei];
+    const gframe_u *u = (const gframe_u *)h;
+    gframe_u n = *u;             /* the head after b, edited below */
+    int aux = h->aux;
+    if (aux >= U_OPEN) {
+        if (b == ' ' || b == '\n' || b == '\t') {
+            if (h->cnt >= G_WS_MAX)
+                return;
+            n.f.cnt++;
+        } else if (b == '"' && aux != U_NEXT && u->items < e->b) {
+            n.f.aux = n.f.cnt = 0;
+            n.hash = U_HASH0;
+        } else if (b == ',' && aux == U_NEXT && u->items < e->b) {
+            n.f.aux = U_SEP;
+            n.f.cnt = 0;
+        } else {
+            if (b == ']' && aux != U_SEP && u->items >= e->a)
+                expand(m, a, h->ei + 1, h->parent, o, 0);
+            return;
+        }
+    } else if (str_text(aux) && b == '"') {
+        if (h->cnt < e->set || seen_has(u->seen, u->hash) || !(n.seen = seen_push(m, a, u->seen, u->hash)))
+            return;
+        n.f.aux = U_NEXT;
+        n.f.cnt = 0;
+        n.items++;
+        n.hash = 0;
+    } else {
+        int add, na = str_step(aux, true, b, &add);
+        if (na < 0)
+            return;
+        n.f.aux = na;
+        n.f.cnt += add;
+        if (str_text(aux) && b != '\\') {          /* the first byte of a character */
+            if (b < 0x80)
+                n.hash = u_unit(u->hash, b);
+            else
+                n.cp = b & (b < 0xE0 ? 0x1F : b < 0xF0 ? 0x0F : 0x07);
+        } else if (aux >= 1 && aux <= S_F4) {        /* UTF-8 continuation */
+            n.cp = (u->cp << 6) | (b & 0x3F);
+            if (na == S_TEXT) {
+                n.hash = u_point(u->hash, (uint32_t)n.cp);
+                n.cp = 0;
+            }
+        } else if (aux == S_ESC || aux == S_HESC) {
+            static const char esc[] = "\"\\/bfnrt";
+            static const uint8_t unit[] = { '"', '\\', '/', '\b', '\f', '\n', '\r', '\t' };
+            if (b != 'u')
+                n.hash = u_unit(u->hash, unit[strchr(esc, b) - esc]);
+            n.cp = 0;
+        } else if (aux != S_TEXT && aux != S_HTEXT) {  /* a \u digit */
+            n.cp = u->cp * 16 + (b <= '9' ? b - '0' : (b | 0x20) - 'a' + 10);
+            if (str_text(na)) {
+                n.hash = u_unit(u->hash, (uint32_t)n.cp);
+                n.cp = 0;
+            }
+        }
+    }
+    push_head(m, o, uframe_put(m, a, n));
+}
+
 static void step_head(rlai_grammar_matcher *m, arena *a, const gframe *h, unsigned char b, hbuf *o, int guard)
 {
     const rlai_grammar *g = m->g;
@@ -3734,44 +4050,30 @@ static void step_head(rlai_grammar_matcher *m, arena *a, const gframe *h, unsign
     case GE_STR: {
         bool txt = e->kind == GE_TXT;   /* text without the closing quote: may end before any byte */
         int aux = h->aux, cnt = h->cnt, min = txt ? 0 : e->a, max = txt ? G_INF : e->b;
-        if (aux == 0) {
+        if (str_text(aux)) {
             if (txt)
                 step_exit(m, a, h, b, o, guard);
             if (b == '"') {
                 if (!txt && cnt >= min)
                     expand(m, a, h->ei + 1, h->parent, o, 0);
-            } else if (b == '\\') {
-                if (cnt < max)
-                    push_head(m, o, frame_new(m, a, h->ei, 10, cnt, h->parent));
-            } else if (b < 0x20) {
                 return;
-            } else if (b < 0x80) {
-                if (cnt < max) {
-                    if (max == G_INF && cnt >= min)
-                        push_head(m, o, h);
-                    else
-                        push_head(m, o, frame_new(m, a, h->ei, 0, cnt + 1, h->parent));
-                }
-            } else {
-                int need = b >= 0xC2 && b <= 0xDF ? 1 : b >= 0xE0 && b <= 0xEF ? 2 : b >= 0xF0 && b <= 0xF4 ? 3 : 0;
-                if (need && cnt < max)
-                    push_head(m, o, frame_new(m, a, h->ei, need, cnt + 1, h->parent));
             }
-        } else if (aux <= 3) {
-            if (b >= 0x80 && b <= 0xBF)
-                push_head(m, o, frame_new(m, a, h->ei, aux - 1, cnt, h->parent));
-        } else if (aux == 10) {
-            if (b && strchr("\"\\/bfnrt", b))
-                push_head(m, o, frame_new(m, a, h->ei, 0, cnt + 1, h->parent));
-            else if (b == 'u')
-                push_head(m, o, frame_new(m, a, h->ei, 11, cnt, h->parent));
-        } else {
-            bool hex = (b >= '0' && b <= '9') || (b >= 'a' && b <= 'f') || (b >= 'A' && b <= 'F');
-            if (hex)
-                push_head(m, o, frame_new(m, a, h->ei, aux == 14 ? 0 : aux + 1, aux == 14 ? cnt + 1 : cnt, h->parent));
         }
+        int add, na = str_step(aux, cnt < max, b, &add);
+        if (na < 0)
+            return;
+        /* past minLength an unbounded string stops counting, so plain text
+         * gives back the very same head */
+        int nc = max == G_INF && cnt >= min ? cnt : cnt + add;
+        if (na == aux && nc == cnt)
+            push_head(m, o, h);
+        else
+            push_head(m, o, frame_new(m, a, h->ei, na, nc, h->parent));
         return;
     }
+    case GE_USET:
+        step_uset(m, a, h, b, o);
+        return;
     default:
         return;
     }
@@ -3780,7 +4082,7 @@ static void step_head(rlai_grammar_matcher *m, arena *a, const gframe *h, unsign
 static bool head_can_end(rlai_grammar_matcher *m, arena *a, const gframe *h)
 {
     const gelem *e = &m->g->el[h->ei];
-    return ((e->kind == GE_REP && h->cnt >= e->a) || (e->kind == GE_TXT && h->aux == 0)) &&
+    return ((e->kind == GE_REP && h->cnt >= e->a) || (e->kind == GE_TXT && str_text(h->aux))) &&
            can_end_from(m, a, h->ei + 1, h->parent, 0);
 }
 
@@ -3836,7 +4138,26 @@ static const gframe *copy_frame(rlai_grammar_matcher *m, arena *a, const gframe 
     const gframe *p = copy_frame(m, a, f->parent, map, n_map, cap);
     if (f->parent && !p)
         return NULL;
-    const gframe *nf = frame_new(m, a, f->ei, f->aux, f->cnt, p);
+    const gframe *nf;
+    if (m->g->el[f->ei].kind == GE_USET) {
+        gframe_u v = *(const gframe_u *)f;
+        v.f.parent = p;
+        const gseen **tail = &v.seen;   /* the hashes, in their order */
+        for (const gseen *x = *tail; x; x = x->next) {
+            gseen *y = aalloc(a, sizeof(*y));
+            if (!y) {
+                m->oom = true;
+                return NULL;
+            }
+            y->h = x->h;
+            y->next = NULL;
+            *tail = y;
+            tail = (const gseen **)&y->next;
+        }
+        nf = uframe_put(m, a, v);
+    } else {
+        nf = frame_new(m, a, f->ei, f->aux, f->cnt, p);
+    }
     if (nf && *n_map < cap)
         map[(*n_map)++] = (fmap){ f, nf };
     return nf;
@@ -4421,8 +4742,8 @@ int rlai_grammar_matcher_mask(rlai_grammar_matcher *m, const rlai_gvocab *v, uin
     for (int i = 0; i < m->st->n && !any; i++) {
         const gframe *h = m->st->h[i];
         const gelem *e = &m->g->el[h->ei];
-        in_str |= h->aux == 0 && ((e->kind == GE_STR && e->b == G_INF) || e->kind == GE_TXT);
-        if (e->kind == GE_STR && h->aux == 0) {
+        in_str |= str_text(h->aux) && ((e->kind == GE_STR && e->b == G_INF) || e->kind == GE_TXT || e->kind == GE_USET);
+        if (e->kind == GE_STR && str_text(h->aux)) {
             long r = e->b == G_INF ? LONG_MAX : (long)e->b - h->cnt;
             room = r > room ? r : room;
         } else {

@@ -346,9 +346,12 @@ START_TEST(unique_items_of_enums)
           { "null", "[true,false]", "[false]" }, { "[true,true]" } },
     };
     check_texts(cases, sizeof cases / sizeof *cases);
-    refused("{\"type\":\"array\",\"items\":{\"type\":\"string\"},\"uniqueItems\":true}", RLAI_ERR_UNSUPPORTED,
-            "not for other items (as set[str]");
-    refused("{\"uniqueItems\":true}", RLAI_ERR_UNSUPPORTED, "'uniqueItems' is supported for items that are an enum");
+    refused("{\"type\":\"array\",\"items\":{\"type\":\"string\",\"maxLength\":8},\"uniqueItems\":true}",
+            RLAI_ERR_UNSUPPORTED, "for strings without maxLength, pattern or format (set[str])");
+    refused("{\"items\":{\"type\":\"string\",\"format\":\"date\"},\"uniqueItems\":true}", RLAI_ERR_UNSUPPORTED,
+            "not for other items (use a list)");
+    refused("{\"items\":{\"type\":\"integer\"},\"uniqueItems\":true}", RLAI_ERR_UNSUPPORTED, "set[str]");
+    refused("{\"uniqueItems\":true}", RLAI_ERR_UNSUPPORTED, "'uniqueItems' is supported for strings");
     refused("{\"items\":{\"enum\":[1,2,3,4,5,6,7,8,9,10,11,12,13]},\"uniqueItems\":true}", RLAI_ERR_UNSUPPORTED,
             "more than 12 values");
     refused("{\"items\":{\"enum\":[1,2,3]},\"uniqueItems\":true,\"minItems\":4}", RLAI_ERR_INVALID_ARG,
@@ -356,6 +359,66 @@ START_TEST(unique_items_of_enums)
     refused("{\"items\":{\"enum\":[]},\"uniqueItems\":true}", RLAI_ERR_INVALID_ARG, "non-empty array");
     refused("{\"uniqueItems\":\"yes\"}", RLAI_ERR_INVALID_ARG, "must be a boolean");
     refused("{\"prefixItems\":[{\"enum\":[1]}],\"uniqueItems\":true}", RLAI_ERR_UNSUPPORTED, "with a tuple");
+}
+END_TEST
+
+/* uniqueItems over plain strings (Pydantic's set[str] / frozenset[str]):
+ * no two items with the same value, however each is written (UTF-8, a
+ * short escape or \\u escapes), with minItems / maxItems / minLength;
+ * whitespace between items as in any array. */
+START_TEST(unique_items_of_strings)
+{
+    static const texts_case cases[] = {
+        { "{\"type\":\"array\",\"items\":{\"type\":\"string\"},\"uniqueItems\":true}",
+          { "[]", "[ ]", "[\"a\",\"b\"]", "[ \"ab\" ,\n\"a\" , \"\"]", "[\"\\ud83d\",\"\\ud83d\\ude00\"]",
+            "[\"x\",\"y\",\"z\",\"w\",\"xy\"]" },
+          { "[\"a\",\"a\"]", "[\"a\",\"\\u0061\"]", "[\"\u00e9\",\"\\u00E9\"]", "[\"\\n\",\"\\u000a\"]",
+            "[\"\U0001F600\",\"\\ud83d\\ude00\"]", "[\"a\",\"b\",\"a\"]" } },
+        { "{\"type\":\"array\",\"items\":{\"type\":\"string\"},\"uniqueItems\":true}",
+          { "[\"/\",\"\\\"\"]", "[\"\\\\\",\"\\\\\\\\\"]" },
+          { "[\"\\/\",\"/\"]", "[\"\\\"\",\"\\u0022\"]", "[\"a\",]", "[\"a\" \"b\"]", "[,\"a\"]", "[\"\",\"\"]" } },
+        { "{\"$defs\":{\"Tag\":{\"type\":\"string\",\"minLength\":2,\"title\":\"Tag\"}},\"type\":\"array\","
+          "\"items\":{\"$ref\":\"#/$defs/Tag\"},\"uniqueItems\":true,\"minItems\":1,\"maxItems\":3}",
+          { "[\"ab\"]", "[\"ab\",\"abc\",\"ba\"]", "[\"\\u0061b\",\"ba\"]" },
+          { "[]", "[\"a\"]", "[\"ab\",\"a\\u0062\"]", "[\"ab\",\"cd\",\"ef\",\"gh\"]" } },
+        { "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"array\",\"items\":{\"type\":\"string\"},"
+          "\"uniqueItems\":true},\"b\":{\"type\":\"array\",\"items\":{\"type\":\"string\"},\"uniqueItems\":true}},"
+          "\"required\":[\"a\",\"b\"]}",
+          { "{\"a\":[\"x\",\"y\"],\"b\":[\"x\",\"y\"]}", "{\"a\":[],\"b\":[\"x\"]}" },
+          { "{\"a\":[\"x\",\"x\"],\"b\":[]}", "{\"a\":[\"x\"],\"b\":[\"y\",\"y\"]}" } },
+    };
+    check_texts(cases, sizeof cases / sizeof *cases);
+    refused("{\"items\":{\"type\":\"string\",\"minLength\":70000},\"uniqueItems\":true}", RLAI_ERR_TOO_LARGE,
+            "'minLength' above 65535");
+
+}
+END_TEST
+
+/* String text is exact: UTF-8 without overlong forms, surrogates or
+ * code points past U+10FFFF (a model can write any byte), and a \u
+ * surrogate pair is one character for minLength / maxLength, as the
+ * 4-byte UTF-8 form is; lone surrogates count one each. Before
+ * 2026-12-07 "\xE0\x80\x80" passed (in patterns' classes too), and
+ * "\ud83d\ude00" was two. */
+START_TEST(string_text_is_exact)
+{
+    static const texts_case cases[] = {
+        { "{\"type\":\"string\"}",
+          { "\"\xC3\xA9\"", "\"\xF0\x9F\x98\x80\"", "\"\\ud83d\\ude00\"", "\"\\ud83d\"", "\"\xED\x9F\xBF\"",
+            "\"\xF4\x8F\xBF\xBF\"" },
+          { "\"\xE0\x80\x80\"", "\"\xED\xA0\x80\"", "\"\xF4\x90\x80\x80\"", "\"\xC0\x80\"", "\"\xF0\x80\x80\x80\"",
+            "\"\xF5\x80\x80\x80\"" } },
+        { "{\"type\":\"string\",\"minLength\":2}",
+          { "\"\\ud83d\\ud83d\"", "\"\\ud83da\"", "\"\\ude00\\ud83d\"", "\"\\ud83d\\ude00a\"" },
+          { "\"\\ud83d\\ude00\"", "\"\xF0\x9F\x98\x80\"", "\"\\uD83D\\uDE00\"" } },
+        { "{\"type\":\"string\",\"maxLength\":1}",
+          { "\"\\ud83d\\ude00\"", "\"\xF0\x9F\x98\x80\"", "\"\\ud83d\"", "\"\\udbff\\udfff\"" },
+          { "\"\\ud83d\\ud83d\"", "\"\\ud83d\\n\"", "\"\\ud83da\"", "\"\\ud83d\\u0061\"" } },
+        { "{\"type\":\"string\",\"pattern\":\"a\"}", { "\"a\\ud83d\"", "\"\\ud83d\\ude00a\"" }, { "\"b\\ud83d\"" } },
+        { "{\"type\":\"string\",\"pattern\":\"^[^a]$\"}", { "\"\xC3\xA9\"", "\"\xF0\x9F\x98\x80\"", "\"\xED\x9F\xBF\"" },
+          { "\"\xE0\x80\x80\"", "\"\xED\xA0\x80\"", "\"\xF4\x90\x80\x80\"", "\"a\"" } },
+    };
+    check_texts(cases, sizeof cases / sizeof *cases);
 }
 END_TEST
 
@@ -1149,6 +1212,11 @@ START_TEST(fast_mask_equals_brute_force)
     walk_schema("{\"type\":\"object\",\"properties\":{\"tags\":{\"type\":\"array\",\"uniqueItems\":true,"
                 "\"items\":{\"enum\":[\"red\",\"green\",\"blue\",\"gold\",\"grey\"]}},"
                 "\"wait\":{\"type\":\"string\",\"format\":\"duration\"}},\"required\":[\"tags\",\"wait\"]}", 3, 40);
+    /* distinct strings (set[str]) beside a list of them */
+    walk_schema("{\"type\":\"object\",\"properties\":{\"tags\":{\"type\":\"array\",\"uniqueItems\":true,"
+                "\"items\":{\"type\":\"string\"},\"maxItems\":6},\"more\":{\"type\":\"array\",\"minItems\":2,"
+                "\"uniqueItems\":true,\"items\":{\"type\":\"string\",\"minLength\":1}}},\"required\":[\"tags\",\"more\"]}",
+                3, 40);
     /* patterns: a phone number, and an unanchored word with escapes */
     walk_schema("{\"type\":\"array\",\"minItems\":2,\"maxItems\":3,\"items\":{\"anyOf\":["
                 "{\"type\":\"string\",\"pattern\":\"^\\\\+?[0-9 ()-]{7,12}$\"},"
@@ -1188,6 +1256,51 @@ START_TEST(bounded_strings_offer_what_fits)
     ck_assert_int_gt(at7, 0);
     rlai_grammar_unref(g);
     free(mk);
+}
+END_TEST
+
+/* The token whose piece is exactly text, or -1. */
+static int32_t token_of(const char *text)
+{
+    int nv = rlai_gvocab_n_vocab(V);
+    for (int32_t t = 0; t < nv; t++) {
+        char pc[64];
+        int l = rlai_tokenizer_token_to_piece(TK, t, false, pc, sizeof(pc));
+        if (l == (int)strlen(text) && !memcmp(pc, text, (size_t)l))
+            return t;
+    }
+    return -1;
+}
+
+/* set[str]: the mask (equal to brute force, mask_after) takes a closing
+ * token only when the item's value is new: after ["a","ab the quote
+ * tokens close "ab" (new); after ["ab","a","a they would close "a" again,
+ * and "b" plus a quote would close "ab" again. */
+START_TEST(unique_strings_mask)
+{
+    rlai_grammar *g = schema("{\"type\":\"array\",\"items\":{\"type\":\"string\"},\"uniqueItems\":true}");
+    static const char *const quote[] = { "\"", "\",", "\"]" }, *const b_quote[] = { "b\"", "b\",", "b\"]" };
+    int found = 0;
+    uint32_t *mk = NULL;
+    ck_assert_int_gt(mask_after(g, "[\"a\",\"ab", &mk), 0);
+    for (int i = 0; i < 3; i++) {
+        int32_t t = token_of(quote[i]);
+        found += t >= 0;
+        ck_assert_msg(t < 0 || bit(mk, t), "%s refused after [\"a\",\"ab", quote[i]);
+    }
+    free(mk);
+    ck_assert_int_gt(mask_after(g, "[\"ab\",\"a\",\"a", &mk), 0);
+    for (int i = 0; i < 3; i++) {
+        int32_t t = token_of(quote[i]), tb = token_of(b_quote[i]);
+        found += tb >= 0;
+        ck_assert_msg(t < 0 || !bit(mk, t), "%s allowed after [\"ab\",\"a\",\"a", quote[i]);
+        ck_assert_msg(tb < 0 || !bit(mk, tb), "%s allowed after [\"ab\",\"a\",\"a", b_quote[i]);
+    }
+    int32_t c = token_of("c");
+    ck_assert(c >= 0 && bit(mk, c));
+    ck_assert_int_ge(found, 3);
+    free(mk);
+    rlai_grammar_unref(g);
 }
 END_TEST
 
@@ -1478,6 +1591,8 @@ int main(void)
     tcase_add_test(tc, discriminated_union);
     tcase_add_test(tc, property_counts);
     tcase_add_test(tc, unique_items_of_enums);
+    tcase_add_test(tc, unique_items_of_strings);
+    tcase_add_test(tc, string_text_is_exact);
     tcase_add_test(tc, string_patterns);
     tcase_add_test(tc, numeric_bounds_integers);
     tcase_add_test(tc, numeric_bounds_numbers);
@@ -1492,6 +1607,7 @@ int main(void)
     tcase_add_test(tv, fast_mask_equals_brute_force);
     tcase_add_test(tv, bounded_strings_offer_what_fits);
     tcase_add_test(tv, mask_rules_at_the_edges);
+    tcase_add_test(tv, unique_strings_mask);
     suite_add_tcase(s, tv);
     TCase *tm = tcase_create("model");
     tcase_set_timeout(tm, 600);

@@ -229,6 +229,33 @@ def test_openai_parse_with_sets_and_durations(engine):
         assert npc.moods and isinstance(npc.shift, datetime.timedelta)
 
 
+def test_openai_parse_with_sets_of_strings(engine):
+    """set[str] and frozenset[str] (uniqueItems over strings): a 400 until
+    2026-12-07. The first prompt asks for "fire" over and over; the text
+    holds each value once (jsonschema checks uniqueItems in parse_checked).
+    (Unbounded, a 135M model lists "fire-spell-1", "-2", ... to the token
+    limit, with or without uniqueItems: the sets here have a maxItems.)"""
+    pydantic = pytest.importorskip("pydantic")
+
+    class Spell(pydantic.BaseModel):
+        name: str = pydantic.Field(max_length=30)
+        tags: set[str] = pydantic.Field(max_length=4)
+        elements: frozenset[str] = pydantic.Field(min_length=2, max_length=4)
+
+    class Npc(pydantic.BaseModel):
+        name: str = pydantic.Field(max_length=24)
+        traits: set[str] = pydantic.Field(max_length=5)
+        quests: list[str] = pydantic.Field(max_length=3)
+
+    for model, prompt in ((Spell, "Describe a spell tagged fire, fire and fire again, made of fire and fire."),
+                          (Npc, "Describe a grumpy innkeeper NPC.")):
+        obj, text = parse_checked(engine, model, prompt)
+        for k, v in text.items():
+            if isinstance(v, list) and k != "quests":
+                assert len(set(v)) == len(v), text
+        assert isinstance(obj.name, str)
+
+
 def test_openai_parse_with_ip_addresses_and_leap_days(engine):
     """IPv6Address, IPvAnyAddress and IPvAnyInterface (formats ipv6,
     ipvanyaddress, ipvanyinterface) and a date: before 2026-12-07 an IPv6
