@@ -11,8 +11,8 @@
  *   GE_TXT    JSON string text, any amount, then the next element (the
  *             unanchored ends of a pattern); escapes and UTF-8 checked
  *   GE_USET   the rest of an array of distinct strings after its '[':
- *             a..b items of at least `set` characters, the separators
- *             and the ']' (uniqueItems over strings: set[str]); its heads
+ *             a..b items of the lengths of ulen[set], the separators and
+ *             the ']' (uniqueItems over strings: set[str]); its heads
  *             carry the hashes of the items written (gframe_u)
  * Matcher state: a set of heads; a head is a frame (element, counters)
  * whose parent chain holds the return addresses (GE_REF positions). Frames
@@ -68,6 +68,10 @@ struct rlai_grammar {
     int n_rules, cap_rules;
     uint64_t (*sets)[4];
     int n_sets, cap_sets;
+    struct ulen {                /* GE_USET items: characters min..max (max G_INF: any) */
+        int32_t min, max;
+    } *ulen;
+    int n_ulen;
     int root;
 };
 
@@ -249,6 +253,7 @@ static void grammar_free(rlai_grammar *g)
     free(g->rules);
     free(g->el);
     free(g->sets);
+    free(g->ulen);
     free(g);
 }
 
@@ -2628,12 +2633,11 @@ static int unique_rest(sc *c, int *memo, const int *val, int k, unsigned used, i
     return r;
 }
 
-#define G_USET_MINLEN 65535  /* minLength of a set[str]'s items (gelem.set) */
-
 /* Whether items (through $refs) is a plain string schema: type "string",
- * perhaps minLength (in *minlen), annotations; no maxLength, pattern,
- * format, enum or const. 1 yes, 0 no, or a negative error. */
-static int plain_string_items(sc *c, const cJSON *items, int *minlen)
+ * perhaps minLength / maxLength (in *minlen, *maxlen: G_INF when absent)
+ * and annotations; no pattern, format, enum or const. 1 yes, 0 no, or a
+ * negative error. */
+static int plain_string_items(sc *c, const cJSON *items, int *minlen, int *maxlen)
 {
     const cJSON *it = items;
     for (int hop = 0; hop < G_MAX_SCHEMA_DEPTH && cJSON_IsObject(it); hop++) {
@@ -2651,12 +2655,17 @@ static int plain_string_items(sc *c, const cJSON *items, int *minlen)
     if (!cJSON_IsString(ty) || strcmp(ty->valuestring, "string"))
         return 0;
     for (const cJSON *k = it->child; k; k = k->next)
-        if (strcmp(k->string, "type") && strcmp(k->string, "minLength") &&
+        if (strcmp(k->string, "type") && strcmp(k->string, "minLength") && strcmp(k->string, "maxLength") &&
             (!kw_in(k->string, kw_annotation) || !strcmp(k->string, "format") || !strcmp(k->string, "nullable") ||
              !strcmp(k->string, "discriminator")))
             return 0;
-    int rc = get_count(c, it, "minLength", 0, G_USET_MINLEN, minlen);
-    return rc < 0 ? rc : 1;
+    int rc;
+    if ((rc = get_count(c, it, "minLength", 0, G_MAX_STRLEN, minlen)) < 0 ||
+        (rc = get_count(c, it, "maxLength", G_INF, G_MAX_STRLEN, maxlen)) < 0)
+        return rc;
+    if (*minlen > *maxlen)
+        return sc_fail(c, RLAI_ERR_INVALID_ARG, "minLength is greater than maxLength");
+    return 1;
 }
 
 /* An array of distinct strings (set[str], frozenset[str]): '[' then one
@@ -2665,22 +2674,38 @@ static int plain_string_items(sc *c, const cJSON *items, int *minlen)
  * units, escapes decoded) hashes like an earlier item's. Equal values
  * always hash alike, so a duplicate is never written; a hash collision
  * (2^-64 a pair) could only refuse a quote, and the item then goes on.
- * No maxLength: an item must always be able to grow past the ones before
- * it, or the text could reach a point with no valid way on. */
-static int unique_strings(sc *c, int min, int max, int minlen)
+ * Under a maxLength an item must not reach its last character as an
+ * earlier item's value (it could then neither end nor grow): that
+ * character is refused, and another one takes its place (a dead end would
+ * need every one of them written before; with maxLength 0, only "" exists,
+ * so at most one item). */
+static int unique_strings(sc *c, int min, int max, int minlen, int maxlen)
 {
+    if (maxlen == 0) {
+        if (min > 1)
+            return sc_fail(c, RLAI_ERR_INVALID_ARG, "minItems is greater than the 1 distinct string of maxLength 0");
+        max = max > 1 ? 1 : max;
+    }
+    rlai_grammar *g = c->g;
+    if (g->n_ulen >= 65535)
+        return sc_fail(c, RLAI_ERR_TOO_LARGE, "more than 65535 arrays of distinct strings");
+    struct ulen *nu = realloc(g->ulen, sizeof(*nu) * (size_t)(g->n_ulen + 1));
+    if (!nu)
+        return RLAI_ERR_NOMEM;
+    g->ulen = nu;
+    g->ulen[g->n_ulen] = (struct ulen){ minlen, maxlen };
     gseq q = { 0 };
-    seq_byte(c->g, &q, '[');
-    seq_push(&q, (gelem){ GE_USET, (uint16_t)minlen, min, max });
-    return rule_one(c->g, &q);
+    seq_byte(g, &q, '[');
+    seq_push(&q, (gelem){ GE_USET, (uint16_t)g->n_ulen++, min, max });
+    return rule_one(g, &q);
 }
 
 /* An array with uniqueItems whose items are an enum or a const (through
  * $refs: Pydantic's set[Literal[...]] and set[SomeEnum]) of at most
  * G_UNIQUE_VALUES distinct values: every value at most once, in any order
- * (a rule per set of values used so far). Other items are refused: their
- * values are not known in advance, and telling an item apart from the
- * ones before it would need the matcher to keep their text. */
+ * (a rule per set of values used so far). Plain strings go to
+ * unique_strings; other items are refused (numbers and objects have many
+ * texts per value, and patterns or formats may run out of new values). */
 static int unique_array(sc *c, const cJSON *items, int min, int max)
 {
     const cJSON *it = items;
@@ -2695,7 +2720,7 @@ static int unique_array(sc *c, const cJSON *items, int min, int max)
         return sc_fail(c, RLAI_ERR_INVALID_ARG, "'enum' must be a non-empty array");
     if (!cJSON_IsObject(it) || (!en && !cn) || (en && cn))
         return sc_fail(c, RLAI_ERR_UNSUPPORTED,
-                       "'uniqueItems' is supported for strings without maxLength, pattern or format (set[str]), for "
+                       "'uniqueItems' is supported for strings without a pattern or format (set[str]), for "
                        "items that are an enum or a const (set[Literal[...]], set[SomeEnum]) or with maxItems 1; "
                        "not for other items (use a list)");
     lits L = { 0 };
@@ -2761,11 +2786,11 @@ static int compile_array(sc *c, const cJSON *s, int depth)
     if (cJSON_IsTrue(uniq) && max > 1) {   /* (up to one item is unique anyway) */
         if (prefix || cJSON_IsArray(items))
             return sc_fail(c, RLAI_ERR_UNSUPPORTED, "'uniqueItems' with a tuple is not supported");
-        int minlen = 0, ps = plain_string_items(c, items, &minlen);
+        int minlen = 0, maxlen = G_INF, ps = plain_string_items(c, items, &minlen, &maxlen);
         if (ps < 0)
             return ps;
         if (ps)
-            return unique_strings(c, min, max, minlen);
+            return unique_strings(c, min, max, minlen, maxlen);
         return unique_array(c, items, min, max);
     }
     if (prefix && !cJSON_IsArray(prefix))
@@ -3957,12 +3982,14 @@ static int str_step(int aux, bool room, unsigned char b, int *add)
 
 /* Byte b over a GE_USET head (an array of distinct strings, see
  * unique_strings): between items whitespace, '"', ',' and ']' as the
- * counts allow; inside an item what GE_STR takes, decoding the value's
- * code units into the hash, and the closing quote only for an item of at
- * least e->set characters whose hash no earlier item has. */
+ * counts allow; inside an item what GE_STR takes within its lengths,
+ * decoding the value's code units into the hash, the closing quote only
+ * for an item whose hash no earlier item has, and, at maxLength, no last
+ * character that makes the item an earlier one. */
 static void step_uset(rlai_grammar_matcher *m, arena *a, const gframe *h, unsigned char b, hbuf *o)
 {
     const gelem *e = &m->g->el[h->ei];
+    const struct ulen *len = &m->g->ulen[e->set];
     const gframe_u *u = (const gframe_u *)h;
     gframe_u n = *u;             /* the head after b, edited below */
     int aux = h->aux;
@@ -3983,14 +4010,14 @@ static void step_uset(rlai_grammar_matcher *m, arena *a, const gframe *h, unsign
             return;
         }
     } else if (str_text(aux) && b == '"') {
-        if (h->cnt < e->set || seen_has(u->seen, u->hash) || !(n.seen = seen_push(m, a, u->seen, u->hash)))
+        if (h->cnt < len->min || seen_has(u->seen, u->hash) || !(n.seen = seen_push(m, a, u->seen, u->hash)))
             return;
         n.f.aux = U_NEXT;
         n.f.cnt = 0;
         n.items++;
         n.hash = 0;
     } else {
-        int add, na = str_step(aux, true, b, &add);
+        int add, na = str_step(aux, h->cnt < len->max, b, &add);
         if (na < 0)
             return;
         n.f.aux = na;
@@ -4019,6 +4046,10 @@ static void step_uset(rlai_grammar_matcher *m, arena *a, const gframe *h, unsign
                 n.cp = 0;
             }
         }
+        /* full, and an earlier item's value (after a high surrogate a low
+         * one may still follow, without a new character) */
+        if (na == S_TEXT && n.f.cnt >= len->max && seen_has(u->seen, n.hash))
+            return;
     }
     push_head(m, o, uframe_put(m, a, n));
 }
@@ -4742,7 +4773,8 @@ int rlai_grammar_matcher_mask(rlai_grammar_matcher *m, const rlai_gvocab *v, uin
     for (int i = 0; i < m->st->n && !any; i++) {
         const gframe *h = m->st->h[i];
         const gelem *e = &m->g->el[h->ei];
-        in_str |= str_text(h->aux) && ((e->kind == GE_STR && e->b == G_INF) || e->kind == GE_TXT || e->kind == GE_USET);
+        in_str |= str_text(h->aux) && ((e->kind == GE_STR && e->b == G_INF) || e->kind == GE_TXT ||
+                                       (e->kind == GE_USET && (long)m->g->ulen[e->set].max - h->cnt > v->max_len));
         if (e->kind == GE_STR && str_text(h->aux)) {
             long r = e->b == G_INF ? LONG_MAX : (long)e->b - h->cnt;
             room = r > room ? r : room;

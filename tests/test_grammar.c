@@ -346,8 +346,8 @@ START_TEST(unique_items_of_enums)
           { "null", "[true,false]", "[false]" }, { "[true,true]" } },
     };
     check_texts(cases, sizeof cases / sizeof *cases);
-    refused("{\"type\":\"array\",\"items\":{\"type\":\"string\",\"maxLength\":8},\"uniqueItems\":true}",
-            RLAI_ERR_UNSUPPORTED, "for strings without maxLength, pattern or format (set[str])");
+    refused("{\"type\":\"array\",\"items\":{\"type\":\"string\",\"pattern\":\"^a+$\"},\"uniqueItems\":true}",
+            RLAI_ERR_UNSUPPORTED, "for strings without a pattern or format (set[str])");
     refused("{\"items\":{\"type\":\"string\",\"format\":\"date\"},\"uniqueItems\":true}", RLAI_ERR_UNSUPPORTED,
             "not for other items (use a list)");
     refused("{\"items\":{\"type\":\"integer\"},\"uniqueItems\":true}", RLAI_ERR_UNSUPPORTED, "set[str]");
@@ -386,10 +386,18 @@ START_TEST(unique_items_of_strings)
           "\"required\":[\"a\",\"b\"]}",
           { "{\"a\":[\"x\",\"y\"],\"b\":[\"x\",\"y\"]}", "{\"a\":[],\"b\":[\"x\"]}" },
           { "{\"a\":[\"x\",\"x\"],\"b\":[]}", "{\"a\":[\"x\"],\"b\":[\"y\",\"y\"]}" } },
+        /* maxLength: the last character may not make an earlier item */
+        { "{\"type\":\"array\",\"items\":{\"type\":\"string\",\"maxLength\":2},\"uniqueItems\":true}",
+          { "[\"a\",\"ab\",\"b\"]", "[\"ab\",\"a\\u0063\"]", "[\"\\ud83d\\ude00\",\"\\ud83d\"]" },
+          { "[\"ab\",\"ab\"]", "[\"abc\"]", "[\"ab\",\"a\\u0062\"]", "[\"x\",\"\\u0078\"]" } },
+        { "{\"type\":\"array\",\"items\":{\"type\":\"string\",\"maxLength\":0},\"uniqueItems\":true}",
+          { "[]", "[\"\"]" }, { "[\"\",\"\"]", "[\"a\"]" } },
     };
     check_texts(cases, sizeof cases / sizeof *cases);
-    refused("{\"items\":{\"type\":\"string\",\"minLength\":70000},\"uniqueItems\":true}", RLAI_ERR_TOO_LARGE,
-            "'minLength' above 65535");
+    refused("{\"items\":{\"type\":\"string\",\"minLength\":3,\"maxLength\":2},\"uniqueItems\":true}",
+            RLAI_ERR_INVALID_ARG, "minLength is greater than maxLength");
+    refused("{\"items\":{\"type\":\"string\",\"maxLength\":0},\"uniqueItems\":true,\"minItems\":2}",
+            RLAI_ERR_INVALID_ARG, "the 1 distinct string of maxLength 0");
 
 }
 END_TEST
@@ -1213,6 +1221,8 @@ START_TEST(fast_mask_equals_brute_force)
                 "\"items\":{\"enum\":[\"red\",\"green\",\"blue\",\"gold\",\"grey\"]}},"
                 "\"wait\":{\"type\":\"string\",\"format\":\"duration\"}},\"required\":[\"tags\",\"wait\"]}", 3, 40);
     /* distinct strings (set[str]) beside a list of them */
+    walk_schema("{\"type\":\"array\",\"uniqueItems\":true,\"minItems\":4,\"maxItems\":8,"
+                "\"items\":{\"type\":\"string\",\"maxLength\":2}}", 3, 40);
     walk_schema("{\"type\":\"object\",\"properties\":{\"tags\":{\"type\":\"array\",\"uniqueItems\":true,"
                 "\"items\":{\"type\":\"string\"},\"maxItems\":6},\"more\":{\"type\":\"array\",\"minItems\":2,"
                 "\"uniqueItems\":true,\"items\":{\"type\":\"string\",\"minLength\":1}}},\"required\":[\"tags\",\"more\"]}",
@@ -1275,7 +1285,8 @@ static int32_t token_of(const char *text)
 /* set[str]: the mask (equal to brute force, mask_after) takes a closing
  * token only when the item's value is new: after ["a","ab the quote
  * tokens close "ab" (new); after ["ab","a","a they would close "a" again,
- * and "b" plus a quote would close "ab" again. */
+ * and "b" plus a quote would close "ab" again. Under a maxLength the
+ * character that would fill an item as an earlier one is refused too. */
 START_TEST(unique_strings_mask)
 {
     rlai_grammar *g = schema("{\"type\":\"array\",\"items\":{\"type\":\"string\"},\"uniqueItems\":true}");
@@ -1299,6 +1310,19 @@ START_TEST(unique_strings_mask)
     int32_t c = token_of("c");
     ck_assert(c >= 0 && bit(mk, c));
     ck_assert_int_ge(found, 3);
+    free(mk);
+    rlai_grammar_unref(g);
+    /* with maxLength 2, after ["ab","a the "b" that would fill the item
+     * as "ab" again is refused, alone or with the quote; "c" is not */
+    g = schema("{\"type\":\"array\",\"items\":{\"type\":\"string\",\"maxLength\":2},\"uniqueItems\":true}");
+    ck_assert_int_gt(mask_after(g, "[\"ab\",\"a", &mk), 0);
+    int32_t b = token_of("b"), cq = token_of("c\"");
+    ck_assert(b >= 0 && !bit(mk, b) && bit(mk, c));
+    for (int i = 0; i < 3; i++) {
+        int32_t tb = token_of(b_quote[i]);
+        ck_assert(tb < 0 || !bit(mk, tb));
+    }
+    ck_assert(cq < 0 || bit(mk, cq));
     free(mk);
     rlai_grammar_unref(g);
 }

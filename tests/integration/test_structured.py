@@ -233,14 +233,17 @@ def test_openai_parse_with_sets_of_strings(engine):
     """set[str] and frozenset[str] (uniqueItems over strings): a 400 until
     2026-12-07. The first prompt asks for "fire" over and over; the text
     holds each value once (jsonschema checks uniqueItems in parse_checked).
-    (Unbounded, a 135M model lists "fire-spell-1", "-2", ... to the token
-    limit, with or without uniqueItems: the sets here have a maxItems.)"""
+    "runes" are distinct strings of at most 2 characters (maxLength on the
+    items). (Unbounded, a 135M model lists "fire-spell-1", "-2", ... to the
+    token limit, with or without uniqueItems: the sets here have a
+    maxItems.)"""
     pydantic = pytest.importorskip("pydantic")
 
     class Spell(pydantic.BaseModel):
         name: str = pydantic.Field(max_length=30)
         tags: set[str] = pydantic.Field(max_length=4)
         elements: frozenset[str] = pydantic.Field(min_length=2, max_length=4)
+        runes: set[pydantic.constr(max_length=2)] = pydantic.Field(min_length=3, max_length=5)
 
     class Npc(pydantic.BaseModel):
         name: str = pydantic.Field(max_length=24)
