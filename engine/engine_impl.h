@@ -70,6 +70,8 @@ typedef struct rlai_req {
     bool lp_on;                  /* gen.top_logprobs >= 0 with on_logprobs */
     bool lp_ready;               /* lp holds the token sampled this step */
     float *lp_raw;               /* n_vocab: raw logits copied before sampling */
+    rlai_logit_bias *lb;         /* gp.logit_bias, copied (one entry a token) */
+    int n_lb;
     bool plp;                    /* prompt logprobs (gen.prompt_logprobs with lp_on) */
     int plp_row0, plp_n;         /* this step: logits rows of its prompt positions */
     rlai_token_logprobs *plp_buf;/* RLAI_PROMPT_LOGPROBS_CHUNK entries (plp only) */

@@ -29,6 +29,7 @@ void rlai_sched_req_free(rlai_engine *e, rlai_req *r)
     free(r->gmask);
     rlai_textstream_free(r->ts);
     free(r->lp_raw);
+    free(r->lb);
     free(r->plp_buf);
     if (r->stops)
         for (char **s = r->stops; *s; s++)
@@ -110,6 +111,44 @@ static int req_take_images(rlai_engine *e, rlai_req *r, const rlai_request_param
 }
 
 
+/* 0 when gp's logit biases are valid for a vocabulary of n_vocab tokens,
+ * else RLAI_ERR_INVALID_ARG with why in err (may be NULL). */
+static int check_logit_bias(const rlai_gen_params *gp, int n_vocab, char *err, size_t errlen)
+{
+    int n = gp->n_logit_bias;
+    if (n < 0 || n > RLAI_MAX_LOGIT_BIAS || (n > 0 && !gp->logit_bias))
+        return rlai_errf(err, errlen, RLAI_ERR_INVALID_ARG, "logit_bias: 0 to %d entries", RLAI_MAX_LOGIT_BIAS);
+    for (int i = 0; i < n; i++) {
+        const rlai_logit_bias *b = &gp->logit_bias[i];
+        if (b->token < 0 || b->token >= n_vocab)
+            return rlai_errf(err, errlen, RLAI_ERR_INVALID_ARG, "logit_bias token %d is not in [0, %d)",
+                             (int)b->token, n_vocab);
+        if (!(b->bias >= -RLAI_LOGIT_BIAS_MAX && b->bias <= RLAI_LOGIT_BIAS_MAX))
+            return rlai_errf(err, errlen, RLAI_ERR_INVALID_ARG, "logit_bias of token %d is not in [-100, 100]",
+                             (int)b->token);
+    }
+    return 0;
+}
+
+/* Checks and copies gp's logit biases into r->lb: one entry a token (the
+ * last one given), in the order given. */
+static int req_take_logit_bias(rlai_req *r, const rlai_gen_params *gp, int n_vocab)
+{
+    int rc = check_logit_bias(gp, n_vocab, NULL, 0), n = gp->n_logit_bias;
+    if (rc < 0 || n == 0)
+        return rc;
+    if (!(r->lb = malloc(sizeof(*r->lb) * (size_t)n)))
+        return RLAI_ERR_NOMEM;
+    for (int i = 0; i < n; i++) {
+        bool later = false;
+        for (int j = i + 1; j < n && !later; j++)
+            later = gp->logit_bias[j].token == gp->logit_bias[i].token;
+        if (!later)
+            r->lb[r->n_lb++] = gp->logit_bias[i];
+    }
+    return 0;
+}
+
 int rlai_engine_submit(rlai_engine *e, const rlai_request_params *rp, uint64_t *id)
 {
     if (!e || !rp)
@@ -177,6 +216,10 @@ int rlai_engine_submit(rlai_engine *e, const rlai_request_params *rp, uint64_t *
         rc = RLAI_ERR_NOMEM;
     if (rc == 0 && r->plp && !(r->plp_buf = malloc(sizeof(rlai_token_logprobs) * RLAI_PROMPT_LOGPROBS_CHUNK)))
         rc = RLAI_ERR_NOMEM;
+    if (rc == 0)
+        rc = req_take_logit_bias(r, &rp->gen, hp->n_vocab);
+    r->gp.logit_bias = NULL;     /* r->lb holds them */
+    r->gp.n_logit_bias = 0;
     if (rc == 0 && rp->gen.stop) {
         size_t n = 0;
         while (rp->gen.stop[n])
@@ -433,7 +476,7 @@ static bool grammar_allows(const rlai_req *r, int32_t tok)
 }
 
 /* Samples request r's next token from its logits row lg (modified): the
- * grammar mask of the matcher's present state first, then the sampling
+ * logit biases, the grammar mask of the matcher's present state, then the sampling
  * chain, then the token's logprobs from the raw row. A drafting row too:
  * its draft is accepted iff this token equals it (the coupled rejection
  * rule, sampler.h), and each later verification row is sampled the same
@@ -444,6 +487,10 @@ static int32_t sample_row(const rlai_gvocab *gv, rlai_req *r, float *lg, size_t 
 {
     if (r->lp_on)
         memcpy(r->lp_raw, lg, sizeof(float) * n_vocab);   /* the sampler modifies lg */
+    for (int i = 0; i < r->n_lb; i++) {
+        float *x = &lg[r->lb[i].token];
+        *x = r->lb[i].bias <= -RLAI_LOGIT_BIAS_MAX ? -INFINITY : *x + r->lb[i].bias;
+    }
     if (r->gm && grammar_mask(gv, r, lg, n_vocab) < 0)
         return -1;
     int32_t tok = rlai_sampler_sample(r->smp, lg);
@@ -1201,6 +1248,11 @@ int rlai_engine_submit_text(rlai_engine *e, const rlai_text_request *rq, uint64_
         free(toks);
         free(img_rows);
         return rlai_errf(err, errlen, RLAI_ERR_TOO_LARGE, "prompt has %d tokens; the limit is %d", n, limit);
+    }
+    if ((rc = check_logit_bias(&rq->rp.gen, rlai_model_hparams(e->model)->n_vocab, err, errlen)) < 0) {
+        free(toks);
+        free(img_rows);
+        return rc;
     }
     if (rq->rp.gen.spec == RLAI_SPEC_DRAFT && !e->draft) {
         free(toks);

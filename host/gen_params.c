@@ -1,6 +1,8 @@
 /* gen_params.c - conversions into rlai_gen_params (gen_params.h). */
 #include "gen_params.h"
 
+#include <stddef.h>
+
 void rlai_gen_params_from_wire(const rlai_msg_gen *g, rlai_gen_params *gp)
 {
     rlai_gen_params_init(gp);
@@ -20,7 +22,15 @@ void rlai_gen_params_from_wire(const rlai_msg_gen *g, rlai_gen_params *gp)
     if (g->has_spec_max_draft) gp->spec_max_draft = (int)g->spec_max_draft;
     if (g->has_top_logprobs) gp->top_logprobs = (int)g->top_logprobs;
     gp->prompt_logprobs = g->prompt_logprobs && g->has_top_logprobs;
+    /* the wire's entries are the engine's (same layout), kept by the message */
+    gp->logit_bias = (const rlai_logit_bias *)g->logit_bias;
+    gp->n_logit_bias = (int)g->n_logit_bias;
 }
+
+_Static_assert(sizeof(rlai_msg_logit_bias) == sizeof(rlai_logit_bias) &&
+                   offsetof(rlai_msg_logit_bias, token) == offsetof(rlai_logit_bias, token) &&
+                   offsetof(rlai_msg_logit_bias, bias) == offsetof(rlai_logit_bias, bias),
+               "rlai_msg_logit_bias and rlai_logit_bias differ");
 
 void rlai_gen_params_from_plugin(const rlai_gen_request *req, rlai_gen_params *gp)
 {

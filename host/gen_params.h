@@ -4,7 +4,7 @@
  * (rlai/protocol.h) and a plugin's rlai_gen_request (rlai/plugin.h).
  * tests/test_gen_params.c checks every field of both.
  *
- * Neither copies strings: pointers in *out (stop strings) borrow from the
+ * Neither copies strings: pointers in *out (stop strings, logit biases) borrow from the
  * source, which must outlive the submit. Grammars (response_format),
  * callbacks and deadlines are the caller's. */
 #ifndef RLAI_HOST_GEN_PARAMS_H

@@ -1394,6 +1394,7 @@ typedef struct gen_request {
     rlai_gen_params gp;
     rlai_grammar *grammar;      /* response_format's (owned), or NULL */
     const char *stops[MAX_STOPS + 1];
+    rlai_logit_bias lb[RLAI_MAX_LOGIT_BIAS];   /* gp.logit_bias points here */
     bool echo;                     /* completions: answer starts with the prompt */
 } gen_request;
 
@@ -1468,6 +1469,58 @@ static bool parse_logprobs_echo(hreq *r, const cJSON *body, gen_request *g)
     return true;
 }
 
+static bool bound_remote(const hreq *r);
+
+/* OpenAI's logit_bias: {"token id": bias, ...}, each bias in [-100, 100]
+ * (-100 bans the token). Ids are checked against the local model's
+ * vocabulary unless the request is bound to an upstream, whose vocabulary
+ * they are then. Returns false after answering 400. */
+static bool parse_logit_bias(hreq *r, const cJSON *body, gen_request *g)
+{
+    const cJSON *lb = cJSON_GetObjectItemCaseSensitive(body, "logit_bias");
+    if (!lb || cJSON_IsNull(lb))
+        return true;
+    if (!cJSON_IsObject(lb))
+        return send_error(r, 400, "invalid_type", "logit_bias",
+                          "'logit_bias' must be an object mapping token ids to biases"), false;
+    int n_vocab = -1;
+    if (!bound_remote(r)) {
+        rlai_model_info info;
+        rlai_engine_info(r->h->engine, &info);
+        n_vocab = info.n_vocab;
+    }
+    int n = 0;
+    const cJSON *b;
+    cJSON_ArrayForEach(b, lb) {
+        if (n == RLAI_MAX_LOGIT_BIAS)
+            return send_error(r, 400, "invalid_value", "logit_bias", "'logit_bias' may have at most %d entries",
+                              RLAI_MAX_LOGIT_BIAS), false;
+        const char *k = b->string;
+        long long id = 0;
+        size_t kl = strlen(k);
+        bool digits = kl > 0 && kl <= 10;
+        for (size_t i = 0; digits && i < kl; i++) {
+            digits = k[i] >= '0' && k[i] <= '9';
+            id = id * 10 + (k[i] - '0');
+        }
+        if (!digits || id > INT32_MAX || (n_vocab >= 0 && id >= n_vocab)) {
+            if (n_vocab >= 0)
+                return send_error(r, 400, "invalid_value", "logit_bias",
+                                  "'logit_bias' key '%.32s' is not a token id in [0, %d)", k, n_vocab), false;
+            return send_error(r, 400, "invalid_value", "logit_bias", "'logit_bias' key '%.32s' is not a token id",
+                              k), false;
+        }
+        if (!cJSON_IsNumber(b) || !(b->valuedouble >= -RLAI_LOGIT_BIAS_MAX) ||
+            !(b->valuedouble <= RLAI_LOGIT_BIAS_MAX))
+            return send_error(r, 400, "invalid_value", "logit_bias",
+                              "'logit_bias' of token %lld must be a number in [-100, 100]", id), false;
+        g->lb[n++] = (rlai_logit_bias){ (rlai_token)id, (float)b->valuedouble };
+    }
+    g->gp.logit_bias = n ? g->lb : NULL;
+    g->gp.n_logit_bias = n;
+    return true;
+}
+
 /* Maps the OpenAI sampling fields onto gen params. Returns false after
  * answering 400. Strings in g->stops point into body. */
 static bool parse_sampling(hreq *r, const cJSON *body, gen_request *g)
@@ -1518,6 +1571,8 @@ static bool parse_sampling(hreq *r, const cJSON *body, gen_request *g)
                               "'seed' must be an integer in [-9223372036854775808, 18446744073709551615]"), false;
         s->seed = seed;
     }
+    if (!parse_logit_bias(r, body, g))
+        return false;
     /* Extension: wall-clock limit (finish_reason "timeout" when it ends one). */
     if ((it = cJSON_GetObjectItemCaseSensitive(body, "timeout_ms")) && !cJSON_IsNull(it)) {
         if (!json_is_int(it) || it->valuedouble < 0 || it->valuedouble > 4294967295.0)

@@ -364,6 +364,15 @@ int rlai_upstream_build_body(const rlai_route_request *rq, const char *remote_mo
         cJSON_AddNumberToObject(j, "presence_penalty", s->presence_penalty);
     if (s->frequency_penalty != 0.0f)
         cJSON_AddNumberToObject(j, "frequency_penalty", s->frequency_penalty);
+    if (g->logit_bias && g->n_logit_bias > 0) {   /* the upstream's token ids (OpenAI's field) */
+        cJSON *lb = cJSON_AddObjectToObject(j, "logit_bias");
+        for (int i = 0; i < g->n_logit_bias; i++) {
+            char key[16];
+            snprintf(key, sizeof(key), "%d", (int)g->logit_bias[i].token);
+            cJSON_DeleteItemFromObjectCaseSensitive(lb, key);   /* the last entry counts */
+            cJSON_AddNumberToObject(lb, key, g->logit_bias[i].bias);
+        }
+    }
     if (extras) {
         cJSON_AddNumberToObject(j, "top_k", s->top_k > 0 ? s->top_k : 0);   /* 0 = off (vLLM: 0 or -1) */
         cJSON_AddNumberToObject(j, "min_p", s->min_p > 0.0f ? s->min_p : 0.0f);

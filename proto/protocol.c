@@ -384,7 +384,7 @@ enum fid {
     F_MAX_TOKENS, F_TEMPERATURE, F_TOP_K, F_TOP_P, F_MIN_P, F_REPEAT_PENALTY,
     F_PRESENCE_PENALTY, F_FREQUENCY_PENALTY, F_SEED, F_IGNORE_EOS, F_TIMEOUT_MS,
     F_SPEC, F_SPEC_MAX_DRAFT, F_TOP_LOGPROBS, F_RESPONSE_FORMAT, F_MODEL, F_ROUTE, F_PROMPT_LOGPROBS,
-    F_COUNT
+    F_LOGIT_BIAS, F_COUNT
 };
 
 static const char *const field_names[F_COUNT] = {
@@ -395,6 +395,7 @@ static const char *const field_names[F_COUNT] = {
     "max_tokens", "temperature", "top_k", "top_p", "min_p", "repeat_penalty",
     "presence_penalty", "frequency_penalty", "seed", "ignore_eos", "timeout_ms",
     "spec", "spec_max_draft", "top_logprobs", "response_format", "model", "route", "prompt_logprobs",
+    "logit_bias",
 };
 
 #define FB(f) (UINT64_C(1) << (f))
@@ -402,7 +403,8 @@ static const char *const field_names[F_COUNT] = {
                     FB(F_MIN_P) | FB(F_REPEAT_PENALTY) | FB(F_PRESENCE_PENALTY) |     \
                     FB(F_FREQUENCY_PENALTY) | FB(F_SEED) | FB(F_IGNORE_EOS) | FB(F_TIMEOUT_MS) | \
                     FB(F_SPEC) | FB(F_SPEC_MAX_DRAFT) | FB(F_TOP_LOGPROBS) | FB(F_STOP) | \
-                    FB(F_RESPONSE_FORMAT) | FB(F_MODEL) | FB(F_ROUTE) | FB(F_PROMPT_LOGPROBS))
+                    FB(F_RESPONSE_FORMAT) | FB(F_MODEL) | FB(F_ROUTE) | FB(F_PROMPT_LOGPROBS) | \
+                    FB(F_LOGIT_BIAS))
 
 static uint64_t type_fields(rlai_msg_type t)
 {
@@ -553,6 +555,56 @@ static int get_bool(dctx *c, const msgpack_object *o, const char *name, bool *ou
 #define R_REPEAT 0.0, (double)FLT_MAX
 #define R_SIGNED (double)-FLT_MAX, (double)FLT_MAX
 
+/* "logit_bias": a map of token id (uint, or a str of decimal digits as in
+ * OpenAI's JSON) to bias (a number in -100..100). */
+static int decode_logit_bias(dctx *c, const msgpack_object *o, rlai_msg_gen *g)
+{
+    if (o->type != MSGPACK_OBJECT_MAP)
+        return fail(c, RLAI_PE_BAD_REQUEST, "field 'logit_bias' must be a map of token id to bias, not %s",
+                    obj_type_name(o));
+    uint32_t n = o->via.map.size;
+    if (n > RLAI_PROTO_MAX_LOGIT_BIAS)
+        return fail(c, RLAI_PE_TOO_LARGE, "%u logit_bias entries, over the limit of %d", (unsigned)n,
+                    RLAI_PROTO_MAX_LOGIT_BIAS);
+    if (!n)
+        return 0;
+    if (!(g->logit_bias = calloc(n, sizeof *g->logit_bias)))
+        return fail(c, RLAI_PE_INTERNAL, "out of memory");
+    g->n_logit_bias = n;
+    for (uint32_t i = 0; i < n; i++) {
+        const msgpack_object *k = &o->via.map.ptr[i].key, *v = &o->via.map.ptr[i].val;
+        uint64_t id = 0;
+        bool ok = false;
+        if (k->type == MSGPACK_OBJECT_POSITIVE_INTEGER) {
+            id = k->via.u64;
+            ok = true;
+        } else if (k->type == MSGPACK_OBJECT_STR && k->via.str.size > 0 && k->via.str.size <= 10) {
+            ok = true;
+            for (uint32_t j = 0; ok && j < k->via.str.size; j++) {
+                char ch = k->via.str.ptr[j];
+                ok = ch >= '0' && ch <= '9';
+                id = id * 10 + (uint64_t)(ch - '0');
+            }
+        }
+        if (!ok || id > INT32_MAX)
+            return fail(c, RLAI_PE_BAD_REQUEST, "'logit_bias' keys must be token ids (uint, or a str of digits)");
+        double b;
+        if (v->type == MSGPACK_OBJECT_FLOAT32 || v->type == MSGPACK_OBJECT_FLOAT64)
+            b = v->via.f64;
+        else if (v->type == MSGPACK_OBJECT_POSITIVE_INTEGER)
+            b = v->via.u64 > 1000 ? 1000 : (double)v->via.u64;
+        else if (v->type == MSGPACK_OBJECT_NEGATIVE_INTEGER)
+            b = v->via.i64 < -1000 ? -1000 : (double)v->via.i64;
+        else
+            return fail(c, RLAI_PE_BAD_REQUEST, "'logit_bias' of token %u must be a number, not %s", (unsigned)id,
+                        obj_type_name(v));
+        if (!(b >= -100.0 && b <= 100.0))
+            return fail(c, RLAI_PE_BAD_REQUEST, "'logit_bias' of token %u must be in -100..100", (unsigned)id);
+        g->logit_bias[i] = (rlai_msg_logit_bias){ (int32_t)id, (float)b };
+    }
+    return 0;
+}
+
 static int decode_gen(dctx *c, const msgpack_object *const *f, rlai_msg_gen *g)
 {
     const msgpack_object *o;
@@ -640,6 +692,8 @@ static int decode_gen(dctx *c, const msgpack_object *const *f, rlai_msg_gen *g)
             return fail(c, RLAI_PE_BAD_REQUEST, "field 'prompt_logprobs' needs 'top_logprobs' (0..%d)",
                         RLAI_PROTO_MAX_TOP_LOGPROBS);
     }
+    if ((o = opt(f[F_LOGIT_BIAS])) && (rc = decode_logit_bias(c, o, g)))
+        return rc;
     if ((o = opt(f[F_STOP]))) {
         if (o->type != MSGPACK_OBJECT_ARRAY)
             return fail(c, RLAI_PE_BAD_REQUEST, "field 'stop' must be an array of str, not %s",
@@ -944,6 +998,7 @@ static void gen_free(rlai_msg_gen *g)
     free(g->response_format);
     free(g->model);
     free(g->route);
+    free(g->logit_bias);
 }
 
 void rlai_msg_free(rlai_msg *m)
@@ -1040,6 +1095,11 @@ static int check_gen(const rlai_msg_gen *g)
         int rc = check_cstr(g->stop[i], RLAI_PROTO_MAX_STOP_LEN, true);
         if (rc) return rc;
     }
+    if (g->n_logit_bias > RLAI_PROTO_MAX_LOGIT_BIAS) return -RLAI_PE_TOO_LARGE;
+    if (g->n_logit_bias && !g->logit_bias) return -RLAI_PE_BAD_REQUEST;
+    for (uint32_t i = 0; i < g->n_logit_bias; i++)
+        if (g->logit_bias[i].token < 0 || !(g->logit_bias[i].bias >= -100.0f && g->logit_bias[i].bias <= 100.0f))
+            return -RLAI_PE_BAD_REQUEST;
     return 0;
 }
 
@@ -1151,7 +1211,7 @@ static size_t gen_count(const rlai_msg_gen *g)
            g->has_repeat_penalty + g->has_presence_penalty + g->has_frequency_penalty + g->has_seed +
            g->ignore_eos + g->has_timeout_ms + g->has_spec + g->has_spec_max_draft + g->has_top_logprobs +
            (g->n_stop > 0) + (g->response_format != NULL) + (g->model != NULL) + (g->route != NULL) +
-           g->prompt_logprobs;
+           g->prompt_logprobs + (g->n_logit_bias > 0);
 }
 
 static void p_float(enc *e, const char *k, bool has, float v)
@@ -1198,6 +1258,14 @@ static void p_gen(enc *e, const rlai_msg_gen *g)
     if (g->model) { p_key(e, "model"); p_key(e, g->model); }
     if (g->route) { p_key(e, "route"); p_key(e, g->route); }
     if (g->prompt_logprobs) { p_key(e, "prompt_logprobs"); msgpack_pack_true(&e->pk); }
+    if (g->n_logit_bias) {
+        p_key(e, "logit_bias");
+        msgpack_pack_map(&e->pk, g->n_logit_bias);
+        for (uint32_t i = 0; i < g->n_logit_bias; i++) {
+            msgpack_pack_uint32(&e->pk, (uint32_t)g->logit_bias[i].token);
+            msgpack_pack_double(&e->pk, (double)g->logit_bias[i].bias);
+        }
+    }
 }
 
 static double finite_or_zero(double v)

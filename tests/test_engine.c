@@ -559,6 +559,100 @@ START_TEST(logprobs_are_the_same_with_drafts)
 }
 END_TEST
 
+/* logit_bias: a ban keeps a token out of every position, +100 makes a
+ * token the greedy choice, a token's last entry counts, drafts change
+ * nothing (greedy and seeded sampling), logprobs stay the raw logits',
+ * and bad entries are refused. */
+static int gen_biased(const rlai_token *toks, int n, const rlai_logit_bias *lb, int n_lb, float temp,
+                      rlai_spec_mode spec, sink *s, lp_sink *l, rlai_gen_metrics *m)
+{
+    rlai_gen_params gp;
+    rlai_gen_params_init(&gp);
+    gp.max_tokens = 40;
+    gp.ignore_eos = true;
+    gp.sampling.temperature = temp;
+    gp.sampling.seed = 9;
+    gp.spec = spec;
+    gp.logit_bias = lb;
+    gp.n_logit_bias = n_lb;
+    if (l) {
+        gp.top_logprobs = 5;
+        gp.on_logprobs = lp_cb;
+        gp.logprobs_user = l;
+    }
+    memset(s, 0, sizeof(*s));
+    return rlai_engine_generate_tokens(E, toks, n, &gp, sink_cb, s, m);
+}
+
+START_TEST(logit_bias_moves_and_bans)
+{
+    rlai_token toks[128];
+    const char *text = "<|im_start|>user\nRepeat this sentence twice: The keeper of Harrow Bay lighthouse "
+                       "counted forty ships every night.<|im_end|>\n<|im_start|>assistant\n";
+    int n = rlai_engine_tokenize(E, text, strlen(text), true, true, toks, 128);
+    ck_assert_int_gt(n, 0);
+    sink plain, s, t;
+    lp_sink lp0 = { .n = 0 }, lp1 = { .n = 0 };
+    rlai_gen_metrics m;
+    ck_assert_int_eq(gen_biased(toks, n, NULL, 0, 0.0f, RLAI_SPEC_OFF, &plain, &lp0, &m), 0);
+    ck_assert_int_eq(plain.n_toks, 40);
+
+    /* ban the first answer token and the sentence's "ships": neither ever comes */
+    rlai_token ships[4];
+    ck_assert_int_eq(rlai_engine_tokenize(E, " ships", 6, false, false, ships, 4), 1);
+    bool had = false;
+    for (int i = 0; i < plain.n_toks; i++)
+        had |= plain.toks[i] == ships[0];
+    ck_assert_msg(had, "the plain answer does not repeat ' ships'");
+    rlai_logit_bias ban[2] = { { plain.toks[0], -100.0f }, { ships[0], -RLAI_LOGIT_BIAS_MAX } };
+    ck_assert_int_eq(gen_biased(toks, n, ban, 2, 0.0f, RLAI_SPEC_OFF, &s, &lp1, &m), 0);
+    ck_assert_int_eq(s.n_toks, 40);
+    for (int i = 0; i < s.n_toks; i++)
+        ck_assert(s.toks[i] != plain.toks[0] && s.toks[i] != ships[0]);
+    /* the first position's logprobs are the raw logits', bias or not */
+    ck_assert_int_eq(lp1.lp[0].n_top, 5);
+    ck_assert_mem_eq(lp0.lp[0].top_ids, lp1.lp[0].top_ids, sizeof(rlai_token) * 5);
+    ck_assert_mem_eq(lp0.lp[0].top_logprobs, lp1.lp[0].top_logprobs, sizeof(float) * 5);
+
+    /* drafts give the same text under a ban, greedy and sampled */
+    const float temps[2] = { 0.0f, 0.8f };
+    for (int k = 0; k < 2; k++) {
+        rlai_logit_bias b1[1] = { { ships[0], -100.0f } };
+        rlai_gen_metrics mo, md;
+        ck_assert_int_eq(gen_biased(toks, n, b1, 1, temps[k], RLAI_SPEC_OFF, &s, NULL, &mo), 0);
+        ck_assert_int_eq(gen_biased(toks, n, b1, 1, temps[k], RLAI_SPEC_NGRAM, &t, NULL, &md), 0);
+        ck_assert_int_eq(s.n_toks, t.n_toks);
+        ck_assert_mem_eq(s.toks, t.toks, sizeof(rlai_token) * (size_t)s.n_toks);
+        ck_assert_int_gt(md.drafted_tokens, 0);
+    }
+
+    /* +100 on a token the answer never has: greedy takes it first */
+    rlai_token ban_tok[4];
+    ck_assert_int_eq(rlai_engine_tokenize(E, " banana", 7, false, false, ban_tok, 4), 1);
+    rlai_logit_bias up[1] = { { ban_tok[0], 100.0f } };
+    ck_assert_int_eq(gen_biased(toks, n, up, 1, 0.0f, RLAI_SPEC_OFF, &s, NULL, &m), 0);
+    ck_assert_int_eq(s.toks[0], ban_tok[0]);
+
+    /* a token's last entry counts: banned, then 0 = as without bias */
+    rlai_logit_bias twice[2] = { { plain.toks[0], -100.0f }, { plain.toks[0], 0.0f } };
+    ck_assert_int_eq(gen_biased(toks, n, twice, 2, 0.0f, RLAI_SPEC_OFF, &s, NULL, &m), 0);
+    ck_assert_mem_eq(s.toks, plain.toks, sizeof(rlai_token) * 40);
+
+    /* refused: outside the vocabulary, the range, or too many */
+    rlai_model_info info;
+    rlai_engine_info(E, &info);
+    rlai_logit_bias bad[3] = { { info.n_vocab, 1.0f }, { 5, 100.5f }, { 5, NAN } };
+    for (int i = 0; i < 3; i++)
+        ck_assert_int_eq(gen_biased(toks, n, &bad[i], 1, 0.0f, RLAI_SPEC_OFF, &s, NULL, &m), RLAI_ERR_INVALID_ARG);
+    rlai_logit_bias *many = calloc(RLAI_MAX_LOGIT_BIAS + 1, sizeof(*many));
+    ck_assert_int_eq(gen_biased(toks, n, many, RLAI_MAX_LOGIT_BIAS + 1, 0.0f, RLAI_SPEC_OFF, &s, NULL, &m),
+                     RLAI_ERR_INVALID_ARG);
+    ck_assert_int_eq(gen_biased(toks, n, many, RLAI_MAX_LOGIT_BIAS, 0.0f, RLAI_SPEC_OFF, &s, NULL, &m), 0);
+    ck_assert_int_eq(gen_biased(toks, n, NULL, 1, 0.0f, RLAI_SPEC_OFF, &s, NULL, &m), RLAI_ERR_INVALID_ARG);
+    free(many);
+}
+END_TEST
+
 typedef struct done_flag { bool done; int status; } done_flag;
 
 static void done_cb(void *user, uint64_t id, int status, const rlai_gen_metrics *m)
@@ -782,6 +876,7 @@ int main(void)
     tcase_add_test(tc, logprobs_match_log_softmax_one_shot);
     tcase_add_test(tc, logprobs_match_log_softmax_batched);
     tcase_add_test(tc, logprobs_are_the_same_with_drafts);
+    tcase_add_test(tc, logit_bias_moves_and_bans);
     tcase_add_test(tc, prompt_logprobs_match_log_softmax);
     tcase_add_test(tc, embed_is_normalised_and_meaningful);
     suite_add_tcase(s, tc);

@@ -25,6 +25,8 @@ START_TEST(wire_fields_map_one_to_one_and_absent_ones_take_the_product_defaults)
     ck_assert_int_eq(gp.top_logprobs, base.top_logprobs);
     ck_assert_int_eq(gp.spec, base.spec);
     ck_assert(!gp.ignore_eos);
+    ck_assert_ptr_null(gp.logit_bias);
+    ck_assert_int_eq(gp.n_logit_bias, 0);
     rlai_gen_params gp2;
     rlai_gen_params_from_wire(&g, &gp2);
     ck_assert(gp.sampling.seed != gp2.sampling.seed);   /* a fresh seed each time */
@@ -37,7 +39,15 @@ START_TEST(wire_fields_map_one_to_one_and_absent_ones_take_the_product_defaults)
                         .ignore_eos = true, .timeout_ms = 4321, .has_timeout_ms = true, .spec = RLAI_SPEC_OFF,
                         .has_spec = true, .spec_max_draft = 5, .has_spec_max_draft = true, .top_logprobs = 2,
                         .has_top_logprobs = true };
+    rlai_msg_logit_bias lb[2] = { { 42, -100.0f }, { 7, 1.5f } };
+    g.logit_bias = lb;
+    g.n_logit_bias = 2;
     rlai_gen_params_from_wire(&g, &gp);
+    ck_assert_int_eq(gp.n_logit_bias, 2);
+    ck_assert_int_eq(gp.logit_bias[0].token, 42);
+    ck_assert_float_eq(gp.logit_bias[0].bias, -100.0f);
+    ck_assert_int_eq(gp.logit_bias[1].token, 7);
+    ck_assert_float_eq(gp.logit_bias[1].bias, 1.5f);
     ck_assert_int_eq(gp.max_tokens, 7);
     ck_assert_float_eq(gp.sampling.temperature, 0.25f);
     ck_assert_int_eq(gp.sampling.top_k, 3);

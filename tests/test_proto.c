@@ -344,6 +344,10 @@ static bool gen_eq(const rlai_msg_gen *a, const rlai_msg_gen *b)
         if (!str_eq(a->stop[i], b->stop[i])) return false;
     if ((a->model == NULL) != (b->model == NULL) || (a->model && !str_eq(a->model, b->model))) return false;
     if ((a->route == NULL) != (b->route == NULL) || (a->route && !str_eq(a->route, b->route))) return false;
+    if (a->n_logit_bias != b->n_logit_bias) return false;
+    for (uint32_t i = 0; i < a->n_logit_bias; i++)
+        if (a->logit_bias[i].token != b->logit_bias[i].token || a->logit_bias[i].bias != b->logit_bias[i].bias)
+            return false;
     return true;
 }
 
@@ -506,11 +510,13 @@ START_TEST(test_roundtrip_every_type)
     g.top_logprobs = RLAI_PROTO_MAX_TOP_LOGPROBS; g.has_top_logprobs = true;
     g.prompt_logprobs = true;
     g.stop = stops; g.n_stop = 8;
+    rlai_msg_logit_bias lb[3] = { { 0, -100.0f }, { INT32_MAX, 100.0f }, { 7761, 2.5f } };
+    g.logit_bias = lb; g.n_logit_bias = 3;
     m.u.generate.prompt = "Once upon a time";
     m.u.generate.gen = g;
     roundtrip(&m);
     /* every option alone */
-    for (int k = 0; k < 18; k++) {
+    for (int k = 0; k < 19; k++) {
         rlai_msg_gen one = {0};
         switch (k) {
         case 0: one.has_max_tokens = true; one.max_tokens = 0; break;
@@ -530,6 +536,7 @@ START_TEST(test_roundtrip_every_type)
         case 14: one.has_top_logprobs = true; one.top_logprobs = 0; break;
         case 15: one.has_spec = true; one.spec = RLAI_MSG_SPEC_DRAFT; break;
         case 16: one.has_top_logprobs = true; one.top_logprobs = 1; one.prompt_logprobs = true; break;
+        case 17: one.logit_bias = lb + 2; one.n_logit_bias = 1; break;
         default: one.stop = stops + 2; one.n_stop = 1; break;
         }
         m.u.generate.gen = one;
@@ -1462,6 +1469,18 @@ GEN1(top_logprobs_21, 169, "top_logprobs", u(p, 21))
 GEN1(top_logprobs_negative, 170, "top_logprobs", i64(p, -1))
 GEN1(prompt_logprobs_without_top, 171, "prompt_logprobs", msgpack_pack_true(&p->pk))
 GEN1(prompt_logprobs_int, 172, "prompt_logprobs", u(p, 1))
+GEN1(logit_bias_array, 173, "logit_bias", (msgpack_pack_array(&p->pk, 1), u(p, 1)))
+GEN1(logit_bias_negative_key, 174, "logit_bias", (msgpack_pack_map(&p->pk, 1), i64(p, -1), f64(p, 1.0)))
+GEN1(logit_bias_word_key, 175, "logit_bias", (msgpack_pack_map(&p->pk, 1), s(p, "12a"), f64(p, 1.0)))
+GEN1(logit_bias_2p31_key, 176, "logit_bias", (msgpack_pack_map(&p->pk, 1), u(p, UINT64_C(1) << 31), f64(p, 1.0)))
+GEN1(logit_bias_101, 177, "logit_bias", (msgpack_pack_map(&p->pk, 1), u(p, 5), u(p, 101)))
+GEN1(logit_bias_nan, 178, "logit_bias", (msgpack_pack_map(&p->pk, 1), s(p, "5"), f64(p, NAN)))
+GEN1(logit_bias_str_value, 179, "logit_bias", (msgpack_pack_map(&p->pk, 1), u(p, 5), s(p, "1")))
+BC(logit_bias_1025) {
+    head(p, 2, 180, "generate"); s(p, "prompt"); s(p, "x");
+    s(p, "logit_bias"); msgpack_pack_map(&p->pk, 1025);
+    for (int i = 0; i < 1025; i++) { u(p, (uint64_t)i); f64(p, 1.0); }
+}
 BC(stop_9) {
     head(p, 2, 54, "generate"); s(p, "prompt"); s(p, "x");
     s(p, "stop"); msgpack_pack_array(&p->pk, 9);
@@ -1649,6 +1668,14 @@ static const bad_case bad_cases[] = {
     C(top_logprobs_negative, R, 170, GENERATE),
     C(prompt_logprobs_without_top, R, 171, GENERATE),
     C(prompt_logprobs_int, R, 172, GENERATE),
+    C(logit_bias_array, R, 173, GENERATE),
+    C(logit_bias_negative_key, R, 174, GENERATE),
+    C(logit_bias_word_key, R, 175, GENERATE),
+    C(logit_bias_2p31_key, R, 176, GENERATE),
+    C(logit_bias_101, R, 177, GENERATE),
+    C(logit_bias_nan, R, 178, GENERATE),
+    C(logit_bias_str_value, R, 179, GENERATE),
+    C(logit_bias_1025, L, 180, GENERATE),
     C(stop_9, L, 54, GENERATE),
     C(stop_257_bytes, L, 55, GENERATE),
     C(chat_no_messages, R, 60, CHAT),

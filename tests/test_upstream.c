@@ -206,6 +206,23 @@ START_TEST(body_maps_the_request_and_refuses_what_it_cannot_honour)
     ck_assert_int_eq(rlai_upstream_build_body(&rq, "org/M", false, &body, &chat, err, sizeof(err)), 0);
     ck_assert_ptr_null(strstr(body, "top_k"));
     free(body);
+    /* logit_bias as OpenAI's map of token id strings; a token's last entry counts */
+    const rlai_logit_bias lb[3] = { { 7761, -100.0f }, { 12, 2.5f }, { 7761, 1.0f } };
+    rq.text.rp.gen.logit_bias = lb;
+    rq.text.rp.gen.n_logit_bias = 3;
+    ck_assert_int_eq(rlai_upstream_build_body(&rq, "org/M", false, &body, &chat, err, sizeof(err)), 0);
+    j = cJSON_Parse(body);
+    const cJSON *jb = cJSON_GetObjectItem(j, "logit_bias");
+    ck_assert_int_eq(cJSON_GetArraySize(jb), 2);
+    ck_assert(cJSON_GetObjectItem(jb, "7761")->valuedouble == 1.0);
+    ck_assert(cJSON_GetObjectItem(jb, "12")->valuedouble == 2.5);
+    cJSON_Delete(j);
+    free(body);
+    rq.text.rp.gen.logit_bias = NULL;
+    rq.text.rp.gen.n_logit_bias = 0;
+    ck_assert_int_eq(rlai_upstream_build_body(&rq, "org/M", false, &body, &chat, err, sizeof(err)), 0);
+    ck_assert_ptr_null(strstr(body, "logit_bias"));
+    free(body);
     /* ignore_eos is forwarded with extras, refused without (a strict OpenAI endpoint) */
     rq.text.rp.gen.ignore_eos = true;
     ck_assert_int_eq(rlai_upstream_build_body(&rq, "org/M", true, &body, &chat, err, sizeof(err)), 0);

@@ -218,6 +218,14 @@ typedef void (*rlai_logprobs_cb)(void *user, const rlai_token_logprobs *lp);
 #define RLAI_DEFAULT_REPEAT_PENALTY 1.0f
 #define RLAI_DEFAULT_MAX_TOKENS 256
 
+/* One entry of rlai_gen_params.logit_bias (OpenAI's logit_bias). */
+typedef struct rlai_logit_bias {
+    rlai_token token;
+    float bias;                /* in [-RLAI_LOGIT_BIAS_MAX, RLAI_LOGIT_BIAS_MAX]; the lowest bans */
+} rlai_logit_bias;
+#define RLAI_MAX_LOGIT_BIAS 1024
+#define RLAI_LOGIT_BIAS_MAX 100.0f
+
 typedef struct rlai_gen_params {
     rlai_sampler_params sampling;
     int max_tokens;                 /* 0 = until context end */
@@ -234,16 +242,19 @@ typedef struct rlai_gen_params {
     int top_logprobs;               /* -1 = off (default); 0..RLAI_MAX_TOP_LOGPROBS: report
                                        each emitted token's logprob and this many top
                                        alternatives through on_logprobs (needs on_logprobs;
-                                       speculative drafting is off for such a request) */
+                                       the request still drafts: every verification row is
+                                       scored as its plain decoding step) */
     rlai_logprobs_cb on_logprobs;   /* NULL = no logprobs */
     void *logprobs_user;            /* passed to on_logprobs */
     const rlai_grammar *grammar;    /* NULL = free text; else every sampled token keeps
                                        the output a prefix of a sentence of the grammar,
                                        end-of-generation is allowed only when the text is
                                        complete and generation stops (RLAI_STOP_EOG) when
-                                       nothing can follow. Speculative drafting is off for
-                                       the request. The engine takes its own reference at
-                                       submit: the caller may unref it afterwards. */
+                                       nothing can follow. The request still drafts (text the
+                                       grammar forces first; every verification row is masked
+                                       as its plain decoding step). The engine takes its own
+                                       reference at submit: the caller may unref it
+                                       afterwards. */
     bool prompt_logprobs;           /* with top_logprobs >= 0 and on_logprobs: also report
                                        every PROMPT token, in order, before the first
                                        generated one (entry.prompt true): token i's
@@ -255,6 +266,17 @@ typedef struct rlai_gen_params {
                                        are still cached for others) and prefills in chunks of
                                        at most RLAI_PROMPT_LOGPROBS_CHUNK tokens. Image prompts
                                        are refused (RLAI_ERR_UNSUPPORTED). */
+    const rlai_logit_bias *logit_bias; /* n_logit_bias entries or NULL (caller-owned; copied
+                                       at submit). Each bias is added to its token's logit
+                                       before the grammar mask, penalties, temperature and
+                                       the filters, so it moves greedy choices too; a bias of
+                                       -RLAI_LOGIT_BIAS_MAX bans the token (its logit becomes
+                                       -inf). Logprobs stay those of the raw logits. A token
+                                       listed twice: its last entry counts. Submit fails with
+                                       RLAI_ERR_INVALID_ARG for a token outside the vocabulary,
+                                       a bias that is not finite or outside the range, or
+                                       more than RLAI_MAX_LOGIT_BIAS entries. */
+    int n_logit_bias;
 } rlai_gen_params;
 
 /* Prompt tokens per step of a prompt_logprobs request (its logits rows). */

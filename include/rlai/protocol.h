@@ -29,6 +29,7 @@
 #define RLAI_PROTO_MAX_STR (1u << 20)          /* bytes per string (prompt, content, JSON) */
 #define RLAI_PROTO_MAX_MESSAGES 256            /* chat messages */
 #define RLAI_PROTO_MAX_STOPS 8                 /* stop strings */
+#define RLAI_PROTO_MAX_LOGIT_BIAS 1024         /* logit_bias entries (the engine's limit) */
 #define RLAI_PROTO_MAX_STOP_LEN 256
 #define RLAI_PROTO_MAX_TOKENS_ARRAY 65536      /* ids in one token/result frame */
 #define RLAI_PROTO_MAX_TOP_LOGPROBS 20         /* "top_logprobs" option, alternatives per token */
@@ -73,6 +74,13 @@ void rlai_buf_reset(rlai_buf *b);          /* len = 0, keeps memory */
 #define RLAI_MSG_SPEC_DRAFT 3  /* "draft": the daemon's draft model proposes */
 #define RLAI_PROTO_MAX_DRAFT 16u
 
+/* One "logit_bias" entry: a token id and the bias added to its logit
+ * (-100..100; -100 bans it). Same layout as the engine's rlai_logit_bias. */
+typedef struct rlai_msg_logit_bias {
+    int32_t token;
+    float bias;
+} rlai_msg_logit_bias;
+
 typedef struct rlai_msg_gen {
     int32_t max_tokens;            bool has_max_tokens;
     float temperature;             bool has_temperature;
@@ -97,6 +105,8 @@ typedef struct rlai_msg_gen {
     char *route;                   /* "route": auto|local|remote|UPSTREAM, or NULL = auto; owned */
     bool prompt_logprobs;          /* "prompt_logprobs" (needs top_logprobs): the prompt tokens'
                                       log-probabilities come first, in "prompt_logprobs" frames */
+    rlai_msg_logit_bias *logit_bias; /* "logit_bias": n_logit_bias entries in wire order; owned */
+    uint32_t n_logit_bias;
 } rlai_msg_gen;
 
 typedef struct rlai_msg_chat_message {

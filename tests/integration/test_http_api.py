@@ -121,6 +121,49 @@ def test_chat_logprobs_errors(engine):
         assert error_of(raw)["param"] == param
 
 
+def token_ids(text):
+    """The default model's token ids of text (rlai tokenize: no BOS)."""
+    import subprocess
+    from test_http import MODEL, RLAI
+    out = subprocess.run([RLAI, "tokenize", "-m", str(MODEL), text], capture_output=True, text=True, check=True)
+    return [int(t) for t in out.stdout.split()]
+
+
+def test_logit_bias(engine):
+    """OpenAI's logit_bias: -100 bans a token at every position, +100 makes
+    it the greedy choice, logprobs stay the raw model's, and the streamed
+    answer equals the blocking one; bad maps are a 400 naming the field."""
+    c = engine.client()
+    msgs = [{"role": "user", "content": "Repeat this sentence twice: The keeper of Harrow Bay lighthouse "
+                                        "counted forty ships every night."}]
+    kw = dict(model=MODEL_ID, messages=msgs, max_tokens=40, temperature=0)
+    plain = c.chat.completions.create(**kw, logprobs=True, top_logprobs=3)
+    text = plain.choices[0].message.content
+    (ships,) = token_ids(" ships")
+    assert " ships" in text
+    banned = c.chat.completions.create(**kw, logprobs=True, top_logprobs=3, logit_bias={str(ships): -100})
+    btext = banned.choices[0].message.content
+    assert " ships" not in btext and btext != text
+    # the first position is the same logits: the same raw top logprobs
+    assert ([(t.token, t.logprob) for t in banned.choices[0].logprobs.content[0].top_logprobs] ==
+            [(t.token, t.logprob) for t in plain.choices[0].logprobs.content[0].top_logprobs])
+    streamed = "".join(ch.choices[0].delta.content or "" for ch in
+                       c.chat.completions.create(**kw, stream=True, logit_bias={str(ships): -100}) if ch.choices)
+    assert streamed == btext
+    (banana,) = token_ids(" banana")
+    up = c.completions.create(model=MODEL_ID, prompt="The keeper counted", max_tokens=3, temperature=0,
+                              logit_bias={str(banana): 100})
+    assert up.choices[0].text.startswith(" banana")
+    for bias, needle in [({"x": 1}, "not a token id"), ({"99999999": 1}, "not a token id in [0, 49152)"),
+                         ({str(ships): 101}, "must be a number in [-100, 100]"),
+                         ({str(ships): "1"}, "must be a number in [-100, 100]"), ([1], "must be an object"),
+                         ({str(i): 1 for i in range(1025)}, "at most 1024 entries")]:
+        st, _, raw = engine.request("POST", "/v1/chat/completions", dict(messages=HELLO, max_tokens=2, logit_bias=bias))
+        assert st == 400, raw
+        err = error_of(raw)
+        assert err["param"] == "logit_bias" and needle in err["message"], err
+
+
 def test_completions_logprobs(engine):
     c = engine.client()
     r = c.completions.create(model=MODEL_ID, prompt="The capital of France is", max_tokens=8,

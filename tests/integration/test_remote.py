@@ -376,6 +376,24 @@ def test_ignore_eos_is_forwarded(cluster):
     assert routed["choices"][0]["message"]["content"] == direct["choices"][0]["message"]["content"]
 
 
+def test_logit_bias_is_forwarded(cluster):
+    # a ban of the answer's first token changes the answer on the upstream,
+    # and the route gives exactly what the upstream gives directly
+    up, router, _ = cluster
+    st, plain = chat(up, "default", logprobs=True, top_logprobs=1)
+    assert st == 200, plain
+    first = plain["choices"][0]["logprobs"]["content"][0]["token"]
+    ids = subprocess.run([RLAI, "tokenize", "-m", str(MODEL), first], capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert len(ids) == 1, (first, ids)
+    st, direct = chat(up, "default", logit_bias={ids[0]: -100})
+    assert st == 200, direct
+    assert direct["choices"][0]["message"]["content"] != plain["choices"][0]["message"]["content"]
+    st, routed = chat(router, "remote-smol", logit_bias={ids[0]: -100})
+    assert st == 200, routed
+    assert routed["choices"][0]["message"]["content"] == direct["choices"][0]["message"]["content"]
+
+
 def test_https_upstream_with_its_own_ca(cluster):
     # an https upstream whose certificate a private CA signed (ca_file): the
     # stream arrives whole, also a burst of 3000 events at once (many TLS

@@ -423,7 +423,9 @@ class RTXLocalAIClient:
         ``Stream.logprobs`` / ``Generation.logprobs``), ``prompt_logprobs``
         (bool, with ``top_logprobs``: the prompt tokens' logprobs too, in
         ``prompt_logprobs``; the prompt is then not reused from the prefix
-        cache), ``stop`` (a str or up
+        cache), ``logit_bias`` (a mapping of token id to a bias in
+        -100..100 added to its logit; -100 bans the token; at most 1024),
+        ``stop`` (a str or up
         to 8 strs), ``model`` (a remote model of the daemon's upstreams,
         docs/REMOTE.md) and ``route`` (``"auto"``, ``"local"``, ``"remote"``
         or an upstream's name). An unknown option raises TypeError."""

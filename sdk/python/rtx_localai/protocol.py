@@ -56,7 +56,9 @@ GEN_OPTIONS: Tuple[Tuple[str, str], ...] = (
     ("model", "name"),
     ("route", "name"),
     ("prompt_logprobs", "bool"),
+    ("logit_bias", "bias"),
 )
+MAX_LOGIT_BIAS = 1024        # logit_bias entries
 SPEC_MODES = ("off", "ngram", "draft", "auto")
 _GEN_NAMES = frozenset(n for n, _ in GEN_OPTIONS)
 
@@ -154,6 +156,25 @@ def gen_fields(opts: Mapping[str, Any]) -> List[Tuple[str, Any]]:
                 raise TypeError(f"{name} must be a bool, not {type(v).__name__}")
             if not v:
                 continue  # the default: omitted
+        elif kind == "bias":
+            # token id (int, or a str of digits as in OpenAI's JSON) -> bias in -100..100
+            if not isinstance(v, Mapping):
+                raise TypeError(f"{name} must be a mapping of token id to bias, not {type(v).__name__}")
+            if len(v) > MAX_LOGIT_BIAS:
+                raise ValueError(f"{name} has more than {MAX_LOGIT_BIAS} entries")
+            m: Dict[int, float] = {}
+            for tok, b in v.items():
+                if isinstance(tok, str) and tok.isdigit():
+                    tok = int(tok)
+                tok = _int(f"{name} key", tok, 0, 2**31 - 1)
+                if isinstance(b, bool) or not isinstance(b, (int, float)):
+                    raise TypeError(f"{name}[{tok}] must be a number, not {type(b).__name__}")
+                if not -100 <= b <= 100:
+                    raise ValueError(f"{name}[{tok}]={b} is out of range -100..100")
+                m[tok] = float(b)
+            if not m:
+                continue
+            v = m
         else:  # strs
             if isinstance(v, str):
                 v = [v]

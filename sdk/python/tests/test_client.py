@@ -369,6 +369,20 @@ def test_top_logprobs_per_token(client):
     assert plain.tokens == g.tokens and plain.logprobs == []
     with pytest.raises(ValueError):
         client.generate("x", top_logprobs=21)
+def test_logit_bias_bans_and_favours_tokens(client):
+    plain = client.generate("The capital of France is", max_tokens=8, temperature=0, ignore_eos=True)
+    first = plain.tokens[0]
+    banned = client.generate("The capital of France is", max_tokens=8, temperature=0, ignore_eos=True,
+                             logit_bias={first: -100})
+    assert first not in banned.tokens and banned.tokens != plain.tokens
+    (fav,) = client.tokenize(" banana", add_special=False)
+    up = client.generate("The capital of France is", max_tokens=2, temperature=0, logit_bias={str(fav): 100})
+    assert up.tokens[0] == fav
+    with pytest.raises(rl.BadRequest) as ei:   # outside the vocabulary: the engine refuses it
+        client.generate("Hi", max_tokens=2, logit_bias={10**9: 1})
+    assert "logit_bias" in ei.value.message
+
+
 def test_prompt_logprobs(client):
     """prompt_logprobs: one entry per prompt token (the first without a
     distribution), in frames of their own before the text; a long prompt

@@ -82,6 +82,18 @@ def test_bad_options_are_refused_before_sending():
         encode_request("stats", 1, {"verbose": True})
 
 
+def test_logit_bias_is_a_map_of_token_ids():
+    # int or digit-str keys (OpenAI's JSON) become uint keys; values float64
+    m = msgpack.unpackb(encode_request("generate", 4, {"prompt": "x", "logit_bias": {"7761": -100, 12: 2.5}}),
+                        raw=False, strict_map_key=False)
+    assert m["logit_bias"] == {7761: -100.0, 12: 2.5}
+    assert "logit_bias" not in msgpack.unpackb(encode_request("generate", 4, {"prompt": "x", "logit_bias": {}}))
+    for bad, exc in (([1], TypeError), ({"a": 1}, TypeError), ({-1: 1}, ValueError), ({1: 101}, ValueError),
+                     ({1: "1"}, TypeError), ({i: 1 for i in range(1025)}, ValueError)):
+        with pytest.raises(exc):
+            encode_request("generate", 4, {"prompt": "x", "logit_bias": bad})
+
+
 def test_call_deadline_is_an_optional_uint():
     m = msgpack.unpackb(encode_request("call", 3, {"command": "x.y", "timeout_ms": 1500}), raw=False)
     assert m["timeout_ms"] == 1500 and m["command"] == "x.y"
