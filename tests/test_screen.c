@@ -137,6 +137,19 @@ START_TEST(png_truncated_and_corrupt)
     ck_assert(strstr(err, "PNG") != NULL);
     free(png);
     rlai_screen_image_free(&src);
+    /* fuzz_screen_decode's find: a 2x2 palette PNG whose sPLT chunk claims
+     * 0x73737373 bytes; libpng allocated all 1.9 GB before reading it */
+    static const uint8_t bomb[] = {
+        0x89, 'P', 'N', 'G', 0x0d, 0x0a, 0x1a, 0x0a, 0, 0, 0, 0x0d, 'I', 'H', 'D', 'R', 0, 0, 0, 2, 0, 0, 0, 2, 8, 3,
+        0, 0, 0, 0x45, 0x68, 0xfd, 0x16, 0, 0, 0, 6, 's', 's', 's', 's', 's', 's', 's', 's', 's', 's', 's', 's', 's',
+        's', 's', 's', 's', 's', 's', 'P', 'L', 'T', 'E', 0xff, 0, 0, 0, 0xff, 0, 0xd2, 0x87, 0xef, 0x71, 0, 0, 0, 1,
+        't', 'R', 'N', 'S', 0x80, 0xad, 0x5e, 0x5b, 0x46, 0, 0, 0, 0x0c, 'I', 'D', 'A', 'T', 0x78, 0x9c, 0x63, 0x60,
+        0x60, 0x04, 0x42, 0, 0, 0x0c, 0, 0x03, 0x2b, 0x63, 0xcb, 0x50, 0, 0, 0, 0, 'I', 'E', 'N', 'D', 0xae, 0x42,
+        0x60, 0x82,
+    };
+    ck_assert_int_eq(rlai_screen_decode(bomb, sizeof bomb, NULL, &t, err, sizeof err), RLAI_ERR_FORMAT);
+    ck_assert_ptr_nonnull(strstr(err, "runs past the end"));
+    ck_assert_ptr_null(t.rgb);
 }
 END_TEST
 
