@@ -3901,11 +3901,17 @@ static bool str_text(int aux) { return aux == S_TEXT || aux == S_HTEXT; }
 /* The string state after byte b (not the closing quote of a text state)
  * from aux, when the text has room for another character; -1 if b is
  * refused. *add: 1 when b starts (UTF-8) or completes (an escape) a
- * character, else 0. */
-static int str_step(int aux, bool room, unsigned char b, int *add)
+ * character, else 0. *cp carries the value being read from byte to byte
+ * (UTF-8 bits, \u digits; 0 in text); *done is the code point or UTF-16
+ * unit b completes, or -1. */
+static int str_step(int aux, bool room, unsigned char b, int *add, int32_t *cp, int32_t *done)
 {
+    static const char esc[] = "\"\\/bfnrt";
+    static const uint8_t unit[] = { '"', '\\', '/', '\b', '\f', '\n', '\r', '\t' };
     int hv = b >= '0' && b <= '9' ? b - '0' : (b | 0x20) >= 'a' && (b | 0x20) <= 'f' ? (b | 0x20) - 'a' + 10 : -1;
+    int na = -1;
     *add = 0;
+    *done = -1;
     switch (aux) {
     case S_TEXT:
     case S_HTEXT:
@@ -3914,8 +3920,11 @@ static int str_step(int aux, bool room, unsigned char b, int *add)
         if (b < 0x20 || b == '"' || !room)
             return -1;
         *add = 1;
-        if (b < 0x80)
+        if (b < 0x80) {
+            *done = b;
             return S_TEXT;
+        }
+        *cp = b & (b < 0xE0 ? 0x1F : b < 0xF0 ? 0x0F : 0x07);
         if (b >= 0xC2 && b <= 0xDF)
             return 1;
         if (b == 0xE0 || b == 0xED)
@@ -3931,53 +3940,75 @@ static int str_step(int aux, bool room, unsigned char b, int *add)
     case 1:
     case 2:
     case 3:
-        return b >= 0x80 && b <= 0xBF ? aux - 1 : -1;
+        na = b >= 0x80 && b <= 0xBF ? aux - 1 : -1;
+        break;
     case S_E0:
-        return b >= 0xA0 && b <= 0xBF ? 1 : -1;
+        na = b >= 0xA0 && b <= 0xBF ? 1 : -1;
+        break;
     case S_ED:
-        return b >= 0x80 && b <= 0x9F ? 1 : -1;
+        na = b >= 0x80 && b <= 0x9F ? 1 : -1;
+        break;
     case S_F0:
-        return b >= 0x90 && b <= 0xBF ? 2 : -1;
+        na = b >= 0x90 && b <= 0xBF ? 2 : -1;
+        break;
     case S_F4:
-        return b >= 0x80 && b <= 0x8F ? 2 : -1;
+        na = b >= 0x80 && b <= 0x8F ? 2 : -1;
+        break;
     case S_ESC:
-    case S_HESC:
+    case S_HESC: {
+        *cp = 0;
         if (b == 'u')
             return aux == S_HESC ? S_L1 : S_U1;
-        if (!b || !strchr("\"\\/bfnrt", b) || !room)
+        const char *e = b ? strchr(esc, b) : NULL;
+        if (!e || !room)
             return -1;
         *add = 1;
+        *done = unit[e - esc];
         return S_TEXT;
+    }
     case S_U1:
-        return hv < 0 ? -1 : hv == 0xD ? S_UD2 : S_U2;
+        na = hv < 0 ? -1 : hv == 0xD ? S_UD2 : S_U2;
+        break;
     case S_U2:
     case S_U3:
-        return hv < 0 ? -1 : aux + 1;
+        na = hv < 0 ? -1 : aux + 1;
+        break;
     case S_UD2:
-        return hv < 0 ? -1 : hv >= 8 && hv <= 0xB ? S_H3 : S_U3;
+        na = hv < 0 ? -1 : hv >= 8 && hv <= 0xB ? S_H3 : S_U3;
+        break;
     case S_H3:
-        return hv < 0 ? -1 : S_H4;
+        na = hv < 0 ? -1 : S_H4;
+        break;
     case S_U4:
     case S_H4:
-        if (hv < 0)
-            return -1;
-        *add = 1;
-        return aux == S_H4 ? S_HTEXT : S_TEXT;
+        if (hv >= 0)
+            *add = 1;
+        na = hv < 0 ? -1 : aux == S_H4 ? S_HTEXT : S_TEXT;
+        break;
     case S_L1:
-        return hv < 0 ? -1 : hv == 0xD ? S_L2 : room ? S_U2 : -1;
+        na = hv < 0 ? -1 : hv == 0xD ? S_L2 : room ? S_U2 : -1;
+        break;
     case S_L2:
-        if (hv < 0)
-            return -1;
-        if (hv >= 0xC)
-            return S_L3;         /* the pair's low half: no new character */
-        return !room ? -1 : hv >= 8 ? S_H3 : S_U3;
+        /* C..F: the pair's low half, no new character */
+        na = hv < 0 ? -1 : hv >= 0xC ? S_L3 : !room ? -1 : hv >= 8 ? S_H3 : S_U3;
+        break;
     case S_L3:
-        return hv < 0 ? -1 : S_L4;
+        na = hv < 0 ? -1 : S_L4;
+        break;
     case S_L4:
-        return hv < 0 ? -1 : S_TEXT;
+        na = hv < 0 ? -1 : S_TEXT;
+        break;
     default:
         return -1;
     }
+    if (na < 0)
+        return -1;
+    *cp = aux <= S_F4 ? (*cp << 6) | (b & 0x3F) : *cp * 16 + hv;   /* UTF-8 bits or a \u digit */
+    if (str_text(na)) {
+        *done = *cp;
+        *cp = 0;
+    }
+    return na;
 }
 
 /* Byte b over a GE_USET head (an array of distinct strings, see
@@ -4017,35 +4048,15 @@ static void step_uset(rlai_grammar_matcher *m, arena *a, const gframe *h, unsign
         n.items++;
         n.hash = 0;
     } else {
-        int add, na = str_step(aux, h->cnt < len->max, b, &add);
+        int32_t cp = u->cp, done;
+        int add, na = str_step(aux, h->cnt < len->max, b, &add, &cp, &done);
         if (na < 0)
             return;
         n.f.aux = na;
         n.f.cnt += add;
-        if (str_text(aux) && b != '\\') {          /* the first byte of a character */
-            if (b < 0x80)
-                n.hash = u_unit(u->hash, b);
-            else
-                n.cp = b & (b < 0xE0 ? 0x1F : b < 0xF0 ? 0x0F : 0x07);
-        } else if (aux >= 1 && aux <= S_F4) {        /* UTF-8 continuation */
-            n.cp = (u->cp << 6) | (b & 0x3F);
-            if (na == S_TEXT) {
-                n.hash = u_point(u->hash, (uint32_t)n.cp);
-                n.cp = 0;
-            }
-        } else if (aux == S_ESC || aux == S_HESC) {
-            static const char esc[] = "\"\\/bfnrt";
-            static const uint8_t unit[] = { '"', '\\', '/', '\b', '\f', '\n', '\r', '\t' };
-            if (b != 'u')
-                n.hash = u_unit(u->hash, unit[strchr(esc, b) - esc]);
-            n.cp = 0;
-        } else if (aux != S_TEXT && aux != S_HTEXT) {  /* a \u digit */
-            n.cp = u->cp * 16 + (b <= '9' ? b - '0' : (b | 0x20) - 'a' + 10);
-            if (str_text(na)) {
-                n.hash = u_unit(u->hash, (uint32_t)n.cp);
-                n.cp = 0;
-            }
-        }
+        n.cp = cp;
+        if (done >= 0)
+            n.hash = u_point(u->hash, (uint32_t)done);
         /* full, and an earlier item's value (after a high surrogate a low
          * one may still follow, without a new character) */
         if (na == S_TEXT && n.f.cnt >= len->max && seen_has(u->seen, n.hash))
@@ -4090,7 +4101,8 @@ static void step_head(rlai_grammar_matcher *m, arena *a, const gframe *h, unsign
                 return;
             }
         }
-        int add, na = str_step(aux, cnt < max, b, &add);
+        int32_t cp = 0, done;   /* (values are a set item's concern: step_uset) */
+        int add, na = str_step(aux, cnt < max, b, &add, &cp, &done);
         if (na < 0)
             return;
         /* past minLength an unbounded string stops counting, so plain text
