@@ -72,6 +72,8 @@ typedef struct rlai_req {
     float *lp_raw;               /* n_vocab: raw logits copied before sampling */
     rlai_logit_bias *lb;         /* gp.logit_bias, copied (one entry a token) */
     int n_lb;
+    int32_t *pred;               /* the prompt's last tokens, then gp.prediction's (owned) */
+    int n_pred;
     bool plp;                    /* prompt logprobs (gen.prompt_logprobs with lp_on) */
     int plp_row0, plp_n;         /* this step: logits rows of its prompt positions */
     rlai_token_logprobs *plp_buf;/* RLAI_PROMPT_LOGPROBS_CHUNK entries (plp only) */

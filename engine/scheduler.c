@@ -30,6 +30,7 @@ void rlai_sched_req_free(rlai_engine *e, rlai_req *r)
     rlai_textstream_free(r->ts);
     free(r->lp_raw);
     free(r->lb);
+    free(r->pred);
     free(r->plp_buf);
     if (r->stops)
         for (char **s = r->stops; *s; s++)
@@ -149,6 +150,47 @@ static int req_take_logit_bias(rlai_req *r, const rlai_gen_params *gp, int n_voc
     return 0;
 }
 
+_Static_assert(RLAI_MAX_PREDICTION_TOKENS <= RLAI_SPEC_MAX_PREDICTION - RLAI_SPEC_NGRAM_MAX,
+               "a prediction and the prompt's tail fit the drafter's limit");
+
+/* Tokens of gp's prediction (no BOS, special-token text kept as text):
+ * their count, or RLAI_ERR_TOO_LARGE past the limits (why in err, may be
+ * NULL), or another negative code. When out is not NULL writes up to cap. */
+static int prediction_tokens(const rlai_engine *e, const char *text, int32_t *out, int cap, char *err,
+                             size_t errlen)
+{
+    size_t len = strlen(text);
+    if (len > RLAI_MAX_PREDICTION_BYTES)
+        return rlai_errf(err, errlen, RLAI_ERR_TOO_LARGE, "prediction has %zu bytes; the limit is %u", len,
+                         (unsigned)RLAI_MAX_PREDICTION_BYTES);
+    int n = rlai_tokenizer_encode(e->tok, text, len, false, false, out, cap);
+    if (n > RLAI_MAX_PREDICTION_TOKENS)
+        return rlai_errf(err, errlen, RLAI_ERR_TOO_LARGE, "prediction has %d tokens; the limit is %d", n,
+                         RLAI_MAX_PREDICTION_TOKENS);
+    return n;
+}
+
+/* r->pred = the prompt's last RLAI_SPEC_NGRAM_MAX tokens (so the prompt's
+ * end matches and drafts the prediction's start), then gp's prediction. */
+static int req_take_prediction(rlai_engine *e, rlai_req *r, const rlai_request_params *rp)
+{
+    const char *text = rp->gen.prediction;
+    if (!text || !*text)
+        return 0;
+    int n = prediction_tokens(e, text, NULL, 0, NULL, 0);
+    if (n <= 0)
+        return n;
+    int tail = rp->n_prompt < RLAI_SPEC_NGRAM_MAX ? rp->n_prompt : RLAI_SPEC_NGRAM_MAX;
+    if (!(r->pred = malloc(sizeof(int32_t) * (size_t)(tail + n))))
+        return RLAI_ERR_NOMEM;
+    memcpy(r->pred, rp->prompt + rp->n_prompt - tail, sizeof(int32_t) * (size_t)tail);
+    int m = rlai_tokenizer_encode(e->tok, text, strlen(text), false, false, r->pred + tail, n);
+    if (m != n)
+        return m < 0 ? m : RLAI_ERR_TOKENIZER;
+    r->n_pred = tail + n;
+    return 0;
+}
+
 int rlai_engine_submit(rlai_engine *e, const rlai_request_params *rp, uint64_t *id)
 {
     if (!e || !rp)
@@ -220,6 +262,13 @@ int rlai_engine_submit(rlai_engine *e, const rlai_request_params *rp, uint64_t *
         rc = req_take_logit_bias(r, &rp->gen, hp->n_vocab);
     r->gp.logit_bias = NULL;     /* r->lb holds them */
     r->gp.n_logit_bias = 0;
+    if (rc == 0 && r->spec.max_draft > 0)
+        rc = req_take_prediction(e, r, rp);
+    else if (rc == 0 && rp->gen.prediction) {
+        int pn = prediction_tokens(e, rp->gen.prediction, NULL, 0, NULL, 0);   /* unused, still checked */
+        rc = pn < 0 ? pn : 0;
+    }
+    r->gp.prediction = NULL;     /* r->pred holds it */
     if (rc == 0 && rp->gen.stop) {
         size_t n = 0;
         while (rp->gen.stop[n])
@@ -649,7 +698,8 @@ static void step_draft(rlai_engine *e, rlai_req *r)
         int32_t cand[RLAI_SPEC_MAX_DRAFT];
         int L = 0;
         int from = -1;
-        int nc = rlai_spec_ngram_draft(r->toks, r->n_toks, RLAI_SPEC_MAX_DRAFT, r->lookup_near, cand, &L, &from);
+        int nc = rlai_spec_lookup_draft(r->toks, r->n_toks, r->pred, r->n_pred, RLAI_SPEC_MAX_DRAFT,
+                                        r->lookup_near, cand, &L, &from);
         if (nc > 0 && L >= e->params.spec_lookup_min) {
             int g = rlai_spec_next_gamma(&r->lspec);
             if (g > room)
@@ -669,7 +719,8 @@ static void step_draft(rlai_engine *e, rlai_req *r)
     if (g <= 0)
         return;
     if (!r->use_draft) {
-        r->n_draft = rlai_spec_ngram_draft(r->toks, r->n_toks, g, r->lookup_near, r->draft, NULL, &r->draft_from);
+        r->n_draft = rlai_spec_lookup_draft(r->toks, r->n_toks, r->pred, r->n_pred, g, r->lookup_near, r->draft,
+                                            NULL, &r->draft_from);
         return;
     }
     double t0 = rlai_clock_ms();
@@ -1250,6 +1301,11 @@ int rlai_engine_submit_text(rlai_engine *e, const rlai_text_request *rq, uint64_
         return rlai_errf(err, errlen, RLAI_ERR_TOO_LARGE, "prompt has %d tokens; the limit is %d", n, limit);
     }
     if ((rc = check_logit_bias(&rq->rp.gen, rlai_model_hparams(e->model)->n_vocab, err, errlen)) < 0) {
+        free(toks);
+        free(img_rows);
+        return rc;
+    }
+    if (rq->rp.gen.prediction && (rc = prediction_tokens(e, rq->rp.gen.prediction, NULL, 0, err, errlen)) < 0) {
         free(toks);
         free(img_rows);
         return rc;

@@ -39,54 +39,93 @@
 #include <stdbool.h>
 #include <string.h>
 
-int rlai_spec_ngram_draft(const int32_t *toks, int n, int max_draft, int near, int32_t *out, int *ngram_out,
-                          int *from_out)
+/* The longest match of the sequence's suffix (its last token suf_end[0],
+ * n_suf tokens available) among the occurrences in src[lo..hi] that end at
+ * i in [lo, hi], most recent (highest i) first; each occurrence's
+ * continuation src[i + 1] exists. */
+typedef struct lookup_match {
+    int len, end;       /* match length (0 = none) and where it ends in src */
+    bool ambiguous;     /* occurrences of that length disagree on the next token */
+} lookup_match;
+
+static lookup_match lookup_scan(const int32_t *src, int lo, int hi, const int32_t *suf_end, int n_suf)
+{
+    lookup_match m = { 0, -1, false };
+    int max_len = n_suf < RLAI_SPEC_NGRAM_MAX ? n_suf : RLAI_SPEC_NGRAM_MAX;
+    for (int i = hi; i >= lo; i--) {
+        if (src[i] != *suf_end)
+            continue;
+        int L = 1;
+        while (L < max_len && i - L >= 0 && src[i - L] == suf_end[-L])
+            L++;
+        if (L > m.len) {
+            m.len = L;
+            m.end = i;
+            m.ambiguous = false;
+        } else if (L == m.len && src[i + 1] != src[m.end + 1]) {
+            m.ambiguous = true;
+        }
+    }
+    return m;
+}
+
+static bool near_copy(int from, int near)
+{
+    return near >= 0 && from >= near - RLAI_SPEC_NEAR_BEFORE && from <= near + RLAI_SPEC_NEAR_AFTER;
+}
+
+int rlai_spec_lookup_draft(const int32_t *toks, int n, const int32_t *pred, int n_pred, int max_draft, int near,
+                           int32_t *out, int *ngram_out, int *from_out)
 {
     if (ngram_out)
         *ngram_out = 0;
     if (from_out)
         *from_out = -1;
-    if (!toks || !out || n < 2 || max_draft <= 0)
+    if (!toks || !out || n < 1 || max_draft <= 0)
         return 0;
+    if (!pred || n_pred > RLAI_SPEC_MAX_PREDICTION)
+        n_pred = 0;
     if (max_draft > RLAI_SPEC_MAX_DRAFT)
         max_draft = RLAI_SPEC_MAX_DRAFT;
-    int lo = n > RLAI_SPEC_SEARCH_WINDOW ? n - RLAI_SPEC_SEARCH_WINDOW : 0;
     const int32_t *suf_end = toks + n - 1;  /* last token of the suffix */
-    /* One pass over the candidate ends i (the occurrence ends at i, its
-     * continuation starts at i + 1 <= n - 1), most recent first: L is how
-     * many tokens ending at i equal the sequence's last L tokens. */
-    int best = 0, best_i = -1;
-    bool ambiguous = false;                 /* occurrences of the best length disagree */
-    for (int i = n - 2; i >= lo; i--) {
-        if (toks[i] != *suf_end)
-            continue;
-        int L = 1;
-        while (L < RLAI_SPEC_NGRAM_MAX && i - L >= 0 && toks[i - L] == suf_end[-L])
-            L++;
-        if (L > best) {
-            best = L;
-            best_i = i;
-            ambiguous = false;
-        } else if (L == best && toks[i + 1] != toks[best_i + 1]) {
-            ambiguous = true;
-        }
-    }
-    if (best < RLAI_SPEC_NGRAM_MIN)
+    /* candidate ends i: the occurrence ends at i, its continuation starts
+     * at i + 1 <= n - 1 (in the sequence) or <= n_pred - 1 (prediction) */
+    int lo = n > RLAI_SPEC_SEARCH_WINDOW ? n - RLAI_SPEC_SEARCH_WINDOW : 0;
+    lookup_match ms = lookup_scan(toks, lo, n - 2, suf_end, n);
+    lookup_match mp = n_pred >= 2 ? lookup_scan(pred, 0, n_pred - 2, suf_end, n) : (lookup_match){ 0, -1, false };
+    /* The longer match wins; of equal ones the occurrence that continues
+     * the copy in progress, else the sequence's (the more recent text). */
+    bool use_pred = mp.len > ms.len ||
+                    (mp.len == ms.len && mp.len > 0 && near_copy(RLAI_SPEC_PRED_BASE + mp.end + 1, near) &&
+                     !near_copy(ms.end + 1, near));
+    const int32_t *src = use_pred ? pred : toks;
+    int src_n = use_pred ? n_pred : n;
+    lookup_match m = use_pred ? mp : ms;
+    if (m.len < RLAI_SPEC_NGRAM_MIN)
         return 0;
-    int from = best_i + 1, k = n - from;
+    bool ambiguous = m.ambiguous;
+    if (mp.len == ms.len && mp.len > 0 && pred[mp.end + 1] != toks[ms.end + 1])
+        ambiguous = true;   /* the two sources disagree */
+    int at = m.end + 1, k = src_n - at;
+    int from = use_pred ? RLAI_SPEC_PRED_BASE + at : at;
     if (k > max_draft)
         k = max_draft;
-    bool copying = near >= 0 && from >= near - RLAI_SPEC_NEAR_BEFORE && from <= near + RLAI_SPEC_NEAR_AFTER;
-    if (!copying && k > best)
-        k = best;
-    if (best == RLAI_SPEC_NGRAM_MIN && ambiguous)
+    if (!near_copy(from, near) && k > m.len)
+        k = m.len;
+    if (m.len == RLAI_SPEC_NGRAM_MIN && ambiguous)
         k = 1;
-    memcpy(out, toks + from, sizeof(int32_t) * (size_t)k);
+    memcpy(out, src + at, sizeof(int32_t) * (size_t)k);
     if (ngram_out)
-        *ngram_out = best;
+        *ngram_out = m.len;
     if (from_out)
         *from_out = from;
     return k;
+}
+
+int rlai_spec_ngram_draft(const int32_t *toks, int n, int max_draft, int near, int32_t *out, int *ngram_out,
+                          int *from_out)
+{
+    return rlai_spec_lookup_draft(toks, n, NULL, 0, max_draft, near, out, ngram_out, from_out);
 }
 
 #define SPEC_MISS_LIMIT 3      /* verifications with nothing accepted before pausing */

@@ -5,8 +5,10 @@
  * followed by generated), up to RLAI_SPEC_NGRAM_MAX tokens, that occurred
  * earlier in the same sequence, most recent occurrence first, and proposes
  * the tokens that followed it. No second model: names, lore text, quoted
- * passages and code repeat within a prompt and answer. Weak matches are
- * not drafted (why: spec.c).
+ * passages and code repeat within a prompt and answer. A request may also
+ * bring a prediction of its output (rlai_gen_params.prediction), searched
+ * the same way (rlai_spec_lookup_draft). Weak matches are not drafted
+ * (why: spec.c).
  *
  * rlai_spec_state decides how many tokens to draft (gamma) from the
  * sequence's recent acceptance: it grows while whole drafts are accepted,
@@ -32,6 +34,9 @@
 #define RLAI_SPEC_SEARCH_WINDOW 8192 /* tokens searched back from the end */
 #define RLAI_SPEC_LOOKUP_MIN 4     /* with a draft model: prompt lookup from this match length */
 
+#define RLAI_SPEC_MAX_PREDICTION (8192 + RLAI_SPEC_NGRAM_MAX) /* longest prediction searched (tokens) */
+#define RLAI_SPEC_PRED_BASE (1 << 30)  /* positions in a prediction: base + index */
+
 #define RLAI_SPEC_NEAR_BEFORE 8     /* a match continues the copy from this far before... */
 #define RLAI_SPEC_NEAR_AFTER 32     /* ...to this far after where it left off */
 /* Writes up to max_draft (<= RLAI_SPEC_MAX_DRAFT) tokens into out that
@@ -50,6 +55,21 @@
  * function. */
 int rlai_spec_ngram_draft(const int32_t *toks, int n, int max_draft, int near, int32_t *out, int *ngram_out,
                           int *from_out);
+
+/* Prompt lookup with a second source: pred[0..n_pred) (may be NULL), a
+ * prediction of the output (OpenAI's "prediction"; the engine puts the
+ * prompt's last tokens before the predicted text, so the first generated
+ * token already matches its start). Occurrences in toks (last
+ * RLAI_SPEC_SEARCH_WINDOW tokens) and in pred (at most
+ * RLAI_SPEC_MAX_PREDICTION tokens, else pred is ignored) are matched
+ * against toks's suffix alike; the longer match wins, of equal ones the one
+ * that continues the copy in progress (near), else toks's. A draft from
+ * pred runs at most to pred's end. Positions in pred are reported (and
+ * compared with near) as RLAI_SPEC_PRED_BASE + index, so one near value
+ * follows a copy in either source. Otherwise as rlai_spec_ngram_draft
+ * (which is this with no pred). Pure function. */
+int rlai_spec_lookup_draft(const int32_t *toks, int n, const int32_t *pred, int n_pred, int max_draft, int near,
+                           int32_t *out, int *ngram_out, int *from_out);
 
 /* Where the copy goes on after a lookup draft taken from toks[from..]
  * had `accepted` tokens accepted: the source index past the accepted

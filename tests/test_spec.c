@@ -106,6 +106,75 @@ START_TEST(ngram_prefers_longest_suffix_and_most_recent_match)
 }
 END_TEST
 
+START_TEST(lookup_drafts_from_a_prediction)
+{
+    int32_t out[RLAI_SPEC_MAX_DRAFT];
+    int g = -1, from = -2;
+    /* the prediction starts with the prompt's tail (7 8 9): right after
+     * the prompt, its text is drafted */
+    const int32_t prompt[] = { 1, 2, 7, 8, 9 };
+    const int32_t pred[] = { 7, 8, 9, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49 };
+    int n = rlai_spec_lookup_draft(prompt, 5, pred, 13, 6, -1, out, &g, &from);
+    ck_assert_int_eq(g, 3);
+    ck_assert_int_eq(from, RLAI_SPEC_PRED_BASE + 3);
+    ck_assert_int_eq(n, 3);                    /* no copy yet: at most the match length */
+    ck_assert(out[0] == 40 && out[1] == 41 && out[2] == 42);
+    int near = rlai_spec_near_after(-1, from, 3);   /* all 3 accepted, then 43 emitted */
+    ck_assert_int_eq(near, RLAI_SPEC_PRED_BASE + 7);
+    const int32_t s1[] = { 1, 2, 7, 8, 9, 40, 41, 42, 43 };
+    n = rlai_spec_lookup_draft(s1, 9, pred, 13, 6, near, out, &g, &from);
+    ck_assert_int_eq(from, RLAI_SPEC_PRED_BASE + 7);
+    ck_assert_int_eq(n, 6);                    /* copying: up to max_draft */
+    ck_assert(out[0] == 44 && out[5] == 49);
+    /* the model wrote 99 instead of 44 (nothing accepted: the copy's place
+     * stays) and met the prediction again at 45 46: a 2-token match near
+     * that place drafts on to the prediction's end... */
+    near = rlai_spec_near_after(near, from, 0);
+    ck_assert_int_eq(near, RLAI_SPEC_PRED_BASE + 7);
+    const int32_t s2[] = { 1, 2, 7, 8, 9, 40, 41, 42, 43, 99, 45, 46 };
+    n = rlai_spec_lookup_draft(s2, 12, pred, 13, 6, near, out, &g, &from);
+    ck_assert_int_eq(g, 2);
+    ck_assert_int_eq(from, RLAI_SPEC_PRED_BASE + 10);
+    ck_assert(n == 3 && out[0] == 47 && out[2] == 49);
+    /* ... where far from a copy it drafts no more than it matched */
+    ck_assert_int_eq(rlai_spec_lookup_draft(s2, 12, pred, 13, 6, -1, out, &g, NULL), 2);
+    /* no prediction: the same calls are plain prompt lookup */
+    ck_assert_int_eq(rlai_spec_lookup_draft(prompt, 5, NULL, 0, 6, -1, out, &g, &from), 0);
+    ck_assert_int_eq(from, -1);
+    ck_assert_int_eq(rlai_spec_lookup_draft(s2, 12, NULL, 13, 6, near, out, &g, NULL), 0);
+    /* a tie of 2 whose sources disagree on the next token drafts one, the
+     * sequence's own (the more recent text) */
+    const int32_t t[] = { 5, 6, 7, 10, 11, 12, 30, 6, 7 };
+    const int32_t tp[] = { 5, 6, 7, 20, 21 };
+    n = rlai_spec_lookup_draft(t, 9, tp, 5, 4, -1, out, &g, &from);
+    ck_assert_int_eq(g, 2);
+    ck_assert(n == 1 && out[0] == 10 && from == 3);
+    /* a tie of 3: the sequence's occurrence ... */
+    const int32_t t2[] = { 5, 6, 7, 10, 11, 12, 5, 6, 7 };
+    n = rlai_spec_lookup_draft(t2, 9, tp, 5, 4, -1, out, &g, &from);
+    ck_assert_int_eq(g, 3);
+    ck_assert_int_eq(from, 3);
+    ck_assert(n == 3 && out[0] == 10 && out[2] == 12);
+    /* ... unless the prediction's continues the copy in progress */
+    n = rlai_spec_lookup_draft(t2, 9, tp, 5, 4, RLAI_SPEC_PRED_BASE + 3, out, &g, &from);
+    ck_assert_int_eq(from, RLAI_SPEC_PRED_BASE + 3);
+    ck_assert(n == 2 && out[0] == 20 && out[1] == 21);
+    /* the longer match wins, in either source */
+    const int32_t t3[] = { 1, 2, 3, 4, 9, 9, 9, 1, 2, 3, 4 };
+    const int32_t tp3[] = { 2, 3, 4, 50 };
+    n = rlai_spec_lookup_draft(t3, 11, tp3, 4, 4, -1, out, &g, &from);
+    ck_assert_int_eq(g, 4);
+    ck_assert(n == 4 && from == 4 && out[0] == 9);
+    const int32_t t4[] = { 9, 1, 2, 3, 4 };
+    const int32_t tp4[] = { 1, 2, 3, 4, 50 };
+    n = rlai_spec_lookup_draft(t4, 5, tp4, 5, 4, -1, out, &g, &from);
+    ck_assert_int_eq(g, 4);                    /* only the prediction has it */
+    ck_assert(n == 1 && out[0] == 50 && from == RLAI_SPEC_PRED_BASE + 4);
+    /* a prediction over the limit is ignored */
+    ck_assert_int_eq(rlai_spec_lookup_draft(t4, 5, tp4, RLAI_SPEC_MAX_PREDICTION + 1, 4, -1, out, &g, NULL), 0);
+}
+END_TEST
+
 START_TEST(adaptive_gamma_grows_shrinks_and_pauses)
 {
     rlai_spec_state s;
@@ -658,6 +727,126 @@ START_TEST(penalties_see_each_accepted_draft_token)
 }
 END_TEST
 
+/* Submits tokens p[0..n) with `prediction` (NULL = none). */
+static void submit_pred(rlai_engine *e, const rlai_token *p, int n, rlai_spec_mode spec,
+                        const rlai_sampler_params *sp, const char *prediction, result *r)
+{
+    rlai_request_params rp;
+    memset(&rp, 0, sizeof(rp));
+    memset(r, 0, sizeof(*r));
+    rp.prompt = p;
+    rp.n_prompt = n;
+    rlai_gen_params_init(&rp.gen);
+    rp.gen.max_tokens = NTOK;
+    rp.gen.ignore_eos = true;
+    rp.gen.spec = spec;
+    rp.gen.prediction = prediction;
+    if (sp)
+        rp.gen.sampling = *sp;
+    rp.on_token = collect;
+    rp.on_done = done_cb;
+    rp.user = r;
+    ck_assert_int_eq(rlai_engine_submit(e, &rp, NULL), 0);
+    run_until_idle(e);
+    ck_assert(r->done && r->status == 0 && r->n == NTOK);
+}
+
+static void assert_same(const result *a, const result *b, const char *what)
+{
+    for (int k = 0; k < NTOK; k++)
+        ck_assert_msg(a->toks[k] == b->toks[k], "%s: token %d differs (%d vs %d)", what, k, a->toks[k],
+                      b->toks[k]);
+}
+
+/* OpenAI's predicted outputs: drafts from the prediction are verified as
+ * any, so the output never changes; a right prediction is mostly
+ * accepted even where prompt lookup finds nothing (free chat), an edited
+ * one is met again after the edit, and oversized ones are refused. */
+START_TEST(a_prediction_drafts_and_changes_nothing)
+{
+    rlai_engine *e = open_engine(RLAI_SPEC_NGRAM, 0);
+    rlai_token p[4][256];
+    int n[4];
+    tokenize_prompts(e, p, n);
+    static result off, plain, on;
+    static char text[4096], edited[4200], wrong[4096];
+    submit_pred(e, p[0], n[0], RLAI_SPEC_OFF, NULL, NULL, &off);
+    ck_assert_int_gt(rlai_engine_detokenize(e, off.toks, NTOK, false, wrong, sizeof(wrong)), 0);
+    /* free chat: prompt lookup alone drafts little */
+    submit_pred(e, p[3], n[3], RLAI_SPEC_OFF, NULL, NULL, &off);
+    submit_pred(e, p[3], n[3], RLAI_SPEC_NGRAM, NULL, NULL, &plain);
+    assert_same(&plain, &off, "no prediction");
+    ck_assert_int_gt(rlai_engine_detokenize(e, off.toks, NTOK, false, text, sizeof(text)), 0);
+    submit_pred(e, p[3], n[3], RLAI_SPEC_NGRAM, NULL, text, &on);
+    assert_same(&on, &off, "right prediction");
+    fflush(stdout);
+    printf("prediction: %d of %d drafted accepted (%d without it)\n", on.m.accepted_tokens,
+           on.m.drafted_tokens, plain.m.accepted_tokens);
+    ck_assert_int_ge(on.m.accepted_tokens, NTOK * 3 / 4);
+    ck_assert_int_ge(on.m.accepted_tokens, plain.m.accepted_tokens + NTOK / 8);
+    /* an edit in the middle: met again after it */
+    char a[2048], b[2048];
+    ck_assert_int_gt(rlai_engine_detokenize(e, off.toks, 24, false, a, sizeof(a)), 0);
+    ck_assert_int_gt(rlai_engine_detokenize(e, off.toks + 28, NTOK - 28, false, b, sizeof(b)), 0);
+    snprintf(edited, sizeof(edited), "%s banana split%s", a, b);
+    submit_pred(e, p[3], n[3], RLAI_SPEC_NGRAM, NULL, edited, &on);
+    assert_same(&on, &off, "edited prediction");
+    printf("edited prediction: %d of %d drafted accepted\n", on.m.accepted_tokens, on.m.drafted_tokens);
+    ck_assert_int_ge(on.m.accepted_tokens, NTOK / 2);
+    /* a wrong one (another prompt's answer), or with drafting off */
+    submit_pred(e, p[3], n[3], RLAI_SPEC_NGRAM, NULL, wrong, &on);
+    assert_same(&on, &off, "wrong prediction");
+    submit_pred(e, p[3], n[3], RLAI_SPEC_OFF, NULL, text, &on);
+    assert_same(&on, &off, "drafting off");
+    ck_assert_int_eq(on.m.drafted_tokens, 0);
+    /* sampled: the draws of plain decoding, prediction or not */
+    rlai_sampler_params hot = hot_sampling(3);
+    submit_pred(e, p[3], n[3], RLAI_SPEC_OFF, &hot, NULL, &off);
+    ck_assert_int_gt(rlai_engine_detokenize(e, off.toks, NTOK, false, text, sizeof(text)), 0);
+    submit_pred(e, p[3], n[3], RLAI_SPEC_NGRAM, &hot, text, &on);
+    assert_same(&on, &off, "sampled, right prediction");
+    ck_assert_int_ge(on.m.accepted_tokens, NTOK / 2);
+
+    /* over the limits: refused with a message, and the engine goes on */
+    size_t big = (size_t)RLAI_MAX_PREDICTION_TOKENS * 2 + 3;
+    char *many = malloc(big + 1);
+    ck_assert_ptr_nonnull(many);
+    for (size_t i = 0; i < big; i += 2)
+        memcpy(many + i, " a", 2);            /* one token each */
+    many[big] = 0;
+    rlai_text_request rq;
+    memset(&rq, 0, sizeof(rq));
+    rq.prompt = prompts[3];
+    rlai_gen_params_init(&rq.rp.gen);
+    rq.rp.gen.prediction = many;
+    char err[256] = "";
+    uint64_t id = 0;
+    ck_assert_int_eq(rlai_engine_submit_text(e, &rq, &id, NULL, err, sizeof(err)), RLAI_ERR_TOO_LARGE);
+    ck_assert_msg(strstr(err, "prediction has") && strstr(err, "tokens"), "%s", err);
+    rlai_request_params rp;
+    memset(&rp, 0, sizeof(rp));
+    rp.prompt = p[3];
+    rp.n_prompt = n[3];
+    rlai_gen_params_init(&rp.gen);
+    rp.gen.prediction = many;
+    ck_assert_int_eq(rlai_engine_submit(e, &rp, NULL), RLAI_ERR_TOO_LARGE);
+    rp.gen.spec = RLAI_SPEC_OFF;               /* checked even when it would not be used */
+    ck_assert_int_eq(rlai_engine_submit(e, &rp, NULL), RLAI_ERR_TOO_LARGE);
+    free(many);
+    char *huge = malloc(RLAI_MAX_PREDICTION_BYTES + 2);
+    ck_assert_ptr_nonnull(huge);
+    memset(huge, 'x', RLAI_MAX_PREDICTION_BYTES + 1);
+    huge[RLAI_MAX_PREDICTION_BYTES + 1] = 0;
+    rq.rp.gen.prediction = huge;
+    ck_assert_int_eq(rlai_engine_submit_text(e, &rq, &id, NULL, err, sizeof(err)), RLAI_ERR_TOO_LARGE);
+    ck_assert_msg(strstr(err, "bytes"), "%s", err);
+    free(huge);
+    submit_pred(e, p[3], n[3], RLAI_SPEC_NGRAM, NULL, "", &on);   /* empty: none */
+    assert_same(&on, &plain, "empty prediction");
+    rlai_engine_close(e);
+}
+END_TEST
+
 /* Randomized requests that end mid-draft, every way a request can end
  * (spec_endings.h), give with prompt-lookup drafts exactly what they give
  * without, several decoding at once, and every KV block comes back. */
@@ -719,6 +908,7 @@ int main(void)
     TCase *tc = tcase_create("core");
     tcase_set_timeout(tc, 1200);
     tcase_add_test(tc, ngram_prefers_longest_suffix_and_most_recent_match);
+    tcase_add_test(tc, lookup_drafts_from_a_prediction);
     tcase_add_test(tc, adaptive_gamma_grows_shrinks_and_pauses);
     tcase_add_test(tc, adaptive_gamma_weighs_the_step_cost);
     tcase_add_test(tc, step_cost_is_learned_from_step_times);
@@ -730,6 +920,7 @@ int main(void)
     tcase_add_test(tc, speculation_under_continuous_batching);
     tcase_add_test(tc, random_requests_end_the_same_with_drafts);
     tcase_add_test(tc, penalties_see_each_accepted_draft_token);
+    tcase_add_test(tc, a_prediction_drafts_and_changes_nothing);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -277,7 +277,23 @@ typedef struct rlai_gen_params {
                                        a bias that is not finite or outside the range, or
                                        more than RLAI_MAX_LOGIT_BIAS entries. */
     int n_logit_bias;
+    const char *prediction;         /* NULL or NUL-terminated UTF-8 text the output is
+                                       expected to repeat (OpenAI's predicted outputs: the
+                                       file an edit request returns with a few changes);
+                                       caller-owned, tokenized and copied at submit. While
+                                       the request drafts (spec not OFF), prompt lookup also
+                                       drafts from it: its start right after the prompt,
+                                       and after each deviation from where the output meets
+                                       it again. Drafts are verified as always, so the output
+                                       is exactly that without a prediction; only the speed
+                                       changes. Submit fails with RLAI_ERR_TOO_LARGE past
+                                       RLAI_MAX_PREDICTION_TOKENS tokens (or
+                                       RLAI_MAX_PREDICTION_BYTES bytes). */
 } rlai_gen_params;
+
+/* Limits of rlai_gen_params.prediction. */
+#define RLAI_MAX_PREDICTION_TOKENS 8192
+#define RLAI_MAX_PREDICTION_BYTES (1u << 20)
 
 /* Prompt tokens per step of a prompt_logprobs request (its logits rows). */
 #define RLAI_PROMPT_LOGPROBS_CHUNK 64
