@@ -25,6 +25,7 @@ void rlai_gen_params_from_wire(const rlai_msg_gen *g, rlai_gen_params *gp)
     /* the wire's entries are the engine's (same layout), kept by the message */
     gp->logit_bias = (const rlai_logit_bias *)g->logit_bias;
     gp->n_logit_bias = (int)g->n_logit_bias;
+    gp->prediction = g->prediction;
 }
 
 _Static_assert(sizeof(rlai_msg_logit_bias) == sizeof(rlai_logit_bias) &&

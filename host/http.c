@@ -213,6 +213,7 @@ struct hreq {
     char *model;                 /* echoed "model" value */
     char *route;                 /* "route" (docs/REMOTE.md), or NULL */
     char *rf_json;               /* response_format as JSON text when it made a grammar (for upstreams) */
+    char *prediction;            /* "prediction" content joined from its text parts (owned) */
     char *command;               /* K_PLUGIN */
 
     pthread_mutex_t mu;
@@ -290,6 +291,7 @@ static void hreq_unref(hreq *r)
     free(r->model);
     free(r->route);
     free(r->rf_json);
+    free(r->prediction);
     free(r->command);
     free(r->chat_reply);
     free(r->lps);
@@ -1521,6 +1523,63 @@ static bool parse_logit_bias(hreq *r, const cJSON *body, gen_request *g)
     return true;
 }
 
+/* OpenAI's predicted outputs: "prediction": {"type": "content", "content":
+ * a string or an array of {"type": "text", "text": string} parts}. The
+ * engine drafts from it (docs/SPECULATIVE.md); the output is unchanged. A
+ * string content is used in place (it lives in body); parts are joined
+ * into r->prediction. */
+static bool parse_prediction(hreq *r, const cJSON *body, gen_request *g)
+{
+    const cJSON *p = cJSON_GetObjectItemCaseSensitive(body, "prediction");
+    if (!p || cJSON_IsNull(p))
+        return true;
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(p, "type");
+    const cJSON *c = cJSON_GetObjectItemCaseSensitive(p, "content");
+    if (!cJSON_IsObject(p) || !cJSON_IsString(type) || strcmp(type->valuestring, "content") ||
+        !(cJSON_IsString(c) || cJSON_IsArray(c)))
+        return send_error(r, 400, "invalid_value", "prediction",
+                          "'prediction' must be {\"type\": \"content\", \"content\": a string or text parts}"),
+               false;
+    size_t total = 0;
+    if (cJSON_IsString(c)) {
+        total = strlen(c->valuestring);
+    } else {
+        const cJSON *part;
+        cJSON_ArrayForEach(part, c) {
+            const cJSON *pt = cJSON_GetObjectItemCaseSensitive(part, "type");
+            const cJSON *tx = cJSON_GetObjectItemCaseSensitive(part, "text");
+            if (!cJSON_IsString(pt) || strcmp(pt->valuestring, "text") || !cJSON_IsString(tx))
+                return send_error(r, 400, "invalid_value", "prediction",
+                                  "'prediction' content parts must be {\"type\": \"text\", \"text\": string}"),
+                       false;
+            total += strlen(tx->valuestring);
+            if (total > RLAI_MAX_PREDICTION_BYTES)
+                break;
+        }
+    }
+    if (total > RLAI_MAX_PREDICTION_BYTES)
+        return send_error(r, 413, "invalid_value", "prediction", "'prediction' has more than %u bytes",
+                          (unsigned)RLAI_MAX_PREDICTION_BYTES), false;
+    if (cJSON_IsString(c)) {
+        g->gp.prediction = c->valuestring[0] ? c->valuestring : NULL;
+        return true;
+    }
+    free(r->prediction);
+    if (!(r->prediction = malloc(total + 1)))
+        return send_error(r, 500, NULL, NULL, "out of memory"), false;
+    size_t at = 0;
+    const cJSON *part;
+    cJSON_ArrayForEach(part, c) {
+        const char *t = cJSON_GetObjectItemCaseSensitive(part, "text")->valuestring;
+        size_t l = strlen(t);
+        memcpy(r->prediction + at, t, l);
+        at += l;
+    }
+    r->prediction[at] = 0;
+    g->gp.prediction = at ? r->prediction : NULL;
+    return true;
+}
+
 /* Maps the OpenAI sampling fields onto gen params. Returns false after
  * answering 400. Strings in g->stops point into body. */
 static bool parse_sampling(hreq *r, const cJSON *body, gen_request *g)
@@ -1644,7 +1703,7 @@ static bool parse_sampling(hreq *r, const cJSON *body, gen_request *g)
     if ((it = cJSON_GetObjectItemCaseSensitive(body, "best_of")) && !cJSON_IsNull(it) &&
         !(json_is_int(it) && it->valuedouble == 1))
         return send_error(r, 400, "unsupported_value", "best_of", "only best_of = 1 is supported"), false;
-    if (!parse_logprobs_echo(r, body, g))
+    if (!parse_logprobs_echo(r, body, g) || !parse_prediction(r, body, g))
         return false;
     const char *no_tools[] = { "tools", "functions" };
     for (size_t i = 0; i < 2 && r->kind != K_CHAT; i++) {
@@ -1878,6 +1937,8 @@ static enum MHD_Result send_submit_error(hreq *r, int rc, int n_prompt, const ch
     int st = status_of(rc, &code);
     if (n_prompt == RLAI_ROUTER_REFUSED_REMOTE)      /* the routing decision or an upstream said why */
         return send_error(r, st, code, rc == RLAI_ERR_INVALID_ARG ? "route" : NULL, "%s%s", sub, err);
+    if (rc == RLAI_ERR_TOO_LARGE && !strncmp(err, "prediction ", 11))   /* rlai_engine_submit_text's */
+        return send_error(r, 413, "invalid_value", "prediction", "%s%s", sub, err);
     if (rc == RLAI_ERR_TOO_LARGE && n_prompt > 0)
         return send_error(r, 400, "context_length_exceeded", what,
                           "%sThis model's maximum prompt length is %d tokens; the prompt has %d tokens", sub,

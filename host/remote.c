@@ -57,6 +57,7 @@ typedef struct rreq {
     bool saw_done;
     rlai_stop_reason finish;
     int prompt_tokens, completion_tokens, pieces;
+    int accepted_prediction, rejected_prediction;   /* the upstream's usage, -1 = not said */
 } rreq;
 
 typedef struct upstream {
@@ -409,6 +410,10 @@ static int on_sse_event(void *user, const char *event, const char *data, size_t 
         q->prompt_tokens = d.prompt_tokens;
     if (d.completion_tokens >= 0)
         q->completion_tokens = d.completion_tokens;
+    if (d.accepted_prediction >= 0)
+        q->accepted_prediction = d.accepted_prediction;
+    if (d.rejected_prediction >= 0)
+        q->rejected_prediction = d.rejected_prediction;
     if (d.finish != RLAI_STOP_NONE)
         q->finish = d.finish;
     if (d.logprobs && q->on_logprobs && !q->cb_stop)
@@ -490,6 +495,7 @@ static int attempt_start(rlai_remote *r, rreq *q, uint64_t now)
     q->saw_done = false;
     q->finish = RLAI_STOP_NONE;
     q->prompt_tokens = q->completion_tokens = -1;
+    q->accepted_prediction = q->rejected_prediction = -1;
     if (!q->sse && rlai_sse_new(0, on_sse_event, q, &q->sse) < 0)
         return RLAI_ERR_NOMEM;
     rlai_sse_reset(q->sse);
@@ -579,6 +585,9 @@ static void deliver(ending *e)
         m.prompt_tokens = q->prompt_tokens > 0 ? q->prompt_tokens : 0;
         m.gen_tokens = q->completion_tokens >= 0 ? q->completion_tokens : q->pieces;
         m.queue_ms = q->t_attempt ? (double)(q->t_attempt - q->t_submit) : 0;
+        /* the upstream's predicted-output counts (OpenAI's), as draft counts */
+        m.accepted_tokens = q->accepted_prediction > 0 ? q->accepted_prediction : 0;
+        m.drafted_tokens = m.accepted_tokens + (q->rejected_prediction > 0 ? q->rejected_prediction : 0);
         if (q->t_first) {
             m.ttft_ms = (double)(q->t_first - q->t_submit);
             m.decode_ms = t_end - (double)q->t_first;

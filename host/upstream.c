@@ -373,6 +373,11 @@ int rlai_upstream_build_body(const rlai_route_request *rq, const char *remote_mo
             cJSON_AddNumberToObject(lb, key, g->logit_bias[i].bias);
         }
     }
+    if (g->prediction && g->prediction[0] && has_msgs) {   /* OpenAI's predicted outputs (chat only) */
+        cJSON *pr = cJSON_AddObjectToObject(j, "prediction");
+        cJSON_AddStringToObject(pr, "type", "content");
+        cJSON_AddStringToObject(pr, "content", g->prediction);
+    }
     if (extras) {
         cJSON_AddNumberToObject(j, "top_k", s->top_k > 0 ? s->top_k : 0);   /* 0 = off (vLLM: 0 or -1) */
         cJSON_AddNumberToObject(j, "min_p", s->min_p > 0.0f ? s->min_p : 0.0f);
@@ -554,6 +559,7 @@ int rlai_upstream_parse_chunk(const char *data, size_t len, rlai_upstream_delta 
 {
     memset(out, 0, sizeof(*out));
     out->prompt_tokens = out->completion_tokens = -1;
+    out->accepted_prediction = out->rejected_prediction = -1;
     while (len && isspace((unsigned char)*data)) {
         data++;
         len--;
@@ -639,6 +645,13 @@ int rlai_upstream_parse_chunk(const char *data, size_t len, rlai_upstream_delta 
             out->prompt_tokens = (int)pt->valuedouble;
         if (cJSON_IsNumber(ct) && ct->valuedouble >= 0 && ct->valuedouble < 1e9)
             out->completion_tokens = (int)ct->valuedouble;
+        const cJSON *cd = cJSON_GetObjectItemCaseSensitive(u, "completion_tokens_details");
+        const cJSON *ap = cJSON_GetObjectItemCaseSensitive(cd, "accepted_prediction_tokens");
+        const cJSON *rp = cJSON_GetObjectItemCaseSensitive(cd, "rejected_prediction_tokens");
+        if (cJSON_IsNumber(ap) && ap->valuedouble >= 0 && ap->valuedouble < 1e9)
+            out->accepted_prediction = (int)ap->valuedouble;
+        if (cJSON_IsNumber(rp) && rp->valuedouble >= 0 && rp->valuedouble < 1e9)
+            out->rejected_prediction = (int)rp->valuedouble;
     }
     cJSON_Delete(j);
     return 0;

@@ -139,6 +139,7 @@ typedef struct rlai_upstream_delta {
                                    owns it) */
     rlai_stop_reason finish;    /* NONE, or EOG / STRING / MAX_TOKENS from finish_reason */
     int prompt_tokens, completion_tokens;   /* from "usage", -1 when absent */
+    int accepted_prediction, rejected_prediction;   /* usage.completion_tokens_details, -1 when absent */
 } rlai_upstream_delta;
 
 /* Decodes the data of one SSE event (len bytes): chat chunks

@@ -384,7 +384,7 @@ enum fid {
     F_MAX_TOKENS, F_TEMPERATURE, F_TOP_K, F_TOP_P, F_MIN_P, F_REPEAT_PENALTY,
     F_PRESENCE_PENALTY, F_FREQUENCY_PENALTY, F_SEED, F_IGNORE_EOS, F_TIMEOUT_MS,
     F_SPEC, F_SPEC_MAX_DRAFT, F_TOP_LOGPROBS, F_RESPONSE_FORMAT, F_MODEL, F_ROUTE, F_PROMPT_LOGPROBS,
-    F_LOGIT_BIAS, F_COUNT
+    F_LOGIT_BIAS, F_PREDICTION, F_COUNT
 };
 
 static const char *const field_names[F_COUNT] = {
@@ -395,7 +395,7 @@ static const char *const field_names[F_COUNT] = {
     "max_tokens", "temperature", "top_k", "top_p", "min_p", "repeat_penalty",
     "presence_penalty", "frequency_penalty", "seed", "ignore_eos", "timeout_ms",
     "spec", "spec_max_draft", "top_logprobs", "response_format", "model", "route", "prompt_logprobs",
-    "logit_bias",
+    "logit_bias", "prediction",
 };
 
 #define FB(f) (UINT64_C(1) << (f))
@@ -404,7 +404,7 @@ static const char *const field_names[F_COUNT] = {
                     FB(F_FREQUENCY_PENALTY) | FB(F_SEED) | FB(F_IGNORE_EOS) | FB(F_TIMEOUT_MS) | \
                     FB(F_SPEC) | FB(F_SPEC_MAX_DRAFT) | FB(F_TOP_LOGPROBS) | FB(F_STOP) | \
                     FB(F_RESPONSE_FORMAT) | FB(F_MODEL) | FB(F_ROUTE) | FB(F_PROMPT_LOGPROBS) | \
-                    FB(F_LOGIT_BIAS))
+                    FB(F_LOGIT_BIAS) | FB(F_PREDICTION))
 
 static uint64_t type_fields(rlai_msg_type t)
 {
@@ -693,6 +693,9 @@ static int decode_gen(dctx *c, const msgpack_object *const *f, rlai_msg_gen *g)
                         RLAI_PROTO_MAX_TOP_LOGPROBS);
     }
     if ((o = opt(f[F_LOGIT_BIAS])) && (rc = decode_logit_bias(c, o, g)))
+        return rc;
+    if ((o = opt(f[F_PREDICTION])) &&
+        (rc = get_str(c, o, "prediction", RLAI_PROTO_MAX_STR, false, &g->prediction)))
         return rc;
     if ((o = opt(f[F_STOP]))) {
         if (o->type != MSGPACK_OBJECT_ARRAY)
@@ -999,6 +1002,7 @@ static void gen_free(rlai_msg_gen *g)
     free(g->model);
     free(g->route);
     free(g->logit_bias);
+    free(g->prediction);
 }
 
 void rlai_msg_free(rlai_msg *m)
@@ -1089,6 +1093,10 @@ static int check_gen(const rlai_msg_gen *g)
     }
     if (g->route) {
         int rc = check_cstr(g->route, RLAI_PROTO_MAX_MODEL_NAME, false);
+        if (rc) return rc;
+    }
+    if (g->prediction) {
+        int rc = check_cstr(g->prediction, RLAI_PROTO_MAX_STR, false);
         if (rc) return rc;
     }
     for (uint32_t i = 0; i < g->n_stop; i++) {
@@ -1211,7 +1219,7 @@ static size_t gen_count(const rlai_msg_gen *g)
            g->has_repeat_penalty + g->has_presence_penalty + g->has_frequency_penalty + g->has_seed +
            g->ignore_eos + g->has_timeout_ms + g->has_spec + g->has_spec_max_draft + g->has_top_logprobs +
            (g->n_stop > 0) + (g->response_format != NULL) + (g->model != NULL) + (g->route != NULL) +
-           g->prompt_logprobs + (g->n_logit_bias > 0);
+           g->prompt_logprobs + (g->n_logit_bias > 0) + (g->prediction != NULL);
 }
 
 static void p_float(enc *e, const char *k, bool has, float v)
@@ -1266,6 +1274,7 @@ static void p_gen(enc *e, const rlai_msg_gen *g)
             msgpack_pack_double(&e->pk, (double)g->logit_bias[i].bias);
         }
     }
+    if (g->prediction) { p_key(e, "prediction"); p_key(e, g->prediction); }
 }
 
 static double finite_or_zero(double v)

@@ -27,6 +27,7 @@ START_TEST(wire_fields_map_one_to_one_and_absent_ones_take_the_product_defaults)
     ck_assert(!gp.ignore_eos);
     ck_assert_ptr_null(gp.logit_bias);
     ck_assert_int_eq(gp.n_logit_bias, 0);
+    ck_assert_ptr_null(gp.prediction);
     rlai_gen_params gp2;
     rlai_gen_params_from_wire(&g, &gp2);
     ck_assert(gp.sampling.seed != gp2.sampling.seed);   /* a fresh seed each time */
@@ -42,7 +43,10 @@ START_TEST(wire_fields_map_one_to_one_and_absent_ones_take_the_product_defaults)
     rlai_msg_logit_bias lb[2] = { { 42, -100.0f }, { 7, 1.5f } };
     g.logit_bias = lb;
     g.n_logit_bias = 2;
+    char pred[] = "int count = 0;";
+    g.prediction = pred;
     rlai_gen_params_from_wire(&g, &gp);
+    ck_assert_ptr_eq(gp.prediction, pred);    /* borrowed from the message */
     ck_assert_int_eq(gp.n_logit_bias, 2);
     ck_assert_int_eq(gp.logit_bias[0].token, 42);
     ck_assert_float_eq(gp.logit_bias[0].bias, -100.0f);

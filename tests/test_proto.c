@@ -344,6 +344,7 @@ static bool gen_eq(const rlai_msg_gen *a, const rlai_msg_gen *b)
         if (!str_eq(a->stop[i], b->stop[i])) return false;
     if ((a->model == NULL) != (b->model == NULL) || (a->model && !str_eq(a->model, b->model))) return false;
     if ((a->route == NULL) != (b->route == NULL) || (a->route && !str_eq(a->route, b->route))) return false;
+    if (!str_eq(a->prediction, b->prediction)) return false;
     if (a->n_logit_bias != b->n_logit_bias) return false;
     for (uint32_t i = 0; i < a->n_logit_bias; i++)
         if (a->logit_bias[i].token != b->logit_bias[i].token || a->logit_bias[i].bias != b->logit_bias[i].bias)
@@ -512,11 +513,12 @@ START_TEST(test_roundtrip_every_type)
     g.stop = stops; g.n_stop = 8;
     rlai_msg_logit_bias lb[3] = { { 0, -100.0f }, { INT32_MAX, 100.0f }, { 7761, 2.5f } };
     g.logit_bias = lb; g.n_logit_bias = 3;
+    g.prediction = "int count = 0;\n";
     m.u.generate.prompt = "Once upon a time";
     m.u.generate.gen = g;
     roundtrip(&m);
     /* every option alone */
-    for (int k = 0; k < 19; k++) {
+    for (int k = 0; k < 20; k++) {
         rlai_msg_gen one = {0};
         switch (k) {
         case 0: one.has_max_tokens = true; one.max_tokens = 0; break;
@@ -537,6 +539,7 @@ START_TEST(test_roundtrip_every_type)
         case 15: one.has_spec = true; one.spec = RLAI_MSG_SPEC_DRAFT; break;
         case 16: one.has_top_logprobs = true; one.top_logprobs = 1; one.prompt_logprobs = true; break;
         case 17: one.logit_bias = lb + 2; one.n_logit_bias = 1; break;
+        case 18: one.prediction = ""; break;
         default: one.stop = stops + 2; one.n_stop = 1; break;
         }
         m.u.generate.gen = one;
@@ -1476,6 +1479,8 @@ GEN1(logit_bias_2p31_key, 176, "logit_bias", (msgpack_pack_map(&p->pk, 1), u(p, 
 GEN1(logit_bias_101, 177, "logit_bias", (msgpack_pack_map(&p->pk, 1), u(p, 5), u(p, 101)))
 GEN1(logit_bias_nan, 178, "logit_bias", (msgpack_pack_map(&p->pk, 1), s(p, "5"), f64(p, NAN)))
 GEN1(logit_bias_str_value, 179, "logit_bias", (msgpack_pack_map(&p->pk, 1), u(p, 5), s(p, "1")))
+GEN1(prediction_bin, 181, "prediction", (msgpack_pack_bin(&p->pk, 1), msgpack_pack_bin_body(&p->pk, "x", 1)))
+GEN1(prediction_map, 182, "prediction", msgpack_pack_map(&p->pk, 0))
 BC(logit_bias_1025) {
     head(p, 2, 180, "generate"); s(p, "prompt"); s(p, "x");
     s(p, "logit_bias"); msgpack_pack_map(&p->pk, 1025);
@@ -1676,6 +1681,8 @@ static const bad_case bad_cases[] = {
     C(logit_bias_nan, R, 178, GENERATE),
     C(logit_bias_str_value, R, 179, GENERATE),
     C(logit_bias_1025, L, 180, GENERATE),
+    C(prediction_bin, R, 181, GENERATE),
+    C(prediction_map, R, 182, GENERATE),
     C(stop_9, L, 54, GENERATE),
     C(stop_257_bytes, L, 55, GENERATE),
     C(chat_no_messages, R, 60, CHAT),

@@ -223,6 +223,20 @@ START_TEST(body_maps_the_request_and_refuses_what_it_cannot_honour)
     ck_assert_int_eq(rlai_upstream_build_body(&rq, "org/M", false, &body, &chat, err, sizeof(err)), 0);
     ck_assert_ptr_null(strstr(body, "logit_bias"));
     free(body);
+    /* a prediction as OpenAI's {"type": "content", "content": text} (chat) */
+    rq.text.rp.gen.prediction = "int count = 0;\n";
+    ck_assert_int_eq(rlai_upstream_build_body(&rq, "org/M", false, &body, &chat, err, sizeof(err)), 0);
+    j = cJSON_Parse(body);
+    const cJSON *jp = cJSON_GetObjectItem(j, "prediction");
+    ck_assert_str_eq(cJSON_GetObjectItem(jp, "type")->valuestring, "content");
+    ck_assert_str_eq(cJSON_GetObjectItem(jp, "content")->valuestring, "int count = 0;\n");
+    cJSON_Delete(j);
+    free(body);
+    rq.text.rp.gen.prediction = "";
+    ck_assert_int_eq(rlai_upstream_build_body(&rq, "org/M", false, &body, &chat, err, sizeof(err)), 0);
+    ck_assert_ptr_null(strstr(body, "prediction"));
+    free(body);
+    rq.text.rp.gen.prediction = NULL;
     /* ignore_eos is forwarded with extras, refused without (a strict OpenAI endpoint) */
     rq.text.rp.gen.ignore_eos = true;
     ck_assert_int_eq(rlai_upstream_build_body(&rq, "org/M", true, &body, &chat, err, sizeof(err)), 0);
@@ -296,6 +310,13 @@ START_TEST(chunks_decode)
     ck_assert_ptr_null(d.text);
     ck_assert_int_eq(d.prompt_tokens, 12);
     ck_assert_int_eq(d.completion_tokens, 5);
+    ck_assert_int_eq(d.accepted_prediction, -1);
+    ck_assert_int_eq(d.rejected_prediction, -1);
+    const char *c3p = "{\"usage\":{\"completion_tokens\":9,\"completion_tokens_details\":"
+                      "{\"accepted_prediction_tokens\":6,\"rejected_prediction_tokens\":2}}}";
+    ck_assert_int_eq(rlai_upstream_parse_chunk(c3p, strlen(c3p), &d, msg, sizeof(msg)), 0);
+    ck_assert_int_eq(d.accepted_prediction, 6);
+    ck_assert_int_eq(d.rejected_prediction, 2);
     const char *c4 = "{\"choices\":[{\"delta\":{},\"finish_reason\":\"stop\",\"stop_reason\":\"\\n\"}]}";
     ck_assert_int_eq(rlai_upstream_parse_chunk(c4, strlen(c4), &d, msg, sizeof(msg)), 0);
     ck_assert_int_eq(d.finish, RLAI_STOP_STRING);

@@ -107,6 +107,8 @@ typedef struct rlai_msg_gen {
                                       log-probabilities come first, in "prompt_logprobs" frames */
     rlai_msg_logit_bias *logit_bias; /* "logit_bias": n_logit_bias entries in wire order; owned */
     uint32_t n_logit_bias;
+    char *prediction;              /* "prediction": text the output is expected to repeat
+                                      (predicted outputs, docs/SPECULATIVE.md), or NULL; owned */
 } rlai_msg_gen;
 
 typedef struct rlai_msg_chat_message {

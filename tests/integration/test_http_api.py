@@ -164,6 +164,47 @@ def test_logit_bias(engine):
         assert err["param"] == "logit_bias" and needle in err["message"], err
 
 
+def test_prediction(engine):
+    """OpenAI's predicted outputs: the answer is the same with a prediction
+    (right, edited, as text parts, streamed), a right one is mostly accepted
+    (usage), and bad or oversized predictions are refused naming the field."""
+    c = engine.client()
+    msgs = [{"role": "user", "content": "Tell me about your favourite season."}]
+    kw = dict(model=MODEL_ID, messages=msgs, max_tokens=48, temperature=0)
+    plain = c.chat.completions.create(**kw)
+    text = plain.choices[0].message.content
+    a0 = plain.usage.completion_tokens_details.accepted_prediction_tokens
+    right = c.chat.completions.create(**kw, prediction={"type": "content", "content": text})
+    assert right.choices[0].message.content == text
+    a1 = right.usage.completion_tokens_details.accepted_prediction_tokens
+    assert a1 >= right.usage.completion_tokens // 2 and a1 > a0, (a0, a1)
+    words = text.split(" ")
+    edited = " ".join(words[:6] + ["purple", "elephants"] + words[8:])
+    parts = [{"type": "text", "text": edited[:20]}, {"type": "text", "text": edited[20:]}]
+    r = c.chat.completions.create(**kw, prediction={"type": "content", "content": parts})
+    assert r.choices[0].message.content == text
+    assert r.usage.completion_tokens_details.accepted_prediction_tokens > a0
+    streamed = "".join(ch.choices[0].delta.content or "" for ch in
+                       c.chat.completions.create(**kw, stream=True, prediction={"type": "content", "content": text})
+                       if ch.choices)
+    assert streamed == text
+    comp = c.completions.create(model=MODEL_ID, prompt="The keeper counted", max_tokens=8, temperature=0)
+    st, _, raw = engine.request("POST", "/v1/completions", dict(prompt="The keeper counted", max_tokens=8, temperature=0,
+                                                              prediction={"type": "content", "content": comp.choices[0].text}))
+    assert st == 200 and json.loads(raw)["choices"][0]["text"] == comp.choices[0].text, raw
+    for pred, needle in [("text", "must be {"), ({"type": "text", "content": "x"}, "must be {"),
+                         ({"type": "content"}, "must be {"), ({"type": "content", "content": [{"text": "x"}]}, "parts"),
+                         ({"type": "content", "content": [{"type": "text", "text": 3}]}, "parts")]:
+        st, _, raw = engine.request("POST", "/v1/chat/completions", dict(messages=HELLO, max_tokens=2, prediction=pred))
+        assert st == 400, raw
+        err = error_of(raw)
+        assert err["param"] == "prediction" and needle in err["message"], err
+    st, _, raw = engine.request("POST", "/v1/chat/completions",
+                                dict(messages=HELLO, max_tokens=2, prediction={"type": "content", "content": " a" * 9000}))
+    assert st == 413 and error_of(raw)["message"] == "prediction has 9000 tokens; the limit is 8192", raw
+    assert c.chat.completions.create(**kw).choices[0].message.content == text   # still serving
+
+
 def test_completions_logprobs(engine):
     c = engine.client()
     r = c.completions.create(model=MODEL_ID, prompt="The capital of France is", max_tokens=8,

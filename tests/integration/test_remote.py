@@ -394,6 +394,21 @@ def test_logit_bias_is_forwarded(cluster):
     assert routed["choices"][0]["message"]["content"] == direct["choices"][0]["message"]["content"]
 
 
+def test_prediction_is_forwarded(cluster):
+    # a predicted output reaches the upstream (its drafts accepted there)
+    # and changes nothing in the answer
+    up, router, _ = cluster
+    st, plain = chat(up, "default")
+    assert st == 200, plain
+    text = plain["choices"][0]["message"]["content"]
+    st, routed = chat(router, "remote-smol", prediction={"type": "content", "content": text})
+    assert st == 200, routed
+    assert routed["choices"][0]["message"]["content"] == text
+    assert routed["usage"]["completion_tokens_details"]["accepted_prediction_tokens"] > 0, routed["usage"]
+    st, bad = chat(router, "remote-smol", prediction={"type": "content", "content": 5})
+    assert st == 400 and bad["error"]["param"] == "prediction", bad
+
+
 def test_https_upstream_with_its_own_ca(cluster):
     # an https upstream whose certificate a private CA signed (ca_file): the
     # stream arrives whole, also a burst of 3000 events at once (many TLS

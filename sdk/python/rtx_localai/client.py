@@ -425,6 +425,9 @@ class RTXLocalAIClient:
         ``prompt_logprobs``; the prompt is then not reused from the prefix
         cache), ``logit_bias`` (a mapping of token id to a bias in
         -100..100 added to its logit; -100 bans the token; at most 1024),
+        ``prediction`` (a str the answer is expected to repeat, such as the
+        file an edit returns with a few changes: drafted from, so the
+        answer comes faster and is the same; at most 8192 tokens),
         ``stop`` (a str or up
         to 8 strs), ``model`` (a remote model of the daemon's upstreams,
         docs/REMOTE.md) and ``route`` (``"auto"``, ``"local"``, ``"remote"``

@@ -57,6 +57,7 @@ GEN_OPTIONS: Tuple[Tuple[str, str], ...] = (
     ("route", "name"),
     ("prompt_logprobs", "bool"),
     ("logit_bias", "bias"),
+    ("prediction", "text"),
 )
 MAX_LOGIT_BIAS = 1024        # logit_bias entries
 SPEC_MODES = ("off", "ngram", "draft", "auto")
@@ -151,6 +152,13 @@ def gen_fields(opts: Mapping[str, Any]) -> List[Tuple[str, Any]]:
             v = _str(name, v)
             if len(v.encode()) > MAX_NAME:
                 raise ValueError(f"{name} has more than {MAX_NAME} bytes")
+        elif kind == "text":
+            # predicted outputs: text the answer is expected to repeat
+            v = _str(name, v)
+            if len(v.encode()) > MAX_STR:
+                raise ValueError(f"{name} has more than {MAX_STR} bytes")
+            if not v:
+                continue  # none: omitted
         elif kind == "bool":
             if not isinstance(v, bool):
                 raise TypeError(f"{name} must be a bool, not {type(v).__name__}")

@@ -383,6 +383,20 @@ def test_logit_bias_bans_and_favours_tokens(client):
     assert "logit_bias" in ei.value.message
 
 
+def test_prediction_drafts_the_same_answer(client):
+    prompt = "<|im_start|>user\nTell me about your favourite season.<|im_end|>\n<|im_start|>assistant\n"
+    kw = dict(max_tokens=40, temperature=0, ignore_eos=True)
+    plain = client.generate(prompt, **kw)
+    pred = client.generate(prompt, prediction=plain.text, **kw)
+    assert pred.tokens == plain.tokens and pred.text == plain.text
+    assert pred.metrics.accepted_tokens >= 20 and pred.metrics.accepted_tokens > plain.metrics.accepted_tokens
+    off = client.generate(prompt, prediction=plain.text, spec="off", **kw)
+    assert off.tokens == plain.tokens and off.metrics.drafted_tokens == 0
+    with pytest.raises(rl.TooLarge) as ei:
+        client.generate(prompt, prediction=" a" * 9000, **kw)
+    assert "prediction has 9000 tokens" in ei.value.message
+
+
 def test_prompt_logprobs(client):
     """prompt_logprobs: one entry per prompt token (the first without a
     distribution), in frames of their own before the text; a long prompt

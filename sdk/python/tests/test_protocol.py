@@ -94,6 +94,16 @@ def test_logit_bias_is_a_map_of_token_ids():
             encode_request("generate", 4, {"prompt": "x", "logit_bias": bad})
 
 
+def test_prediction_is_a_str():
+    m = msgpack.unpackb(encode_request("generate", 4, {"prompt": "x", "prediction": "int count;"}), raw=False)
+    assert m["prediction"] == "int count;"
+    assert "prediction" not in msgpack.unpackb(encode_request("generate", 4, {"prompt": "x", "prediction": ""}))
+    with pytest.raises(TypeError):
+        encode_request("generate", 4, {"prompt": "x", "prediction": b"x"})
+    with pytest.raises(ValueError):
+        encode_request("generate", 4, {"prompt": "x", "prediction": "x" * ((1 << 20) + 1)})
+
+
 def test_call_deadline_is_an_optional_uint():
     m = msgpack.unpackb(encode_request("call", 3, {"command": "x.y", "timeout_ms": 1500}), raw=False)
     assert m["timeout_ms"] == 1500 and m["command"] == "x.y"
