@@ -41,6 +41,14 @@
  * did draft is at least that. The engine's metrics do not say how many
  * steps drafted.
  *
+ * --predict gives each speculative run a prediction of its output
+ * (OpenAI's predicted outputs, what an editor sends with an edit request):
+ * the text of the prompt's fenced code block, for the prompts that have
+ * one (the (c) cases). The plain runs are unchanged. --predict-output
+ * gives each prompt's speculative runs the text of its first plain run
+ * instead: a prediction that is exactly right, the upper bound of what a
+ * prediction (or any drafter) can give on this machine.
+ *
  * --temp T samples instead, with the product's default filters (top-k 40,
  * top-p 0.95, min-p 0.05; docs/DEFAULTS.md) and a fixed seed: a seeded
  * request's output is the same with and without speculation (the coupled
@@ -313,11 +321,30 @@ static void on_done(void *user, uint64_t id, int status, const rlai_gen_metrics 
 }
 
 static float g_temp;   /* --temp: 0 = greedy */
+static int g_predict;  /* 1: --predict (fenced block), 2: --predict-output */
+
+/* The text inside the first ``` fenced block of s (after the opening
+ * line), malloc'd; NULL when there is none. */
+static char *fenced_block(const char *s)
+{
+    const char *a = strstr(s, "```");
+    const char *nl = a ? strchr(a, '\n') : NULL;
+    const char *b = nl ? strstr(nl + 1, "```") : NULL;
+    if (!b)
+        return NULL;
+    size_t n = (size_t)(b - (nl + 1));
+    char *t = malloc(n + 1);
+    if (t) {
+        memcpy(t, nl + 1, n);
+        t[n] = 0;
+    }
+    return t;
+}
 
 /* Generates from `prompt` with the given spec mode, stepping the engine
  * here so decode steps can be counted. r->toks must hold r->cap ids. */
 static int run_once(rlai_engine *e, const rlai_token *prompt, int n_prompt, const rlai_grammar *g,
-                    rlai_spec_mode spec, int max_tokens, bool ignore_eos, run_result *r)
+                    rlai_spec_mode spec, const char *prediction, int max_tokens, bool ignore_eos, run_result *r)
 {
     r->n = 0;
     r->done = false;
@@ -339,6 +366,7 @@ static int run_once(rlai_engine *e, const rlai_token *prompt, int n_prompt, cons
     rp.gen.max_tokens = max_tokens;
     rp.gen.ignore_eos = ignore_eos;
     rp.gen.spec = spec;
+    rp.gen.prediction = prediction;
     rp.gen.grammar = g;
     rp.on_token = on_token;
     rp.on_done = on_done;
@@ -442,6 +470,10 @@ static void usage(void)
             "                                 the CUDA module are found, else the CPU)\n"
             "                  [--temp T]  (sample at T with top-k 40, top-p 0.95, min-p 0.05, seed\n"
             "                               1234; default 0 = greedy)\n"
+            "                  [--predict]  (speculative runs get the prompt's fenced code block as\n"
+            "                                a prediction of the output, OpenAI's predicted outputs)\n"
+            "                  [--predict-output]  (speculative runs get the plain run's own output\n"
+            "                                       as the prediction: an exactly right one)\n"
             "                  [--dump FILE]   (each prompt's ids and greedy output ids, for\n"
             "                                   bench/spec_replay.py)\n"
             "defaults: models/SmolLM2-135M-Instruct.Q4_1.gguf (or $RLAI_MODEL), 2 threads, 128 tokens,\n"
@@ -485,10 +517,11 @@ int main(int argc, char **argv)
         { "ignore-eos", no_argument, 0, 'e' },      { "show", no_argument, 0, 's' },
         { "dump", required_argument, 0, 'D' },      { "help", no_argument, 0, 'h' },
         { "temp", required_argument, 0, 'T' },      { "device", required_argument, 0, 'V' },
+        { "predict", no_argument, 0, 'P' },         { "predict-output", no_argument, 0, 'O' },
         { 0, 0, 0, 0 },
     };
     int o;
-    while ((o = getopt_long(argc, argv, "m:t:n:r:d:b:eshD:M:L:T:V:", opts, NULL)) != -1) {
+    while ((o = getopt_long(argc, argv, "m:t:n:r:d:b:eshD:M:L:T:V:PO", opts, NULL)) != -1) {
         switch (o) {
         case 'm': model = optarg; break;
         case 't': threads = atoi(optarg); break;
@@ -503,6 +536,8 @@ int main(int argc, char **argv)
         case 'L': lookup_min = atoi(optarg); break;
         case 'T': g_temp = (float)atof(optarg); break;
         case 'V': device = optarg; break;
+        case 'P': g_predict = 1; break;
+        case 'O': g_predict = 2; break;
         default: usage(); return o == 'h' ? 0 : 2;
         }
     }
@@ -602,12 +637,13 @@ int main(int argc, char **argv)
             status = 1;
             break;
         }
+        char *pred = g_predict == 1 ? fenced_block(CASES[c].user) : NULL;
         case_stats *s = &cs[c];
         s->n_prompt = n_prompt;
         s->diff = -1;
         /* warm-up: faults in the weights, puts the prompt in the prefix cache
          * for every measured run alike */
-        if ((rc = run_once(e, prompt, n_prompt, g, RLAI_SPEC_OFF, 8, ignore_eos, &cur)) < 0) {
+        if ((rc = run_once(e, prompt, n_prompt, g, RLAI_SPEC_OFF, NULL, 8, ignore_eos, &cur)) < 0) {
             fprintf(stderr, "bench_spec: case %s: %s\n", CASES[c].name, rlai_strerror(rc));
             status = 1;
         }
@@ -615,7 +651,8 @@ int main(int argc, char **argv)
             for (int mode = 0; mode < 2 && status == 0; mode++) {
                 bool ng = mode == 1;
                 run_result *r = !ng && rep == 0 ? &ref : &cur;
-                rc = run_once(e, prompt, n_prompt, g, ng ? spec_on : RLAI_SPEC_OFF, tokens, ignore_eos, r);
+                rc = run_once(e, prompt, n_prompt, g, ng ? spec_on : RLAI_SPEC_OFF, ng ? pred : NULL, tokens,
+                              ignore_eos, r);
                 if (rc < 0) {
                     fprintf(stderr, "bench_spec: case %s: %s\n", CASES[c].name, rlai_strerror(rc));
                     status = 1;
@@ -627,6 +664,11 @@ int main(int argc, char **argv)
                     if (rep == 0) {
                         s->gen_tokens = r->m.gen_tokens;
                         s->off_steps = r->decode_steps;
+                        if (g_predict == 2 && !pred) {   /* the prediction: this output's text */
+                            int len = rlai_engine_detokenize(e, r->toks, r->n, false, NULL, 0);
+                            if (len > 0 && (pred = malloc((size_t)len + 1)))
+                                rlai_engine_detokenize(e, r->toks, r->n, false, pred, (size_t)len + 1);
+                        }
                     } else if (first_difference(&ref, r) >= 0) {
                         s->off_nondet = true;
                     }
@@ -659,6 +701,7 @@ int main(int argc, char **argv)
             fprintf(df, "\n");
         }
         free(prompt);
+        free(pred);
         rlai_grammar_unref(g);
         if (show && status == 0) {
             int len = rlai_engine_detokenize(e, ref.toks, ref.n, false, NULL, 0);

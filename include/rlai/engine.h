@@ -286,7 +286,9 @@ typedef struct rlai_gen_params {
                                        and after each deviation from where the output meets
                                        it again. Drafts are verified as always, so the output
                                        is exactly that without a prediction; only the speed
-                                       changes. Submit fails with RLAI_ERR_TOO_LARGE past
+                                       changes. Without its own spec_max_draft such a request
+                                       drafts up to 16 tokens a step (not the engine's
+                                       default of 8). Submit fails with RLAI_ERR_TOO_LARGE past
                                        RLAI_MAX_PREDICTION_TOKENS tokens (or
                                        RLAI_MAX_PREDICTION_BYTES bytes). */
 } rlai_gen_params;
