@@ -93,6 +93,8 @@ static const char *run_options(void)
         "      --device D        compute device: auto|cpu|cuda|cuda:N (in-process; default auto)\n"
         "      --spec MODE       speculative decoding: off|ngram|draft|auto (auto = the engine's setting)\n"
         "      --spec-max-draft N  longest draft per step, 1..16\n"
+        "      --prediction FILE  run only: text the answer is expected to repeat (e.g. the file\n"
+        "                        an edit returns); drafted from, the answer is the same\n"
         "      --draft-model FILE  a small GGUF with the model's tokenizer that drafts (in-process)\n"
         "      --isa auto|scalar|avx2|avx512  CPU kernels (in-process)\n"
         "      --precise         f32 activations (reference mode, slower)\n"
@@ -232,20 +234,20 @@ static int parse_u64(const char *s, uint64_t *out)
     return 0;
 }
 
-/* Reads all of stdin into *out (malloc'd, NUL-terminated); a trailing
- * newline is dropped. */
-static int read_all_stdin(char **out)
+/* Reads all of f into *out (malloc'd, NUL-terminated, *len bytes);
+ * RLAI_ERR_TOO_LARGE past max bytes. */
+static int read_stream(FILE *f, size_t max, char **out, size_t *len_out)
 {
     size_t len = 0, cap = 4096;
     char *buf = malloc(cap);
     if (!buf)
         return RLAI_ERR_NOMEM;
     for (;;) {
+        if (len > max) {
+            free(buf);
+            return RLAI_ERR_TOO_LARGE;
+        }
         if (len + 1 >= cap) {
-            if (cap >= ((size_t)64 << 20)) {
-                free(buf);
-                return RLAI_ERR_TOO_LARGE;
-            }
             char *nb = realloc(buf, cap * 2);
             if (!nb) {
                 free(buf);
@@ -254,21 +256,46 @@ static int read_all_stdin(char **out)
             buf = nb;
             cap *= 2;
         }
-        size_t got = fread(buf + len, 1, cap - 1 - len, stdin);
+        size_t got = fread(buf + len, 1, cap - 1 - len, f);
         len += got;
         if (got == 0) {
-            if (ferror(stdin)) {
+            if (ferror(f)) {
                 free(buf);
                 return RLAI_ERR_IO;
             }
             break;
         }
     }
-    while (len > 0 && (buf[len - 1] == '\n' || buf[len - 1] == '\r'))
-        len--;
     buf[len] = 0;
     *out = buf;
+    *len_out = len;
     return 0;
+}
+
+/* Reads all of stdin into *out (malloc'd, NUL-terminated); a trailing
+ * newline is dropped. */
+static int read_all_stdin(char **out)
+{
+    size_t len = 0;
+    int rc = read_stream(stdin, (size_t)64 << 20, out, &len);
+    if (rc < 0)
+        return rc;
+    while (len > 0 && ((*out)[len - 1] == '\n' || (*out)[len - 1] == '\r'))
+        len--;
+    (*out)[len] = 0;
+    return 0;
+}
+
+/* Reads the file at path (at most max bytes) into *out (malloc'd). */
+static int read_file_max(const char *path, size_t max, char **out)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return RLAI_ERR_IO;
+    size_t len;
+    int rc = read_stream(f, max, out, &len);
+    fclose(f);
+    return rc;
 }
 
 /* The last character streamed to stdout ('\n' before any): the metrics
@@ -339,7 +366,7 @@ static int parse_spec(const char *s, rlai_spec_mode *out)
 
 enum { OPT_TEMP = 256, OPT_TOPK, OPT_TOPP, OPT_MINP, OPT_REP, OPT_SEED, OPT_SYSTEM, OPT_RAW,
        OPT_ISA, OPT_PRECISE, OPT_LOCAL, OPT_ENDPOINT, OPT_IGNORE_EOS, OPT_KV, OPT_DEVICE, OPT_SPEC,
-       OPT_SPEC_DRAFT, OPT_DRAFT_MODEL };
+       OPT_SPEC_DRAFT, OPT_DRAFT_MODEL, OPT_PREDICTION };
 
 typedef enum { MODE_RUN, MODE_CHAT, MODE_INFO } run_mode;
 
@@ -545,10 +572,11 @@ static int cmd_run(int argc, char **argv, run_mode mode)
         { "device", required_argument, 0, OPT_DEVICE }, { "spec", required_argument, 0, OPT_SPEC },
         { "spec-max-draft", required_argument, 0, OPT_SPEC_DRAFT },
         { "draft-model", required_argument, 0, OPT_DRAFT_MODEL },
+        { "prediction", required_argument, 0, OPT_PREDICTION },
         { "help", no_argument, 0, 'h' }, { 0, 0, 0, 0 }
     };
     char pathbuf[PATH_MAX];
-    const char *model = NULL, *system = NULL, *endpoint = NULL;
+    const char *model = NULL, *system = NULL, *endpoint = NULL, *prediction_file = NULL;
     bool raw = false, local = mode == MODE_INFO, device_set = false;
     rlai_engine_params ep;
     rlai_engine_params_init(&ep);
@@ -594,12 +622,17 @@ static int cmd_run(int argc, char **argv, run_mode mode)
             w->has_spec_max_draft = true;
             break;
         case OPT_DRAFT_MODEL: ep.draft_model = optarg; engine_only = "--draft-model"; break;
+        case OPT_PREDICTION: prediction_file = optarg; break;
         case 'h': run_usage(stdout, argv[0]); return 0;
         default: run_usage(stderr, argv[0]); return 2;
         }
     }
     if (bad)
         return 2;
+    if (prediction_file && mode != MODE_RUN) {
+        fprintf(stderr, "rlai: --prediction applies to rlai run (one answer)\n");
+        return 2;
+    }
     if (engine_only && !local) {
         fprintf(stderr, "rlai: %s applies to an in-process model: add --local (the running engine "
                         "chose it at start%s)\n", engine_only,
@@ -697,7 +730,21 @@ static int cmd_run(int argc, char **argv, run_mode mode)
         if (system)
             msgs[n++] = (rlai_chat_message){ "system", system };
         msgs[n++] = (rlai_chat_message){ "user", prompt };
-        rc = session_generate(&ss, raw ? prompt : NULL, msgs, n, NULL) < 0 ? 1 : 0;
+        char *pred = NULL;
+        rc = 0;
+        if (prediction_file) {
+            int pr = read_file_max(prediction_file, RLAI_MAX_PREDICTION_BYTES, &pred);
+            if (pr < 0) {
+                fprintf(stderr, "rlai run: --prediction %s: %s\n", prediction_file,
+                        pr == RLAI_ERR_TOO_LARGE ? "more than 1 MiB" : strerror(errno));
+                rc = 1;
+            }
+            ss.gp.prediction = w->prediction = pred;
+        }
+        if (rc == 0)
+            rc = session_generate(&ss, raw ? prompt : NULL, msgs, n, NULL) < 0 ? 1 : 0;
+        ss.gp.prediction = w->prediction = NULL;
+        free(pred);
     }
     rlai_engine_close(ss.engine);
     rlai_client_close(ss.client);

@@ -3,6 +3,7 @@ over ZeroMQ (DEALER) and the named pipe (Unix socket, 4-byte BE length +
 msgpack), following proto/PROTOCOL.md. Paths come from meson: RLAI_BIN,
 RLAI_MODELS_DIR."""
 import os
+import re
 import signal
 import socket
 import struct
@@ -446,6 +447,24 @@ def test_run_as_client(engine):
     assert r.returncode == 0, r.stderr
     assert b"Paris" in r.stdout
     assert b"engine, queued" in r.stderr
+
+
+def test_run_with_a_prediction(engine, tmp_path):
+    # rlai run --prediction FILE through the daemon: the same answer, its
+    # drafts accepted (the metrics line), a missing file a clear error
+    cmd = [RLAI, "run", "--endpoint", engine.zmq_ipc, "-n", "40", "--temp", "0", "Tell me about your favourite season."]
+    plain = subprocess.run(cmd, capture_output=True, timeout=120)
+    assert plain.returncode == 0, plain.stderr
+    pred = tmp_path / "prediction.txt"
+    pred.write_bytes(plain.stdout)
+    r = subprocess.run(cmd[:2] + ["--prediction", str(pred)] + cmd[2:], capture_output=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == plain.stdout
+    m = re.search(rb"drafted (\d+), accepted (\d+)", r.stderr)
+    assert m and int(m.group(2)) >= 20, r.stderr
+    r = subprocess.run(cmd[:2] + ["--prediction", str(tmp_path / "none.txt")] + cmd[2:], capture_output=True,
+                       timeout=120)
+    assert r.returncode == 1 and b"--prediction" in r.stderr and b"No such file" in r.stderr, r.stderr
 
 
 def test_run_without_engine_is_a_clear_error(tmp_path):
