@@ -258,8 +258,9 @@ struct hreq {
                                     engine samples one token, which is dropped here) */
     char *echo_text;             /* completions "echo": the prompt text */
     long long created;           /* request time (wall clock, seconds) */
-    hreq **kids;                 /* completions with a list prompt: one per prompt */
+    hreq **kids;                 /* several choices ("n", a list prompt): one per choice */
     int n_kids;
+    int kids_per;                /* choices per prompt (kids k*per..k*per+per-1 share prompt k) */
     /* request log line (connection thread) */
     double t_begin;              /* monotonic seconds at the first callback */
     int http_status;             /* status of the answer queued, 0 = none */
@@ -1392,12 +1393,16 @@ static enum MHD_Result finish_blocking(hreq *r)
 
 /* ---------------------------------------------------------- request parsing */
 
+#define MAX_CHOICES 16          /* "n" */
+#define MAX_CHOICES_TOTAL 64    /* prompts x n of one completions request */
+
 typedef struct gen_request {
     rlai_gen_params gp;
     rlai_grammar *grammar;      /* response_format's (owned), or NULL */
     const char *stops[MAX_STOPS + 1];
     rlai_logit_bias lb[RLAI_MAX_LOGIT_BIAS];   /* gp.logit_bias points here */
     bool echo;                     /* completions: answer starts with the prompt */
+    int n;                         /* "n": choices per prompt (0 = 1) */
 } gen_request;
 
 static bool json_is_int(const cJSON *v)
@@ -1697,9 +1702,11 @@ static bool parse_sampling(hreq *r, const cJSON *body, gen_request *g)
     }
     g->stops[n_stop] = NULL;
     g->gp.stop = n_stop ? g->stops : NULL;
-    if ((it = cJSON_GetObjectItemCaseSensitive(body, "n")) && !cJSON_IsNull(it) &&
-        !(json_is_int(it) && it->valuedouble == 1))
-        return send_error(r, 400, "unsupported_value", "n", "only n = 1 is supported"), false;
+    if ((it = cJSON_GetObjectItemCaseSensitive(body, "n")) && !cJSON_IsNull(it)) {
+        if (!json_is_int(it) || it->valuedouble < 1 || it->valuedouble > MAX_CHOICES)
+            return send_error(r, 400, "invalid_value", "n", "'n' must be an integer in [1, %d]", MAX_CHOICES), false;
+        g->n = (int)it->valuedouble;
+    }
     if ((it = cJSON_GetObjectItemCaseSensitive(body, "best_of")) && !cJSON_IsNull(it) &&
         !(json_is_int(it) && it->valuedouble == 1))
         return send_error(r, 400, "unsupported_value", "best_of", "only best_of = 1 is supported"), false;
@@ -2272,6 +2279,8 @@ static bool remote_tools(hreq *r, const cJSON *body, rlai_route_request *rq, cha
     return true;
 }
 
+static enum MHD_Result chat_multi(hreq *r, const chat_msgs *cm, gen_request *g);
+
 static enum MHD_Result chat_completions(hreq *r)
 {
     r->kind = K_CHAT;
@@ -2289,6 +2298,11 @@ static enum MHD_Result chat_completions(hreq *r)
     make_id(r, "chatcmpl-");
     /* "character": a chat model named by its id alone (extension). */
     const cJSON *ch = cJSON_GetObjectItemCaseSensitive(body, "character");
+    if (g.n > 1 && ((ch && !cJSON_IsNull(ch)) || chat_model || r->image_parts)) {
+        send_error(r, 400, "unsupported_value", "n", "n > 1 is not supported with %s",
+                   r->image_parts ? "image content" : "plugin chat models");
+        goto out;
+    }
     if (ch && !cJSON_IsNull(ch)) {
         if (!cJSON_IsString(ch) || !ch->valuestring[0]) {
             send_error(r, 400, "invalid_type", "character", "'character' must be a non-empty string");
@@ -2306,6 +2320,13 @@ static enum MHD_Result chat_completions(hreq *r)
     memset(&rq, 0, sizeof(rq));
     if (!remote_tools(r, body, &rq, &fwd, &raw_msgs) || (!fwd && !chat_tools(r, body, &g, &cm)))
         goto out;
+    if (g.n > 1) {
+        if (fwd || r->tools.mode != RLAI_TOOLS_OFF)
+            send_error(r, 400, "unsupported_value", "n", "n > 1 is not supported with tools");
+        else
+            ret = chat_multi(r, &cm, &g);
+        goto out;
+    }
     rq.text.messages = cm.m;
     rq.text.n_messages = cm.n;
     ret = run_generation(r, &rq, &g);
@@ -2367,6 +2388,19 @@ static enum MHD_Result completions(hreq *r)
         send_error(r, 400, "invalid_value", "prompt", "'prompt' must be a string or an array of token ids");
         goto out;
     }
+    if (g.n > 1) {                       /* n choices of one prompt: a list of one */
+        cJSON *one = cJSON_CreateArray();
+        cJSON *dup = cJSON_Duplicate(p, 1);
+        if (!one || !dup || !cJSON_AddItemToArray(one, dup)) {
+            cJSON_Delete(one);
+            cJSON_Delete(dup);
+            send_error(r, 500, NULL, NULL, "out of memory");
+            goto out;
+        }
+        ret = completions_multi(r, one, &g);
+        cJSON_Delete(one);
+        goto out;
+    }
     if (g.echo && (n > 0 || (cJSON_IsString(p) && p->valuestring[0]))) {
         /* The prompt as text: the string given, or the ids' text. */
         if (cJSON_IsString(p)) {
@@ -2415,20 +2449,22 @@ static hreq *kid_new(hreq *r)
     k->refs = 1;                       /* the parent's */
     pthread_mutex_init(&k->mu, NULL);
     cond_init_monotonic(&k->cv);
-    k->kind = K_COMPLETION;
+    k->kind = r->kind == K_CHAT ? K_CHAT : K_COMPLETION;
     k->lp_mode = r->lp_mode;
     k->score_only = r->score_only;
     k->created = r->created;
     snprintf(k->id, sizeof(k->id), "%s", r->id);
     k->model = strdup(r->model ? r->model : "");
+    k->route = r->route ? strdup(r->route) : NULL;        /* where each choice runs: the parent's */
+    k->rf_json = r->rf_json ? strdup(r->rf_json) : NULL;  /* an upstream's response_format */
     return k;
 }
 
-/* Submits one child's job through the router: a prompt string (text) or
- * token ids (toks, n). Returns 0 or a negative rlai_error with *n_prompt
- * and err as rlai_router_submit. */
-static int kid_submit(hreq *k, const char *text, const rlai_token *toks, int n, const rlai_gen_params *gp,
-                      int *n_prompt, char *err, size_t errlen)
+/* Submits one child's job through the router: chat messages (msgs,
+ * n_msgs), a prompt string (text) or token ids (toks, n). Returns 0 or a
+ * negative rlai_error with *n_prompt and err as rlai_router_submit. */
+static int kid_submit(hreq *k, const rlai_chat_message *msgs, int n_msgs, const char *text, const rlai_token *toks,
+                      int n, const rlai_gen_params *gp, int *n_prompt, char *err, size_t errlen)
 {
     rlai_http *h = k->h;
     int rc = track(h, k);
@@ -2438,12 +2474,16 @@ static int kid_submit(hreq *k, const char *text, const rlai_token *toks, int n, 
     }
     rlai_route_request rq;
     memset(&rq, 0, sizeof(rq));
+    rq.text.messages = msgs;
+    rq.text.n_messages = n_msgs;
     rq.text.prompt = text;
     rq.text.max_prompt_tokens = h->max_prompt_tokens;
     rq.model = k->model;
+    rq.route = k->route;
+    rq.response_format = k->rf_json;
     rq.on_error = gen_on_error;
     rlai_request_params *rp = &rq.text.rp;
-    if (!text) {
+    if (!text && !msgs) {
         rp->prompt = toks;
         rp->n_prompt = n;
     }
@@ -2503,8 +2543,10 @@ static void kids_usage(hreq *r)
     r->have_gm = true;
     for (int i = 0; i < r->n_kids; i++) {
         const rlai_gen_metrics *m = &r->kids[i]->gm;
-        r->gm.prompt_tokens += m->prompt_tokens;
-        r->gm.reused_tokens += m->reused_tokens;
+        if (r->kids_per <= 1 || i % r->kids_per == 0) {   /* a prompt counts once, as OpenAI's n */
+            r->gm.prompt_tokens += m->prompt_tokens;
+            r->gm.reused_tokens += m->reused_tokens;
+        }
         r->gm.gen_tokens += m->gen_tokens;
         r->gm.drafted_tokens += m->drafted_tokens;
         r->gm.accepted_tokens += m->accepted_tokens;
@@ -2591,9 +2633,15 @@ static bool produce_multi(hreq *r)
         return false;
     if (r->phase == 0) {
         r->phase = 1;
-        for (int i = 0; i < r->n_kids; i++)
+        for (int i = 0; i < r->n_kids; i++) {
+            if (is_chat(r->kids[i])) {          /* each choice's first delta names the role */
+                cJSON *ch = chunk_json(r->kids[i], NULL, 0, true, NULL);
+                cJSON_ReplaceItemInObjectCaseSensitive(first_choice(ch), "index", cJSON_CreateNumber(i));
+                sse_event(&r->out, NULL, ch);
+            }
             if (echo_due(r->kids[i], false))
                 sse_event(&r->out, NULL, echo_chunk(r->kids[i], i));
+        }
         if (r->out.len)
             return true;
     }
@@ -2647,18 +2695,53 @@ static bool produce_multi(hreq *r)
     }
 }
 
-/* A list of prompts (strings or token-id lists): one choice per prompt,
- * generated concurrently; seeds seed, seed+1, ... Returns after answering. */
+/* Chat with "n" > 1: n choices of the same messages, generated
+ * concurrently (continuous batching; the prompt is prefilled once and
+ * reused from the prefix cache); seeds seed, seed+1, ... Returns after
+ * answering. */
+static enum MHD_Result chat_multi(hreq *r, const chat_msgs *cm, gen_request *g)
+{
+    r->kids = calloc((size_t)g->n, sizeof(hreq *));
+    if (!r->kids)
+        return send_error(r, 500, NULL, NULL, "out of memory");
+    r->kids_per = g->n;
+    for (int k = 0; k < g->n; k++) {
+        hreq *kid = kid_new(r);
+        if (!kid) {
+            end_request(r, END_GONE);
+            return send_error(r, 500, NULL, NULL, "out of memory");
+        }
+        r->kids[r->n_kids++] = kid;
+        rlai_gen_params gp = g->gp;
+        gp.sampling.seed += (uint64_t)k;
+        int n_prompt = -1;
+        char err[256];
+        int rc = kid_submit(kid, cm->m, cm->n, NULL, NULL, 0, &gp, &n_prompt, err, sizeof(err));
+        if (rc < 0) {
+            end_request(r, END_GONE);
+            return send_submit_error(r, rc, n_prompt, err, "messages", "");
+        }
+    }
+    return r->stream ? start_stream(r) : multi_blocking(r);
+}
+
+/* A list of prompts (strings or token-id lists): g->n choices per prompt
+ * (OpenAI's order: prompt 0's choices, then prompt 1's, ...), generated
+ * concurrently; seeds seed, seed+1, ... Returns after answering. */
 static enum MHD_Result completions_multi(hreq *r, const cJSON *p, gen_request *g)
 {
-    int n = cJSON_GetArraySize(p);
+    int n = cJSON_GetArraySize(p), per = g->n > 1 ? g->n : 1;
     if (n > MAX_PROMPTS)
         return send_error(r, 400, "invalid_value", "prompt", "at most %d prompts per request", MAX_PROMPTS);
+    if (n * per > MAX_CHOICES_TOTAL)
+        return send_error(r, 400, "invalid_value", "n", "at most %d choices per request (prompts x n)",
+                          MAX_CHOICES_TOTAL);
     rlai_model_info info;
     rlai_engine_info(r->h->engine, &info);
     rlai_token **toks = calloc((size_t)n, sizeof(*toks));
     int *nt = calloc((size_t)n, sizeof(int));
-    r->kids = calloc((size_t)n, sizeof(hreq *));
+    r->kids = calloc((size_t)(n * per), sizeof(hreq *));
+    r->kids_per = per;
     if (!toks || !nt || !r->kids) {
         free(toks);
         free(nt);
@@ -2694,7 +2777,8 @@ static enum MHD_Result completions_multi(hreq *r, const cJSON *p, gen_request *g
         }
         i++;
     }
-    for (int k = 0; ok && k < n; k++) {
+    for (int k = 0; ok && k < n * per; k++) {
+        int pi = k / per;                  /* the prompt of choice k */
         hreq *kid = kid_new(r);
         if (!kid) {
             ok = false;
@@ -2702,26 +2786,27 @@ static enum MHD_Result completions_multi(hreq *r, const cJSON *p, gen_request *g
             break;
         }
         r->kids[r->n_kids++] = kid;
-        const cJSON *pk = cJSON_GetArrayItem(p, k);
+        const cJSON *pk = cJSON_GetArrayItem(p, pi);
         if (g->echo && cJSON_IsString(pk)) {
             kid->echo_text = strdup(pk->valuestring);
         } else if (g->echo) {
-            int len = rlai_engine_detokenize(r->h->engine, toks[k], nt[k], true, NULL, 0);
+            int len = rlai_engine_detokenize(r->h->engine, toks[pi], nt[pi], true, NULL, 0);
             kid->echo_text = len >= 0 ? malloc((size_t)len + 1) : NULL;
             if (kid->echo_text)
-                rlai_engine_detokenize(r->h->engine, toks[k], nt[k], true, kid->echo_text, (size_t)len + 1);
+                rlai_engine_detokenize(r->h->engine, toks[pi], nt[pi], true, kid->echo_text, (size_t)len + 1);
         }
         rlai_gen_params gp = g->gp;
         gp.sampling.seed += (uint64_t)k;
         int n_prompt = -1;
         char err[256];
-        int rc = kid_submit(kid, cJSON_IsString(pk) ? pk->valuestring : NULL, toks[k], nt[k], &gp, &n_prompt, err,
-                            sizeof(err));
+        int rc = kid_submit(kid, NULL, 0, cJSON_IsString(pk) ? pk->valuestring : NULL, toks[pi], nt[pi], &gp,
+                            &n_prompt, err, sizeof(err));
         if (rc < 0) {
             ok = false;
             end_request(r, END_GONE);
-            char sub[32];
-            snprintf(sub, sizeof(sub), "prompt[%d]: ", k);
+            char sub[32] = "";
+            if (n > 1)
+                snprintf(sub, sizeof(sub), "prompt[%d]: ", pi);
             send_submit_error(r, rc, n_prompt, err, "prompt", sub);
         }
     }
@@ -3245,7 +3330,8 @@ static void log_request(hreq *r, enum MHD_RequestTerminationCode toe)
     pthread_mutex_unlock(&r->mu);
     for (int i = 0; i < r->n_kids; i++) {
         pthread_mutex_lock(&r->kids[i]->mu);
-        pt += r->kids[i]->gm.prompt_tokens;
+        if (r->kids_per <= 1 || i % r->kids_per == 0)   /* as usage: a prompt once */
+            pt += r->kids[i]->gm.prompt_tokens;
         ct += r->kids[i]->gm.gen_tokens;
         pthread_mutex_unlock(&r->kids[i]->mu);
     }

@@ -205,6 +205,58 @@ def test_prediction(engine):
     assert c.chat.completions.create(**kw).choices[0].message.content == text   # still serving
 
 
+def test_n_choices(engine):
+    """"n" > 1: n choices of one prompt, generated together; choice i is the
+    single request with seed + i (chat and completions, blocking and
+    streamed); the prompt counts once in usage; a list prompt's choices come
+    prompt by prompt; bad values and unsupported mixes are a 400."""
+    c = engine.client()
+    msgs = [{"role": "user", "content": "Name a colour and say why you like it."}]
+    kw = dict(model=MODEL_ID, messages=msgs, max_tokens=12, temperature=1.0, seed=77)
+    r = c.chat.completions.create(**kw, n=3)
+    assert [ch.index for ch in r.choices] == [0, 1, 2]
+    texts = [ch.message.content for ch in r.choices]
+    for i in range(3):
+        one = c.chat.completions.create(**dict(kw, seed=77 + i))
+        assert one.choices[0].message.content == texts[i], i
+        assert r.choices[i].finish_reason == one.choices[0].finish_reason
+    assert len(set(texts)) >= 2, texts
+    single = c.chat.completions.create(**kw)
+    assert r.usage.prompt_tokens == single.usage.prompt_tokens
+    assert r.usage.completion_tokens >= 3 and r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+    parts, roles = {}, {}
+    for ch in c.chat.completions.create(**kw, n=3, stream=True):
+        for choice in ch.choices:
+            if choice.delta.role:
+                roles[choice.index] = choice.delta.role
+            parts[choice.index] = parts.get(choice.index, "") + (choice.delta.content or "")
+    assert roles == {0: "assistant", 1: "assistant", 2: "assistant"}
+    assert [parts[i] for i in range(3)] == texts
+    # logprobs per choice
+    lp = c.chat.completions.create(**kw, n=2, logprobs=True, top_logprobs=1)
+    for ch in lp.choices:
+        assert "".join(e.token for e in ch.logprobs.content) == ch.message.content
+    # completions: one prompt, then a list of two prompts x n=2
+    ck = dict(model=MODEL_ID, max_tokens=8, temperature=1.0, seed=5)
+    cr = c.completions.create(prompt="Once upon a time", n=2, **ck)
+    assert [ch.index for ch in cr.choices] == [0, 1]
+    assert cr.choices[1].text == c.completions.create(prompt="Once upon a time", **dict(ck, seed=6)).choices[0].text
+    lr = c.completions.create(prompt=["Once upon a time", "The dragon"], n=2, **ck)
+    assert [ch.index for ch in lr.choices] == [0, 1, 2, 3]
+    assert lr.choices[2].text == c.completions.create(prompt="The dragon", **dict(ck, seed=7)).choices[0].text
+    assert lr.choices[1].text == cr.choices[1].text
+    tool = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}]
+    for body, needle in [(dict(n=0), "'n' must be an integer in [1, 16]"), (dict(n=17), "[1, 16]"),
+                         (dict(n="2"), "[1, 16]"), (dict(n=1.5), "[1, 16]"),
+                         (dict(n=2, tools=tool), "not supported with tools")]:
+        st, _, raw = engine.request("POST", "/v1/chat/completions", dict(messages=HELLO, max_tokens=2, **body))
+        assert st == 400, raw
+        err = error_of(raw)
+        assert err["param"] == "n" and needle in err["message"], err
+    st, _, raw = engine.request("POST", "/v1/completions", dict(prompt=["a"] * 16, n=5, max_tokens=2))
+    assert st == 400 and "at most 64 choices" in error_of(raw)["message"], raw
+
+
 def test_completions_logprobs(engine):
     c = engine.client()
     r = c.completions.create(model=MODEL_ID, prompt="The capital of France is", max_tokens=8,

@@ -409,6 +409,19 @@ def test_prediction_is_forwarded(cluster):
     assert st == 400 and bad["error"]["param"] == "prediction", bad
 
 
+def test_n_choices_on_a_remote_model(cluster):
+    # "n" > 1 on a remote model: each choice is its own upstream request
+    # (seed + i), so choice i is the upstream's answer with that seed
+    up, router, _ = cluster
+    st, two = chat(router, "remote-smol", n=2, temperature=1.0, seed=11)
+    assert st == 200, two
+    assert [c["index"] for c in two["choices"]] == [0, 1]
+    for i in range(2):
+        st, direct = chat(up, "default", temperature=1.0, seed=11 + i)
+        assert st == 200, direct
+        assert two["choices"][i]["message"]["content"] == direct["choices"][0]["message"]["content"]
+
+
 def test_https_upstream_with_its_own_ca(cluster):
     # an https upstream whose certificate a private CA signed (ca_file): the
     # stream arrives whole, also a burst of 3000 events at once (many TLS
