@@ -48,4 +48,13 @@ void rlai_gen_params_from_plugin(const rlai_gen_request *req, rlai_gen_params *g
         gp->sampling.repeat_penalty = req->repeat_penalty;
     gp->sampling.seed = req->seed;
     gp->stop = req->stop;
+    gp->prediction = req->prediction;       /* 1.4; zero for older plugins (smaller req_size) */
+    /* the plugin's entries are the engine's (same layout), borrowed for the call */
+    gp->logit_bias = (const rlai_logit_bias *)req->logit_bias;
+    gp->n_logit_bias = req->n_logit_bias;
 }
+
+_Static_assert(sizeof(rlai_plugin_logit_bias) == sizeof(rlai_logit_bias) &&
+                   offsetof(rlai_plugin_logit_bias, token) == offsetof(rlai_logit_bias, token) &&
+                   offsetof(rlai_plugin_logit_bias, bias) == offsetof(rlai_logit_bias, bias),
+               "rlai_plugin_logit_bias and rlai_logit_bias differ");

@@ -211,8 +211,8 @@ START_TEST(incompatible_abis_are_refused_naming_both_versions)
     char err[1024];
     ck_assert_int_eq(load(h, "newabi", err, sizeof(err)), RLAI_ERR_ABI);
     ck_assert_ptr_nonnull(strstr(err, "libnewabi.so"));
+    ck_assert_ptr_nonnull(strstr(err, "1.5"));
     ck_assert_ptr_nonnull(strstr(err, "1.4"));
-    ck_assert_ptr_nonnull(strstr(err, "1.3"));
     ck_assert_ptr_nonnull(strstr(err, "newer"));
     ck_assert_int_eq(load(h, "othermajor", err, sizeof(err)), RLAI_ERR_ABI);
     ck_assert_ptr_nonnull(strstr(err, "libothermajor.so"));
@@ -835,7 +835,47 @@ START_TEST(engine_jobs_stream_and_reuse_a_pinned_prefix)
     ck_assert_int_eq(c.m.prompt_tokens, cJSON_GetObjectItem(r, "prompt_tokens")->valueint);
     ck_assert_int_gt(c.m.prompt_tokens, 10);
     ck_assert(strcmp(c.stop, "eog") == 0 || strcmp(c.stop, "max_tokens") == 0);
+    char *first = strdup(c.text);
     cap_free(&c);
+
+    /* ABI 1.4: a predicted output (the same text, its drafts accepted) and
+     * a banned token (the answer's first token no longer comes first) */
+    cJSON *pp = cJSON_CreateObject();
+    cJSON_AddStringToObject(pp, "prompt", "Name a colour.");
+    cJSON_AddNumberToObject(pp, "max_tokens", 12);
+    cJSON_AddStringToObject(pp, "prediction", first);
+    char *ps = cJSON_PrintUnformatted(pp);
+    cap_init(&c);
+    ck_assert_int_eq(call_sync(h, "good.generate", ps, &c), 0);
+    r = cJSON_GetArrayItem(c.results, 0);
+    ck_assert_str_eq(cJSON_GetObjectItem(r, "text")->valuestring, first);
+    ck_assert_int_ge(cJSON_GetObjectItem(r, "accepted_tokens")->valueint, 4);
+    cap_free(&c);
+    int32_t ids[16];
+    int nid = rlai_engine_tokenize(e, first, strlen(first), false, false, ids, 16);
+    ck_assert_int_gt(nid, 0);
+    cJSON_DeleteItemFromObject(pp, "prediction");
+    cJSON_AddNumberToObject(pp, "ban", ids[0]);
+    free(ps);
+    ps = cJSON_PrintUnformatted(pp);
+    cap_init(&c);
+    ck_assert_int_eq(call_sync(h, "good.generate", ps, &c), 0);
+    r = cJSON_GetArrayItem(c.results, 0);
+    const char *banned = cJSON_GetObjectItem(r, "text")->valuestring;
+    ck_assert_int_eq(rlai_engine_tokenize(e, banned, strlen(banned), false, false, ids + 8, 8) > 0, 1);
+    ck_assert_int_ne(ids[8], ids[0]);
+    cap_free(&c);
+    cJSON_ReplaceItemInObject(pp, "ban", cJSON_CreateNumber(10000000));   /* not a token: refused */
+    free(ps);
+    ps = cJSON_PrintUnformatted(pp);
+    cap_init(&c);
+    ck_assert_int_eq(call_sync(h, "good.generate", ps, &c), 0);
+    ck_assert_int_eq(c.ended, 2);                 /* the engine's refusal ends the call */
+    ck_assert_msg(strstr(c.msg, "invalid argument"), "%s", c.msg);
+    cap_free(&c);
+    free(ps);
+    cJSON_Delete(pp);
+    free(first);
 
     cap_init(&c);
     ck_assert_int_eq(call_sync(h, "good.info", "{}", &c), 0);

@@ -96,7 +96,7 @@ extern "C" {
 /* ABI version this header describes. A host accepts a plugin with the same
  * major and a minor not newer than its own. */
 #define RLAI_PLUGIN_ABI_MAJOR 1
-#define RLAI_PLUGIN_ABI_MINOR 3
+#define RLAI_PLUGIN_ABI_MINOR 4
 #define RLAI_PLUGIN_ABI_VERSION ((uint32_t)(RLAI_PLUGIN_ABI_MAJOR << 16 | RLAI_PLUGIN_ABI_MINOR))
 
 /* Build signature: what must agree between host and plugin beyond the
@@ -175,6 +175,12 @@ typedef struct rlai_plugin_message {
 
 /* What to generate. Zero-initialise, then set what you need: a field left
  * at 0 / NULL takes the engine default. Pass sizeof(rlai_gen_request). */
+/* One entry of rlai_gen_request.logit_bias (since 1.4; OpenAI's logit_bias). */
+typedef struct rlai_plugin_logit_bias {
+    int32_t token;                  /* a token id of the model (host->tokenize) */
+    float bias;                     /* -100..100, added to the token's logit; -100 bans it */
+} rlai_plugin_logit_bias;
+
 typedef struct rlai_gen_request {
     const char *prompt;             /* raw prompt (special-token text parsed), or NULL */
     const rlai_plugin_message *messages; /* or a conversation, formatted with the
@@ -228,6 +234,22 @@ typedef struct rlai_gen_request {
                                        local model takes image_rgb instead (with image_url it
                                        answers RLAI_ERR_NOT_IMPLEMENTED); both at once, or with a
                                        raw prompt: RLAI_ERR_INVALID_ARG. Borrowed for the call. */
+    /* ---- appended in 1.4 (size-detected; a host older than 1.4 refuses the larger
+     * req_size with RLAI_ERR_UNSUPPORTED) ---- */
+    const char *prediction;         /* NULL, or text the output is expected to repeat
+                                       (predicted outputs: a character's line being
+                                       re-voiced, a file being edited); the engine drafts
+                                       from it, so the output is the same and comes sooner
+                                       (docs/SPECULATIVE.md). At most 8192 tokens, else
+                                       RLAI_ERR_TOO_LARGE. Borrowed for the call. */
+    const rlai_plugin_logit_bias *logit_bias; /* n_logit_bias entries or NULL (borrowed for
+                                       the call): each bias is added to its token's logit
+                                       before the grammar, penalties and temperature; a
+                                       token's last entry counts. At most 1024 entries; an id
+                                       outside the vocabulary or a bias outside -100..100:
+                                       RLAI_ERR_INVALID_ARG. The local model's ids; a remote
+                                       model gets them as OpenAI's logit_bias. */
+    int n_logit_bias;
 } rlai_gen_request;
 
 /* Outcome of a generation (filled by host->generate). */

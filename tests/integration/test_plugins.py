@@ -63,8 +63,8 @@ def test_refused_plugins_are_logged_and_the_engine_serves(tmp_path):
         assert e.stop() == 0
     log = e.stderr
     # every refusal names the file and why; versions where the ABI differs
-    assert "libnewabi.so: refused: built for plugin ABI 1.4, this host has 1.3" in log
-    assert "libothermajor.so: refused: built for plugin ABI 2.0, this host has 1.3" in log
+    assert "libnewabi.so: refused: built for plugin ABI 1.5, this host has 1.4" in log
+    assert "libothermajor.so: refused: built for plugin ABI 2.0, this host has 1.4" in log
     assert "libinitfail.so: plugin 'initfail' 1.0.0: init failed" in log and "the lore pack is missing" in log
     assert "libdup.so: registration refused: command 'dup.same' is already registered" in log
     assert "libnosym.so: not an RTX-LocalAI plugin" in log

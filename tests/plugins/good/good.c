@@ -73,6 +73,16 @@ static int cmd_generate(rlai_call *call, const cJSON *params, void *user)
     const cJSON *rf = cJSON_GetObjectItemCaseSensitive(params, "response_format");
     char *rft = cJSON_IsObject(rf) ? cJSON_PrintUnformatted(rf) : NULL;
     req.response_format = rft;
+    /* since ABI 1.4: a predicted output and a banned token */
+    const cJSON *pred = cJSON_GetObjectItemCaseSensitive(params, "prediction");
+    req.prediction = cJSON_IsString(pred) ? pred->valuestring : NULL;
+    const cJSON *ban = cJSON_GetObjectItemCaseSensitive(params, "ban");
+    rlai_plugin_logit_bias lb = { cJSON_IsNumber(ban) ? (int32_t)ban->valuedouble : 0, -100.0f };
+    if (cJSON_IsNumber(ban)) {
+        req.logit_bias = &lb;
+        req.n_logit_bias = 1;
+    }
+
     rlai_gen_result res;
     int rc = H->generate(call, &req, sizeof(req), &res);
     free(rft);
@@ -83,6 +93,8 @@ static int cmd_generate(rlai_call *call, const cJSON *params, void *user)
     cJSON_AddNumberToObject(r, "prompt_tokens", res.prompt_tokens);
     cJSON_AddNumberToObject(r, "reused_tokens", res.reused_tokens);
     cJSON_AddNumberToObject(r, "gen_tokens", res.gen_tokens);
+    cJSON_AddNumberToObject(r, "drafted_tokens", res.drafted_tokens);
+    cJSON_AddNumberToObject(r, "accepted_tokens", res.accepted_tokens);
     cJSON_AddStringToObject(r, "stop", res.stop);
     H->free(res.text);
     return H->reply_json(call, r);
@@ -179,7 +191,8 @@ RLAI_PLUGIN_EXPORT int rlai_plugin_init(const rlai_host_api *host, rlai_plugin *
         { "good.fail", "Always fails.", NULL, cmd_fail, 0 },
         { "good.generate", "Generates text with the shared engine.",
           "{\"type\":\"object\",\"properties\":{\"prompt\":{\"type\":\"string\"},\"max_tokens\":{\"type\":"
-          "\"integer\",\"minimum\":1}},\"required\":[\"prompt\"]}",
+          "\"integer\",\"minimum\":1},\"prediction\":{\"type\":\"string\"},\"ban\":{\"type\":\"integer\"}},"
+          "\"required\":[\"prompt\"]}",
           cmd_generate, RLAI_CMD_STREAMS | RLAI_CMD_USES_ENGINE },
         { "good.slow", "Runs until cancelled.", NULL, cmd_slow, 0 },
         { "good.late", "Registers a command too late.", NULL, cmd_late, 0 },
