@@ -153,40 +153,50 @@ static int req_take_logit_bias(rlai_req *r, const rlai_gen_params *gp, int n_voc
 _Static_assert(RLAI_MAX_PREDICTION_TOKENS <= RLAI_SPEC_MAX_PREDICTION - RLAI_SPEC_NGRAM_MAX,
                "a prediction and the prompt's tail fit the drafter's limit");
 
-/* Tokens of gp's prediction (no BOS, special-token text kept as text):
- * their count, or RLAI_ERR_TOO_LARGE past the limits (why in err, may be
- * NULL), or another negative code. When out is not NULL writes up to cap. */
-static int prediction_tokens(const rlai_engine *e, const char *text, int32_t *out, int cap, char *err,
-                             size_t errlen)
+/* 0 when a prediction text is within RLAI_MAX_PREDICTION_BYTES and
+ * RLAI_MAX_PREDICTION_TOKENS, else RLAI_ERR_TOO_LARGE with why in err (may
+ * be NULL), or the tokenizer's error. A token holds at least one byte
+ * (+1: SentencePiece's leading space), so only a text of more bytes than
+ * the token limit is tokenized to count. */
+static int check_prediction(const rlai_engine *e, const char *text, char *err, size_t errlen)
 {
     size_t len = strlen(text);
     if (len > RLAI_MAX_PREDICTION_BYTES)
         return rlai_errf(err, errlen, RLAI_ERR_TOO_LARGE, "prediction has %zu bytes; the limit is %u", len,
                          (unsigned)RLAI_MAX_PREDICTION_BYTES);
-    int n = rlai_tokenizer_encode(e->tok, text, len, false, false, out, cap);
+    if (len + 1 <= (size_t)RLAI_MAX_PREDICTION_TOKENS)
+        return 0;
+    int n = rlai_tokenizer_encode(e->tok, text, len, false, false, NULL, 0);
+    if (n < 0)
+        return rlai_errf(err, errlen, n, "prediction: %s", rlai_strerror(n));
     if (n > RLAI_MAX_PREDICTION_TOKENS)
         return rlai_errf(err, errlen, RLAI_ERR_TOO_LARGE, "prediction has %d tokens; the limit is %d", n,
                          RLAI_MAX_PREDICTION_TOKENS);
-    return n;
+    return 0;
 }
 
 /* r->pred = the prompt's last RLAI_SPEC_NGRAM_MAX tokens (so the prompt's
- * end matches and drafts the prediction's start), then gp's prediction. */
+ * end matches and drafts the prediction's start), then gp's prediction
+ * (no BOS, special-token text kept as text), tokenized once. */
 static int req_take_prediction(rlai_engine *e, rlai_req *r, const rlai_request_params *rp)
 {
     const char *text = rp->gen.prediction;
     if (!text || !*text)
         return 0;
-    int n = prediction_tokens(e, text, NULL, 0, NULL, 0);
-    if (n <= 0)
-        return n;
+    int rc = check_prediction(e, text, NULL, 0);
+    if (rc < 0)
+        return rc;
+    size_t len = strlen(text);
+    int cap = len + 1 < (size_t)RLAI_MAX_PREDICTION_TOKENS ? (int)len + 1 : RLAI_MAX_PREDICTION_TOKENS;
     int tail = rp->n_prompt < RLAI_SPEC_NGRAM_MAX ? rp->n_prompt : RLAI_SPEC_NGRAM_MAX;
-    if (!(r->pred = malloc(sizeof(int32_t) * (size_t)(tail + n))))
+    if (!(r->pred = malloc(sizeof(int32_t) * (size_t)(tail + cap))))
         return RLAI_ERR_NOMEM;
     memcpy(r->pred, rp->prompt + rp->n_prompt - tail, sizeof(int32_t) * (size_t)tail);
-    int m = rlai_tokenizer_encode(e->tok, text, strlen(text), false, false, r->pred + tail, n);
-    if (m != n)
-        return m < 0 ? m : RLAI_ERR_TOKENIZER;
+    int n = rlai_tokenizer_encode(e->tok, text, len, false, false, r->pred + tail, cap);
+    if (n < 0)
+        return n;
+    if (n > cap)
+        return RLAI_ERR_TOO_LARGE;   /* check_prediction counted the same text */
     r->n_pred = tail + n;
     return 0;
 }
@@ -271,10 +281,8 @@ int rlai_engine_submit(rlai_engine *e, const rlai_request_params *rp, uint64_t *
     r->gp.n_logit_bias = 0;
     if (rc == 0 && r->spec.max_draft > 0)
         rc = req_take_prediction(e, r, rp);
-    else if (rc == 0 && rp->gen.prediction) {
-        int pn = prediction_tokens(e, rp->gen.prediction, NULL, 0, NULL, 0);   /* unused, still checked */
-        rc = pn < 0 ? pn : 0;
-    }
+    else if (rc == 0 && rp->gen.prediction)
+        rc = check_prediction(e, rp->gen.prediction, NULL, 0);   /* unused (no drafting), still checked */
     r->gp.prediction = NULL;     /* r->pred holds it */
     if (rc == 0 && rp->gen.stop) {
         size_t n = 0;
@@ -1312,7 +1320,7 @@ int rlai_engine_submit_text(rlai_engine *e, const rlai_text_request *rq, uint64_
         free(img_rows);
         return rc;
     }
-    if (rq->rp.gen.prediction && (rc = prediction_tokens(e, rq->rp.gen.prediction, NULL, 0, err, errlen)) < 0) {
+    if (rq->rp.gen.prediction && (rc = check_prediction(e, rq->rp.gen.prediction, err, errlen)) < 0) {
         free(toks);
         free(img_rows);
         return rc;
