@@ -451,6 +451,11 @@ void rlai_kv_cache_set_prefix_caching(rlai_kv_cache *kv, bool on)
     kv->prefix_on = on;
 }
 
+bool rlai_kv_cache_prefix_caching(const rlai_kv_cache *kv)
+{
+    return kv->prefix_on;
+}
+
 int rlai_kv_prefix_attach(rlai_kv_cache *kv, rlai_kv_seq *seq, const int32_t *tokens, int n,
                           int max_tokens)
 {

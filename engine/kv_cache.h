@@ -114,6 +114,8 @@ typedef struct rlai_kv_stats {
 /* Turns prefix caching on (default) or off; off makes attach match nothing
  * and commit register nothing (existing cached blocks stay until evicted). */
 void rlai_kv_cache_set_prefix_caching(rlai_kv_cache *kv, bool on);
+/* Whether prefix caching is on. */
+bool rlai_kv_cache_prefix_caching(const rlai_kv_cache *kv);
 
 /* For an EMPTY sequence: attaches (with references) the longest run of
  * cached full blocks matching tokens[0..n), limited to max_tokens tokens

@@ -450,6 +450,35 @@ static bool past_deadline(const rlai_req *r, double now)
     return r->t_deadline > 0 && now >= r->t_deadline;
 }
 
+/* Whether queued request r's prompt shares whole K/V blocks, beyond those
+ * it could take from the prefix cache now, with a prompt a running request
+ * is still prefilling. Then r waits: that request commits the blocks to
+ * the prefix cache as its forward computes them, and r attaches them
+ * instead of computing the same K/V beside it. "n" choices of one prompt,
+ * or agents sending one long system prompt at once, prefill it once. The
+ * wait costs r nothing on a compute-bound machine (computing the shared
+ * tokens again would take at least as long) and it stays FIFO. Off with
+ * prefix caching, and for prompt-logprobs requests (they reuse nothing). */
+static bool prefix_in_flight(const rlai_engine *e, const rlai_req *r)
+{
+    if (r->plp || !rlai_kv_cache_prefix_caching(e->kv))
+        return false;
+    const int32_t *a = r->keys ? r->keys : r->toks;
+    int limit = r->n_prompt - 1;   /* attach keeps the last prompt token to compute */
+    for (const rlai_req *q = e->running; q; q = q->next) {
+        if (q->done || q->seq.n_tokens >= q->n_prompt)
+            continue;
+        const int32_t *b = q->keys ? q->keys : q->toks;
+        int m = limit < q->n_prompt ? limit : q->n_prompt, c = 0;
+        while (c < m && a[c] == b[c])
+            c++;
+        int shareable = c / RLAI_KV_BLOCK * RLAI_KV_BLOCK;
+        if (shareable > q->seq.n_tokens)
+            return true;
+    }
+    return false;
+}
+
 /* Admits queued requests FIFO while the pool can hold them (stepping thread). */
 static void admit(rlai_engine *e, rlai_req **finished)
 {
@@ -474,6 +503,8 @@ static void admit(rlai_engine *e, rlai_req **finished)
     }
     while (e->queue && e->n_running < e->params.max_running) {
         rlai_req *r = e->queue;
+        if (prefix_in_flight(e, r))
+            break;   /* FIFO: admitted once a running prefill has committed the shared blocks */
         /* Reuse the longest cached prefix, keeping the last prompt token to
          * compute (its logits start generation). Prompt logprobs need the
          * logits of every prompt position: nothing is reused. */

@@ -170,6 +170,75 @@ START_TEST(prefix_reuse_is_reported_and_exact)
 }
 END_TEST
 
+/* Requests that arrive together with a long shared prompt ("n" choices,
+ * agents with one system prompt): the first prefills it, the others wait
+ * for its blocks in the prefix cache instead of computing them beside it,
+ * and every answer equals the lone uncached one. */
+START_TEST(concurrent_shared_prompts_prefill_once)
+{
+    rlai_engine *e = open_engine(0, 1024);
+    char lore[2048] = "<|im_start|>system\nYou are Captain Mara of the airship Wren. ";
+    for (int i = 0; i < 6; i++)
+        strcat(lore, "The Wren sails the cloud sea between the floating isles of Aster and Vell. ");
+    strcat(lore, "<|im_end|>\n<|im_start|>user\n");
+    char q[2][2300];
+    snprintf(q[0], sizeof(q[0]), "%sWho are you?<|im_end|>\n<|im_start|>assistant\n", lore);
+    snprintf(q[1], sizeof(q[1]), "%sWhere do you sail?<|im_end|>\n<|im_start|>assistant\n", lore);
+    rlai_token t[2][600], tl[600];
+    int n[2] = { tokenize(e, q[0], t[0], 600), tokenize(e, q[1], t[1], 600) };
+    int nl = tokenize(e, lore, tl, 600);
+    result ref[2];
+    rlai_engine_set_prefix_cache(e, false);
+    for (int i = 0; i < 2; i++) {
+        memset(&ref[i], 0, sizeof(ref[i]));
+        submit(e, t[i], n[i], 8, &ref[i]);
+        run_until_idle(e);
+    }
+    /* off: nothing is shared, all four prefill in the same step */
+    result r[4];
+    memset(r, 0, sizeof(r));
+    for (int i = 0; i < 4; i++)
+        submit(e, t[i % 2], n[i % 2], 8, &r[i]);
+    ck_assert_int_gt(rlai_engine_step(e), 0);
+    rlai_engine_stats st;
+    rlai_engine_get_stats(e, &st);
+    ck_assert_int_eq(st.running, 4);
+    run_until_idle(e);
+    for (int i = 0; i < 4; i++)
+        ck_assert_int_eq(r[i].m.reused_tokens, 0);
+    /* on: two copies of each prompt at once; the first prefills, the other
+     * three take its blocks (the same prompt: all but the last block's) */
+    rlai_engine_set_prefix_cache(e, true);
+    memset(r, 0, sizeof(r));
+    for (int i = 0; i < 4; i++)
+        submit(e, t[i / 2], n[i / 2], 8, &r[i]);
+    ck_assert_int_gt(rlai_engine_step(e), 0);
+    rlai_engine_get_stats(e, &st);
+    ck_assert_int_eq(st.running, 1);             /* the others wait for its blocks */
+    ck_assert_int_eq(st.queued, 3);
+    run_until_idle(e);
+    ck_assert_int_eq(r[0].m.reused_tokens, 0);
+    ck_assert_int_eq(r[1].m.reused_tokens, (n[0] - 1) / 16 * 16);
+    for (int i = 2; i < 4; i++)
+        ck_assert_int_ge(r[i].m.reused_tokens, (nl / 16) * 16 - 16);
+    ck_assert_int_eq(r[3].m.reused_tokens, (n[1] - 1) / 16 * 16);
+    for (int i = 0; i < 4; i++) {
+        ck_assert(r[i].done && r[i].status == 0 && r[i].n == 8);
+        ck_assert_mem_eq(r[i].toks, ref[i / 2].toks, sizeof(rlai_token) * 8);
+    }
+    /* short prompts that share less than a block are admitted together */
+    rlai_token p[4][64];
+    memset(r, 0, sizeof(r));
+    for (int i = 0; i < 4; i++)
+        submit(e, p[i], tokenize(e, prompts[i], p[i], 64), 4, &r[i]);
+    ck_assert_int_gt(rlai_engine_step(e), 0);
+    rlai_engine_get_stats(e, &st);
+    ck_assert_int_eq(st.running, 4);
+    run_until_idle(e);
+    rlai_engine_close(e);
+}
+END_TEST
+
 START_TEST(tiny_kv_budget_ends_every_request)
 {
     /* 12 blocks = 192 tokens: each request needs 1-2 blocks of prompt plus
@@ -419,6 +488,7 @@ int main(void)
     tcase_set_timeout(tc, 1200);
     tcase_add_test(tc, batched_equals_alone_and_cache_on_equals_off);
     tcase_add_test(tc, prefix_reuse_is_reported_and_exact);
+    tcase_add_test(tc, concurrent_shared_prompts_prefill_once);
     tcase_add_test(tc, tiny_kv_budget_ends_every_request);
     tcase_add_test(tc, cancel_frees_blocks_within_a_step);
     tcase_add_test(tc, deadline_ends_request_with_timeout_and_frees_blocks);
