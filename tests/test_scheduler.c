@@ -108,17 +108,24 @@ START_TEST(batched_equals_alone_and_cache_on_equals_off)
 }
 END_TEST
 
+/* A lore prefix of > 100 tokens (lore, NUL-terminated) and two questions
+ * after it (q1, q2). */
+static void lore_questions(char lore[2048], char q1[2300], char q2[2300])
+{
+    snprintf(lore, 2048, "<|im_start|>system\nYou are Captain Mara of the airship Wren. ");
+    for (int i = 0; i < 6; i++)
+        strcat(lore, "The Wren sails the cloud sea between the floating isles of Aster and Vell. ");
+    strcat(lore, "<|im_end|>\n<|im_start|>user\n");
+    snprintf(q1, 2300, "%sWho are you?<|im_end|>\n<|im_start|>assistant\n", lore);
+    snprintf(q2, 2300, "%sWhere do you sail?<|im_end|>\n<|im_start|>assistant\n", lore);
+}
+
 START_TEST(prefix_reuse_is_reported_and_exact)
 {
     rlai_engine *e = open_engine(0, 1024);
     /* A lore prefix of > 100 tokens, then two different questions. */
-    char lore[2048] = "<|im_start|>system\nYou are Captain Mara of the airship Wren. ";
-    for (int i = 0; i < 6; i++)
-        strcat(lore, "The Wren sails the cloud sea between the floating isles of Aster and Vell. ");
-    strcat(lore, "<|im_end|>\n<|im_start|>user\n");
-    char q1[2300], q2[2300];
-    snprintf(q1, sizeof(q1), "%sWho are you?<|im_end|>\n<|im_start|>assistant\n", lore);
-    snprintf(q2, sizeof(q2), "%sWhere do you sail?<|im_end|>\n<|im_start|>assistant\n", lore);
+    char lore[2048], q1[2300], q2[2300];
+    lore_questions(lore, q1, q2);
     rlai_token t1[600], t2[600], tl[600];
     int n1 = tokenize(e, q1, t1, 600), n2 = tokenize(e, q2, t2, 600), nl = tokenize(e, lore, tl, 600);
     ck_assert_int_gt(nl, 100);
@@ -177,13 +184,8 @@ END_TEST
 START_TEST(concurrent_shared_prompts_prefill_once)
 {
     rlai_engine *e = open_engine(0, 1024);
-    char lore[2048] = "<|im_start|>system\nYou are Captain Mara of the airship Wren. ";
-    for (int i = 0; i < 6; i++)
-        strcat(lore, "The Wren sails the cloud sea between the floating isles of Aster and Vell. ");
-    strcat(lore, "<|im_end|>\n<|im_start|>user\n");
-    char q[2][2300];
-    snprintf(q[0], sizeof(q[0]), "%sWho are you?<|im_end|>\n<|im_start|>assistant\n", lore);
-    snprintf(q[1], sizeof(q[1]), "%sWhere do you sail?<|im_end|>\n<|im_start|>assistant\n", lore);
+    char lore[2048], q[2][2300];
+    lore_questions(lore, q[0], q[1]);
     rlai_token t[2][600], tl[600];
     int n[2] = { tokenize(e, q[0], t[0], 600), tokenize(e, q[1], t[1], 600) };
     int nl = tokenize(e, lore, tl, 600);

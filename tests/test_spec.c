@@ -453,9 +453,10 @@ static rlai_engine *open_engine(rlai_spec_mode spec, int spec_max_batch)
     return e;
 }
 
-/* sp: the request's sampling, NULL = the default (greedy) */
-static void submit_s(rlai_engine *e, const rlai_token *p, int n, int max_tokens, rlai_spec_mode spec,
-                     const rlai_sampler_params *sp, result *r)
+/* sp: the request's sampling, NULL = the default (greedy); prediction:
+ * rlai_gen_params.prediction (NULL = none) */
+static void submit_sp(rlai_engine *e, const rlai_token *p, int n, int max_tokens, rlai_spec_mode spec,
+                      const rlai_sampler_params *sp, const char *prediction, result *r)
 {
     rlai_request_params rp;
     memset(&rp, 0, sizeof(rp));
@@ -466,6 +467,7 @@ static void submit_s(rlai_engine *e, const rlai_token *p, int n, int max_tokens,
     rp.gen.max_tokens = max_tokens;
     rp.gen.ignore_eos = true;
     rp.gen.spec = spec;
+    rp.gen.prediction = prediction;
     if (sp)
         rp.gen.sampling = *sp;
     rp.on_token = collect;
@@ -473,6 +475,12 @@ static void submit_s(rlai_engine *e, const rlai_token *p, int n, int max_tokens,
     rp.user = r;
     uint64_t id = 0;
     ck_assert_int_eq(rlai_engine_submit(e, &rp, &id), 0);
+}
+
+static void submit_s(rlai_engine *e, const rlai_token *p, int n, int max_tokens, rlai_spec_mode spec,
+                     const rlai_sampler_params *sp, result *r)
+{
+    submit_sp(e, p, n, max_tokens, spec, sp, NULL, r);
 }
 
 static void submit(rlai_engine *e, const rlai_token *p, int n, int max_tokens, rlai_spec_mode spec,
@@ -727,26 +735,11 @@ START_TEST(penalties_see_each_accepted_draft_token)
 }
 END_TEST
 
-/* Submits tokens p[0..n) with `prediction` (NULL = none). */
+/* Runs tokens p[0..n) (NTOK tokens) with `prediction` (NULL = none). */
 static void submit_pred(rlai_engine *e, const rlai_token *p, int n, rlai_spec_mode spec,
                         const rlai_sampler_params *sp, const char *prediction, result *r)
 {
-    rlai_request_params rp;
-    memset(&rp, 0, sizeof(rp));
-    memset(r, 0, sizeof(*r));
-    rp.prompt = p;
-    rp.n_prompt = n;
-    rlai_gen_params_init(&rp.gen);
-    rp.gen.max_tokens = NTOK;
-    rp.gen.ignore_eos = true;
-    rp.gen.spec = spec;
-    rp.gen.prediction = prediction;
-    if (sp)
-        rp.gen.sampling = *sp;
-    rp.on_token = collect;
-    rp.on_done = done_cb;
-    rp.user = r;
-    ck_assert_int_eq(rlai_engine_submit(e, &rp, NULL), 0);
+    submit_sp(e, p, n, NTOK, spec, sp, prediction, r);
     run_until_idle(e);
     ck_assert(r->done && r->status == 0 && r->n == NTOK);
 }
