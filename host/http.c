@@ -912,14 +912,22 @@ static bool tool_hold(hreq *r, rlai_strbuf *text)
     return false;
 }
 
+/* The chunk's choice gets index i ("n" choices). */
+static cJSON *at_index(cJSON *chunk, int i)
+{
+    if (i)
+        cJSON_ReplaceItemInObjectCaseSensitive(first_choice(chunk), "index", cJSON_CreateNumber(i));
+    return chunk;
+}
+
 /* At the end of a stream: the kept text as tool_calls deltas (OpenAI's
  * shape: id, type and name with empty arguments, then the arguments), or
- * as content when it is not a call. */
-static void tool_flush(hreq *r)
+ * as content when it is not a call; into out, as choice `index`. */
+static void tool_flush_to(hreq *r, rlai_strbuf *out, int index)
 {
     cJSON *calls = rlai_tools_extract(&r->tools, r->held.p, (uint64_t)(uintptr_t)r ^ r->engine_id);
     if (!calls) {
-        sse_event(&r->out, NULL, chunk_json(r, r->held.p, r->held.len, false, NULL));
+        sse_event(out, NULL, at_index(chunk_json(r, r->held.p, r->held.len, false, NULL), index));
     } else {
         r->tool_called = true;
         const cJSON *c0 = calls->child;
@@ -935,7 +943,7 @@ static void tool_flush(hreq *r)
         cJSON_AddStringToObject(tf, "name", cJSON_GetObjectItemCaseSensitive(fn, "name")->valuestring);
         cJSON_AddStringToObject(tf, "arguments", "");
         cJSON_AddItemToArray(cJSON_AddArrayToObject(d, "tool_calls"), tc);
-        sse_event(&r->out, NULL, a);
+        sse_event(out, NULL, at_index(a, index));
         cJSON *b = chunk_json(r, NULL, 0, false, NULL);
         d = cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(b, "choices"), 0),
                                              "delta");
@@ -944,10 +952,15 @@ static void tool_flush(hreq *r)
         tf = cJSON_AddObjectToObject(tc, "function");
         cJSON_AddStringToObject(tf, "arguments", cJSON_GetObjectItemCaseSensitive(fn, "arguments")->valuestring);
         cJSON_AddItemToArray(cJSON_AddArrayToObject(d, "tool_calls"), tc);
-        sse_event(&r->out, NULL, b);
+        sse_event(out, NULL, at_index(b, index));
         cJSON_Delete(calls);
     }
     rlai_strbuf_free(&r->held);
+}
+
+static void tool_flush(hreq *r)
+{
+    tool_flush_to(r, &r->out, 0);
 }
 
 /* ---------------------------------------------------------- engine callbacks (engine thread) */
@@ -2321,8 +2334,8 @@ static enum MHD_Result chat_completions(hreq *r)
     if (!remote_tools(r, body, &rq, &fwd, &raw_msgs) || (!fwd && !chat_tools(r, body, &g, &cm)))
         goto out;
     if (g.n > 1) {
-        if (fwd || r->tools.mode != RLAI_TOOLS_OFF)
-            send_error(r, 400, "unsupported_value", "n", "n > 1 is not supported with tools");
+        if (fwd)        /* a remote model's tools: its calls stream back per request (one choice) */
+            send_error(r, 400, "unsupported_value", "n", "n > 1 is not supported with tools on a remote model");
         else
             ret = chat_multi(r, &cm, &g);
         goto out;
@@ -2457,6 +2470,10 @@ static hreq *kid_new(hreq *r)
     k->model = strdup(r->model ? r->model : "");
     k->route = r->route ? strdup(r->route) : NULL;        /* where each choice runs: the parent's */
     k->rf_json = r->rf_json ? strdup(r->rf_json) : NULL;  /* an upstream's response_format */
+    if (r->tools.mode != RLAI_TOOLS_OFF) {                 /* each choice's call is read out of its text */
+        k->tools.mode = r->tools.mode;
+        k->tools.names = cJSON_Duplicate(r->tools.names, 1);
+    }
     return k;
 }
 
@@ -2634,11 +2651,8 @@ static bool produce_multi(hreq *r)
     if (r->phase == 0) {
         r->phase = 1;
         for (int i = 0; i < r->n_kids; i++) {
-            if (is_chat(r->kids[i])) {          /* each choice's first delta names the role */
-                cJSON *ch = chunk_json(r->kids[i], NULL, 0, true, NULL);
-                cJSON_ReplaceItemInObjectCaseSensitive(first_choice(ch), "index", cJSON_CreateNumber(i));
-                sse_event(&r->out, NULL, ch);
-            }
+            if (is_chat(r->kids[i]))            /* each choice's first delta names the role */
+                sse_event(&r->out, NULL, at_index(chunk_json(r->kids[i], NULL, 0, true, NULL), i));
             if (echo_due(r->kids[i], false))
                 sse_event(&r->out, NULL, echo_chunk(r->kids[i], i));
         }
@@ -2659,10 +2673,17 @@ static bool produce_multi(hreq *r)
             pthread_mutex_unlock(&k->mu);
             if (echo_due(k, text.len > 0 || done))
                 sse_event(&r->out, NULL, echo_chunk(k, i));
+            if (text.len)
+                tool_hold(k, &text);             /* a call's text is kept back (tools) */
+            if (fin_due && !bad && k->held.len) {
+                if (text.len)                    /* text before the kept part, then the call */
+                    sse_event(&r->out, NULL, at_index(chunk_json(k, text.p, text.len, false, NULL), i));
+                rlai_strbuf_free(&text);
+                tool_flush_to(k, &r->out, i);
+            }
             if (text.len || (fin_due && !bad)) {
-                cJSON *ch = chunk_json(k, text.len ? text.p : NULL, text.len, false,
-                                       fin_due ? finish_reason(k) : NULL);
-                cJSON_ReplaceItemInObjectCaseSensitive(first_choice(ch), "index", cJSON_CreateNumber(i));
+                cJSON *ch = at_index(chunk_json(k, text.len ? text.p : NULL, text.len, false,
+                                                fin_due ? finish_reason(k) : NULL), i);
                 attach_logprobs(k, first_choice(ch), false);
                 sse_event(&r->out, NULL, ch);
             }

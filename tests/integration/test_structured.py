@@ -456,6 +456,40 @@ def test_tool_call_drafts_its_forced_text(engine):
     assert acc >= 4, out["ngram"].usage   # 9 of 35 here; 1 without the grammar's own drafts
 
 
+def test_tools_with_n_choices(engine):
+    """"n" > 1 with tools: each choice is read for its own call, blocking and
+    streamed (tool-call deltas carry their choice's index), and each equals
+    the single request with seed + i."""
+    msgs = [{"role": "user", "content": "What is the weather in Paris?"}]
+    kw = dict(messages=msgs, tools=[WEATHER], tool_choice="required", temperature=0.9, seed=21)
+    r = chat(engine, n=2, **kw)
+    assert [c.index for c in r.choices] == [0, 1]
+    for i, c in enumerate(r.choices):
+        assert c.finish_reason == "tool_calls" and c.message.content is None
+        check_call(c.message.tool_calls[0])
+        one = chat(engine, **dict(kw, seed=21 + i)).choices[0]
+        assert c.message.tool_calls[0].function.arguments == one.message.tool_calls[0].function.arguments
+    assert r.choices[0].message.tool_calls[0].id != r.choices[1].message.tool_calls[0].id
+    args, names, finish = {0: "", 1: ""}, {0: "", 1: ""}, {}
+    for ch in chat(engine, n=2, stream=True, **kw):
+        for c in ch.choices:
+            for tc in c.delta.tool_calls or []:
+                if tc.function and tc.function.name:
+                    names[c.index] += tc.function.name
+                if tc.function and tc.function.arguments:
+                    args[c.index] += tc.function.arguments
+            if c.finish_reason:
+                finish[c.index] = c.finish_reason
+    assert finish == {0: "tool_calls", 1: "tool_calls"}
+    for i in range(2):
+        assert names[i] == "get_weather"
+        assert args[i] == r.choices[i].message.tool_calls[0].function.arguments
+    # tool_choice none with n: every choice is text
+    t = chat(engine, n=2, messages=[{"role": "user", "content": "Say hello."}], tools=[WEATHER], tool_choice="none",
+             max_tokens=12)
+    assert all(c.message.content and not c.message.tool_calls for c in t.choices)
+
+
 def test_tools_named_streamed_deltas(engine):
     stream = chat(engine, messages=[{"role": "user", "content": "Weather in Oslo, please."}], tools=[WEATHER],
                   tool_choice={"type": "function", "function": {"name": "get_weather"}}, stream=True)
