@@ -484,6 +484,15 @@ static bool tool_calls_ok(const cJSON *tc)
     return true;
 }
 
+/* *out = o's count `key` when it is a number in [0, 1e9); else unchanged
+ * (o may be NULL). */
+static void usage_count(const cJSON *o, const char *key, int *out)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (cJSON_IsNumber(v) && v->valuedouble >= 0 && v->valuedouble < 1e9)
+        *out = (int)v->valuedouble;
+}
+
 /* choices[0].logprobs of a chunk as chat entries (upstream.h), in *out
  * (NULL when it has none). Chat: {"content": [{token, logprob, bytes,
  * top_logprobs}]}; completions: {"tokens", "token_logprobs",
@@ -639,19 +648,11 @@ int rlai_upstream_parse_chunk(const char *data, size_t len, rlai_upstream_delta 
         }
     }
     if (cJSON_IsObject(u)) {
-        const cJSON *pt = cJSON_GetObjectItemCaseSensitive(u, "prompt_tokens");
-        const cJSON *ct = cJSON_GetObjectItemCaseSensitive(u, "completion_tokens");
-        if (cJSON_IsNumber(pt) && pt->valuedouble >= 0 && pt->valuedouble < 1e9)
-            out->prompt_tokens = (int)pt->valuedouble;
-        if (cJSON_IsNumber(ct) && ct->valuedouble >= 0 && ct->valuedouble < 1e9)
-            out->completion_tokens = (int)ct->valuedouble;
         const cJSON *cd = cJSON_GetObjectItemCaseSensitive(u, "completion_tokens_details");
-        const cJSON *ap = cJSON_GetObjectItemCaseSensitive(cd, "accepted_prediction_tokens");
-        const cJSON *rp = cJSON_GetObjectItemCaseSensitive(cd, "rejected_prediction_tokens");
-        if (cJSON_IsNumber(ap) && ap->valuedouble >= 0 && ap->valuedouble < 1e9)
-            out->accepted_prediction = (int)ap->valuedouble;
-        if (cJSON_IsNumber(rp) && rp->valuedouble >= 0 && rp->valuedouble < 1e9)
-            out->rejected_prediction = (int)rp->valuedouble;
+        usage_count(u, "prompt_tokens", &out->prompt_tokens);
+        usage_count(u, "completion_tokens", &out->completion_tokens);
+        usage_count(cd, "accepted_prediction_tokens", &out->accepted_prediction);
+        usage_count(cd, "rejected_prediction_tokens", &out->rejected_prediction);
     }
     cJSON_Delete(j);
     return 0;
