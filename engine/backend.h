@@ -88,7 +88,9 @@ typedef struct rlai_backend_i {
      * OPTIONAL. Copies a GGUF weight (host memory, in its GGUF type) into
      * backend memory once, in the same type; *dev then describes it
      * (dev->data is backend memory, freed with weight_free). NULL: the
-     * backend computes on the host mapping directly (the CPU backend). */
+     * backend computes on the host mapping directly. (A host-memory backend
+     * may keep dev->data = host->data and add a derived copy such as the
+     * CPU kernels' packed layout, dev->packed, which weight_free frees.) */
     int (*weight_upload)(rlai_backend *be, const rlai_weight *host, rlai_weight *dev);
     void (*weight_free)(rlai_backend *be, rlai_weight *dev);
 

@@ -1,7 +1,8 @@
 /* backend_cpu.c - the CPU backend: the reference implementation of the
  * backend interface (backend.h) on the run-time dispatched SIMD kernels
  * (kernels.h) and the engine's thread pool. Backend memory is host memory
- * and weights are used in place in the GGUF mapping. */
+ * and weights are used in place in the GGUF mapping, with the kernels'
+ * load-time packed copy beside them where the level has one. */
 #include "backend.h"
 #include "dtype.h"
 #include "kv_cache.h"
@@ -65,6 +66,38 @@ static int cpu_upload(rlai_backend *be, void *buf, size_t off, const void *src, 
     (void)be;
     memcpy((char *)buf + off, src, n);
     return 0;
+}
+
+/* Weights stay in the GGUF mapping (dev->data = host->data: get_rows and
+ * every level read it); where the kernels have a load-time layout for the
+ * weight (AVX-512, Q4_0 / Q4_1 / Q8_0), a packed copy is added for the
+ * matmuls. Without memory for it the weight is used unpacked, which gives
+ * the same results, only slower. */
+static int cpu_weight_upload(rlai_backend *be, const rlai_weight *host, rlai_weight *dev)
+{
+    cpu_backend *c = cpu(be);
+    *dev = *host;
+    dev->packed = NULL;
+    size_t n = rlai_kernels_packed_bytes(c->k, host);
+    if (n == 0)
+        return 0;
+    void *p = aligned_alloc(64, (n + 63u) & ~(size_t)63u);
+    if (!p)
+        return 0;
+    if (rlai_kernels_pack(c->k, host, p, n) < 0) {
+        free(p);
+        return 0;
+    }
+    dev->packed = p;
+    dev->packed_isa = rlai_kernels_isa(c->k);
+    return 0;
+}
+
+static void cpu_weight_free(rlai_backend *be, rlai_weight *dev)
+{
+    (void)be;
+    free((void *)dev->packed);
+    dev->packed = NULL;
 }
 
 static int cpu_download(rlai_backend *be, const void *buf, size_t off, void *dst, size_t n)
@@ -647,8 +680,8 @@ static const rlai_backend_i cpu_iface = {
     .buffer_free = cpu_buffer_free,
     .upload = cpu_upload,
     .download = cpu_download,
-    .weight_upload = NULL,          /* weights are used in place in the mapping */
-    .weight_free = NULL,
+    .weight_upload = cpu_weight_upload,   /* the mapping in place, plus a packed copy */
+    .weight_free = cpu_weight_free,
     .get_rows = cpu_get_rows,
     .rmsnorm = cpu_rmsnorm,
     .matmul = cpu_matmul,

@@ -433,6 +433,7 @@ static void mm_plan(const rlai_kernels *k, int nth, const rlai_weight *w, size_t
         .type = w->type, .rows = w->rows, .cols = w->cols, .nb = w->cols / RLAI_QK,
         .w = w->data, .row_bytes = row_bytes, .x = x, .ldx = ldx, .act = act,
         .y = y, .ldy = ldy, .T = T, .vnni = g_vnni,
+        .wp = act && w->packed && w->packed_isa == k->isa && rlai_kernels_packed_bytes(k, w) ? w->packed : NULL,
     };
     memset(m, 0, sizeof(*m));
     m->job = job;
@@ -562,6 +563,55 @@ void rlai_matmul_n(rlai_kernels *k, rlai_threadpool *tp, const rlai_weight *cons
         mm_multi_fn(&mm, 0, 1);
     else
         rlai_threadpool_run(tp, mm_multi_fn, &mm);
+}
+
+rlai_isa rlai_kernels_isa(const rlai_kernels *k)
+{
+    return k ? k->isa : RLAI_ISA_SCALAR;
+}
+
+size_t rlai_kernels_packed_bytes(const rlai_kernels *k, const rlai_weight *w)
+{
+    if (!k || !w || !w->data || k->precise || k->isa != RLAI_ISA_AVX512 || !rlai__pk_type(w->type) ||
+        w->rows <= 0 || w->cols <= 0 || w->cols % RLAI_QK != 0)
+        return 0;
+    size_t groups = (size_t)((w->rows + RLAI_PK_ROWS - 1) / RLAI_PK_ROWS);
+    return groups * rlai__pk_group_bytes(w->type, w->cols / RLAI_QK);
+}
+
+/* The layout is described in kernels_impl.h; plain C, run once per weight
+ * at load. */
+int rlai_kernels_pack(const rlai_kernels *k, const rlai_weight *w, void *dst, size_t n)
+{
+    size_t need = rlai_kernels_packed_bytes(k, w);
+    if (need == 0)
+        return k && w && w->data ? RLAI_ERR_UNSUPPORTED : RLAI_ERR_INVALID_ARG;
+    if (!dst || n < need || ((uintptr_t)dst & 63u) != 0)
+        return RLAI_ERR_INVALID_ARG;
+    const uint32_t t = w->type;
+    const int64_t nb = w->cols / RLAI_QK;
+    const size_t rb = rlai_dtype_row_bytes(t, w->cols), bb = rb / (size_t)nb;
+    const size_t pb = rlai__pk_plane_bytes(t), hb = rlai__pk_hdr_bytes(t), gb = rlai__pk_group_bytes(t, nb);
+    const size_t nplanes = pb / 64, qoff = t == RLAI_DT_Q4_1 ? 4 : 2;   /* quants after d (and m) */
+    uint8_t *out = dst;
+    memset(out, 0, need);
+    for (int64_t g = 0; g * RLAI_PK_ROWS < w->rows; g++) {
+        uint8_t *G = out + (size_t)g * gb;
+        for (int i = 0; i < RLAI_PK_ROWS; i++) {
+            int64_t r = g * RLAI_PK_ROWS + i < w->rows ? g * RLAI_PK_ROWS + i : w->rows - 1;
+            const uint8_t *row = (const uint8_t *)w->data + (size_t)r * rb;
+            for (int64_t b = 0; b < nb; b++) {
+                const uint8_t *blk = row + (size_t)b * bb;
+                uint8_t *pl = G + (size_t)b * pb, *hd = G + (size_t)nb * pb + (size_t)b * hb;
+                for (size_t q = 0; q < nplanes; q++)
+                    memcpy(pl + q * 64 + 4 * (size_t)i, blk + qoff + 4 * q, 4);
+                memcpy(hd + 2 * (size_t)i, blk, 2);
+                if (t == RLAI_DT_Q4_1)
+                    memcpy(hd + 32 + 2 * (size_t)i, blk + 2, 2);
+            }
+        }
+    }
+    return 0;
 }
 
 void rlai_weight_get_row(const rlai_weight *w, int64_t r, float *dst)

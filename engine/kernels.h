@@ -18,6 +18,12 @@ typedef struct rlai_weight {
     int64_t rows;         /* output features (ne[1]) */
     int64_t cols;         /* input features (ne[0]) */
     const void *data;     /* rows * row_bytes(type, cols) bytes, not owned */
+    /* Optional: the same rows in the kernels' load-time layout
+     * (rlai_kernels_pack), used by the matmuls of a kernel context of
+     * level packed_isa instead of data; NULL = none. Not owned. Zero-
+     * initialised weights have none. */
+    const void *packed;
+    rlai_isa packed_isa;
 } rlai_weight;
 
 /* ISA levels actually usable on this CPU (bitmask of 1<<rlai_isa). */
@@ -53,6 +59,25 @@ void rlai_matmul(rlai_kernels *k, rlai_threadpool *tp, const rlai_weight *w,
 #define RLAI_MATMUL_N_MAX 4
 void rlai_matmul_n(rlai_kernels *k, rlai_threadpool *tp, const rlai_weight *const *w, int n,
                    const float *x, int64_t ldx, int T, float *const *y, const int64_t *ldy);
+
+/* Load-time weight layout. On the AVX-512 level the quantized matmuls of
+ * Q4_0 / Q4_1 / Q8_0 weights take each 16-row group as one zmm lane per
+ * row; from the GGUF layout they transpose the rows on every call (at
+ * one token that is most of the work). rlai_kernels_pack writes that
+ * layout once, with the same bytes per weight (kernels_impl.h, "packed
+ * weights"); matmuls whose weight has it read it instead, bit-identical.
+ * rlai_kernels_packed_bytes: the bytes rlai_kernels_pack needs for w on
+ * k's level and mode, or 0 when this level has no packed layout for w
+ * (other levels, the precise mode, other types). */
+size_t rlai_kernels_packed_bytes(const rlai_kernels *k, const rlai_weight *w);
+/* Writes w's rows (w->data) in the packed layout into dst, n bytes (64-byte
+ * aligned, caller-owned, n >= rlai_kernels_packed_bytes(k, w)). Returns 0,
+ * RLAI_ERR_UNSUPPORTED when k has no packed layout for w, or
+ * RLAI_ERR_INVALID_ARG. The caller then sets w->packed = dst and
+ * w->packed_isa = rlai_kernels_isa(k), and keeps dst while w is used. */
+int rlai_kernels_pack(const rlai_kernels *k, const rlai_weight *w, void *dst, size_t n);
+/* The ISA level k runs. */
+rlai_isa rlai_kernels_isa(const rlai_kernels *k);
 
 /* Copies row `r` of w, dequantized, into dst (cols floats). */
 void rlai_weight_get_row(const rlai_weight *w, int64_t r, float *dst);

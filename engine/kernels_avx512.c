@@ -5,7 +5,13 @@
  *
  * Quantized path, Q4_0 / Q4_1 / Q8_0 weights, every T (decode, batched
  * decode and prefill), 16 rows at a time, row i of the group in dword
- * lane i of every zmm:
+ * lane i of every zmm. Weights packed at load (rlai_kernels_pack, the
+ * CPU backend's weight_upload; layout in kernels_impl.h) already hold
+ * pass 1's output, the raw planes and f16 headers of each group, in one
+ * sequential stream (prefetched PK_AHEAD groups ahead): pass 1 is skipped
+ * and pass 2 reads them in place (block_fields_pk). At one token pass 1
+ * was most of the work (2026-12-07, twelfth entry of bench/RESULTS.md).
+ * On the GGUF rows:
  *  - stage (pass 1): the 16 rows are streamed in 16-byte chunks; each
  *    chunk of the 16 rows goes through a 4x4 dword transpose inside each
  *    128-bit lane, giving 4 "raw planes" (dword q of all 16 rows) in
@@ -52,6 +58,9 @@
 #define MM_ROWS 16   /* rows per packed group: one per zmm lane */
 #define MM_NT   8    /* tokens per compute pass over a packed group */
 #define PLANE   64   /* bytes per plane (16 rows x 4 bytes) */
+#ifndef PK_AHEAD
+#define PK_AHEAD 1   /* packed groups prefetched ahead by the few-token path */
+#endif
 
 AI __m128i ld128(const uint8_t *p)
 {
@@ -199,14 +208,56 @@ AI void block_fields(const packed *p, uint32_t type, int64_t b, __m512i W[8], __
     }
 }
 
-/* Packs rows [r, r + nr) for the multi-token kernel. */
-AI void pack_group(const rlai_mm_job *j, uint32_t type, int64_t r, int nr, const packed *p)
+/* Block b's fields read from group G of the load-time packed weights
+ * (rlai_kernels_pack, layout in kernels_impl.h): the same values
+ * block_fields picks out of the raw planes staged from the GGUF rows. */
+AI void block_fields_pk(const uint8_t *G, int64_t nb, uint32_t type, int64_t b, __m512i W[8], __m512 *d,
+                        __m512 *m)
 {
-    stage_group(j, r, nr, p);
+    const size_t pb = rlai__pk_plane_bytes(type);
+    const uint8_t *pl = G + (size_t)b * pb;
+    const uint8_t *hd = G + (size_t)nb * pb + (size_t)b * rlai__pk_hdr_bytes(type);
+    *d = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(const void *)hd));
+    if (type == RLAI_DT_Q8_0) {
+        const __m512i x80 = _mm512_set1_epi8((char)0x80);
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; k++)
+            W[k] = _mm512_xor_si512(_mm512_load_si512(pl + k * PLANE), x80);
+        *m = _mm512_setzero_ps();
+        return;
+    }
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    *m = type == RLAI_DT_Q4_1 ? _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(const void *)(hd + 32)))
+                              : _mm512_mul_ps(*d, _mm512_set1_ps(-8.0f));
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) {
+        __m512i v = _mm512_load_si512(pl + k * PLANE);
+        W[k] = _mm512_and_si512(v, m4);
+        W[4 + k] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+    }
+}
+
+/* Block b's fields: from the packed group G when there is one, else from
+ * the raw planes stage_group left in p. */
+AI void fields(const packed *p, const uint8_t *G, int64_t nb, uint32_t type, int64_t b, __m512i W[8], __m512 *d,
+               __m512 *m)
+{
+    if (G)
+        block_fields_pk(G, nb, type, b, W, d, m);
+    else
+        block_fields(p, type, b, W, d, m);
+}
+
+/* Packs rows [r, r + nr) for the multi-token kernel (G: their packed group,
+ * or NULL to stage them from the GGUF rows). */
+AI void pack_group(const rlai_mm_job *j, uint32_t type, int64_t r, int nr, const packed *p, const uint8_t *G)
+{
+    if (!G)
+        stage_group(j, r, nr, p);
     for (int64_t b = 0; b < j->nb; b++) {
         __m512i W[8];
         __m512 d, m;
-        block_fields(p, type, b, W, &d, &m);
+        fields(p, G, j->nb, type, b, W, &d, &m);
         uint8_t *pw = p->w + (size_t)b * 8 * PLANE;
 #pragma GCC unroll 8
         for (int k = 0; k < 8; k++)
@@ -275,7 +326,7 @@ AI void compute_group(const rlai_mm_job *j, bool q8, const packed *p, int64_t r,
  * (bit-identical to it). Redoing the fields for a second chunk of tokens
  * costs less than storing and reloading them (bench_kernels, 9-16
  * tokens), which is what a draft of 8 plus the pending token needs. */
-AI void fused_tokens(const rlai_mm_job *j, uint32_t type, const packed *p, int64_t r, int nr,
+AI void fused_tokens(const rlai_mm_job *j, uint32_t type, const packed *p, const uint8_t *G, int64_t r, int nr,
                      int t, const int NT)
 {
     const bool q8 = type == RLAI_DT_Q8_0;
@@ -288,10 +339,16 @@ AI void fused_tokens(const rlai_mm_job *j, uint32_t type, const packed *p, int64
 #pragma GCC unroll 8
     for (int i = 0; i < NT; i++)
         acc[i] = _mm512_setzero_ps();
+    /* packed: the group PK_AHEAD groups on is prefetched in step */
+    const size_t gb = rlai__pk_group_bytes(type, nb);
+    const uint8_t *pf = G ? G + PK_AHEAD * gb : NULL;
+    size_t pfo = 0;
     for (int64_t b = 0; b < nb; b++) {
         __m512i W[8];
         __m512 d, m;
-        block_fields(p, type, b, W, &d, &m);
+        if (pf)
+            MV_PREFETCH(pf, pfo, gb * (size_t)(b + 1) / (size_t)nb);
+        fields(p, G, nb, type, b, W, &d, &m);
         const uint8_t *xb = xq + 32 * b;
         __m512i s[MM_NT];
 #pragma GCC unroll 8
@@ -319,7 +376,7 @@ AI void fused_tokens(const rlai_mm_job *j, uint32_t type, const packed *p, int64
 
 #define FUSED_CASE(n)                                     \
     case n:                                               \
-        fused_tokens(j, type, &p, r, nr, t, n);           \
+        fused_tokens(j, type, &p, G, r, nr, t, n);        \
         break
 #define COMPUTE_CASE(n)                                   \
     case n:                                               \
@@ -330,10 +387,14 @@ AI void mm_q(const rlai_mm_job *j, uint32_t type, int64_t r0, int64_t r1, int t0
 {
     const bool q8 = type == RLAI_DT_Q8_0;
     packed p = packed_of(scratch, j->nb);
+    const size_t gb = rlai__pk_group_bytes(type, j->nb);
     for (int64_t r = r0; r < r1; r += MM_ROWS) {
         int nr = (int)(r1 - r < MM_ROWS ? r1 - r : MM_ROWS);
+        /* r0 is a multiple of RLAI_ROW_TILE = MM_ROWS: a whole group */
+        const uint8_t *G = j->wp ? j->wp + (size_t)(r / MM_ROWS) * gb : NULL;
         if (t1 - t0 <= 2 * MM_NT) {
-            stage_group(j, r, nr, &p);
+            if (!G)
+                stage_group(j, r, nr, &p);
             for (int t = t0; t < t1; t += MM_NT) {
                 switch (t1 - t < MM_NT ? t1 - t : MM_NT) {
                 FUSED_CASE(1);
@@ -349,7 +410,7 @@ AI void mm_q(const rlai_mm_job *j, uint32_t type, int64_t r0, int64_t r1, int t0
             }
             continue;
         }
-        pack_group(j, type, r, nr, &p);
+        pack_group(j, type, r, nr, &p, G);
         for (int t = t0; t < t1; t += MM_NT) {
             int nt = t1 - t < MM_NT ? t1 - t : MM_NT;
             switch (nt) {
@@ -370,6 +431,7 @@ AI void mm_q(const rlai_mm_job *j, uint32_t type, int64_t r0, int64_t r1, int t0
 #undef FUSED_CASE
 
 _Static_assert(MM_NT == 8, "COMPUTE_CASE list covers 1..8 tokens");
+_Static_assert(MM_ROWS == RLAI_PK_ROWS && MM_ROWS == RLAI_ROW_TILE, "a work unit is one packed group");
 
 void rlai__mm_avx512(const rlai_mm_job *j, int64_t r0, int64_t r1, int t0, int t1, void *scratch)
 {

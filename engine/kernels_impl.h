@@ -52,6 +52,9 @@ typedef struct rlai_mm_job {
     int64_t rows, cols, nb; /* nb = cols/32 for quant types */
     const uint8_t *w;       /* weight rows, row_bytes apart */
     size_t row_bytes;
+    const uint8_t *wp;      /* the rows in the packed layout (below), or
+                             * NULL; set only for the level that packed them
+                             * and the quantized path */
     const float *x;         /* f32 activations (f32 path) */
     int64_t ldx;
     const rlai_act *act;    /* quantized activations; NULL = f32 path */
@@ -61,6 +64,33 @@ typedef struct rlai_mm_job {
     bool vnni;              /* AVX-512 VNNI usable (always true on the
                              * AVX-512 level, which requires it) */
 } rlai_mm_job;
+
+/* Packed weights (rlai_kernels_pack; the AVX-512 level's load-time
+ * layout of Q4_0 / Q4_1 / Q8_0 rows). Rows are taken 16 at a time; group
+ * g (rows 16g..16g+15, the last group's missing rows repeat its last row)
+ * starts at g * rlai__pk_group_bytes(type, nb), a multiple of 64, and
+ * holds, for its nb blocks of 32 columns:
+ *  - planes, at b * rlai__pk_plane_bytes(type): nplanes x 64 bytes; byte
+ *    4i + e of plane q = byte 4q + e of row i's block b quants (Q4: the
+ *    16 nibble-pair bytes, 4 planes; Q8_0: the 32 int8, 8 planes), i.e.
+ *    the dword-transposed "raw planes" the AVX-512 kernel otherwise builds
+ *    on every call;
+ *  - headers, at nb * plane_bytes + b * rlai__pk_hdr_bytes(type): the 16
+ *    rows' f16 d (32 bytes), then for Q4_1 their f16 m (32 bytes);
+ *  - zero padding up to the next multiple of 64.
+ * The same bytes per block as the GGUF rows (16 x 18, 20 or 34). */
+#define RLAI_PK_ROWS 16
+static inline bool rlai__pk_type(uint32_t t)
+{
+    return t == RLAI_DT_Q4_0 || t == RLAI_DT_Q4_1 || t == RLAI_DT_Q8_0;
+}
+static inline size_t rlai__pk_plane_bytes(uint32_t t) { return t == RLAI_DT_Q8_0 ? 512u : 256u; }
+static inline size_t rlai__pk_hdr_bytes(uint32_t t) { return t == RLAI_DT_Q4_1 ? 64u : 32u; }
+static inline size_t rlai__pk_group_bytes(uint32_t t, int64_t nb)
+{
+    size_t n = (size_t)nb * (rlai__pk_plane_bytes(t) + rlai__pk_hdr_bytes(t));
+    return (n + 63u) & ~(size_t)63u;
+}
 
 /* Per-thread scratch bytes the mm functions may use for a job with `cols`. */
 static inline size_t rlai__scratch_bytes(int64_t cols)

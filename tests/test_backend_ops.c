@@ -354,6 +354,14 @@ START_TEST(test_matmul_all_types)
                 rlai_backend *be = bks[bi].be;
                 rlai_weight dw;
                 weight_on(be, &w, &dw);
+                if (!bks[bi].gpu) {
+                    /* the CPU computes on the mapping, plus the AVX-512
+                     * level's packed copy of the types it packs */
+                    ck_assert_ptr_eq(dw.data, w.data);
+                    bool packs = bks[bi].isa == RLAI_ISA_AVX512 && !bks[bi].precise &&
+                                 (type == RLAI_DT_Q4_0 || type == RLAI_DT_Q4_1 || type == RLAI_DT_Q8_0);
+                    ck_assert_int_eq(dw.packed != NULL, packs);
+                }
                 matmul_on(be, &dw, x, cols, T, rows, y);
                 int mode = bks[bi].precise;
                 if (bks[bi].isa == RLAI_ISA_SCALAR && !bks[bi].gpu)

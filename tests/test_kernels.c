@@ -536,6 +536,27 @@ START_TEST(test_api)
     rlai_matmul(k, NULL, &w, x, 64, 1, y, 4);                                      /* valid */
     ck_assert(y[0] == 0 && y[1] == 0 && y[2] == 3);
     rlai_kernels_free(k);
+
+    /* the load-time packed layout exists only on the AVX-512 level, in the
+     * quantized mode, for Q4_0 / Q4_1 / Q8_0 */
+    w = (rlai_weight){ .type = RLAI_DT_Q4_1, .rows = 2, .cols = 64, .data = wd };
+    ck_assert_uint_eq(rlai_kernels_packed_bytes(NULL, &w), 0);
+    ck_assert_int_eq(rlai_kernels_pack(NULL, &w, wd, sizeof wd), RLAI_ERR_INVALID_ARG);
+    for (int isa = RLAI_ISA_SCALAR; isa <= RLAI_ISA_AVX512; isa++) {
+        if (!(m & (1u << isa)))
+            continue;
+        for (int precise = 0; precise < 2; precise++) {
+            ck_assert_int_eq(rlai_kernels_new((rlai_isa)isa, precise, &k), RLAI_OK);
+            ck_assert_int_eq(rlai_kernels_isa(k), isa);
+            bool has = isa == RLAI_ISA_AVX512 && !precise;
+            w.type = RLAI_DT_Q4_1;
+            ck_assert_uint_eq(rlai_kernels_packed_bytes(k, &w), has ? 16 * 20 * 2 : 0);   /* 1 group of 16 rows x 2 blocks */
+            w.type = RLAI_DT_Q5_1;
+            ck_assert_uint_eq(rlai_kernels_packed_bytes(k, &w), 0);
+            ck_assert_int_eq(rlai_kernels_pack(k, &w, NULL, 0), RLAI_ERR_UNSUPPORTED);
+            rlai_kernels_free(k);
+        }
+    }
 }
 END_TEST
 
@@ -788,6 +809,15 @@ END_TEST
  * 127, nibbles 0 and 15, saturated activations), no pool and a 2-thread
  * pool. On a CPU without AVX-512 VNNI the test checks that the level is
  * refused. */
+/* Changes the quants of row 0, block 0 in a packed group (every byte of
+ * its lane in the first 4 planes: 16 or 32 weights), or undoes that. */
+static void flip_row0_block0(void *pk)
+{
+    for (int q = 0; q < 4; q++)
+        for (int e = 0; e < 4; e++)
+            ((uint8_t *)pk)[q * 64 + e] ^= 0x11;
+}
+
 static void check_avx512_exact(rlai_kernels *ks, rlai_kernels *kv, rlai_threadpool *tp2, uint32_t type,
                                int64_t rows, int64_t cols, int extreme)
 {
@@ -808,6 +838,25 @@ static void check_avx512_exact(rlai_kernels *ks, rlai_kernels *kv, rlai_threadpo
                                                    : (rnd64() & 1 ? 0x7F : 0x80));            /* 127 / -128 */
     }
     rlai_weight w = { .type = type, .rows = rows, .cols = cols, .data = wd };
+    /* the same weight in the load-time packed layout (Q4_0 / Q4_1 / Q8_0),
+     * allocated to its exact size (ASan catches a read past it) */
+    rlai_weight wp = w;
+    void *pk = NULL;
+    size_t pkn = rlai_kernels_packed_bytes(kv, &w);
+    bool packable = type == RLAI_DT_Q4_0 || type == RLAI_DT_Q4_1 || type == RLAI_DT_Q8_0;
+    ck_assert_int_eq(pkn > 0, packable);
+    if (packable) {
+        size_t group = ((size_t)(cols / 32) * rlai_dtype_block_bytes(type) * 16 + 63) / 64 * 64;
+        ck_assert_uint_eq(pkn, (size_t)(rows + 15) / 16 * group);
+        pk = aligned_alloc(64, pkn);
+        ck_assert(pk);
+        ck_assert_int_eq(rlai_kernels_pack(kv, &w, pk, pkn - 1), RLAI_ERR_INVALID_ARG);
+        ck_assert_int_eq(rlai_kernels_pack(kv, &w, pk, pkn), RLAI_OK);
+        wp.packed = pk;
+        wp.packed_isa = RLAI_ISA_AVX512;
+    } else {
+        ck_assert_int_eq(rlai_kernels_pack(kv, &w, wd, bytes), RLAI_ERR_UNSUPPORTED);
+    }
     enum { MAXT = 40 };
     const int64_t ldx = cols + 1, ldy = rows + 3;
     float *x = malloc(sizeof(float) * (size_t)(MAXT * ldx));
@@ -821,10 +870,10 @@ static void check_avx512_exact(rlai_kernels *ks, rlai_kernels *kv, rlai_threadpo
     for (int ti = 0; ti < (int)(sizeof Ts / sizeof Ts[0]); ti++) {
         int T = Ts[ti];
         rlai_matmul(ks, NULL, &w, x, ldx, T, y1, ldy);
-        for (int pi = 0; pi < 2; pi++) {
+        for (int pi = 0; pi < (pk ? 4 : 2); pi++) {   /* pool: pi odd; packed weights: pi >= 2 */
             for (int64_t i = 0; i < (int64_t)T * ldy; i++)
                 y2[i] = SENTINEL;
-            rlai_matmul(kv, pi ? tp2 : NULL, &w, x, ldx, T, y2, ldy);
+            rlai_matmul(kv, pi % 2 ? tp2 : NULL, pi >= 2 ? &wp : &w, x, ldx, T, y2, ldy);
             for (int t = 0; t < T; t++) {
                 for (int64_t r = 0; r < ldy; r++) {
                     float a = y1[t * ldy + r], b = y2[t * ldy + r];
@@ -840,6 +889,25 @@ static void check_avx512_exact(rlai_kernels *ks, rlai_kernels *kv, rlai_threadpo
             }
         }
     }
+    if (pk) {
+        /* the packed copy is what the kernel reads: change its first
+         * block's quants and the first row's output changes with it, at
+         * one token and in the prefill path */
+        for (int T = 1; T <= MAXT; T += MAXT - 1) {
+            rlai_matmul(kv, NULL, &wp, x, ldx, T, y1, ldy);
+            flip_row0_block0(pk);
+            rlai_matmul(kv, NULL, &wp, x, ldx, T, y2, ldy);
+            flip_row0_block0(pk);
+            ck_assert_msg(y1[0] != y2[0], "%s T=%d rows=%ld cols=%ld extreme=%d: the packed weights were not read (%a)", rlai_dtype_name(type), T, (long)rows, (long)cols, extreme, (double)y1[0]);
+        }
+        /* packed for another level: ignored */
+        wp.packed_isa = RLAI_ISA_AVX2;
+        rlai_matmul(kv, NULL, &w, x, ldx, 1, y1, ldy);
+        flip_row0_block0(pk);
+        rlai_matmul(kv, NULL, &wp, x, ldx, 1, y2, ldy);
+        ck_assert(memcmp(y1, y2, sizeof(float) * (size_t)rows) == 0);
+    }
+    free(pk);
     free(x);
     free(y1);
     free(y2);
