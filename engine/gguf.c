@@ -711,6 +711,8 @@ void rlai_gguf_close(rlai_gguf *g)
     free(g);
 }
 
+bool rlai_gguf_is_mapped(const rlai_gguf *g) { return g && g->mapped; }
+
 /* ---------------------------------------------------------------- accessors
  * All accessors borrow g; returned pointers point into the mapping/buffer
  * and stay valid until rlai_gguf_close(). */

@@ -9,6 +9,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 typedef struct rlai_layer {
     float *attn_norm, *ffn_norm;            /* owned, n_embd */
@@ -25,6 +27,7 @@ struct rlai_model {
     rlai_layer *layers;
     uint64_t n_params;
     uint64_t weight_bytes;
+    bool mapped;                            /* weights point into a mapped file */
 };
 
 /* ------------------------------------------------------------------ load */
@@ -148,6 +151,7 @@ int rlai_model_load(const rlai_gguf *g, rlai_model **out, char *err, size_t errl
     rlai_model *m = calloc(1, sizeof(*m));
     if (!m)
         return RLAI_ERR_NOMEM;
+    m->mapped = rlai_gguf_is_mapped(g);
     rlai_hparams *hp = &m->hp;
     memcpy(hp->arch, arch, archs.len + 1);
     uint32_t n_embd, n_layer, n_ff, n_head, n_head_kv, head_dim, n_rot, n_ctx;
@@ -349,6 +353,27 @@ static int dev_weight(rlai_model_ctx *c, const rlai_weight *w, rlai_weight *out)
     return bi->weight_upload(c->be, w, out);
 }
 
+/* A host-memory backend that computes on its own packed copy of a weight
+ * (the CPU kernels' load-time layout) no longer reads the file's pages of
+ * it: they are dropped from the process, so its resident memory holds the
+ * weights once, not twice. They stay in the page cache and are read again
+ * if anything touches them (another context packing the same model, a
+ * device upload). Only whole pages inside the weight; only file mappings
+ * (dropping a caller's buffer's pages would zero them). */
+static void release_mapped(const rlai_model_ctx *c, const rlai_weight *host, const rlai_weight *dev)
+{
+    if (!c->host || !c->m->mapped || !dev->packed || dev->data != host->data)
+        return;
+    long ps = sysconf(_SC_PAGESIZE);
+    if (ps <= 0)
+        return;
+    size_t n = (size_t)host->rows * rlai_dtype_row_bytes(host->type, host->cols);
+    uintptr_t a = ((uintptr_t)host->data + (uintptr_t)ps - 1) & ~((uintptr_t)ps - 1);
+    uintptr_t e = ((uintptr_t)host->data + n) & ~((uintptr_t)ps - 1);
+    if (e > a)
+        (void)madvise((void *)a, e - a, MADV_DONTNEED);   /* a hint: failure changes nothing */
+}
+
 static void dev_weight_free(rlai_model_ctx *c, rlai_weight *w)
 {
     const rlai_backend_i *bi = c->be->iface;
@@ -436,7 +461,13 @@ int rlai_model_ctx_new(const rlai_model *m, rlai_backend *be, int max_batch, int
             (rc = dev_weight(c, &L->w_gate, &D->w_gate)) < 0 || (rc = dev_weight(c, &L->w_up, &D->w_up)) < 0 ||
             (rc = dev_weight(c, &L->w_down, &D->w_down)) < 0)
             goto fail;
+        const rlai_weight *hw[] = { &L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down };
+        const rlai_weight *dw[] = { &D->wq, &D->wk, &D->wv, &D->wo, &D->w_gate, &D->w_up, &D->w_down };
+        for (size_t i = 0; i < sizeof(hw) / sizeof(hw[0]); i++)
+            release_mapped(c, hw[i], dw[i]);
     }
+    if (!hp->tied_output)   /* tok_embd's rows are still read (get_rows) */
+        release_mapped(c, &m->output, &c->output);
     size_t wide = (size_t)(hp->n_embd > hp->n_ff ? hp->n_embd : hp->n_ff);
     if ((rc = scratch(c, B * hp->n_embd, &c->x)) < 0 || (rc = scratch(c, B * wide, &c->xn)) < 0 ||
         (rc = scratch(c, B * Q, &c->q)) < 0 || (rc = scratch(c, B * KV, &c->kk)) < 0 ||

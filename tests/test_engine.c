@@ -391,6 +391,79 @@ START_TEST(scalar_and_simd_paths_agree)
 }
 END_TEST
 
+/* Resident kB of the least and most resident mapping of the model file in
+ * this process (Linux /proc/self/smaps); -1 when not found. */
+static void model_rss_kb(long *lo, long *hi)
+{
+    *lo = *hi = -1;
+    FILE *f = fopen("/proc/self/smaps", "r");
+    if (!f)
+        return;
+    char line[1024];
+    bool in_model = false;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long from, to;
+        char perms[8];
+        if (sscanf(line, "%lx-%lx %7s", &from, &to, perms) == 3)   /* a mapping's header */
+            in_model = strstr(line, "SmolLM2-135M-Instruct.Q4_1.gguf") != NULL;
+        long kb;
+        if (in_model && sscanf(line, "Rss: %ld kB", &kb) == 1) {
+            if (*lo < 0 || kb < *lo)
+                *lo = kb;
+            if (kb > *hi)
+                *hi = kb;
+            in_model = false;
+        }
+    }
+    fclose(f);
+}
+
+/* The AVX-512 level computes on a copy of the weights the CPU backend
+ * packs at load; the AVX2 level on the GGUF rows. Quantized results are
+ * bit-identical across levels, so a prompt's logits must be equal bit for
+ * bit. The packing engine drops the file's pages of what it packed (all
+ * but the tied embedding table, 30 of 94 MiB): its mapping of the file
+ * must stay well under the file's size, where the AVX2 engine's is all of
+ * it after a forward. */
+START_TEST(packed_weights_same_logits_half_the_mapping)
+{
+    rlai_engine_params p;
+    rlai_engine_params_init(&p);
+    p.isa = RLAI_ISA_AVX512;
+    p.n_threads = 2;
+    rlai_engine *b = NULL;
+    char err[512];
+    int rc = rlai_engine_open(MODEL, &p, &b, err, sizeof(err));
+    if (rc == RLAI_ERR_UNSUPPORTED) {
+        fprintf(stderr, "packed_weights_same_logits: no AVX-512 VNNI on this CPU, not run\n");
+        return;
+    }
+    ck_assert_msg(rc == 0, "open: %s", err);
+    rlai_engine *a = open_model(false, RLAI_ISA_AVX2, 0);
+    rlai_token toks[64];
+    char *prompt = chat_prompt(a, "Write a short poem about the sea.");
+    int n = rlai_engine_tokenize(a, prompt, strlen(prompt), true, true, toks, 64);
+    free(prompt);
+    ck_assert_int_gt(n, 8);
+    ck_assert_int_le(n, 64);
+    float *la = malloc(sizeof(float) * 49152 * (size_t)n), *lb = malloc(sizeof(float) * 49152 * (size_t)n);
+    ck_assert(la && lb);
+    ck_assert_int_eq(rlai_engine_eval_logits(b, toks, n, lb), 0);
+    ck_assert_int_eq(rlai_engine_eval_logits(a, toks, n, la), 0);
+    ck_assert_mem_eq(la, lb, sizeof(float) * 49152 * (size_t)n);
+    free(la);
+    free(lb);
+    long lo, hi;
+    model_rss_kb(&lo, &hi);
+    if (lo >= 0) {
+        fprintf(stderr, "model file mappings resident: %ld kB (packed) .. %ld kB (AVX2)\n", lo, hi);
+        ck_assert_int_lt(lo, 50 * 1024);
+        ck_assert_int_gt(hi, 90 * 1024);
+    }
+    rlai_engine_close(a);
+    rlai_engine_close(b);
+}
+END_TEST
 
 /* ---- logprobs ------------------------------------------------------------ */
 
@@ -872,6 +945,7 @@ int main(void)
     tcase_add_test(tc, eval_logits_agrees_with_generation);
     tcase_add_test(tc, bad_arguments_and_context_limits);
     tcase_add_test(tc, scalar_and_simd_paths_agree);
+    tcase_add_test(tc, packed_weights_same_logits_half_the_mapping);
     tcase_add_test(tc, q8_0_kv_cache_answers);
     tcase_add_test(tc, logprobs_match_log_softmax_one_shot);
     tcase_add_test(tc, logprobs_match_log_softmax_batched);

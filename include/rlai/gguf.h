@@ -59,6 +59,12 @@ int rlai_gguf_open_memory(const void *buf, size_t len, rlai_gguf **out, char *er
 /* Unmaps and frees. Accepts NULL. */
 void rlai_gguf_close(rlai_gguf *g);
 
+/* True when g maps a file (rlai_gguf_open_file), false for a caller's
+ * buffer (rlai_gguf_open_memory) or NULL. A mapped file's pages can be
+ * dropped from the process (madvise MADV_DONTNEED) and are read from the
+ * file again on the next access. */
+bool rlai_gguf_is_mapped(const rlai_gguf *g);
+
 uint32_t rlai_gguf_version(const rlai_gguf *g);
 uint32_t rlai_gguf_alignment(const rlai_gguf *g);
 uint64_t rlai_gguf_n_kv(const rlai_gguf *g);
