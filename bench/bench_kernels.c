@@ -3,7 +3,11 @@
  *   bench_kernels [seconds_per_case] [--quick]     (default 0.3)
  *
  * Every ISA the CPU has (scalar, avx2, avx512) is measured in the same
- * run, so the scalar and avx2 rows are the baselines of the avx512 ones.
+ * run, so the scalar and avx2 rows are the baselines of the avx512 ones;
+ * "avx512p" rows are the AVX-512 kernels on weights in their load-time
+ * packed layout (rlai_kernels_pack, what the CPU backend runs on), with
+ * the "avx512" rows (the GGUF rows, transposed on every call) as their
+ * baseline.
  * Times are the best call of each case (the machine is shared: the best
  * call is the one least disturbed by other processes). --quick skips the
  * scalar rows and T = 512.
@@ -76,14 +80,18 @@ static void fill_weights(uint32_t type, uint8_t *p, size_t bytes)
 
 typedef struct {
     rlai_weight *w;
+    rlai_weight *wp;    /* the same copies with the packed layout, or NULL */
     int n;
-    uint8_t *mem;
+    uint8_t *mem, *pmem;
 } weight_set;
 
-/* n distinct copies of a (cols x rows) matrix. */
-static int make_set(weight_set *s, uint32_t type, int64_t cols, int64_t rows, int n)
+/* n distinct copies of a (cols x rows) matrix; with kp (the AVX-512
+ * kernels), also each copy in their load-time packed layout (wp), as the
+ * CPU backend makes at model load. */
+static int make_set(weight_set *s, uint32_t type, int64_t cols, int64_t rows, int n, const rlai_kernels *kp)
 {
     size_t bytes = rlai_dtype_row_bytes(type, cols) * (size_t)rows;
+    memset(s, 0, sizeof *s);
     s->n = n;
     s->mem = malloc(bytes * (size_t)n + 64);
     s->w = calloc((size_t)n, sizeof *s->w);
@@ -93,6 +101,20 @@ static int make_set(weight_set *s, uint32_t type, int64_t cols, int64_t rows, in
     for (int i = 0; i < n; i++)
         s->w[i] = (rlai_weight){ .type = type, .rows = rows, .cols = cols,
                                  .data = s->mem + (size_t)i * bytes };
+    size_t pb = kp ? rlai_kernels_packed_bytes(kp, &s->w[0]) : 0;
+    if (pb == 0)
+        return 0;
+    s->pmem = aligned_alloc(64, pb * (size_t)n);   /* pb is a multiple of 64 */
+    s->wp = calloc((size_t)n, sizeof *s->wp);
+    if (!s->pmem || !s->wp)
+        return -1;
+    for (int i = 0; i < n; i++) {
+        s->wp[i] = s->w[i];
+        if (rlai_kernels_pack(kp, &s->w[i], s->pmem + (size_t)i * pb, pb) < 0)
+            return -1;
+        s->wp[i].packed = s->pmem + (size_t)i * pb;
+        s->wp[i].packed_isa = rlai_kernels_isa(kp);
+    }
     return 0;
 }
 
@@ -100,6 +122,14 @@ static void free_set(weight_set *s)
 {
     free(s->mem);
     free(s->w);
+    free(s->pmem);
+    free(s->wp);
+}
+
+/* The copies a level variant computes on: packed ones for "avx512p". */
+static const rlai_weight *set_w(const weight_set *s, bool packed)
+{
+    return packed && s->wp ? s->wp : s->w;
 }
 
 static float *make_x(int T, int64_t cols)
@@ -114,15 +144,16 @@ static float *make_x(int T, int64_t cols)
 
 /* Runs matmuls cycling over the set until `secs` elapsed (at least 3
  * calls); returns the best seconds per call. */
-static double time_mm(rlai_kernels *k, rlai_threadpool *tp, const weight_set *s,
+static double time_mm(rlai_kernels *k, rlai_threadpool *tp, const weight_set *s, bool packed,
                       const float *x, int T, float *y, double secs)
 {
-    rlai_matmul(k, tp, &s->w[0], x, s->w[0].cols, T, y, s->w[0].rows);   /* warm-up */
+    const rlai_weight *w = set_w(s, packed);
+    rlai_matmul(k, tp, &w[0], x, w[0].cols, T, y, w[0].rows);   /* warm-up */
     int calls = 0;
     double t0 = now(), t = t0, best = 1e30;
     do {
         double c0 = t;
-        rlai_matmul(k, tp, &s->w[calls % s->n], x, s->w[0].cols, T, y, s->w[0].rows);
+        rlai_matmul(k, tp, &w[calls % s->n], x, w[0].cols, T, y, w[0].rows);
         calls++;
         t = now();
         if (t - c0 < best)
@@ -200,9 +231,9 @@ static void bandwidth(rlai_threadpool *tp, int nth, double secs)
 
 /* ------------------------------------------------------------------ */
 
-static const char *isa_str(rlai_isa i)
+static const char *isa_str(rlai_isa i, bool packed)
 {
-    return rlai_isa_name(i);
+    return packed ? "avx512p" : rlai_isa_name(i);
 }
 
 int main(int argc, char **argv)
@@ -221,9 +252,14 @@ int main(int argc, char **argv)
         fprintf(stderr, "threadpool create failed\n");
         return 1;
     }
+    /* levels, and "avx512p": the AVX-512 kernels on weights in their
+     * load-time packed layout (what the engine runs), beside "avx512" on
+     * the GGUF rows as its baseline */
     const rlai_isa all[3] = { RLAI_ISA_SCALAR, RLAI_ISA_AVX2, RLAI_ISA_AVX512 };
-    rlai_isa isas[3];
-    rlai_kernels *ks[3] = { NULL, NULL, NULL };
+    rlai_isa isas[4];
+    bool pk[4] = { false, false, false, false };
+    rlai_kernels *ks[4] = { NULL, NULL, NULL, NULL };
+    const rlai_kernels *kp = NULL;
     int n_isa = 0;
     for (int i = 0; i < 3; i++) {
         if (!(rlai_kernels_available() & (1u << all[i])))
@@ -232,6 +268,12 @@ int main(int argc, char **argv)
         if (rlai_kernels_new(all[i], false, &ks[n_isa]) < 0)
             return 1;
         n_isa++;
+        if (all[i] == RLAI_ISA_AVX512) {
+            kp = ks[n_isa - 1];
+            isas[n_isa] = all[i];
+            ks[n_isa] = ks[n_isa - 1];
+            pk[n_isa++] = true;
+        }
     }
 
     printf("RTX-LocalAI kernel bench (quantized mode; %.2fs per case, best call reported)\n", secs);
@@ -254,7 +296,7 @@ int main(int argc, char **argv)
         size_t bytes = rlai_dtype_row_bytes(shapes[si].type, shapes[si].cols) * (size_t)shapes[si].rows;
         int copies = (int)((256u << 20) / bytes) + 1;   /* > 8x L3: matvec streams from DRAM */
         weight_set s;
-        if (make_set(&s, shapes[si].type, shapes[si].cols, shapes[si].rows, copies) < 0)
+        if (make_set(&s, shapes[si].type, shapes[si].cols, shapes[si].rows, copies, kp) < 0)
             return 1;
         for (int ti = 0; ti < n_T; ti++) {
             int T = Ts[ti];
@@ -269,10 +311,10 @@ int main(int argc, char **argv)
                     weight_set one = s;
                     if (T > 16)
                         one.n = 1;   /* prefill matmul: compute-bound, reuse one copy */
-                    double sec = time_mm(ks[i], pools[p], &one, x, T, y, secs);
+                    double sec = time_mm(ks[i], pools[p], &one, pk[i], x, T, y, secs);
                     char label[64];
                     snprintf(label, sizeof label, "%s T=%d", shapes[si].name, T);
-                    printf("%-26s %-8s %2d %10.1f %9.2f %9.2f\n", label, isa_str(isas[i]), p + 1,
+                    printf("%-26s %-8s %2d %10.1f %9.2f %9.2f\n", label, isa_str(isas[i], pk[i]), p + 1,
                            sec * 1e6, (double)bytes / sec / 1e9, flop / sec / 1e9);
                 }
             }
@@ -292,11 +334,11 @@ int main(int argc, char **argv)
         weight_set layer[7], head;
         size_t total = 0;
         for (int m = 0; m < 7; m++) {
-            if (make_set(&layer[m], RLAI_DT_Q4_1, mats[m].cols, mats[m].rows, L) < 0)
+            if (make_set(&layer[m], RLAI_DT_Q4_1, mats[m].cols, mats[m].rows, L, kp) < 0)
                 return 1;
             total += rlai_dtype_row_bytes(RLAI_DT_Q4_1, mats[m].cols) * (size_t)mats[m].rows * L;
         }
-        if (make_set(&head, RLAI_DT_Q8_0, 576, 49152, 1) < 0)
+        if (make_set(&head, RLAI_DT_Q8_0, 576, 49152, 1, kp) < 0)
             return 1;
         total += rlai_dtype_row_bytes(RLAI_DT_Q8_0, 576) * 49152;
         printf("\nSmolLM2-135M shape, %.1f MB of weights (matmuls only, no attention; best pass)\n",
@@ -321,10 +363,10 @@ int main(int argc, char **argv)
                         double t0 = now();
                         for (int l = 0; l < L; l++)
                             for (int m = 0; m < 7; m++)
-                                rlai_matmul(ks[i], pools[p], &layer[m].w[l], x, mats[m].cols, T,
+                                rlai_matmul(ks[i], pools[p], &set_w(&layer[m], pk[i])[l], x, mats[m].cols, T,
                                             yy, mats[m].rows);
                         /* LM head: every decode token; prefill: the last token only */
-                        rlai_matmul(ks[i], pools[p], &head.w[0], x, 576, dec ? T : 1, y, 49152);
+                        rlai_matmul(ks[i], pools[p], set_w(&head, pk[i]), x, 576, dec ? T : 1, y, 49152);
                         double dt = now() - t0;
                         if (dt < best)
                             best = dt;
@@ -335,7 +377,7 @@ int main(int argc, char **argv)
                     if (dec && T > 1)
                         snprintf(rel, sizeof rel, "  %.2fx T=1", T / best / base);
                     printf("  %-6s %d thread(s) T=%-3d: %8.2f ms/call  %8.1f tok/s  (%s)%s\n",
-                           isa_str(isas[i]), p + 1, T, best * 1e3, T / best,
+                           isa_str(isas[i], pk[i]), p + 1, T, best * 1e3, T / best,
                            dec ? "decode" : "prefill", rel);
                 }
             }
@@ -349,7 +391,8 @@ int main(int argc, char **argv)
 
     free(y);
     for (int i = 0; i < n_isa; i++)
-        rlai_kernels_free(ks[i]);
+        if (!pk[i])
+            rlai_kernels_free(ks[i]);
     rlai_threadpool_free(pools[0]);
     rlai_threadpool_free(pools[1]);
     return 0;

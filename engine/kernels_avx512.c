@@ -8,7 +8,7 @@
  * lane i of every zmm. Weights packed at load (rlai_kernels_pack, the
  * CPU backend's weight_upload; layout in kernels_impl.h) already hold
  * pass 1's output, the raw planes and f16 headers of each group, in one
- * sequential stream (prefetched PK_AHEAD groups ahead): pass 1 is skipped
+ * sequential stream (prefetched a group ahead): pass 1 is skipped
  * and pass 2 reads them in place (block_fields_pk). At one token pass 1
  * was most of the work (2026-12-07, twelfth entry of bench/RESULTS.md).
  * On the GGUF rows:
@@ -58,8 +58,14 @@
 #define MM_ROWS 16   /* rows per packed group: one per zmm lane */
 #define MM_NT   8    /* tokens per compute pass over a packed group */
 #define PLANE   64   /* bytes per plane (16 rows x 4 bytes) */
+/* The few-token path prefetches packed groups PK_AHEAD groups ahead, into
+ * L2 (each byte is read once; bench_kernels on a Zen 4 VM: ahead 1 beat 0,
+ * 2, 3 and 4, and L2 beat L1, L3 and non-temporal at one token) */
+#ifndef PK_HINT
+#define PK_HINT _MM_HINT_T1
+#endif
 #ifndef PK_AHEAD
-#define PK_AHEAD 1   /* packed groups prefetched ahead by the few-token path */
+#define PK_AHEAD 1
 #endif
 
 AI __m128i ld128(const uint8_t *p)
@@ -341,13 +347,14 @@ AI void fused_tokens(const rlai_mm_job *j, uint32_t type, const packed *p, const
         acc[i] = _mm512_setzero_ps();
     /* packed: the group PK_AHEAD groups on is prefetched in step */
     const size_t gb = rlai__pk_group_bytes(type, nb);
-    const uint8_t *pf = G ? G + PK_AHEAD * gb : NULL;
+    const uint8_t *pf = G && PK_AHEAD > 0 ? G + PK_AHEAD * gb : NULL;
     size_t pfo = 0;
     for (int64_t b = 0; b < nb; b++) {
         __m512i W[8];
         __m512 d, m;
         if (pf)
-            MV_PREFETCH(pf, pfo, gb * (size_t)(b + 1) / (size_t)nb);
+            for (; pfo < gb * (size_t)(b + 1) / (size_t)nb; pfo += 64)
+                _mm_prefetch((const char *)(pf + pfo), PK_HINT);
         fields(p, G, nb, type, b, W, &d, &m);
         const uint8_t *xb = xq + 32 * b;
         __m512i s[MM_NT];
