@@ -625,6 +625,7 @@ static int cu_weight_upload(rlai_backend *be, const rlai_weight *host, rlai_weig
     }
     *dev = *host;
     dev->data = p;
+    dev->packed = NULL;   /* a CPU kernels' layout of the host rows: not for this backend */
     return 0;
 }
 
