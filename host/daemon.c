@@ -931,6 +931,15 @@ int rlai_daemon_start(const rlai_config *cfg, rlai_daemon **out, char *err, size
                         dir, rlai_plugin_host_n_commands(d->plugins));
         }
     }
+    rlai_server_config sc = {
+        .zmq_endpoint = cfg->zmq, .zmq_tcp_endpoint = cfg->zmq_tcp, .uds_path = cfg->pipe,
+        .max_frame = cfg->max_frame, .max_connections = 256, .zmq_tcp_api_key = key,
+    };
+    rlai_server_callbacks cb = { on_message, on_disconnect, on_frame_error, d };
+    if ((rc = rlai_server_start(&sc, &cb, &d->server, err, errlen)) < 0)
+        goto fail;
+    /* HTTP last: once /health answers, every transport is up (a client
+     * that waits for it may connect to the pipe or ZeroMQ at once). */
     if (cfg->http) {
         rlai_http_params hp = {
             .bind = cfg->http, .allow_remote = cfg->allow_remote, .engine = d->engine, .router = d->router,
@@ -954,13 +963,6 @@ int rlai_daemon_start(const rlai_config *cfg, rlai_daemon **out, char *err, size
             fprintf(stderr, "rlai serve: http     http://%s/v1\n", cfg->http);
         }
     }
-    rlai_server_config sc = {
-        .zmq_endpoint = cfg->zmq, .zmq_tcp_endpoint = cfg->zmq_tcp, .uds_path = cfg->pipe,
-        .max_frame = cfg->max_frame, .max_connections = 256, .zmq_tcp_api_key = key,
-    };
-    rlai_server_callbacks cb = { on_message, on_disconnect, on_frame_error, d };
-    if ((rc = rlai_server_start(&sc, &cb, &d->server, err, errlen)) < 0)
-        goto fail;
     *out = d;
     return 0;
 fail:
