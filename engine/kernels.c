@@ -614,6 +614,22 @@ int rlai_kernels_pack(const rlai_kernels *k, const rlai_weight *w, void *dst, si
     return 0;
 }
 
+/* Row r's block b rebuilt in GGUF bytes from the packed layout. */
+static void packed_block(const rlai_weight *w, int64_t r, int64_t b, uint8_t *blk)
+{
+    const uint32_t t = w->type;
+    const int64_t nb = w->cols / RLAI_QK;
+    const size_t pb = rlai__pk_plane_bytes(t), hb = rlai__pk_hdr_bytes(t);
+    const size_t i = (size_t)(r % RLAI_PK_ROWS), qoff = t == RLAI_DT_Q4_1 ? 4 : 2;
+    const uint8_t *G = (const uint8_t *)w->packed + (size_t)(r / RLAI_PK_ROWS) * rlai__pk_group_bytes(t, nb);
+    const uint8_t *pl = G + (size_t)b * pb, *hd = G + (size_t)nb * pb + (size_t)b * hb;
+    memcpy(blk, hd + 2 * i, 2);
+    if (t == RLAI_DT_Q4_1)
+        memcpy(blk + 2, hd + 32 + 2 * i, 2);
+    for (size_t q = 0; q < pb / 64; q++)
+        memcpy(blk + qoff + 4 * q, pl + q * 64 + 4 * i, 4);
+}
+
 void rlai_weight_get_row(const rlai_weight *w, int64_t r, float *dst)
 {
     if (!w || !dst || !w->data || r < 0 || r >= w->rows)
@@ -621,6 +637,16 @@ void rlai_weight_get_row(const rlai_weight *w, int64_t r, float *dst)
     size_t rb = rlai_dtype_row_bytes(w->type, w->cols);
     if (rb == 0)
         return;
+    if (w->packed && rlai__pk_type(w->type) && w->cols % RLAI_QK == 0) {
+        /* the same bytes, from the packed copy: the mapping's pages of a
+         * packed weight are not touched again (model.c drops them) */
+        uint8_t blk[64];
+        for (int64_t b = 0; b < w->cols / RLAI_QK; b++) {
+            packed_block(w, r, b, blk);
+            rlai_dequantize_row(w->type, blk, dst + b * RLAI_QK, RLAI_QK);
+        }
+        return;
+    }
     rlai_dequantize_row(w->type, (const uint8_t *)w->data + (size_t)r * rb, dst, w->cols);
 }
 

@@ -79,7 +79,8 @@ int rlai_kernels_pack(const rlai_kernels *k, const rlai_weight *w, void *dst, si
 /* The ISA level k runs. */
 rlai_isa rlai_kernels_isa(const rlai_kernels *k);
 
-/* Copies row `r` of w, dequantized, into dst (cols floats). */
+/* Copies row `r` of w, dequantized, into dst (cols floats); from the
+ * packed copy when w has one (same values), else from data. */
 void rlai_weight_get_row(const rlai_weight *w, int64_t r, float *dst);
 
 /* Small vector helpers used by attention (dispatch on the same ISA). */

@@ -343,23 +343,14 @@ struct rlai_model_ctx {
     const int32_t **tables;
 };
 
-static int dev_weight(rlai_model_ctx *c, const rlai_weight *w, rlai_weight *out)
-{
-    const rlai_backend_i *bi = c->be->iface;
-    if (!bi->weight_upload) {
-        *out = *w;
-        return 0;
-    }
-    return bi->weight_upload(c->be, w, out);
-}
-
 /* A host-memory backend that computes on its own packed copy of a weight
- * (the CPU kernels' load-time layout) no longer reads the file's pages of
- * it: they are dropped from the process, so its resident memory holds the
- * weights once, not twice. They stay in the page cache and are read again
- * if anything touches them (another context packing the same model, a
- * device upload). Only whole pages inside the weight; only file mappings
- * (dropping a caller's buffer's pages would zero them). */
+ * (the CPU kernels' load-time layout; get_rows reads it too) no longer
+ * reads the file's pages of it: they are dropped from the process, so
+ * its resident memory holds the weights once, not twice. They stay in the
+ * page cache and are read again if anything touches them (another
+ * context packing the same model, a device upload). Only whole pages
+ * inside the weight; only file mappings (dropping a caller's buffer's
+ * pages would zero them). */
 static void release_mapped(const rlai_model_ctx *c, const rlai_weight *host, const rlai_weight *dev)
 {
     if (!c->host || !c->m->mapped || !dev->packed || dev->data != host->data)
@@ -372,6 +363,19 @@ static void release_mapped(const rlai_model_ctx *c, const rlai_weight *host, con
     uintptr_t e = ((uintptr_t)host->data + n) & ~((uintptr_t)ps - 1);
     if (e > a)
         (void)madvise((void *)a, e - a, MADV_DONTNEED);   /* a hint: failure changes nothing */
+}
+
+static int dev_weight(rlai_model_ctx *c, const rlai_weight *w, rlai_weight *out)
+{
+    const rlai_backend_i *bi = c->be->iface;
+    if (!bi->weight_upload) {
+        *out = *w;
+        return 0;
+    }
+    int rc = bi->weight_upload(c->be, w, out);
+    if (rc == 0)
+        release_mapped(c, w, out);   /* each at once: the peak holds one weight twice, not all */
+    return rc;
 }
 
 static void dev_weight_free(rlai_model_ctx *c, rlai_weight *w)
@@ -461,13 +465,7 @@ int rlai_model_ctx_new(const rlai_model *m, rlai_backend *be, int max_batch, int
             (rc = dev_weight(c, &L->w_gate, &D->w_gate)) < 0 || (rc = dev_weight(c, &L->w_up, &D->w_up)) < 0 ||
             (rc = dev_weight(c, &L->w_down, &D->w_down)) < 0)
             goto fail;
-        const rlai_weight *hw[] = { &L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down };
-        const rlai_weight *dw[] = { &D->wq, &D->wk, &D->wv, &D->wo, &D->w_gate, &D->w_up, &D->w_down };
-        for (size_t i = 0; i < sizeof(hw) / sizeof(hw[0]); i++)
-            release_mapped(c, hw[i], dw[i]);
     }
-    if (!hp->tied_output)   /* tok_embd's rows are still read (get_rows) */
-        release_mapped(c, &m->output, &c->output);
     size_t wide = (size_t)(hp->n_embd > hp->n_ff ? hp->n_embd : hp->n_ff);
     if ((rc = scratch(c, B * hp->n_embd, &c->x)) < 0 || (rc = scratch(c, B * wide, &c->xn)) < 0 ||
         (rc = scratch(c, B * Q, &c->q)) < 0 || (rc = scratch(c, B * KV, &c->kk)) < 0 ||

@@ -854,6 +854,18 @@ static void check_avx512_exact(rlai_kernels *ks, rlai_kernels *kv, rlai_threadpo
         ck_assert_int_eq(rlai_kernels_pack(kv, &w, pk, pkn), RLAI_OK);
         wp.packed = pk;
         wp.packed_isa = RLAI_ISA_AVX512;
+        /* rows read back from the packed copy (get_rows of a packed
+         * embedding table): the same values as from the GGUF rows */
+        float *ra = malloc(sizeof(float) * (size_t)cols), *rb2 = malloc(sizeof(float) * (size_t)cols);
+        ck_assert(ra && rb2);
+        for (int64_t r = 0; r < rows; r++) {
+            rlai_weight_get_row(&w, r, ra);
+            rlai_weight_get_row(&wp, r, rb2);
+            ck_assert_msg(memcmp(ra, rb2, sizeof(float) * (size_t)cols) == 0, "%s get_row %ld from the packed copy",
+                          rlai_dtype_name(type), (long)r);
+        }
+        free(ra);
+        free(rb2);
     } else {
         ck_assert_int_eq(rlai_kernels_pack(kv, &w, wd, bytes), RLAI_ERR_UNSUPPORTED);
     }
