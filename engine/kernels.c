@@ -579,8 +579,32 @@ size_t rlai_kernels_packed_bytes(const rlai_kernels *k, const rlai_weight *w)
     return groups * rlai__pk_group_bytes(w->type, w->cols / RLAI_QK);
 }
 
-/* The layout is described in kernels_impl.h; plain C, run once per weight
- * at load. */
+/* Where row r's block b lives in a packed copy at base (layout in
+ * kernels_impl.h): its planes (the row's bytes at lane * 4 of each 64),
+ * its headers (f16 d at lane * 2, Q4_1's m 32 bytes on) and its lane.
+ * One place for the layout's arithmetic: packing and reading back. */
+typedef struct pk_at {
+    uint8_t *pl, *hd;
+    size_t lane, nplanes, qoff;   /* qoff: the quants' offset in a GGUF block */
+} pk_at;
+
+static pk_at pk_locate(const rlai_weight *w, const void *base, int64_t r, int64_t b)
+{
+    const uint32_t t = w->type;
+    const int64_t nb = w->cols / RLAI_QK;
+    const size_t pb = rlai__pk_plane_bytes(t);
+    uint8_t *G = (uint8_t *)(uintptr_t)base + (size_t)(r / RLAI_PK_ROWS) * rlai__pk_group_bytes(t, nb);
+    return (pk_at){
+        .pl = G + (size_t)b * pb,
+        .hd = G + (size_t)nb * pb + (size_t)b * rlai__pk_hdr_bytes(t),
+        .lane = (size_t)(r % RLAI_PK_ROWS),
+        .nplanes = pb / 64,
+        .qoff = t == RLAI_DT_Q4_1 ? 4 : 2,
+    };
+}
+
+/* Plain C, run once per weight at load. The last group's missing rows
+ * repeat the weight's last row. */
 int rlai_kernels_pack(const rlai_kernels *k, const rlai_weight *w, void *dst, size_t n)
 {
     size_t need = rlai_kernels_packed_bytes(k, w);
@@ -588,46 +612,34 @@ int rlai_kernels_pack(const rlai_kernels *k, const rlai_weight *w, void *dst, si
         return k && w && w->data ? RLAI_ERR_UNSUPPORTED : RLAI_ERR_INVALID_ARG;
     if (!dst || n < need || ((uintptr_t)dst & 63u) != 0)
         return RLAI_ERR_INVALID_ARG;
-    const uint32_t t = w->type;
     const int64_t nb = w->cols / RLAI_QK;
-    const size_t rb = rlai_dtype_row_bytes(t, w->cols), bb = rb / (size_t)nb;
-    const size_t pb = rlai__pk_plane_bytes(t), hb = rlai__pk_hdr_bytes(t), gb = rlai__pk_group_bytes(t, nb);
-    const size_t nplanes = pb / 64, qoff = t == RLAI_DT_Q4_1 ? 4 : 2;   /* quants after d (and m) */
-    uint8_t *out = dst;
-    memset(out, 0, need);
-    for (int64_t g = 0; g * RLAI_PK_ROWS < w->rows; g++) {
-        uint8_t *G = out + (size_t)g * gb;
-        for (int i = 0; i < RLAI_PK_ROWS; i++) {
-            int64_t r = g * RLAI_PK_ROWS + i < w->rows ? g * RLAI_PK_ROWS + i : w->rows - 1;
-            const uint8_t *row = (const uint8_t *)w->data + (size_t)r * rb;
-            for (int64_t b = 0; b < nb; b++) {
-                const uint8_t *blk = row + (size_t)b * bb;
-                uint8_t *pl = G + (size_t)b * pb, *hd = G + (size_t)nb * pb + (size_t)b * hb;
-                for (size_t q = 0; q < nplanes; q++)
-                    memcpy(pl + q * 64 + 4 * (size_t)i, blk + qoff + 4 * q, 4);
-                memcpy(hd + 2 * (size_t)i, blk, 2);
-                if (t == RLAI_DT_Q4_1)
-                    memcpy(hd + 32 + 2 * (size_t)i, blk + 2, 2);
-            }
+    const size_t rb = rlai_dtype_row_bytes(w->type, w->cols), bb = rb / (size_t)nb;
+    const int64_t slots = (w->rows + RLAI_PK_ROWS - 1) / RLAI_PK_ROWS * RLAI_PK_ROWS;
+    memset(dst, 0, need);
+    for (int64_t s = 0; s < slots; s++) {
+        const uint8_t *row = (const uint8_t *)w->data + (size_t)(s < w->rows ? s : w->rows - 1) * rb;
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *blk = row + (size_t)b * bb;
+            pk_at at = pk_locate(w, dst, s, b);
+            for (size_t q = 0; q < at.nplanes; q++)
+                memcpy(at.pl + q * 64 + 4 * at.lane, blk + at.qoff + 4 * q, 4);
+            memcpy(at.hd + 2 * at.lane, blk, 2);
+            if (w->type == RLAI_DT_Q4_1)
+                memcpy(at.hd + 32 + 2 * at.lane, blk + 2, 2);
         }
     }
     return 0;
 }
 
-/* Row r's block b rebuilt in GGUF bytes from the packed layout. */
+/* Row r's block b rebuilt in GGUF bytes from the packed copy. */
 static void packed_block(const rlai_weight *w, int64_t r, int64_t b, uint8_t *blk)
 {
-    const uint32_t t = w->type;
-    const int64_t nb = w->cols / RLAI_QK;
-    const size_t pb = rlai__pk_plane_bytes(t), hb = rlai__pk_hdr_bytes(t);
-    const size_t i = (size_t)(r % RLAI_PK_ROWS), qoff = t == RLAI_DT_Q4_1 ? 4 : 2;
-    const uint8_t *G = (const uint8_t *)w->packed + (size_t)(r / RLAI_PK_ROWS) * rlai__pk_group_bytes(t, nb);
-    const uint8_t *pl = G + (size_t)b * pb, *hd = G + (size_t)nb * pb + (size_t)b * hb;
-    memcpy(blk, hd + 2 * i, 2);
-    if (t == RLAI_DT_Q4_1)
-        memcpy(blk + 2, hd + 32 + 2 * i, 2);
-    for (size_t q = 0; q < pb / 64; q++)
-        memcpy(blk + qoff + 4 * q, pl + q * 64 + 4 * i, 4);
+    pk_at at = pk_locate(w, w->packed, r, b);
+    memcpy(blk, at.hd + 2 * at.lane, 2);
+    if (w->type == RLAI_DT_Q4_1)
+        memcpy(blk + 2, at.hd + 32 + 2 * at.lane, 2);
+    for (size_t q = 0; q < at.nplanes; q++)
+        memcpy(blk + at.qoff + 4 * q, at.pl + q * 64 + 4 * at.lane, 4);
 }
 
 void rlai_weight_get_row(const rlai_weight *w, int64_t r, float *dst)
