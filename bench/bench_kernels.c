@@ -110,7 +110,7 @@ static int make_set(weight_set *s, uint32_t type, int64_t cols, int64_t rows, in
         return -1;
     for (int i = 0; i < n; i++) {
         s->wp[i] = s->w[i];
-        if (rlai_kernels_pack(kp, &s->w[i], s->pmem + (size_t)i * pb, pb) < 0)
+        if (rlai_kernels_pack(kp, NULL, &s->w[i], s->pmem + (size_t)i * pb, pb) < 0)
             return -1;
         s->wp[i].packed = s->pmem + (size_t)i * pb;
         s->wp[i].packed_isa = rlai_kernels_isa(kp);

@@ -84,7 +84,7 @@ static int cpu_weight_upload(rlai_backend *be, const rlai_weight *host, rlai_wei
     void *p = aligned_alloc(64, (n + 63u) & ~(size_t)63u);
     if (!p)
         return 0;
-    if (rlai_kernels_pack(c->k, host, p, n) < 0) {
+    if (rlai_kernels_pack(c->k, c->tp, host, p, n) < 0) {
         free(p);
         return 0;
     }

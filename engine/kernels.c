@@ -603,24 +603,28 @@ static pk_at pk_locate(const rlai_weight *w, const void *base, int64_t r, int64_
     };
 }
 
-/* Plain C, run once per weight at load. The last group's missing rows
- * repeat the weight's last row. */
-int rlai_kernels_pack(const rlai_kernels *k, const rlai_weight *w, void *dst, size_t n)
+/* Groups [ith * G / nth, (ith + 1) * G / nth) of the weight: plain C,
+ * run once per weight at load. The last group's missing rows repeat the
+ * weight's last row. */
+struct pack_task {
+    const rlai_weight *w;
+    uint8_t *dst;
+};
+
+static void pack_fn(void *arg, int ith, int nth)
 {
-    size_t need = rlai_kernels_packed_bytes(k, w);
-    if (need == 0)
-        return k && w && w->data ? RLAI_ERR_UNSUPPORTED : RLAI_ERR_INVALID_ARG;
-    if (!dst || n < need || ((uintptr_t)dst & 63u) != 0)
-        return RLAI_ERR_INVALID_ARG;
-    const int64_t nb = w->cols / RLAI_QK;
+    const struct pack_task *pt = arg;
+    const rlai_weight *w = pt->w;
+    const int64_t nb = w->cols / RLAI_QK, groups = (w->rows + RLAI_PK_ROWS - 1) / RLAI_PK_ROWS;
+    const int64_t g0 = groups * ith / nth, g1 = groups * (ith + 1) / nth;
     const size_t rb = rlai_dtype_row_bytes(w->type, w->cols), bb = rb / (size_t)nb;
-    const int64_t slots = (w->rows + RLAI_PK_ROWS - 1) / RLAI_PK_ROWS * RLAI_PK_ROWS;
-    memset(dst, 0, need);
-    for (int64_t s = 0; s < slots; s++) {
+    const size_t gb = rlai__pk_group_bytes(w->type, nb);
+    memset(pt->dst + (size_t)g0 * gb, 0, (size_t)(g1 - g0) * gb);
+    for (int64_t s = g0 * RLAI_PK_ROWS; s < g1 * RLAI_PK_ROWS; s++) {
         const uint8_t *row = (const uint8_t *)w->data + (size_t)(s < w->rows ? s : w->rows - 1) * rb;
         for (int64_t b = 0; b < nb; b++) {
             const uint8_t *blk = row + (size_t)b * bb;
-            pk_at at = pk_locate(w, dst, s, b);
+            pk_at at = pk_locate(w, pt->dst, s, b);
             for (size_t q = 0; q < at.nplanes; q++)
                 memcpy(at.pl + q * 64 + 4 * at.lane, blk + at.qoff + 4 * q, 4);
             memcpy(at.hd + 2 * at.lane, blk, 2);
@@ -628,6 +632,17 @@ int rlai_kernels_pack(const rlai_kernels *k, const rlai_weight *w, void *dst, si
                 memcpy(at.hd + 32 + 2 * at.lane, blk + 2, 2);
         }
     }
+}
+
+int rlai_kernels_pack(const rlai_kernels *k, rlai_threadpool *tp, const rlai_weight *w, void *dst, size_t n)
+{
+    size_t need = rlai_kernels_packed_bytes(k, w);
+    if (need == 0)
+        return k && w && w->data ? RLAI_ERR_UNSUPPORTED : RLAI_ERR_INVALID_ARG;
+    if (!dst || n < need || ((uintptr_t)dst & 63u) != 0)
+        return RLAI_ERR_INVALID_ARG;
+    struct pack_task pt = { w, dst };
+    rlai_threadpool_run(tp, pack_fn, &pt);   /* tp NULL: this thread alone */
     return 0;
 }
 

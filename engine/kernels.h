@@ -71,11 +71,12 @@ void rlai_matmul_n(rlai_kernels *k, rlai_threadpool *tp, const rlai_weight *cons
  * (other levels, the precise mode, other types). */
 size_t rlai_kernels_packed_bytes(const rlai_kernels *k, const rlai_weight *w);
 /* Writes w's rows (w->data) in the packed layout into dst, n bytes (64-byte
- * aligned, caller-owned, n >= rlai_kernels_packed_bytes(k, w)). Returns 0,
+ * aligned, caller-owned, n >= rlai_kernels_packed_bytes(k, w)), split over
+ * the pool's threads (tp may be NULL: the calling thread). Returns 0,
  * RLAI_ERR_UNSUPPORTED when k has no packed layout for w, or
  * RLAI_ERR_INVALID_ARG. The caller then sets w->packed = dst and
  * w->packed_isa = rlai_kernels_isa(k), and keeps dst while w is used. */
-int rlai_kernels_pack(const rlai_kernels *k, const rlai_weight *w, void *dst, size_t n);
+int rlai_kernels_pack(const rlai_kernels *k, rlai_threadpool *tp, const rlai_weight *w, void *dst, size_t n);
 /* The ISA level k runs. */
 rlai_isa rlai_kernels_isa(const rlai_kernels *k);
 

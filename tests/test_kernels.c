@@ -541,7 +541,7 @@ START_TEST(test_api)
      * quantized mode, for Q4_0 / Q4_1 / Q8_0 */
     w = (rlai_weight){ .type = RLAI_DT_Q4_1, .rows = 2, .cols = 64, .data = wd };
     ck_assert_uint_eq(rlai_kernels_packed_bytes(NULL, &w), 0);
-    ck_assert_int_eq(rlai_kernels_pack(NULL, &w, wd, sizeof wd), RLAI_ERR_INVALID_ARG);
+    ck_assert_int_eq(rlai_kernels_pack(NULL, NULL, &w, wd, sizeof wd), RLAI_ERR_INVALID_ARG);
     for (int isa = RLAI_ISA_SCALAR; isa <= RLAI_ISA_AVX512; isa++) {
         if (!(m & (1u << isa)))
             continue;
@@ -553,7 +553,7 @@ START_TEST(test_api)
             ck_assert_uint_eq(rlai_kernels_packed_bytes(k, &w), has ? 16 * 20 * 2 : 0);   /* 1 group of 16 rows x 2 blocks */
             w.type = RLAI_DT_Q5_1;
             ck_assert_uint_eq(rlai_kernels_packed_bytes(k, &w), 0);
-            ck_assert_int_eq(rlai_kernels_pack(k, &w, NULL, 0), RLAI_ERR_UNSUPPORTED);
+            ck_assert_int_eq(rlai_kernels_pack(k, NULL, &w, NULL, 0), RLAI_ERR_UNSUPPORTED);
             rlai_kernels_free(k);
         }
     }
@@ -850,8 +850,13 @@ static void check_avx512_exact(rlai_kernels *ks, rlai_kernels *kv, rlai_threadpo
         ck_assert_uint_eq(pkn, (size_t)(rows + 15) / 16 * group);
         pk = aligned_alloc(64, pkn);
         ck_assert(pk);
-        ck_assert_int_eq(rlai_kernels_pack(kv, &w, pk, pkn - 1), RLAI_ERR_INVALID_ARG);
-        ck_assert_int_eq(rlai_kernels_pack(kv, &w, pk, pkn), RLAI_OK);
+        ck_assert_int_eq(rlai_kernels_pack(kv, NULL, &w, pk, pkn - 1), RLAI_ERR_INVALID_ARG);
+        ck_assert_int_eq(rlai_kernels_pack(kv, tp2, &w, pk, pkn), RLAI_OK);
+        void *pk1 = aligned_alloc(64, pkn);   /* on one thread: the same bytes */
+        ck_assert(pk1);
+        ck_assert_int_eq(rlai_kernels_pack(kv, NULL, &w, pk1, pkn), RLAI_OK);
+        ck_assert(memcmp(pk, pk1, pkn) == 0);
+        free(pk1);
         wp.packed = pk;
         wp.packed_isa = RLAI_ISA_AVX512;
         /* rows read back from the packed copy (get_rows of a packed
@@ -867,7 +872,7 @@ static void check_avx512_exact(rlai_kernels *ks, rlai_kernels *kv, rlai_threadpo
         free(ra);
         free(rb2);
     } else {
-        ck_assert_int_eq(rlai_kernels_pack(kv, &w, wd, bytes), RLAI_ERR_UNSUPPORTED);
+        ck_assert_int_eq(rlai_kernels_pack(kv, NULL, &w, wd, bytes), RLAI_ERR_UNSUPPORTED);
     }
     enum { MAXT = 40 };
     const int64_t ldx = cols + 1, ldy = rows + 3;
