@@ -433,7 +433,8 @@ static void mm_plan(const rlai_kernels *k, int nth, const rlai_weight *w, size_t
         .type = w->type, .rows = w->rows, .cols = w->cols, .nb = w->cols / RLAI_QK,
         .w = w->data, .row_bytes = row_bytes, .x = x, .ldx = ldx, .act = act,
         .y = y, .ldy = ldy, .T = T, .vnni = g_vnni,
-        .wp = act && w->packed && w->packed_isa == k->isa && rlai_kernels_packed_bytes(k, w) ? w->packed : NULL,
+        /* a packed copy exists only for the types and mode its level packs (act: the quantized mode) */
+        .wp = act && w->packed && w->packed_isa == k->isa ? w->packed : NULL,
     };
     memset(m, 0, sizeof(*m));
     m->job = job;
